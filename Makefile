@@ -1,0 +1,28 @@
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEMO_DIR := build/demo
+
+.PHONY: venv install test demo clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	# Editable installs do not carry the host-pickup .pth line; write it here.
+	$(PY) -c "from mlx_voicechat_plugin.hosts.pickup import install_pth; install_pth()"
+	touch $@
+
+venv install: $(VENV)/.installed
+
+# pytest exits 5 when it collects nothing; treat that as a failure of the
+# suite's wiring rather than silently passing.
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+
+demo: $(VENV)/.installed
+	$(PY) -m mlx_voicechat_plugin.cli.demo --out $(DEMO_DIR)
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,117 @@
+"""``mlx-voicechat generate``: one offline voice-chat turn from the command line.
+
+The same entry point serves ``python -m mlx_vlm.generate`` and
+``python -m mlx_audio.sts.generate`` when they are given a VoiceChat
+checkpoint (see :mod:`mlx_voicechat_plugin.hosts.pickup`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Sequence
+
+logger = logging.getLogger(__name__)
+
+OFFLINE_HINT = "mlx-voicechat generate --model CKPT --audio question.wav --output-audio answer.wav"
+
+
+def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Answer a spoken question with Nemotron VoiceChat."
+    )
+    parser.add_argument("-m", "--model", required=True, help="checkpoint directory or hub id")
+    parser.add_argument("--audio", help="input speech (WAV/FLAC/MP3, any rate)")
+    parser.add_argument(
+        "--output-audio",
+        "--output-path",
+        dest="output_audio",
+        help="write the spoken answer here (22.05 kHz mono PCM16 WAV)",
+    )
+    parser.add_argument("-p", "--system-prompt", "--prompt", dest="system_prompt")
+    parser.add_argument("--extra-decoding-seconds", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "-n", "--max-tokens", "--max-new-tokens", dest="max_tokens", type=int,
+        help="accepted for host compatibility and ignored: one token per 80 ms frame",
+    )
+    parser.add_argument("--image", nargs="*", help=argparse.SUPPRESS)
+    parser.add_argument("--video", nargs="*", help=argparse.SUPPRESS)
+    parser.add_argument("--no-language-cache", action="store_true",
+                        help="recompute the LLM history every frame (diagnostics)")
+    parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
+    return parser
+
+
+def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argparse.Namespace:
+    parser = build_parser(prog)
+    if tolerate_unknown:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            print(f"note: ignoring options this model does not use: {' '.join(unknown)}",
+                  file=sys.stderr)
+    else:
+        args = parser.parse_args(argv)
+    if args.image or args.video:
+        parser.error("Nemotron VoiceChat takes speech only: --image/--video are not supported")
+    if not args.audio:
+        parser.error(
+            "Nemotron VoiceChat is a speech-to-speech model and has no interactive "
+            f"text mode; pass --audio, e.g. {OFFLINE_HINT}"
+        )
+    if args.max_tokens is not None:
+        print("note: -n/--max-tokens is ignored; the answer length follows the audio "
+              "plus --extra-decoding-seconds", file=sys.stderr)
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    import mlx.core as mx
+
+    from ..loader import load
+    from ..runtime.audio import write_wav
+
+    started = time.perf_counter()
+    model, processor = load(args.model)
+    loaded = time.perf_counter()
+    session = model.create_session(processor)
+    result = session.generate(
+        args.audio,
+        system_prompt=args.system_prompt,
+        extra_decoding_seconds=args.extra_decoding_seconds,
+        seed=args.seed,
+        use_language_cache=not args.no_language_cache,
+    )
+    finished = time.perf_counter()
+    if result.user_transcript is not None:
+        print(f"[user] {result.user_transcript}")
+    print(result.text)
+    if result.function_text.strip():
+        print(f"[function] {result.function_text}")
+    if args.output_audio:
+        write_wav(args.output_audio, result.audio, result.sample_rate, scale=32768.0)
+        print(f"wrote {args.output_audio} ({result.audio.shape[0] / result.sample_rate:.2f} s)",
+              file=sys.stderr)
+    if args.verbose:
+        frames = len(result.text_tokens)
+        seconds = finished - loaded
+        print(
+            f"load {loaded - started:.2f} s, generate {seconds:.2f} s, {frames} frames, "
+            f"{frames / max(seconds, 1e-9):.1f} frames/s, "
+            f"peak memory {mx.get_peak_memory() / 2**30:.3f} GB",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat generate",
+         tolerate_unknown: bool = False) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    args = parse(argv, prog, tolerate_unknown)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

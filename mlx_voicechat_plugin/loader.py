@@ -1,0 +1,141 @@
+"""``load(path_or_repo)``: a VoiceChat checkpoint as ``(model, processor)``.
+
+Strict: every checkpoint tensor must land on a parameter and every parameter
+must be in the checkpoint. Quantized checkpoints quantize exactly the modules
+that carry ``.scales`` (the LLM: embedding, both heads, Nemotron-H mixer
+projections) or that the config's quantization map names.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .config import MODEL_TYPE, ModelConfig
+from .models.model import Model
+
+logger = logging.getLogger(__name__)
+
+# Weights whose activations are float32: holding them in float32 is an exact
+# conversion (MLX would upcast bf16 on every matmul) and saves that work.
+F32_HOLD_PREFIXES = (
+    "stt_model.perception.",
+    "tts_model.tts_model.backbone.",
+    "tts_model.tts_model.mog_head.",
+)
+
+
+def _keeps_stored_dtype(key: str) -> bool:
+    # Gemma-style norms compute ``1 + w`` in the weight's dtype: upcasting
+    # them would change the rounding, so norm weights stay as stored.
+    return any("norm" in part for part in key.split("."))
+
+
+def resolve_path(path_or_repo: str | Path) -> Path:
+    """A local directory as is; anything else is fetched from the hub."""
+    path = Path(path_or_repo).expanduser()
+    if path.exists():
+        return path
+    from huggingface_hub import snapshot_download
+
+    logger.info("fetching %s from the hub", path_or_repo)
+    return Path(snapshot_download(str(path_or_repo)))
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} has no config.json")
+    values = json.loads(config_file.read_text())
+    if values.get("model_type") != MODEL_TYPE:
+        raise ValueError(
+            f"{config_file}: model_type is {values.get('model_type')!r}, "
+            f"expected {MODEL_TYPE!r}"
+        )
+    return values
+
+
+def read_weights(path: Path) -> dict[str, mx.array]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [str(path / s) for s in shards]
+    else:
+        files = sorted(glob.glob(str(path / "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no safetensors in {path}")
+    weights: dict[str, mx.array] = {}
+    for file in files:
+        weights.update(mx.load(file))
+    return weights
+
+
+def quantize_like_checkpoint(
+    model: nn.Module, quantization: dict[str, Any], weights: dict[str, mx.array]
+) -> None:
+    """Swap in quantized layers exactly where the checkpoint has them."""
+
+    def predicate(path: str, module: nn.Module) -> bool | dict[str, Any]:
+        if isinstance(quantization.get(path), dict):
+            return quantization[path]
+        return hasattr(module, "to_quantized") and f"{path}.scales" in weights
+
+    nn.quantize(
+        model,
+        group_size=quantization["group_size"],
+        bits=quantization["bits"],
+        mode=quantization.get("mode", "affine"),
+        class_predicate=predicate,
+    )
+
+
+def hold_float32(model: nn.Module) -> None:
+    """Upcast the float32-activation weights (see ``F32_HOLD_PREFIXES``)."""
+    updates = [
+        (k, v.astype(mx.float32))
+        for k, v in tree_flatten(model.parameters())
+        if k.startswith(F32_HOLD_PREFIXES)
+        and v.dtype in (mx.bfloat16, mx.float16)
+        and not _keeps_stored_dtype(k)
+    ]
+    if updates:
+        model.update(tree_unflatten(updates))
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_model(path: Path, lazy: bool = False, hold_f32: bool = True) -> Model:
+    config = ModelConfig.from_dict(read_config(path))
+    model = Model(config)
+    weights = model.sanitize(read_weights(path))
+    quantization = config.quantization or config.quantization_config
+    if quantization:
+        quantize_like_checkpoint(model, quantization, weights)
+    model.load_weights(list(weights.items()), strict=True)
+    if hold_f32:
+        hold_float32(model)
+    if not lazy:
+        mx.eval(model.parameters())
+    model.eval()
+    model.model_path = path  # type: ignore[attr-defined]
+    return model
+
+
+def load(
+    path_or_repo: str | Path, lazy: bool = False, hold_f32: bool = True
+) -> tuple[Model, Any]:
+    """Load a Nemotron VoiceChat checkpoint and its tokenizer."""
+    path = resolve_path(path_or_repo)
+    model = load_model(path, lazy=lazy, hold_f32=hold_f32)
+    return model, load_tokenizer(path)

@@ -1,0 +1,59 @@
+"""The duplex speech-to-text side: fused-channel Nemotron-H with text and function heads.
+
+Each timeline position feeds one fused embedding
+``E(prev_text) + audio + w * E(prev_function)`` (``w`` =
+``function_channel_weight``) and reads a text token and a function-channel
+token from two heads over the same hidden state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
+from mlx_vlm.models.cache import ArraysCache, KVCache
+from mlx_vlm.models.nemotron_h.language import NemotronHModel
+
+from ..config import ModelConfig
+from .perception import Perception
+
+
+class DuplexSTT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        text = config.text_config
+        self.function_weight = config.function_channel_weight
+        self.embed_tokens = nn.Embedding(text.vocab_size, text.hidden_size)
+        self.llm = NemotronHModel(text, with_embeddings=False)
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.function_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.perception = Perception(config.audio_config)
+        self.rnnt_decoder = PredictNetwork(config.audio_config.decoder)
+        self.rnnt_joint = JointNetwork(config.audio_config.joint)
+
+    def fuse(self, prev_text: mx.array, audio: mx.array, prev_function: mx.array) -> mx.array:
+        """One fused input embedding per position; token ids are ``(B, T)``."""
+        return (
+            self.embed_tokens(prev_text)
+            + audio
+            + self.function_weight * self.embed_tokens(prev_function)
+        )
+
+    def __call__(
+        self, inputs_embeds: mx.array, cache: list[Any] | None = None
+    ) -> tuple[mx.array, mx.array]:
+        """Return ``(text_logits, function_logits)`` for every input position."""
+        hidden = self.llm(inputs_embeds=inputs_embeds, cache=cache)
+        return self.lm_head(hidden), self.function_head(hidden)
+
+    def make_cache(self) -> list[Any]:
+        """Mamba2 state for ``M`` layers and a growing KV cache for ``*`` layers."""
+        caches: list[Any] = []
+        for layer in self.llm.layers:
+            if layer.block_type == "M":
+                caches.append(ArraysCache(size=2))
+            elif layer.block_type == "*":
+                caches.append(KVCache())
+        return caches

@@ -1,0 +1,106 @@
+"""The whole Nemotron VoiceChat network as stored in a checkpoint.
+
+``stt_model`` is the duplex speech-to-text side (perception, RNNT, Nemotron-H);
+``tts_model`` holds EAR-TTS, the codec and the speaker prompt buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ..config import ModelConfig
+from .duplex import DuplexSTT
+from .speech import SpeechDecoder
+
+# Deterministic mel filterbank / window buffers of the NeMo featurizer; the
+# frontend rebuilds them, so they are dropped at load.
+_MEL_BUFFER_PREFIX = "stt_model.perception.preprocessor."
+_LSTM_MARKER = ".dec_rnn.lstm."
+
+
+def _to_channels_last(value: mx.array, expected: tuple[int, ...]) -> mx.array:
+    """PyTorch conv layout ``[out, in, *k]`` -> MLX ``[out, *k, in]``.
+
+    Layout is decided by shape against the module's own parameter, so an already
+    converted tensor passes through unchanged (``sanitize`` is idempotent).
+    """
+    if tuple(value.shape) == expected:
+        return value
+    axes = (0, *range(2, value.ndim), 1)
+    moved = value.transpose(axes)
+    if tuple(moved.shape) != expected:
+        raise ValueError(f"cannot map conv weight {value.shape} onto {expected}")
+    return moved
+
+
+class Model(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model_type = config.model_type
+        self.stt_model = DuplexSTT(config)
+        self.tts_model = SpeechDecoder(config.tts_config, config.codec_config)
+
+    def __call__(self, inputs_embeds: mx.array, cache: list[Any] | None = None, **_: Any):
+        return self.stt_model(inputs_embeds, cache=cache)
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return self.stt_model.llm.layers
+
+    def create_session(self, processor: Any):
+        """The offline / streaming runtime for this model and its tokenizer."""
+        from ..runtime.session import VoiceChatSession
+
+        return VoiceChatSession(self, processor)
+
+    def create_streaming_session(self, processor: Any, options: Any = None):
+        return self.create_session(processor).create_streaming_session(options)
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """Map checkpoint tensors onto this module tree. Idempotent.
+
+        - drops the featurizer's mel buffers;
+        - PyTorch LSTM ``weight_ih_lK/weight_hh_lK`` -> ``K.Wx/K.Wh`` and the two
+          bias vectors summed into ``K.bias`` (MLX's LSTM has one bias);
+        - perception conv kernels and the Mamba2 ``conv1d`` move channels last;
+        - ``tts_model.*`` is handled by :class:`SpeechDecoder`.
+        """
+        expected = {k: tuple(v.shape) for k, v in tree_flatten(self.parameters())}
+        out: dict[str, mx.array] = {}
+        lstm_bias: dict[str, list[mx.array]] = {}
+        tts: dict[str, mx.array] = {}
+        for key, value in weights.items():
+            if key.startswith(_MEL_BUFFER_PREFIX):
+                continue
+            if key.startswith("tts_model."):
+                tts[key[len("tts_model.") :]] = value
+                continue
+            if _LSTM_MARKER in key:
+                stem, name = key.split(_LSTM_MARKER, 1)
+                stem += _LSTM_MARKER.rstrip(".")
+                kind, _, layer = name.rpartition("_l")
+                if kind == "weight_ih":
+                    out[f"{stem}.{layer}.Wx"] = value
+                    continue
+                if kind == "weight_hh":
+                    out[f"{stem}.{layer}.Wh"] = value
+                    continue
+                if kind in ("bias_ih", "bias_hh"):
+                    lstm_bias.setdefault(f"{stem}.{layer}.bias", []).append(value)
+                    continue
+            is_conv = value.ndim in (3, 4) and (
+                key.startswith("stt_model.perception.") or key.endswith(".conv1d.weight")
+            )
+            if is_conv and key in expected:
+                value = _to_channels_last(value, expected[key])
+            out[key] = value
+        for key, parts in lstm_bias.items():
+            out[key] = parts[0] + parts[1] if len(parts) == 2 else parts[0]
+        for key, value in self.tts_model.sanitize(tts).items():
+            out[f"tts_model.{key}"] = value
+        return out

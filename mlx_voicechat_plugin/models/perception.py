@@ -1,0 +1,44 @@
+"""Perception: log-mel frontend, cache-aware FastConformer and the LLM projection.
+
+The mel frontend (preemphasis 0.97, 25/10 ms symmetric Hann padded to n_fft
+512 with reflect padding, 128 Slaney bins, ``ln(x + 2**-24)``) and the
+FastConformer blocks are mlx-audio's generic nemotron_asr pieces; this module
+binds them to the VoiceChat checkpoint layout (``stt_model.perception.*``).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
+from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
+
+from ..config import AudioConfig
+
+
+def log_mel(waveform: mx.array, config: AudioConfig) -> mx.array:
+    """``(samples,)`` float32 at 16 kHz -> ``(1, frames, features)`` log-mel."""
+    if waveform.ndim != 1:
+        raise ValueError(f"waveform must be 1-D mono, got shape {waveform.shape}")
+    return log_mel_spectrogram(waveform.astype(mx.float32), config.preprocessor)
+
+
+class Perception(nn.Module):
+    """FastConformer encoder (70-frame left context) and projection to the LLM."""
+
+    def __init__(self, config: AudioConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = Conformer(config.encoder)
+        self.proj = nn.Linear(config.encoder.d_model, config.output_dim, bias=True)
+
+    @property
+    def att_context(self) -> list[int]:
+        return list(self.config.encoder.att_context_size[0])
+
+    def __call__(
+        self, mel: mx.array, lengths: mx.array | None = None
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """Return ``(projected, lengths, encoded)`` for ``(B, T, F)`` mel."""
+        encoded, lengths = self.encoder(mel, lengths=lengths, att_context_size=self.att_context)
+        return self.proj(encoded), lengths, encoded

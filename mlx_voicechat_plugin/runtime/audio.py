@@ -1,0 +1,60 @@
+"""Reading and preparing input audio for the 16 kHz timeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+import mlx.core as mx
+import numpy as np
+
+AudioInput = Union[str, Path, mx.array, np.ndarray]
+
+
+def load_waveform(audio: AudioInput, sample_rate: int, input_rate: int | None = None) -> mx.array:
+    """Mono float32 at ``sample_rate``.
+
+    Paths go through the host's audio reader (WAV/FLAC/MP3, resampled and
+    downmixed on read); arrays are taken to be at ``input_rate`` (default:
+    ``sample_rate``) and resampled if it differs.
+    """
+    if isinstance(audio, (str, Path)):
+        path = Path(audio)
+        if not path.is_file():
+            raise FileNotFoundError(f"audio file not found: {path}")
+        from mlx_audio.stt.utils import load_audio
+
+        return load_audio(str(path), sr=sample_rate).astype(mx.float32).reshape(-1)
+    array = np.asarray(audio, dtype=np.float32)
+    if array.ndim == 2 and 1 in array.shape:
+        array = array.reshape(-1)
+    if array.ndim != 1:
+        raise ValueError(f"audio must be a mono waveform, got shape {array.shape}")
+    if not np.isfinite(array).all():
+        raise ValueError("audio contains non-finite samples")
+    rate = sample_rate if input_rate is None else input_rate
+    if rate != sample_rate:
+        from mlx_audio.utils import resample_audio
+
+        array = np.asarray(resample_audio(array, rate, sample_rate), dtype=np.float32)
+    return mx.array(array)
+
+
+def to_pcm16(samples: np.ndarray | mx.array, scale: float = 32767.0) -> np.ndarray:
+    """``round(clip(x, -1, 1) * scale)`` in the int16 range, little-endian."""
+    data = np.clip(np.asarray(samples, dtype=np.float32).reshape(-1), -1.0, 1.0)
+    return np.clip(np.round(data * scale), -32768, 32767).astype("<i2")
+
+
+def write_wav(
+    path: str | Path, samples: np.ndarray | mx.array, sample_rate: int, scale: float = 32767.0
+) -> None:
+    """Mono PCM16 WAV of float samples in [-1, 1]."""
+    import wave
+
+    pcm = to_pcm16(samples, scale)
+    with wave.open(str(path), "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(2)
+        handle.setframerate(sample_rate)
+        handle.writeframes(pcm.tobytes())

@@ -1,0 +1,149 @@
+"""The per-frame recurrence, shared by offline generation and streaming.
+
+One position of the timeline is one 80 ms frame:
+
+1. the LLM reads ``E(prev_text) + audio + w * E(prev_function)`` and its two
+   heads give this position's text and function tokens (pad while a system
+   prompt prefix is being read);
+2. from the second position on, EAR-TTS advances one frame: it reads the
+   previous frame's 31 codes (reset to codec silence when the text token is
+   EOS) and the current text token, and samples this frame's codes.
+
+The first position has no TTS step; its codes are the codec's silence codes.
+Everything here is one timeline; callers decide where audio embeddings come
+from (offline encoder output or the streaming encoder) and what to do with
+the tokens and codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from ..models.model import Model
+from .rng import RandomStream
+
+
+@dataclass
+class TimelineStep:
+    """What one position produced. Arrays are evaluated; ids are host ints."""
+
+    index: int
+    text_id: int
+    function_id: int
+    codes: mx.array  # (1, 1, Q) raw codes, control codes not yet replaced
+
+
+def tts_warmup_inputs(model: Model) -> tuple[mx.array, ...]:
+    """The EAR-TTS warm-up: the Aria prompt latents over codec-encoded silence.
+
+    Returns ``(codes, subword_ids, subword_mask, audio_mask, latents)`` for one
+    stream. The frame after the prompt and the first prompt frame carry the
+    mask code (one past the codebook); text is pad with the last two
+    positions marked valid, and only the last position is audio.
+    """
+    speech = model.tts_model
+    tts = model.config.tts_config
+    frames = speech.audio_prompt_latents.Aria.shape[1]
+    samples = (frames + 1) * model.config.codec_config.samples_per_frame
+    codes = speech.audio_codec.encode(mx.zeros((1, 1, samples), dtype=mx.float32))
+    codes = codes.transpose(0, 2, 1)[:, :frames].astype(mx.int32)  # (1, frames, Q)
+    is_masked = mx.zeros((1, frames, 1), dtype=mx.bool_)
+    is_masked[:, 0] = True
+    is_masked[:, frames - 1] = True
+    codes = mx.where(is_masked, mx.array(tts.mask_code, mx.int32), codes)
+    subword_ids = mx.full((1, frames), model.config.pad_token_id, dtype=mx.int32)
+    positions = mx.arange(frames)[None]
+    subword_mask = positions >= frames - 2
+    audio_mask = positions >= frames - 1
+    return codes, subword_ids, subword_mask, audio_mask, speech.audio_prompt_latents.Aria[:1]
+
+
+class LanguageState:
+    """Nemotron-H across positions: persistent caches, or full recompute."""
+
+    def __init__(self, model: Model, use_cache: bool):
+        self.stt = model.stt_model
+        self.cache = self.stt.make_cache() if use_cache else None
+        self.history: list[mx.array] = []
+
+    def __call__(self, fused: mx.array) -> tuple[mx.array, mx.array]:
+        if self.cache is not None:
+            text, function = self.stt(fused, cache=self.cache)
+        else:
+            self.history.append(fused)
+            text, function = self.stt(mx.concatenate(self.history, axis=1))
+        return text[:, -1], function[:, -1]
+
+
+class Timeline:
+    def __init__(self, model: Model, *, seed: int = 0, use_language_cache: bool = True):
+        self.model = model
+        self.config = model.config
+        self.rng = RandomStream(seed)
+        self.language = LanguageState(model, use_language_cache)
+        self.index = 0
+        pad = self.config.pad_token_id
+        self._prev_text = mx.array([[pad]], dtype=mx.int32)
+        self._prev_function = mx.array([[pad]], dtype=mx.int32)
+        self._pad = mx.array([pad], dtype=mx.int32)
+        speech = model.tts_model
+        self._silence = speech.codec_silence_tokens.astype(mx.int32).reshape(1, 1, -1)
+        codes, ids, id_mask, audio_mask, latents = tts_warmup_inputs(model)
+        hidden, self.tts_cache = speech.tts_model.warmup(
+            codes, ids, id_mask, audio_mask, latents
+        )
+        self._prev_codes = codes[:, -1:]
+        # Evaluating the warm-up output materializes the backbone KV caches too.
+        mx.eval(hidden, self._prev_codes)
+
+    def prompt_embeddings(self, prompt_ids: list[int], dtype: mx.Dtype) -> mx.array:
+        """System prompt tokens embedded for the audio channel, ``(1, P, H)``."""
+        ids = mx.array([prompt_ids], dtype=mx.int32)
+        return self.model.stt_model.embed_tokens(ids).astype(dtype)
+
+    def step(self, audio: mx.array, *, generate: bool = True) -> TimelineStep:
+        """Advance one position with ``(1, 1, H)`` audio-channel input."""
+        stt = self.model.stt_model
+        fused = stt.fuse(self._prev_text, audio, self._prev_function)
+        text_logits, function_logits = self.language(fused)
+        if generate:
+            text = mx.argmax(text_logits, axis=-1).astype(mx.int32)
+            function = mx.argmax(function_logits, axis=-1).astype(mx.int32)
+        else:
+            text, function = self._pad, self._pad
+        if self.index == 0:
+            codes = self._silence
+        else:
+            is_eos = (text == self.config.eos_token_id).reshape(1, 1, 1)
+            previous = mx.where(is_eos, self._silence, self._prev_codes)
+            codes = self.model.tts_model.tts_model.step(
+                previous, text[:, None], self.tts_cache, rng=self.rng
+            )
+            self._prev_codes = codes
+        self._prev_text = text[:, None]
+        self._prev_function = function[:, None]
+        mx.eval(text, function, codes)
+        index = self.index
+        self.index += 1
+        return TimelineStep(index, int(text.item()), int(function.item()), codes)
+
+
+def replace_control_codes(model: Model, codes: mx.array) -> mx.array:
+    """Control codes become the per-codebook silence code. ``codes`` is ``(..., Q)``."""
+    speech = model.tts_model
+    control = speech.control_codes.astype(codes.dtype)
+    is_control = (codes[..., None] == control).any(axis=-1)
+    silence = speech.codec_silence_tokens.astype(codes.dtype)
+    return mx.where(is_control, silence, codes)
+
+
+def prompt_token_ids(tokenizer: Any, model: Model, system_prompt: str | None) -> list[int]:
+    """``[BOS] + tokens + [EOS]`` of a non-blank system prompt, else nothing."""
+    text = model.config.default_system_prompt if system_prompt is None else system_prompt
+    if not text.strip():
+        return []
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    return [model.config.bos_token_id, *tokens, model.config.eos_token_id]

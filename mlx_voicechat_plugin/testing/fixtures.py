@@ -1,0 +1,184 @@
+"""Tiny, deterministic Nemotron VoiceChat checkpoints for tests and demos.
+
+``make_checkpoint`` writes a directory that looks like a converted
+mlx-community checkpoint (``config.json``, ``model.safetensors`` + index, the
+LLM tokenizer files, ``rnnt_tokenizer/``), so both this package and the
+upstream loaders can read it. The same arguments give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import shutil
+import tempfile
+import wave
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from ..config import ModelConfig
+from .configs import fixture_config
+from .tokenizers import (
+    build_text_tokenizer,
+    train_rnnt_sentencepiece,
+    write_rnnt_tokenizer,
+    write_text_tokenizer,
+)
+from .weights import TUNINGS, build_weights
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+RNNT_TOKENIZER_DIR = "rnnt_tokenizer"
+QUANTIZATION_GROUP_SIZE = 64
+SUPPORTED_BITS = (4, 8)
+
+# Modules of the language model that mlx-community conversions quantize.
+_QUANTIZED_SUFFIXES = (
+    ".in_proj",
+    ".out_proj",
+    ".q_proj",
+    ".k_proj",
+    ".v_proj",
+    ".o_proj",
+    ".up_proj",
+    ".down_proj",
+)
+_QUANTIZED_HEADS = (
+    "stt_model.embed_tokens",
+    "stt_model.lm_head",
+    "stt_model.function_head",
+)
+
+
+def is_quantized_module(path: str) -> bool:
+    """Whether a quantized fixture stores module ``path`` quantized."""
+    if path in _QUANTIZED_HEADS:
+        return True
+    return path.startswith("stt_model.llm.layers.") and path.endswith(_QUANTIZED_SUFFIXES)
+
+
+def quantize_weights(weights: dict[str, mx.array], bits: int,
+                     group_size: int = QUANTIZATION_GROUP_SIZE) -> dict[str, mx.array]:
+    """Replace each quantizable ``.weight`` by ``.weight`` / ``.scales`` / ``.biases``."""
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"quantize_bits must be one of {SUPPORTED_BITS}, got {bits}")
+    out: dict[str, mx.array] = {}
+    for key, value in weights.items():
+        module, _, leaf = key.rpartition(".")
+        if leaf == "weight" and is_quantized_module(module):
+            packed, scales, biases = mx.quantize(value, group_size=group_size, bits=bits)
+            out[key], out[f"{module}.scales"], out[f"{module}.biases"] = packed, scales, biases
+        else:
+            out[key] = value
+    return dict(sorted(out.items()))
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+
+
+def _write_weights(weights: dict[str, mx.array], out_dir: Path) -> None:
+    mx.eval(weights)
+    mx.save_safetensors(str(out_dir / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
+    total = sum(value.nbytes for value in weights.values())
+    index = {
+        "metadata": {"total_size": total},
+        "weight_map": {key: WEIGHTS_FILE for key in weights},
+    }
+    _write_json(out_dir / INDEX_FILE, index)
+
+
+def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
+                    quantize_bits: int | None = None) -> Path:
+    """Write fixture checkpoint ``size`` ("tiny" | "small") into ``out_dir``."""
+    if quantize_bits is not None and quantize_bits not in SUPPORTED_BITS:
+        raise ValueError(f"quantize_bits must be one of {SUPPORTED_BITS}, got {quantize_bits}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    raw = fixture_config(size)
+    config = ModelConfig.from_dict(raw)
+
+    text = build_text_tokenizer(
+        config.text_config.vocab_size,
+        bos_id=config.bos_token_id,
+        eos_id=config.eos_token_id,
+        silence_id=config.silence_token_id,
+        pad_id=config.pad_token_id,
+    )
+    write_text_tokenizer(text, out)
+    rnnt_vocab_size = config.audio_config.decoder.vocab_size
+    if config.rnnt_blank_id != rnnt_vocab_size:
+        raise ValueError("config: rnnt_blank_id must follow the RNNT vocabulary")
+    spm_model = train_rnnt_sentencepiece(rnnt_vocab_size, seed=seed)
+    raw["rnnt_vocabulary"] = write_rnnt_tokenizer(spm_model, out / RNNT_TOKENIZER_DIR)
+
+    weights = build_weights(config, text.vocab, seed=seed, tuning=TUNINGS.get(size))
+    if quantize_bits is not None:
+        weights = quantize_weights(weights, quantize_bits)
+        quantization = {"group_size": QUANTIZATION_GROUP_SIZE, "bits": quantize_bits}
+        raw["quantization"] = dict(quantization)
+        raw["quantization_config"] = dict(quantization)
+    _write_weights(weights, out)
+    _write_json(out / "config.json", raw)
+    logger.info("wrote %s fixture checkpoint to %s", size, out)
+    return out
+
+
+_CACHE: dict[tuple[str, int, int | None], Path] = {}
+
+
+def cached_checkpoint(size: str = "tiny", seed: int = 0,
+                      quantize_bits: int | None = None) -> Path:
+    """``make_checkpoint`` once per process, under a temporary directory."""
+    key = (size, seed, quantize_bits)
+    path = _CACHE.get(key)
+    if path is None or not (path / "config.json").exists():
+        if not _CACHE:
+            atexit.register(clear_cache)
+        root = Path(tempfile.mkdtemp(prefix="voicechat-fixture-"))
+        suffix = f"-q{quantize_bits}" if quantize_bits else ""
+        path = make_checkpoint(root / f"{size}-s{seed}{suffix}", size, seed, quantize_bits)
+        _CACHE[key] = path
+    return path
+
+
+def clear_cache() -> None:
+    """Delete every checkpoint made by :func:`cached_checkpoint`."""
+    for path in _CACHE.values():
+        shutil.rmtree(path.parent, ignore_errors=True)
+    _CACHE.clear()
+
+
+def question_signal(seconds: float = 2.0, seed: int = 0,
+                    sample_rate: int = 16_000) -> np.ndarray:
+    """A speech-like float32 test signal: gated harmonic chirps plus noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(round(seconds * sample_rate)), dtype=np.float64) / sample_rate
+    pitch = 140.0 + 60.0 * np.sin(2 * math.pi * 0.7 * t)
+    phase = 2 * math.pi * np.cumsum(pitch) / sample_rate
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 6))
+    # Syllable-rate envelope with short pauses.
+    envelope = np.clip(np.sin(2 * math.pi * 2.5 * t + rng.uniform(0, math.pi)), 0, None)
+    noise = rng.standard_normal(t.shape)
+    signal = 0.3 * envelope * voiced + 0.02 * noise
+    return (signal / max(1.0, np.abs(signal).max() / 0.9)).astype(np.float32)
+
+
+def make_question_wav(path: str | Path, seconds: float = 2.0, seed: int = 0,
+                      sample_rate: int = 16_000) -> Path:
+    """Write :func:`question_signal` as a 16 kHz mono PCM16 WAV file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pcm = np.round(question_signal(seconds, seed, sample_rate) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(pcm.tobytes())
+    return path
