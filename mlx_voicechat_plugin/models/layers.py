@@ -1,0 +1,33 @@
+"""Small blocks shared by the EAR-TTS networks: Gemma-style norm and gated MLP."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm with scale ``1 + weight``, computed in float32, returned in input dtype."""
+
+    def __init__(self, dims: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        scale = 1.0 + self.weight.astype(mx.float32)
+        y = mx.fast.rms_norm(x.astype(mx.float32), scale, self.eps)
+        return y.astype(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """``down(gelu_tanh(gate(x)) * up(x))`` without biases."""
+
+    def __init__(self, dims: int, hidden_dims: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dims, hidden_dims, bias=False)
+        self.up_proj = nn.Linear(dims, hidden_dims, bias=False)
+        self.down_proj = nn.Linear(hidden_dims, dims, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,125 @@
+"""Mixture-of-Gaussians depth head of EAR-TTS, with nucleus (top-p) sampling.
+
+One call samples a mixture component per position (Gumbel-max over top-p
+filtered logits) and returns that component's mean in latent space plus the
+shared log-std. Random draws: exactly one ``mx.random.uniform`` of the logits'
+shape per call (from ``key`` if given, else MLX's global state).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..config import MoGConfig
+from .layers import GatedMLP, OffsetRMSNorm
+
+# Guards of the Gumbel transform ``-log(-log(u))`` against log(0).
+_GUMBEL_EPS = 1e-8
+
+
+def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
+    """Set logits outside the nucleus of mass ``top_p`` to ``-inf``.
+
+    A component survives while the probability mass of the components ranked
+    above it is below ``top_p`` (so the most likely one always survives).
+    """
+    if top_p >= 1.0:
+        return logits
+    if top_p <= 0.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    probs = mx.softmax(logits.astype(mx.float32), axis=-1)
+    order = mx.stop_gradient(mx.argsort(probs, axis=-1))  # ascending
+    ranked = mx.take_along_axis(probs, order, axis=-1)
+    # Mass strictly above each ranked entry: a reverse, exclusive running sum.
+    above = mx.cumsum(ranked, axis=-1, reverse=True, inclusive=False)
+    keep = mx.put_along_axis(
+        mx.zeros(ranked.shape, dtype=mx.bool_), order, above < top_p, axis=-1
+    )
+    return mx.where(keep, logits, -float("inf"))
+
+
+def gumbel_argmax(logits: mx.array, key: mx.array | None = None) -> mx.array:
+    """Sample one index per row of ``logits``; draws one uniform of their shape."""
+    u = mx.random.uniform(shape=logits.shape, key=key)
+    gumbel = -mx.log(-mx.log(u + _GUMBEL_EPS) + _GUMBEL_EPS)
+    log_probs = mx.log(mx.softmax(logits.astype(mx.float32), axis=-1))
+    return mx.argmax(log_probs + gumbel, axis=-1)
+
+
+def apply_guidance(x: mx.array, scale: float) -> mx.array:
+    """Classifier-free guidance over a ``[cond; uncond]`` batch: ``c + s (c - u)``."""
+    if x.shape[0] % 2:
+        raise ValueError("classifier-free guidance needs a [cond; uncond] batch")
+    half = x.shape[0] // 2
+    cond, uncond = x[:half], x[half:]
+    return cond + scale * (cond - uncond)
+
+
+class ResidualMLP(nn.Module):
+    """Pre/post-normed gated MLP with a residual connection."""
+
+    def __init__(self, dims: int, hidden_dims: int, eps: float):
+        super().__init__()
+        self.pre_norm = OffsetRMSNorm(dims, eps)
+        self.mlp = GatedMLP(dims, hidden_dims)
+        self.post_norm = OffsetRMSNorm(dims, eps)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x + self.post_norm(self.mlp(self.pre_norm(x)))
+
+
+class MoGHead(nn.Module):
+    """Hidden state -> sampled latent mean ``mu`` and log-std ``logs``.
+
+    Component ``k`` has mean ``exp(logs) * low_mat[k] @ (W_k @ x) + proj_else(x)``
+    where ``W_k`` is the ``k``-th ``[low_rank, dims]`` block of ``proj_mus``.
+    """
+
+    def __init__(self, dims: int, latent_size: int, config: MoGConfig):
+        super().__init__()
+        self.latent_size = latent_size
+        self.low_rank = config.low_rank
+        self.num_predictions = config.num_predictions
+        self.min_log_std = config.min_log_std
+        # Residual MLPs then a final norm; checkpoint keys index them as one list.
+        self.mlp_stack = [
+            ResidualMLP(dims, config.intermediate_size, config.eps)
+            for _ in range(config.num_layers)
+        ] + [OffsetRMSNorm(dims, config.eps)]
+        self.proj_logits = nn.Linear(dims, config.num_predictions, bias=False)
+        self.proj_mus = nn.Linear(dims, config.num_predictions * config.low_rank, bias=False)
+        self.proj_logs = nn.Linear(dims, 1, bias=False)
+        self.proj_else = nn.Linear(dims, latent_size, bias=False)
+        self.low_mat = mx.zeros((config.num_predictions, latent_size, config.low_rank))
+
+    def features(self, x: mx.array) -> mx.array:
+        for layer in self.mlp_stack:
+            x = layer(x)
+        return x
+
+    def __call__(
+        self,
+        x: mx.array,
+        guidance_scale: float = 0.0,
+        top_p: float = 1.0,
+        key: mx.array | None = None,
+    ) -> tuple[mx.array, mx.array]:
+        """``x`` [B, T, dims] (``[cond; uncond]`` when guided) -> (mu, logs).
+
+        ``key`` seeds the Gumbel draw; ``None`` uses MLX's global random state.
+        """
+        x = self.features(x)
+        if guidance_scale > 0.0:
+            x = apply_guidance(x, guidance_scale)
+        batch, length, dims = x.shape
+        logits = top_p_mask(self.proj_logits(x), top_p)
+        component = gumbel_argmax(logits, key).reshape(-1)
+
+        # Only the sampled component's low-rank projection is evaluated.
+        blocks = self.proj_mus.weight.reshape(self.num_predictions, self.low_rank, dims)
+        low = blocks[component] @ x.reshape(-1, dims)[..., None]
+        mu = (self.low_mat[component] @ low).squeeze(-1)
+        mu = mu.reshape(batch, length, self.latent_size)
+        logs = mx.maximum(self.proj_logs(x), self.min_log_std)
+        return mu * mx.exp(logs) + self.proj_else(x), logs

@@ -1,0 +1,115 @@
+"""The offline CLI and the hosts' own commands, run as a user would (subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import pytest
+
+from mlx_voicechat_plugin.hosts.pickup import (
+    ENV_SWITCH,
+    is_voicechat_checkpoint,
+    model_argument,
+)
+from mlx_voicechat_plugin.testing.fixtures import make_question_wav
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory) -> Path:
+    return make_question_wav(tmp_path_factory.mktemp("wav") / "q.wav", seconds=1.0)
+
+
+def _run(args: list[str], env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _wav_info(path: Path) -> tuple[int, int, int]:
+    with wave.open(str(path)) as handle:
+        return handle.getframerate(), handle.getnchannels(), handle.getsampwidth()
+
+
+def test_plugin_cli_answers_and_writes_audio(tiny_ckpt, question_wav, tmp_path):
+    out = tmp_path / "a.wav"
+    done = _run(["-m", "mlx_voicechat_plugin.cli.main", "generate", "-m", str(tiny_ckpt),
+                 "--audio", str(question_wav), "--output-audio", str(out),
+                 "--extra-decoding-seconds", "0.5", "--verbose"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("[user] ")
+    assert "frames/s" in done.stderr and "peak memory" in done.stderr
+    assert _wav_info(out) == (22050, 1, 2)
+
+
+def test_cli_ignores_n_with_a_note(tiny_ckpt, question_wav):
+    done = _run(["-m", "mlx_voicechat_plugin.cli.main", "generate", "-m", str(tiny_ckpt),
+                 "--audio", str(question_wav), "-n", "50", "--extra-decoding-seconds", "0"])
+    assert done.returncode == 0, done.stderr
+    assert "-n/--max-tokens is ignored" in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--image", "--video"])
+def test_cli_rejects_images_and_video(tiny_ckpt, question_wav, flag):
+    done = _run(["-m", "mlx_voicechat_plugin.cli.main", "generate", "-m", str(tiny_ckpt),
+                 "--audio", str(question_wav), flag, "x.png"])
+    assert done.returncode == 2
+    assert "speech only" in done.stderr
+
+
+def test_cli_without_audio_points_to_offline_command(tiny_ckpt):
+    done = _run(["-m", "mlx_voicechat_plugin.cli.main", "generate", "-m", str(tiny_ckpt)])
+    assert done.returncode == 2
+    assert "--audio" in done.stderr and "mlx-voicechat generate" in done.stderr
+
+
+def test_mlx_vlm_generate_routes_to_plugin(tiny_ckpt, question_wav, tmp_path):
+    out = tmp_path / "vlm.wav"
+    done = _run(["-m", "mlx_vlm.generate", "--model", str(tiny_ckpt), "--audio", str(question_wav),
+                 "--output-audio", str(out), "--extra-decoding-seconds", "0.5",
+                 "--max-tokens", "100", "--temperature", "0.0"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("[user] ")
+    assert out.is_file()
+
+
+def test_mlx_vlm_interactive_generate_is_refused(tiny_ckpt):
+    done = _run(["-m", "mlx_vlm.generate", "--model", str(tiny_ckpt), "--prompt", "hi"])
+    assert done.returncode == 2
+    assert "--audio" in done.stderr
+
+
+def test_mlx_audio_sts_generate_routes_to_plugin(tiny_ckpt, question_wav, tmp_path):
+    out = tmp_path / "sts.wav"
+    done = _run(["-m", "mlx_audio.sts.generate", "--model", str(tiny_ckpt), "--audio",
+                 str(question_wav), "--output-path", str(out), "--extra-decoding-seconds", "0"])
+    assert done.returncode == 0, done.stderr
+    assert out.is_file()
+
+
+def test_env_switch_turns_routing_off(tiny_ckpt, question_wav):
+    done = _run(["-m", "mlx_vlm.generate", "--model", str(tiny_ckpt), "--audio", str(question_wav),
+                 "--max-tokens", "1"], env={ENV_SWITCH: "0"})
+    # The host's own code runs: it does not print the plugin's transcript line.
+    assert not done.stdout.startswith("[user] ")
+
+
+def test_other_models_are_left_to_the_host(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert not is_voicechat_checkpoint(str(tmp_path))
+    assert not is_voicechat_checkpoint("no/such-repo-anywhere")
+
+
+def test_model_argument_forms():
+    assert model_argument(["--model", "a"]) == "a"
+    assert model_argument(["-m", "b", "--audio", "x"]) == "b"
+    assert model_argument(["--model=c"]) == "c"
+    assert model_argument(["--audio", "x"]) is None
+
+
+def test_voicechat_checkpoint_is_detected(tiny_ckpt):
+    assert is_voicechat_checkpoint(str(tiny_ckpt))
