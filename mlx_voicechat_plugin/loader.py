@@ -111,8 +111,16 @@ def hold_float32(model: nn.Module) -> None:
 
 def load_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    return AutoTokenizer.from_pretrained(str(path))
+    # AutoTokenizer reads config.json and warns that it does not know this
+    # model type; the tokenizer files are all it needs.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def load_model(path: Path, lazy: bool = False, hold_f32: bool = True) -> Model:

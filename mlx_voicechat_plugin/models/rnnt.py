@@ -25,6 +25,8 @@ class RNNTState:
     hidden: tuple[mx.array, mx.array] | None = None
     tokens: list[int] = field(default_factory=list)
     text: str = ""
+    # Host round trips (one per joint argmax) made by the last ``step``.
+    syncs: int = 0
     # Prediction-network output for (last_token, hidden); it only changes when a
     # symbol is emitted, so blank frames reuse it instead of re-running the LSTM.
     _prediction: mx.array | None = None
@@ -48,6 +50,7 @@ class RNNTState:
         if not self.enabled:
             return None
         emitted = 0
+        self.syncs = 0
         before = len(self.tokens)
         while emitted < self.max_symbols:
             if self._prediction is None:
@@ -61,6 +64,7 @@ class RNNTState:
                 self._proposed = proposed
             logits = joint(encoded, self._prediction)
             symbol = int(mx.argmax(logits))
+            self.syncs += 1
             if symbol == self.blank_id:
                 break
             self.last_token = symbol

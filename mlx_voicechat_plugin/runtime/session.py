@@ -109,11 +109,7 @@ class VoiceChatSession:
         logger.info("offline turn: %.2f s input, %d frames", seconds, frames)
 
         timeline = Timeline(self.model, seed=seed, use_language_cache=use_language_cache)
-        prompt_ids = prompt_token_ids(self.tokenizer, self.model, system_prompt)
-        if prompt_ids:
-            prompt = timeline.prompt_embeddings(prompt_ids, projected.dtype)
-            for p in range(len(prompt_ids)):
-                timeline.step(prompt[:, p : p + 1], generate=False)
+        timeline.prefill(prompt_token_ids(self.tokenizer, self.model, system_prompt))
 
         text_ids, function_ids, codes = [], [], []
         for t in range(frames):

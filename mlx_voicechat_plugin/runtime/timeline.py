@@ -23,7 +23,10 @@ from typing import Any
 import mlx.core as mx
 
 from ..models.model import Model
+from .profile import FrameClock
 from .rng import RandomStream
+
+_NO_CLOCK = FrameClock(enabled=False)
 
 
 @dataclass
@@ -99,13 +102,29 @@ class Timeline:
         # Evaluating the warm-up output materializes the backbone KV caches too.
         mx.eval(hidden, self._prev_codes)
 
-    def prompt_embeddings(self, prompt_ids: list[int], dtype: mx.Dtype) -> mx.array:
-        """System prompt tokens embedded for the audio channel, ``(1, P, H)``."""
-        ids = mx.array([prompt_ids], dtype=mx.int32)
-        return self.model.stt_model.embed_tokens(ids).astype(dtype)
+    def prefill(self, prompt_ids: list[int]) -> None:
+        """Read system-prompt tokens on the audio channel, one position each.
 
-    def step(self, audio: mx.array, *, generate: bool = True) -> TimelineStep:
-        """Advance one position with ``(1, 1, H)`` audio-channel input."""
+        The embeddings enter in float32, the dtype of the audio embeddings they
+        stand in for (the reference's offline path does the same; its streaming
+        path feeds them in bf16, see conformance/README.md).
+        """
+        if not prompt_ids:
+            return
+        ids = mx.array([prompt_ids], dtype=mx.int32)
+        prompt = self.model.stt_model.embed_tokens(ids).astype(mx.float32)
+        for p in range(len(prompt_ids)):
+            self.step(prompt[:, p : p + 1], generate=False)
+
+    def step(
+        self, audio: mx.array, *, generate: bool = True, clock: FrameClock = _NO_CLOCK
+    ) -> TimelineStep:
+        """Advance one position with ``(1, 1, H)`` audio-channel input.
+
+        The language and TTS work stay one lazy graph; the single evaluation at
+        the end is the position's only host round trip (``clock`` may add
+        stage barriers when profiling).
+        """
         stt = self.model.stt_model
         fused = stt.fuse(self._prev_text, audio, self._prev_function)
         text_logits, function_logits = self.language(fused)
@@ -114,6 +133,7 @@ class Timeline:
             function = mx.argmax(function_logits, axis=-1).astype(mx.int32)
         else:
             text, function = self._pad, self._pad
+        clock.stage("language", text, function)
         if self.index == 0:
             codes = self._silence
         else:
@@ -125,10 +145,14 @@ class Timeline:
             self._prev_codes = codes
         self._prev_text = text[:, None]
         self._prev_function = function[:, None]
-        mx.eval(text, function, codes)
+        ids = mx.concatenate([text, function])
+        mx.eval(ids, codes)
+        clock.stage("tts")
+        clock.sync()
+        text_id, function_id = ids.tolist()
         index = self.index
         self.index += 1
-        return TimelineStep(index, int(text.item()), int(function.item()), codes)
+        return TimelineStep(index, text_id, function_id, codes)
 
 
 def replace_control_codes(model: Model, codes: mx.array) -> mx.array:

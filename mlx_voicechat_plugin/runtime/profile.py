@@ -1,0 +1,131 @@
+"""Per-frame stage timings of a streaming session.
+
+Each stage is timed after forcing evaluation of its outputs, so the figures
+are wall-clock work, not graph construction. ``MLX_VOICECHAT_PROFILE_STAGES=1``
+adds sub-stages; ``MLX_VOICECHAT_PROFILE_FRAMES=<path>`` writes every frame as
+JSON when the session ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+STAGES = ("perception", "rnnt", "language", "tts", "codec")
+ENV_SUB_STAGES = "MLX_VOICECHAT_PROFILE_STAGES"
+ENV_FRAMES = "MLX_VOICECHAT_PROFILE_FRAMES"
+
+
+@dataclass
+class FrameTiming:
+    frame_index: int
+    stages_ms: dict[str, float] = field(default_factory=dict)
+    sub_stages_ms: dict[str, float] = field(default_factory=dict)
+    total_ms: float = 0.0
+    host_syncs: int = 0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (position - low) * (ordered[high] - ordered[low])
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {
+        "mean_ms": sum(values) / len(values) if values else 0.0,
+        "p50_ms": _percentile(values, 0.5),
+        "p95_ms": _percentile(values, 0.95),
+        "max_ms": max(values, default=0.0),
+    }
+
+
+class FrameClock:
+    """Times the stages of one frame. Disabled clocks cost nothing and sync nothing."""
+
+    def __init__(self, enabled: bool, sub_stages: bool = False):
+        self.enabled = enabled
+        self.sub_stages = enabled and sub_stages
+        self.syncs = 0
+        self._frame: FrameTiming | None = None
+        self._mark = 0.0
+        self._start = 0.0
+
+    def start(self, frame_index: int) -> None:
+        self.syncs = 0
+        if self.enabled:
+            self._frame = FrameTiming(frame_index)
+            self._start = self._mark = time.perf_counter()
+
+    def sync(self, count: int = 1) -> None:
+        """Record host round trips made by the frame's own work."""
+        self.syncs += count
+
+    def stage(self, name: str, *arrays: Any) -> None:
+        """End stage ``name``: evaluate its outputs and record the elapsed time."""
+        if not self.enabled or self._frame is None:
+            return
+        if arrays:
+            mx.eval(*arrays)
+        now = time.perf_counter()
+        self._frame.stages_ms[name] = self._frame.stages_ms.get(name, 0.0) + (now - self._mark) * 1e3
+        self._mark = now
+
+    def sub_stage(self, name: str, started: float, *arrays: Any) -> None:
+        if not self.sub_stages or self._frame is None:
+            return
+        if arrays:
+            mx.eval(*arrays)
+        elapsed = (time.perf_counter() - started) * 1e3
+        self._frame.sub_stages_ms[name] = self._frame.sub_stages_ms.get(name, 0.0) + elapsed
+
+    def finish(self) -> FrameTiming | None:
+        frame, self._frame = self._frame, None
+        if frame is None:
+            return None
+        frame.total_ms = (time.perf_counter() - self._start) * 1e3
+        frame.host_syncs = self.syncs
+        return frame
+
+
+@dataclass
+class Profile:
+    frame_duration_ms: float
+    frames: list[FrameTiming] = field(default_factory=list)
+
+    def summary(self, drop_first: int = 0) -> dict[str, Any]:
+        frames = self.frames[drop_first:]
+        stages = {s: _stats([f.stages_ms.get(s, 0.0) for f in frames]) for s in STAGES}
+        stages["total"] = _stats([f.total_ms for f in frames])
+        mean_total = stages["total"]["mean_ms"]
+        result: dict[str, Any] = {
+            "frames": len(frames),
+            "dropped_cold_frames": min(drop_first, len(self.frames)),
+            "frame_duration_ms": self.frame_duration_ms,
+            "processing_frames_per_second": 1000.0 / mean_total if mean_total else 0.0,
+            "realtime_factor": mean_total / self.frame_duration_ms,
+            "host_syncs": (sum(f.host_syncs for f in frames) / len(frames)) if frames else 0.0,
+            "stages": stages,
+        }
+        names = sorted({n for f in frames for n in f.sub_stages_ms})
+        if names:
+            result["sub_stages"] = {n: _stats([f.sub_stages_ms.get(n, 0.0) for f in frames]) for n in names}
+        return result
+
+    def write_frames(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps([asdict(f) for f in self.frames], indent=1))
+
+
+def profile_env() -> tuple[bool, str | None]:
+    """``(sub_stages, frames_path)`` from the environment."""
+    return os.environ.get(ENV_SUB_STAGES, "") == "1", os.environ.get(ENV_FRAMES) or None

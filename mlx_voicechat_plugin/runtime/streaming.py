@@ -1,0 +1,230 @@
+"""Online voice chat: PCM chunks in, aligned text / transcript / audio events out.
+
+Every network advances exactly one frame per 1280-sample frame from persistent
+state (see :class:`PerceptionStream`, :class:`Timeline`, the RNNT state and the
+codec stream). The recurrence itself is :class:`Timeline`, the same object
+offline generation drives. A session is driven from one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+
+from ..models.perception_stream import PerceptionStream
+from .events import (
+    AssistantTextDelta,
+    Audio,
+    Cancelled,
+    Done,
+    Event,
+    FunctionDelta,
+    TokenText,
+    UserTranscriptDelta,
+)
+from .profile import FrameClock, Profile, profile_env
+from .timeline import Timeline, prompt_token_ids, replace_control_codes
+
+if TYPE_CHECKING:
+    from .session import VoiceChatSession
+
+logger = logging.getLogger(__name__)
+
+
+class ContextLimit(RuntimeError):
+    """The stream reached ``max_streaming_seconds``."""
+
+
+class SessionClosed(RuntimeError):
+    """The session has ended (flushed, cancelled or failed)."""
+
+
+@dataclass
+class StreamingOptions:
+    system_prompt: str | None = None
+    seed: int = 0
+    max_streaming_seconds: float | None = None
+    use_language_cache: bool = True
+    use_perception_cache: bool = True
+    profile: bool = False
+
+    def __post_init__(self) -> None:
+        limit = self.max_streaming_seconds
+        if limit is not None and (isinstance(limit, bool) or not limit > 0):
+            raise ValueError(f"max_streaming_seconds must be > 0, got {limit!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+
+def _as_chunk(samples: Any) -> np.ndarray:
+    """Validate one PCM chunk: mono float samples, finite."""
+    if isinstance(samples, mx.array):
+        samples = np.array(samples)
+    if not isinstance(samples, np.ndarray):
+        raise TypeError(f"audio chunk must be a numpy or mlx array, got {type(samples).__name__}")
+    if not np.issubdtype(samples.dtype, np.floating):
+        raise TypeError(f"audio chunk must hold float samples in [-1, 1], got dtype {samples.dtype}")
+    if samples.ndim == 2 and 1 in samples.shape:
+        samples = samples.reshape(-1)
+    if samples.ndim != 1:
+        raise ValueError(f"audio chunk must be mono (1-D), got shape {samples.shape}")
+    if not np.isfinite(samples).all():
+        raise ValueError("audio chunk contains non-finite samples")
+    return samples.astype(np.float32, copy=False)
+
+
+class StreamingSession:
+    def __init__(self, parent: "VoiceChatSession", options: StreamingOptions):
+        model = parent.model
+        config = model.config
+        self.parent = parent
+        self.model = model
+        self.config = config
+        self.options = options
+        self.frame_samples = config.frame_samples
+        self.sample_rate = config.input_sample_rate
+        self.max_frames = (
+            None
+            if options.max_streaming_seconds is None
+            else int(options.max_streaming_seconds / config.frame_duration)
+        )
+        sub_stages, self._frames_path = profile_env()
+        self._clock = FrameClock(options.profile, sub_stages)
+        self._profile = Profile(frame_duration_ms=config.frame_duration * 1000.0)
+
+        self.timeline = Timeline(
+            model, seed=options.seed, use_language_cache=options.use_language_cache
+        )
+        self._perception = PerceptionStream(
+            model.stt_model.perception, config, options.use_perception_cache
+        )
+        self._rnnt = parent.new_rnnt_state()
+        hidden = config.special_text_ids
+        self._text = TokenText(parent.tokenizer, hidden)
+        self._function = TokenText(parent.tokenizer, hidden)
+        self._codec = model.tts_model.audio_codec
+        self._codec_state = self._codec.make_state()
+        self._pending = np.zeros((0,), dtype=np.float32)
+        self.frame_index = 0
+        self.closed = False
+        # The system prompt advances the timeline but emits nothing.
+        self.timeline.prefill(prompt_token_ids(parent.tokenizer, model, options.system_prompt))
+
+    # --- the frame ------------------------------------------------------
+
+    def _frame(self, frame: np.ndarray) -> list[Event]:
+        if self.max_frames is not None and self.frame_index >= self.max_frames:
+            raise ContextLimit(
+                f"stream reached max_streaming_seconds={self.options.max_streaming_seconds:g} "
+                f"({self.max_frames} frames)"
+            )
+        clock, index = self._clock, self.frame_index
+        clock.start(index)
+        projected, encoded = self._perception.step(mx.array(frame))
+        clock.sync()
+        clock.stage("perception")
+        events: list[Event] = []
+        stt = self.model.stt_model
+        delta = self._rnnt.step(stt.rnnt_decoder, stt.rnnt_joint, encoded)
+        clock.sync(self._rnnt.syncs)
+        clock.stage("rnnt")
+        if delta is not None:
+            events.append(UserTranscriptDelta(index, delta, self._rnnt.text))
+        step = self.timeline.step(projected, clock=clock)
+        for channel, kind, token in (
+            (self._text, AssistantTextDelta, step.text_id),
+            (self._function, FunctionDelta, step.function_id),
+        ):
+            update = channel.append(token)
+            if update is not None:
+                events.append(kind(index, token, update[0], update[1]))
+        codes = replace_control_codes(self.model, step.codes)
+        samples = self._codec.decode_step(codes.transpose(0, 2, 1), self._codec_state)
+        clock.sync()
+        clock.stage("codec")
+        events.append(Audio(index, np.array(samples[0, 0]), self.config.output_sample_rate,
+                            np.array(codes[0, 0], dtype=np.int32)))
+        timing = clock.finish()
+        if timing is not None:
+            self._profile.frames.append(timing)
+        self.frame_index += 1
+        return events
+
+    # --- the API --------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SessionClosed("streaming session is closed")
+
+    def push_audio(self, samples: Any, sample_rate: int | None = None) -> list[Event]:
+        """Consume a mono float PCM chunk of any size; return the completed frames' events.
+
+        Bad input (rate, dtype, shape, non-finite samples) raises before anything
+        is consumed, and the session stays usable.
+        """
+        self._check_open()
+        rate = self.sample_rate if sample_rate is None else sample_rate
+        if rate != self.sample_rate:
+            raise ValueError(f"sample_rate must be {self.sample_rate} Hz, got {rate}")
+        chunk = _as_chunk(samples)
+        self._pending = np.concatenate([self._pending, chunk])
+        events: list[Event] = []
+        while self._pending.shape[0] >= self.frame_samples:
+            frame = self._pending[: self.frame_samples]
+            self._pending = self._pending[self.frame_samples :]
+            try:
+                events.extend(self._frame(frame))
+            except ContextLimit:
+                self._pending = np.zeros((0,), dtype=np.float32)
+                raise
+        return events
+
+    def flush(self, pad_partial: bool = True) -> list[Event]:
+        """End the input: optionally zero-pad and run the partial frame, then ``Done``."""
+        self._check_open()
+        events: list[Event] = []
+        try:
+            if self._pending.shape[0] and pad_partial:
+                frame = np.zeros((self.frame_samples,), dtype=np.float32)
+                frame[: self._pending.shape[0]] = self._pending
+                events.extend(self._frame(frame))
+            if self.frame_index:
+                tail = self._codec.flush(self._codec_state)
+                events.append(Audio(self.frame_index - 1, np.array(tail[0, 0]),
+                                    self.config.output_sample_rate, np.zeros((0,), np.int32)))
+        finally:
+            self._close()
+        events.append(Done(self.frame_index))
+        return events
+
+    def cancel(self) -> list[Event]:
+        """Drop pending audio and end with ``Cancelled``."""
+        if self.closed:
+            return []
+        self._close()
+        return [Cancelled(self.frame_index)]
+
+    def _close(self) -> None:
+        self.closed = True
+        self._pending = np.zeros((0,), dtype=np.float32)
+        if self._frames_path and self._profile.frames:
+            self._profile.write_frames(self._frames_path)
+
+    def profile(self) -> Profile:
+        return self._profile
+
+    @property
+    def transcript(self) -> str:
+        return self._rnnt.text
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    @property
+    def function_text(self) -> str:
+        return self._function.text
