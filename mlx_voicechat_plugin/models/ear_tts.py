@@ -253,6 +253,10 @@ class EarTTS(nn.Module):
         rng: KeyStream | None = None,
     ) -> mx.array:
         """One frame: previous codes [B, 1, Q] + current subword [B, 1] -> codes [B, 1, Q]."""
+        return self.generate_codes(self.backbone_step(prev_codes, subword_ids, cache), rng)
+
+    def backbone_step(self, prev_codes: mx.array, subword_ids: mx.array, cache: Cache) -> mx.array:
+        """The backbone half of :meth:`step`: ``[cond; uncond]`` hidden [2B, 1, dims]."""
         audio = self.embed_code(self.embed_codes(prev_codes))
         text = self._text(subword_ids, mx.ones(subword_ids.shape, dtype=mx.bool_))
-        return self.generate_codes(self._run_backbone(audio, text, cache), rng)
+        return self._run_backbone(audio, text, cache)

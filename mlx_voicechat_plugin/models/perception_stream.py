@@ -14,6 +14,8 @@ last one sees the frontend's right-edge padding).
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 from mlx_audio.stt.models.nemotron_asr import ConformerStreamingState, StreamingLogMelSpectrogram
 
@@ -39,13 +41,16 @@ class PerceptionStream:
             self._window_samples = max(2, left + right + 1) * self.frame_samples
             self._window = mx.zeros((0,), dtype=mx.float32)
 
-    def step(self, frame: mx.array) -> tuple[mx.array, mx.array]:
+    def step(self, frame: mx.array, clock: Any = None) -> tuple[mx.array, mx.array]:
         """``(frame_samples,)`` audio -> ``(projected, encoded)``, each ``(1, 1, D)``.
 
         Returns evaluated arrays (the carried caches are evaluated with them).
+        ``clock`` (a profiling ``FrameClock``) times the sub-stages when given.
         """
         if self.use_cache:
             mel = self._mel.push(frame)
+            if clock is not None:
+                clock.sub_stage("perception.mel", mel)
             chunks = self._encoder.push(mel, emit_partial=True)
             if len(chunks) != 1 or chunks[0].shape[1] != 1:
                 raise RuntimeError(
@@ -54,6 +59,8 @@ class PerceptionStream:
             encoded = chunks[0]
             projected = self.perception.proj(encoded)
             self._encoder.materialize(projected, encoded)
+            if clock is not None:
+                clock.sub_stage("perception.layers")
             return projected, encoded
         self._window = mx.concatenate([self._window, frame])[-self._window_samples :]
         mel = log_mel(self._window, self.config.audio_config)

@@ -58,14 +58,13 @@ class FrameClock:
         self.sub_stages = enabled and sub_stages
         self.syncs = 0
         self._frame: FrameTiming | None = None
-        self._mark = 0.0
-        self._start = 0.0
+        self._mark = self._sub_mark = self._start = 0.0
 
     def start(self, frame_index: int) -> None:
         self.syncs = 0
         if self.enabled:
             self._frame = FrameTiming(frame_index)
-            self._start = self._mark = time.perf_counter()
+            self._start = self._mark = self._sub_mark = time.perf_counter()
 
     def sync(self, count: int = 1) -> None:
         """Record host round trips made by the frame's own work."""
@@ -79,15 +78,18 @@ class FrameClock:
             mx.eval(*arrays)
         now = time.perf_counter()
         self._frame.stages_ms[name] = self._frame.stages_ms.get(name, 0.0) + (now - self._mark) * 1e3
-        self._mark = now
+        self._mark = self._sub_mark = now
 
-    def sub_stage(self, name: str, started: float, *arrays: Any) -> None:
+    def sub_stage(self, name: str, *arrays: Any) -> None:
+        """End sub-stage ``name`` (only with ``MLX_VOICECHAT_PROFILE_STAGES=1``)."""
         if not self.sub_stages or self._frame is None:
             return
         if arrays:
             mx.eval(*arrays)
-        elapsed = (time.perf_counter() - started) * 1e3
+        now = time.perf_counter()
+        elapsed = (now - self._sub_mark) * 1e3
         self._frame.sub_stages_ms[name] = self._frame.sub_stages_ms.get(name, 0.0) + elapsed
+        self._sub_mark = now
 
     def finish(self) -> FrameTiming | None:
         frame, self._frame = self._frame, None

@@ -124,7 +124,7 @@ class StreamingSession:
             )
         clock, index = self._clock, self.frame_index
         clock.start(index)
-        projected, encoded = self._perception.step(mx.array(frame))
+        projected, encoded = self._perception.step(mx.array(frame), clock)
         clock.sync()
         clock.stage("perception")
         events: list[Event] = []
@@ -144,6 +144,7 @@ class StreamingSession:
                 events.append(kind(index, token, update[0], update[1]))
         codes = replace_control_codes(self.model, step.codes)
         samples = self._codec.decode_step(codes.transpose(0, 2, 1), self._codec_state)
+        clock.sub_stage("codec.decoder_istft")
         clock.sync()
         clock.stage("codec")
         events.append(Audio(index, np.array(samples[0, 0]), self.config.output_sample_rate,

@@ -139,9 +139,11 @@ class Timeline:
         else:
             is_eos = (text == self.config.eos_token_id).reshape(1, 1, 1)
             previous = mx.where(is_eos, self._silence, self._prev_codes)
-            codes = self.model.tts_model.tts_model.step(
-                previous, text[:, None], self.tts_cache, rng=self.rng
-            )
+            tts = self.model.tts_model.tts_model
+            hidden = tts.backbone_step(previous, text[:, None], self.tts_cache)
+            clock.sub_stage("tts.backbone", hidden)
+            codes = tts.generate_codes(hidden, self.rng)
+            clock.sub_stage("tts.mog_head", codes)
             self._prev_codes = codes
         self._prev_text = text[:, None]
         self._prev_function = function[:, None]
