@@ -113,3 +113,16 @@ def test_model_argument_forms():
 
 def test_voicechat_checkpoint_is_detected(tiny_ckpt):
     assert is_voicechat_checkpoint(str(tiny_ckpt))
+
+
+def test_cli_stream_prints_text_and_profile(tiny_ckpt, question_wav, tmp_path):
+    import json
+
+    out = tmp_path / "s.wav"
+    done = _run(["-m", "mlx_voicechat_plugin.cli.main", "generate", "-m", str(tiny_ckpt),
+                 "--audio", str(question_wav), "--stream", "--profile", "--output-audio", str(out),
+                 "--extra-decoding-seconds", "0.5", "--max-streaming-seconds", "30"])
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    assert summary["dropped_cold_frames"] == 5 and "host_syncs" in summary
+    assert _wav_info(out) == (22050, 1, 2)

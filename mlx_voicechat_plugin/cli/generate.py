@@ -42,6 +42,12 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
     parser.add_argument("--no-language-cache", action="store_true",
                         help="recompute the LLM history every frame (diagnostics)")
     parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
+    stream = parser.add_argument_group("streaming")
+    stream.add_argument("--stream", action="store_true",
+                        help="drive the online session in 80 ms frames, printing text as it comes")
+    stream.add_argument("--profile", action="store_true",
+                        help="with --stream: print the stage-timing summary (5 cold frames dropped)")
+    stream.add_argument("--max-streaming-seconds", type=float)
     return parser
 
 
@@ -77,6 +83,12 @@ def run(args: argparse.Namespace) -> int:
     model, processor = load(args.model)
     loaded = time.perf_counter()
     session = model.create_session(processor)
+    if args.stream:
+        from .stream import run_stream
+
+        return run_stream(session, args, started, loaded)
+    if args.profile or args.max_streaming_seconds is not None:
+        print("note: --profile/--max-streaming-seconds apply with --stream only", file=sys.stderr)
     result = session.generate(
         args.audio,
         system_prompt=args.system_prompt,
