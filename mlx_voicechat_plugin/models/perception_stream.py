@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_audio.stt.models.nemotron_asr import ConformerStreamingState, StreamingLogMelSpectrogram
+from mlx_audio.stt.models.nemotron_asr import StreamingLogMelSpectrogram
 
 from ..config import ModelConfig
+from .encoder_stream import EncoderStream
 from .perception import Perception, log_mel
 
 
@@ -34,9 +35,7 @@ class PerceptionStream:
             self._mel = StreamingLogMelSpectrogram(
                 config.audio_config.preprocessor, lookahead_samples=self.frame_samples
             )
-            self._encoder = ConformerStreamingState(
-                perception.encoder, chunk_frames=1, att_context_size=[left, right]
-            )
+            self._encoder = EncoderStream(perception.encoder, left_context=left)
         else:
             self._window_samples = max(2, left + right + 1) * self.frame_samples
             self._window = mx.zeros((0,), dtype=mx.float32)
@@ -51,14 +50,11 @@ class PerceptionStream:
             mel = self._mel.push(frame)
             if clock is not None:
                 clock.sub_stage("perception.mel", mel)
-            chunks = self._encoder.push(mel, emit_partial=True)
-            if len(chunks) != 1 or chunks[0].shape[1] != 1:
-                raise RuntimeError(
-                    f"streaming encoder emitted {[c.shape for c in chunks]} for one frame"
-                )
-            encoded = chunks[0]
+            encoded = self._encoder.push(mel)
+            if encoded.shape[1] != 1:
+                raise RuntimeError(f"streaming encoder emitted {encoded.shape[1]} frames for one frame")
             projected = self.perception.proj(encoded)
-            self._encoder.materialize(projected, encoded)
+            mx.eval(projected, encoded, *self._encoder.state())
             if clock is not None:
                 clock.sub_stage("perception.layers")
             return projected, encoded
