@@ -39,8 +39,12 @@ CASES = [
     ("tiny", SYSTEM_PROMPT, 0),
     ("tiny", SYSTEM_PROMPT, 1),
     ("tiny-q4", None, 0),
+    ("tiny-q4", None, 1),
+    ("tiny-q4", SYSTEM_PROMPT, 0),
     ("tiny-q4", SYSTEM_PROMPT, 1),
     ("small", None, 0),
+    ("small", None, 1),
+    ("small", SYSTEM_PROMPT, 0),
     ("small", SYSTEM_PROMPT, 1),
 ]
 
@@ -117,3 +121,30 @@ def test_limits_are_enforced_with_clear_errors(tiny_ckpt):
         session.generate(np.zeros(1600, np.float32), extra_decoding_seconds=601)
     with pytest.raises(ValueError, match="at most 1200 s"):
         session.generate(np.zeros(16000 * 1201, np.float32))
+
+
+def test_any_rate_and_channel_count_is_resampled_to_16k_mono(tiny_ckpt, tmp_path):
+    import wave
+
+    from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+    stereo = np.repeat(question_signal(1.0, sample_rate=22050)[:, None], 2, axis=1)
+    path = tmp_path / "stereo22k.wav"
+    with wave.open(str(path), "wb") as handle:
+        handle.setnchannels(2)
+        handle.setsampwidth(2)
+        handle.setframerate(22050)
+        handle.writeframes((stereo * 32767).astype("<i2").tobytes())
+    (model, processor), _ = loaded(tiny_ckpt)
+    session = model.create_session(processor)
+    result = session.generate(path, extra_decoding_seconds=0.0)
+    native = session.generate(question_signal(1.0), extra_decoding_seconds=0.0)
+    assert len(result.text_tokens) == len(native.text_tokens)  # 1 s of 16 kHz mono
+
+
+def test_model_level_streaming_entry_point(tiny_ckpt):
+    from mlx_voicechat_plugin.runtime.streaming import StreamingOptions
+
+    (model, processor), _ = loaded(tiny_ckpt)
+    stream = model.create_streaming_session(processor, StreamingOptions(seed=2))
+    assert stream.options.seed == 2 and not stream.closed

@@ -82,11 +82,13 @@ def test_ids_and_codes_equal_reference_streaming(pair, chunk, prompt):
     assert stream.transcript == ref_stream._rnnt.text
 
 
-def test_one_sample_chunks_equal_reference(pair):
+@pytest.mark.parametrize("prompt", [None, PROMPT], ids=["noprompt", "prompt"])
+def test_one_sample_chunks_equal_reference(pair, prompt):
     ours, ref = pair
     audio = _signal(0.2)
-    codes, text, _ = _ours(_stream(ours, audio, 1, seed=0)[1])
-    ref_codes, ref_text, _ = _theirs(_ref_stream(ref, audio, 1280, seed=0)[1])
+    codes, text, _ = _ours(_stream(ours, audio, 1, seed=0, system_prompt=prompt)[1])
+    # The reference's output does not depend on its chunking; 1280 keeps it fast.
+    ref_codes, ref_text, _ = _theirs(_ref_stream(ref, audio, 1280, seed=0, system_prompt=prompt)[1])
     assert np.array_equal(codes, ref_codes) and text == ref_text
 
 

@@ -11,6 +11,17 @@ import numpy as np
 AudioInput = Union[str, Path, mx.array, np.ndarray]
 
 
+def as_mono_float32(samples: np.ndarray, what: str) -> np.ndarray:
+    """``samples`` as 1-D finite float32; ``(1, n)``/``(n, 1)`` are accepted as mono."""
+    if samples.ndim == 2 and 1 in samples.shape:
+        samples = samples.reshape(-1)
+    if samples.ndim != 1:
+        raise ValueError(f"{what} must be mono (1-D), got shape {samples.shape}")
+    if not np.isfinite(samples).all():
+        raise ValueError(f"{what} contains non-finite samples")
+    return samples.astype(np.float32, copy=False)
+
+
 def load_waveform(audio: AudioInput, sample_rate: int, input_rate: int | None = None) -> mx.array:
     """Mono float32 at ``sample_rate``.
 
@@ -25,13 +36,7 @@ def load_waveform(audio: AudioInput, sample_rate: int, input_rate: int | None = 
         from mlx_audio.stt.utils import load_audio
 
         return load_audio(str(path), sr=sample_rate).astype(mx.float32).reshape(-1)
-    array = np.asarray(audio, dtype=np.float32)
-    if array.ndim == 2 and 1 in array.shape:
-        array = array.reshape(-1)
-    if array.ndim != 1:
-        raise ValueError(f"audio must be a mono waveform, got shape {array.shape}")
-    if not np.isfinite(array).all():
-        raise ValueError("audio contains non-finite samples")
+    array = as_mono_float32(np.asarray(audio, dtype=np.float32), "audio")
     rate = sample_rate if input_rate is None else input_rate
     if rate != sample_rate:
         from mlx_audio.utils import resample_audio

@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..models.perception_stream import PerceptionStream
+from .audio import as_mono_float32
 from .events import (
     AssistantTextDelta,
     Audio,
@@ -68,13 +69,7 @@ def _as_chunk(samples: Any) -> np.ndarray:
         raise TypeError(f"audio chunk must be a numpy or mlx array, got {type(samples).__name__}")
     if not np.issubdtype(samples.dtype, np.floating):
         raise TypeError(f"audio chunk must hold float samples in [-1, 1], got dtype {samples.dtype}")
-    if samples.ndim == 2 and 1 in samples.shape:
-        samples = samples.reshape(-1)
-    if samples.ndim != 1:
-        raise ValueError(f"audio chunk must be mono (1-D), got shape {samples.shape}")
-    if not np.isfinite(samples).all():
-        raise ValueError("audio chunk contains non-finite samples")
-    return samples.astype(np.float32, copy=False)
+    return as_mono_float32(samples, "audio chunk")
 
 
 class StreamingSession:

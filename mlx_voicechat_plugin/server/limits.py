@@ -1,0 +1,44 @@
+"""Bounds a realtime server puts on each client."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIB = 1 << 20
+# The transport accepts a little more than ``max_message_bytes`` so that a
+# slightly oversized message is answered with a clean ``error`` event; anything
+# past the transport cap is closed by the WebSocket layer with code 1009.
+TRANSPORT_SLACK_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Per-connection limits (sizes in bytes, times in seconds)."""
+
+    max_message_bytes: int = MIB
+    max_session_seconds: float = 600.0
+    update_timeout: float = 30.0
+    idle_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) \
+                or self.max_message_bytes <= 0:
+            raise ValueError(f"max_message_bytes must be a positive integer, got "
+                             f"{self.max_message_bytes!r}")
+        for name in ("max_session_seconds", "update_timeout", "idle_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+    @property
+    def transport_max_bytes(self) -> int:
+        """The WebSocket layer's own frame cap (``ws_max_size``)."""
+        return self.max_message_bytes + TRANSPORT_SLACK_BYTES
+
+    def clamp_streaming_seconds(self, requested: float | None) -> float:
+        """A session's ``max_streaming_seconds``: the request, at most the server's cap."""
+        if requested is None:
+            return float(self.max_session_seconds)
+        return float(min(requested, self.max_session_seconds))
