@@ -7,6 +7,7 @@ from typing import Sequence
 
 COMMANDS = {
     "generate": "one offline voice-chat turn",
+    "serve": "the realtime WebSocket server",
 }
 
 
@@ -22,6 +23,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .generate import main as generate_main
 
         return generate_main(rest)
+    if command == "serve":
+        from .serve import main as serve_main
+
+        return serve_main(rest)
     return 2
 
 

@@ -1,0 +1,157 @@
+"""Side-by-side timing of the plugin and the upstream reference, in one process.
+
+    python -m bench.compare --size small [--frames N] [--seconds 10] [--scaling 5,20,60]
+        [--out build/bench]
+
+On one fixture checkpoint and one input it times:
+- offline: the reference's default path (full recompute), the reference with
+  its language cache, and the plugin;
+- streaming: per-frame mean / p50 / p95, per stage, for both;
+- peak memory of each run;
+- a scaling run: streaming per-frame cost against session length.
+Figures are ratios plugin / reference. Results go to ``<out>/compare.json``
+and, with matplotlib installed (``pip install .[bench]``), ``<out>/compare.png``.
+These are benchmark figures, never test assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import mlx.core as mx
+import numpy as np
+
+
+def _timed(run: Callable[[], Any]) -> tuple[float, float]:
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    began = time.perf_counter()
+    run()
+    return time.perf_counter() - began, mx.get_peak_memory() / 2**20
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"mean_ms": float(np.mean(values)), "p50_ms": float(np.percentile(values, 50)),
+            "p95_ms": float(np.percentile(values, 95))}
+
+
+def _stream_ours(session: Any, audio: np.ndarray, frame: int) -> tuple[dict, list[float]]:
+    stream = session.create_streaming_session(profile=True)
+    for start in range(0, len(audio) - frame + 1, frame):
+        stream.push_audio(audio[start : start + frame])
+    frames = stream.profile().frames
+    stream.flush()
+    totals = [f.total_ms for f in frames]
+    stages = {s: _stats([f.stages_ms.get(s, 0.0) for f in frames])
+              for s in ("perception", "rnnt", "language", "tts", "codec")}
+    return {"total": _stats(totals), "stages": stages,
+            "host_syncs": float(np.mean([f.host_syncs for f in frames]))}, totals
+
+
+def _stream_reference(session: Any, audio: np.ndarray, frame: int) -> tuple[dict, list[float]]:
+    stream = session.create_streaming_session(profile=True)
+    for start in range(0, len(audio) - frame + 1, frame):
+        stream.push_audio(mx.array(audio[start : start + frame]))
+    frames = stream.profile.frames
+    stream.flush()
+    totals = [f.total_ms for f in frames]
+    stages = {s: _stats([getattr(f, f"{s}_ms") for f in frames])
+              for s in ("perception", "rnnt", "language", "tts", "codec")}
+    return {"total": _stats(totals), "stages": stages}, totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.compare")
+    parser.add_argument("--size", default="small", choices=("tiny", "small"))
+    parser.add_argument("--seconds", type=float, default=10.0, help="offline input length")
+    parser.add_argument("--frames", type=int, default=125, help="streaming frames")
+    parser.add_argument("--scaling", default="5,20,60", help="streaming session lengths (s)")
+    parser.add_argument("--out", default="build/bench")
+    args = parser.parse_args(argv)
+
+    from mlx_vlm.utils import load as reference_load
+
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.testing.fixtures import make_checkpoint, question_signal
+
+    tmp = tempfile.TemporaryDirectory()
+    checkpoint = make_checkpoint(Path(tmp.name) / args.size, args.size)
+    model, processor = load(checkpoint)
+    ref, ref_processor = reference_load(str(checkpoint))
+    ours, theirs = model.create_session(processor), ref.create_session(ref_processor)
+    rate, frame = model.config.input_sample_rate, model.config.frame_samples
+
+    def signal(seconds: float) -> np.ndarray:
+        phrase = np.concatenate([question_signal(4.0), np.zeros(2 * rate, np.float32)])
+        reps = int(np.ceil(seconds * rate / len(phrase)))
+        return np.tile(phrase, reps)[: int(seconds * rate)]
+
+    report: dict[str, Any] = {"size": args.size, "backend": str(mx.default_device()),
+                              "note": "random fixture weights; CPU figures on this machine"}
+    audio = signal(args.seconds)
+    warm = signal(1.0)
+    ours.generate(warm, extra_decoding_seconds=0)
+    theirs.generate(mx.array(warm), use_language_cache=True)
+    offline = {
+        "reference_default_s": _timed(lambda: theirs.generate(mx.array(audio))),
+        "reference_cached_s": _timed(lambda: theirs.generate(mx.array(audio), use_language_cache=True)),
+        "plugin_s": _timed(lambda: ours.generate(audio, extra_decoding_seconds=0.0)),
+    }
+    report["offline"] = {k: {"seconds": v[0], "peak_mb": v[1]} for k, v in offline.items()}
+    report["offline"]["ratio_vs_reference_default"] = offline["plugin_s"][0] / offline["reference_default_s"][0]
+    report["offline"]["ratio_vs_reference_cached"] = offline["plugin_s"][0] / offline["reference_cached_s"][0]
+    print(json.dumps({"offline": report["offline"]}, indent=1), flush=True)
+
+    stream_audio = signal(args.frames * model.config.frame_duration)
+    ours_stream, ours_totals = _stream_ours(ours, stream_audio, frame)
+    ref_stream, ref_totals = _stream_reference(theirs, stream_audio, frame)
+    report["streaming"] = {"plugin": ours_stream, "reference": ref_stream,
+                           "ratio_mean": ours_stream["total"]["mean_ms"] / ref_stream["total"]["mean_ms"]}
+    print(json.dumps({"streaming_ratio_mean": report["streaming"]["ratio_mean"],
+                      "host_syncs": ours_stream["host_syncs"]}), flush=True)
+
+    scaling = {}
+    series = {}
+    for seconds in [float(s) for s in args.scaling.split(",") if s]:
+        long_audio = signal(seconds)
+        _, totals = _stream_ours(ours, long_audio, frame)
+        _, ref_long = _stream_reference(theirs, long_audio, frame)
+        scaling[str(seconds)] = {"plugin": _stats(totals), "reference": _stats(ref_long)}
+        series[seconds] = (totals, ref_long)
+        print(json.dumps({f"scaling_{seconds:g}s": scaling[str(seconds)]}), flush=True)
+    report["scaling"] = scaling
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(report, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install .[bench])", file=sys.stderr)
+        return 0
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4))
+    axes[0].plot(ours_totals, label="plugin total")
+    axes[0].plot(ref_totals, label="reference total")
+    axes[0].set(xlabel="frame", ylabel="ms", title=f"streaming per frame ({args.size}, CPU)")
+    axes[0].legend()
+    for seconds, (mine, theirs_) in series.items():
+        axes[1].plot(mine, label=f"plugin {seconds:g}s")
+        axes[1].plot(theirs_, "--", label=f"reference {seconds:g}s")
+    axes[1].set(xlabel="frame", ylabel="ms", title="per-frame cost against session length")
+    axes[1].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out / "compare.png", dpi=100)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

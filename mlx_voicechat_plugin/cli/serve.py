@@ -1,0 +1,94 @@
+"""``mlx-voicechat serve``: the realtime WebSocket server for one checkpoint.
+
+The same entry point serves ``python -m mlx_vlm.server --model CKPT`` for a
+VoiceChat checkpoint (see :mod:`mlx_voicechat_plugin.hosts.pickup`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from ..server.limits import MIB, ServerLimits
+
+logger = logging.getLogger(__name__)
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def _origins(values: list[str] | None) -> list[str]:
+    return [o.strip() for v in values or () for o in v.split(",") if o.strip()]
+
+
+def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
+    defaults = ServerLimits()
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Serve Nemotron VoiceChat over a realtime WebSocket "
+                               "(/v1/realtime).")
+    parser.add_argument("-m", "--model", required=True, help="checkpoint directory or hub id")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the upgrade")
+    parser.add_argument("--api-prefix", default="", help="mount the routes under this prefix")
+    parser.add_argument("--alias", help="model id to report (default: the checkpoint's name)")
+    parser.add_argument("--cors-origins", "--allowed-origins", dest="origins", nargs="+",
+                        action="extend", metavar="ORIGIN",
+                        help="browser origins allowed to connect ('*' for any); "
+                             "same-origin and non-browser clients are always allowed")
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-message-bytes", type=int, default=defaults.max_message_bytes,
+                        help=f"largest client message (default {defaults.max_message_bytes // MIB}"
+                             " MiB)")
+    limits.add_argument("--max-session-seconds", type=float,
+                        default=defaults.max_session_seconds,
+                        help="most audio one session may stream")
+    limits.add_argument("--update-timeout", type=float, default=defaults.update_timeout,
+                        help="seconds a client has to send session.update")
+    limits.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout,
+                        help="seconds a configured session may stay silent (pings do not count)")
+    return parser
+
+
+def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argparse.Namespace:
+    parser = build_parser(prog)
+    if tolerate_unknown:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            print(f"note: ignoring options this model does not use: {' '.join(unknown)}",
+                  file=sys.stderr)
+    else:
+        args = parser.parse_args(argv)
+    try:
+        args.limits = ServerLimits(args.max_message_bytes, args.max_session_seconds,
+                                   args.update_timeout, args.idle_timeout)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
+         tolerate_unknown: bool = False) -> int:
+    args = parse(argv, prog, tolerate_unknown)
+    try:
+        import uvicorn
+
+        from ..server.app import create_app
+    except ImportError as exc:
+        print(f"error: the server needs its extras: pip install 'mlx-voicechat-plugin[server]' "
+              f"({exc})", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(args.model, alias=args.alias, api_key=args.api_key,
+                     api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
+                     limits=args.limits)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                ws_max_size=args.limits.transport_max_bytes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""The FastAPI application: ``/v1/realtime``, ``GET /health`` and 501 routes.
+
+One connection holds the engine's single session at a time. Each connection
+runs: accept (after the API key and Origin checks), ``session.created``, then
+messages until commit/cancel (close 1000), a timeout (close 1008) or the
+client leaving. Audio payloads and the API key are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from . import protocol
+from .engine import Engine
+from .limits import ServerLimits
+from .protocol import CloseCode, ErrorCode, ProtocolError
+
+logger = logging.getLogger(__name__)
+
+REALTIME_PATH = "/v1/realtime"
+UNSUPPORTED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+INPUT_RATE, OUTPUT_RATE = 16_000, 22_050  # announced before the model is known
+
+
+def served_model_id(model_path: str, alias: str | None = None) -> str:
+    """``alias``, else the checkpoint directory's name (a hub id stays as given)."""
+    if alias:
+        return alias
+    path = Path(model_path).expanduser()
+    return path.resolve().name if path.exists() else str(model_path)
+
+
+def normalize_prefix(prefix: str | None) -> str:
+    prefix = (prefix or "").strip()
+    if not prefix or prefix == "/":
+        return ""
+    return "/" + prefix.strip("/")
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: Sequence[str]) -> bool:
+    """No Origin (not a browser), a listed one, ``*``, or the server's own host."""
+    if not origin:
+        return True
+    if "*" in allowed or origin.rstrip("/") in allowed:
+        return True
+    return bool(host) and urlsplit(origin).netloc.lower() == host.lower()
+
+
+def bearer_ok(header: str | None, api_key: str | None) -> bool:
+    if not api_key:
+        return True
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+class Connection:
+    """One client's conversation with the engine."""
+
+    def __init__(self, websocket: WebSocket, engine: Engine, model_id: str,
+                 limits: ServerLimits):
+        self.ws = websocket
+        self.engine = engine
+        self.model_id = model_id
+        self.limits = limits
+        self.session_id = protocol.new_session_id()
+        self.configured = False
+        self.open = False  # the engine holds our streaming session
+        self.frame_samples = 0
+        self.connected_at = time.monotonic()
+        self.last_activity = self.connected_at
+
+    async def send(self, payload: dict[str, Any]) -> None:
+        await self.ws.send_text(protocol.dumps(payload))
+
+    async def send_error(self, code: str, message: str) -> None:
+        logger.info("%s error %s: %s", self.session_id, code, message)
+        await self.send(protocol.error_event(code, message))
+
+    async def release(self) -> None:
+        """Close the engine's session (cancelling unflushed audio) and free the slot."""
+        if self.open:
+            self.open = False
+            try:
+                await self.engine.close(self.session_id)
+            except Exception:
+                logger.exception("closing %s failed", self.session_id)
+        self.engine.release(self.session_id)
+
+    async def finish(self, code: int) -> None:
+        await self.release()
+        await self.ws.close(code=code)
+
+    def deadline(self) -> tuple[float, str]:
+        if not self.configured:
+            return (self.connected_at + self.limits.update_timeout,
+                    f"session.update not received within {self.limits.update_timeout:g} s")
+        return (self.last_activity + self.limits.idle_timeout,
+                f"session idle for {self.limits.idle_timeout:g} s")
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        if not self.engine.ready:
+            await self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
+            await self.ws.close(code=CloseCode.TRY_AGAIN_LATER)
+            return
+        if not self.engine.try_reserve(self.session_id):
+            await self.send_error(ErrorCode.SERVER_BUSY,
+                                  "another realtime VoiceChat session is already active")
+            await self.ws.close(code=CloseCode.TRY_AGAIN_LATER)
+            return
+        logger.info("%s connected", self.session_id)
+        try:
+            await self.send(protocol.session_created(self.session_id, INPUT_RATE, OUTPUT_RATE))
+            await self.loop()
+        except WebSocketDisconnect:
+            logger.info("%s disconnected", self.session_id)
+        finally:
+            await self.release()
+
+    async def loop(self) -> None:
+        while True:
+            deadline, reason = self.deadline()
+            try:
+                message = await asyncio.wait_for(self.ws.receive(),
+                                                 max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                await self.send_error(ErrorCode.INVALID_REQUEST, reason)
+                await self.finish(CloseCode.POLICY_VIOLATION)
+                return
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            try:
+                done = await self.handle(message)
+            except ProtocolError as exc:
+                await self.send_error(exc.code, exc.message)
+                done = False
+            if done:
+                return
+
+    def text_of(self, message: dict[str, Any]) -> str:
+        text = message.get("text")
+        if text is None:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST,
+                                "binary frames are not supported; send JSON text")
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.limits.max_message_bytes:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST,
+                                f"message of {size} bytes exceeds the "
+                                f"{self.limits.max_message_bytes}-byte limit")
+        return text
+
+    async def handle(self, raw: dict[str, Any]) -> bool:
+        """Handle one frame; ``True`` once the connection is finished."""
+        message = protocol.parse_message(self.text_of(raw))
+        if isinstance(message, protocol.Ping):
+            await self.send({"type": "session.pong"})
+            return False
+        self.last_activity = time.monotonic()
+        try:
+            if isinstance(message, protocol.SessionUpdate):
+                await self.configure(message)
+                return False
+            if not self.configured:
+                raise ProtocolError(ErrorCode.INVALID_REQUEST, "send session.update before audio")
+            if isinstance(message, protocol.AudioAppend):
+                await self.append(message)
+                return False
+            if isinstance(message, protocol.Commit):
+                await self.send({"type": "input_audio_buffer.committed"})
+                events = await self.engine_call(self.engine.flush(self.session_id,
+                                                                  message.pad_partial))
+            else:
+                events = await self.engine_call(self.engine.cancel(self.session_id))
+            await self.forward(events)
+            await self.finish(CloseCode.NORMAL)
+            return True
+        finally:
+            self.last_activity = time.monotonic()
+
+    async def configure(self, update: protocol.SessionUpdate) -> None:
+        if self.configured:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST,
+                                "the active session cannot be reconfigured")
+        seconds = self.limits.clamp_streaming_seconds(update.max_streaming_seconds)
+        try:
+            details = await self.engine.open(
+                self.session_id, system_prompt=update.system_prompt, seed=update.seed,
+                max_streaming_seconds=seconds)
+        except Exception as exc:
+            raise ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED, str(exc)) from None
+        self.configured = self.open = True
+        self.frame_samples = details["frame_samples"]
+        logger.info("%s configured (seed %d, max %.1f s)", self.session_id, update.seed, seconds)
+        await self.send(protocol.session_updated(self.session_id, self.model_id, details))
+
+    async def append(self, message: protocol.AudioAppend) -> None:
+        samples = protocol.decode_pcm16(message.audio)
+        rate = protocol.check_sample_rate(message.sample_rate)
+        # One engine call per native frame: each frame's events go out before
+        # the next frame runs, however large the client's chunk.
+        for start in range(0, samples.shape[0], self.frame_samples):
+            events = await self.engine_call(self.engine.push(
+                self.session_id, samples[start : start + self.frame_samples], rate))
+            await self.forward(events)
+
+    async def engine_call(self, call: Any) -> list[str]:
+        """Await an engine command; its failure is the client's ``inference_error``."""
+        try:
+            return await call
+        except Exception as exc:
+            raise ProtocolError(ErrorCode.INFERENCE_ERROR, str(exc) or type(exc).__name__) from None
+
+    async def forward(self, events: list[str]) -> None:
+        for text in events:
+            await self.ws.send_text(text)
+
+
+def create_app(
+    model_path: str | Path,
+    *,
+    alias: str | None = None,
+    api_key: str | None = None,
+    api_prefix: str | None = None,
+    allowed_origins: Sequence[str] = (),
+    limits: ServerLimits | None = None,
+    engine: Engine | None = None,
+) -> FastAPI:
+    """The realtime server for one checkpoint; the engine starts with the app."""
+    limits = limits or ServerLimits()
+    engine = engine or Engine(str(model_path))
+    model_id = served_model_id(str(model_path), alias)
+    prefix = normalize_prefix(api_prefix)
+    origins = tuple(o.rstrip("/") for o in allowed_origins)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.stop)
+
+    app = FastAPI(title="mlx-voicechat realtime", lifespan=lifespan)
+    app.state.engine, app.state.limits, app.state.model_id = engine, limits, model_id
+    if origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins),
+                           allow_methods=["*"], allow_headers=["*"])
+
+    @app.get(prefix + "/health")
+    async def health() -> JSONResponse:
+        if engine.load_error is not None:
+            return JSONResponse({"status": "error", "error": str(engine.load_error)}, 500)
+        if not engine.ready:
+            return JSONResponse({"status": "loading"}, 503)
+        return JSONResponse({"status": "ok", "model": model_id, "session_active": engine.busy})
+
+    async def unsupported() -> JSONResponse:
+        message = (f"this server runs a speech-to-speech model; connect a WebSocket to "
+                   f"{prefix}{REALTIME_PATH} instead")
+        return JSONResponse({"error": {"code": "not_implemented", "message": message}}, 501)
+
+    for path in UNSUPPORTED_PATHS:
+        app.add_api_route(prefix + path, unsupported, methods=["GET", "POST"])
+
+    async def deny(websocket: WebSocket, status: int, message: str) -> None:
+        logger.info("rejected upgrade: %s", message)
+        if "websocket.http.response" in websocket.scope.get("extensions", {}):
+            await websocket.send_denial_response(
+                JSONResponse({"error": {"code": "invalid_request", "message": message}}, status))
+        else:
+            await websocket.close(code=CloseCode.POLICY_VIOLATION)
+
+    @app.websocket(prefix + REALTIME_PATH)
+    async def realtime(websocket: WebSocket) -> None:
+        if not bearer_ok(websocket.headers.get("authorization"), api_key):
+            await deny(websocket, 401, "missing or invalid API key")
+            return
+        if not origin_allowed(websocket.headers.get("origin"), websocket.headers.get("host"),
+                              origins):
+            await deny(websocket, 403, "origin not allowed")
+            return
+        connection = Connection(websocket, engine, model_id, limits)
+        try:
+            await connection.run()
+        except WebSocketDisconnect:
+            pass
+        except RuntimeError as exc:  # sending after the client went away
+            if websocket.client_state != WebSocketState.DISCONNECTED:
+                logger.warning("%s ended: %s", connection.session_id, exc)
+
+    return app

@@ -1,0 +1,205 @@
+"""The engine thread: the only thread that touches MLX.
+
+Socket tasks send ``open``/``push``/``flush``/``cancel``/``close`` commands over
+a queue and await a one-shot reply (an asyncio future the engine resolves via
+``loop.call_soon_threadsafe``). Events come back already serialized to JSON
+text, base64 audio included, so the event loop only forwards strings. The
+engine holds at most one streaming session; a reservation keeps a second
+connection from starting one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from . import protocol
+
+logger = logging.getLogger(__name__)
+
+Loader = Callable[[str], Any]  # checkpoint path -> VoiceChatSession
+
+
+def load_voicechat(path: str) -> Any:
+    from .. import load
+
+    model, processor = load(path)
+    return model.create_session(processor)
+
+
+@dataclass
+class _Command:
+    kind: str
+    session_id: str
+    payload: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future = field(repr=False)
+
+    def reply(self, value: Any = None, error: BaseException | None = None) -> None:
+        def resolve() -> None:
+            if self.future.done():  # the awaiting task was cancelled
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(value)
+
+        try:
+            self.loop.call_soon_threadsafe(resolve)
+        except RuntimeError:  # the loop has closed
+            pass
+
+
+class Engine:
+    """One long-lived worker thread owning the model and the streaming session."""
+
+    def __init__(self, model_path: str, loader: Loader | None = None):
+        self.model_path = model_path
+        self.loader = loader or load_voicechat
+        self.voicechat: Any = None
+        self.load_error: BaseException | None = None
+        self.loaded = threading.Event()
+        self._commands: queue.Queue[_Command | None] = queue.Queue()
+        self._reservation = threading.Lock()
+        self._reserved: str | None = None
+        self._thread = threading.Thread(target=self._run, name="mlx-voicechat-engine",
+                                        daemon=True)
+
+    # --- lifecycle ------------------------------------------------------
+
+    def start(self) -> None:
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._commands.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def ready(self) -> bool:
+        return self.loaded.is_set() and self.voicechat is not None
+
+    @property
+    def config(self) -> Any:
+        return self.voicechat.config
+
+    # --- the one-session reservation -----------------------------------
+
+    def try_reserve(self, session_id: str) -> bool:
+        with self._reservation:
+            if self._reserved is not None:
+                return False
+            self._reserved = session_id
+            return True
+
+    def release(self, session_id: str) -> None:
+        with self._reservation:
+            if self._reserved == session_id:
+                self._reserved = None
+
+    @property
+    def busy(self) -> bool:
+        return self._reserved is not None
+
+    # --- commands (awaited from the event loop) ------------------------
+
+    async def call(self, kind: str, session_id: str, **payload: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.put(_Command(kind, session_id, payload, loop, future))
+        return await future
+
+    async def open(self, session_id: str, **options: Any) -> dict[str, Any]:
+        return await self.call("open", session_id, **options)
+
+    async def push(self, session_id: str, samples: np.ndarray, sample_rate: int) -> list[str]:
+        return await self.call("push", session_id, samples=samples, sample_rate=sample_rate)
+
+    async def flush(self, session_id: str, pad_partial: bool = True) -> list[str]:
+        return await self.call("flush", session_id, pad_partial=pad_partial)
+
+    async def cancel(self, session_id: str) -> list[str]:
+        return await self.call("cancel", session_id)
+
+    async def close(self, session_id: str) -> None:
+        await self.call("close", session_id)
+
+    # --- the thread -----------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            logger.info("loading %s", self.model_path)
+            self.voicechat = self.loader(self.model_path)
+            logger.info("model loaded")
+        except Exception as exc:  # reported by /health and to each client
+            logger.exception("failed to load %s", self.model_path)
+            self.load_error = exc
+        finally:
+            self.loaded.set()
+        self._serve()
+
+    def _serve(self) -> None:
+        session_id: str | None = None
+        stream: Any = None
+        while True:
+            command = self._commands.get()
+            if command is None:
+                break
+            try:
+                if self.voicechat is None:
+                    raise RuntimeError(f"model failed to load: {self.load_error}")
+                if command.kind == "open":
+                    if stream is not None:
+                        raise RuntimeError("a realtime session is already active")
+                    stream = self.voicechat.create_streaming_session(**command.payload)
+                    session_id = command.session_id
+                    value: Any = {
+                        "input_sample_rate": stream.sample_rate,
+                        "output_sample_rate": self.config.output_sample_rate,
+                        "frame_samples": stream.frame_samples,
+                        "max_streaming_seconds": stream.options.max_streaming_seconds,
+                    }
+                elif command.kind == "close":
+                    if stream is not None and session_id == command.session_id:
+                        if not stream.closed:
+                            stream.cancel()
+                        stream, session_id = None, None
+                        _clear_cache()
+                    value = None
+                else:
+                    if stream is None or session_id != command.session_id:
+                        raise RuntimeError("realtime session is not active")
+                    if command.kind == "push":
+                        events = stream.push_audio(command.payload["samples"],
+                                                   sample_rate=command.payload["sample_rate"])
+                    elif command.kind == "flush":
+                        events = stream.flush(pad_partial=command.payload["pad_partial"])
+                    elif command.kind == "cancel":
+                        events = stream.cancel()
+                    else:
+                        raise ValueError(f"unknown engine command {command.kind!r}")
+                    value = [protocol.dumps(protocol.model_event(e)) for e in events]
+            except Exception as exc:
+                logger.warning("engine %s failed for %s: %s", command.kind,
+                               command.session_id, exc)
+                command.reply(error=exc)
+            else:
+                command.reply(value)
+        if stream is not None and not stream.closed:
+            stream.cancel()
+
+
+def _clear_cache() -> None:
+    try:
+        import mlx.core as mx
+
+        mx.clear_cache()
+    except Exception:  # pragma: no cover - MLX missing its cache API
+        logger.debug("mx.clear_cache failed", exc_info=True)

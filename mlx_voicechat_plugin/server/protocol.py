@@ -1,0 +1,252 @@
+"""Wire format of the realtime protocol: client messages in, server events out.
+
+Client messages are JSON objects with a ``type``; each is parsed into a small
+dataclass or rejected with a :class:`ProtocolError` carrying the error code the
+client sees. Server events are dicts stamped with an ``event_id``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from ..runtime.audio import to_pcm16
+from ..runtime.events import (
+    AssistantTextDelta,
+    Audio,
+    Cancelled,
+    Done,
+    Event,
+    FunctionDelta,
+    UserTranscriptDelta,
+)
+
+INPUT_SAMPLE_RATE = 16_000
+PCM16_FULL_SCALE = 32768.0  # input decode: int16 / 32768
+PCM16_OUTPUT_SCALE = 32767.0  # output encode: round(clip(x) * 32767)
+ID_HEX_CHARS = 16
+
+
+class ErrorCode:
+    INVALID_REQUEST = "invalid_request"
+    SERVER_BUSY = "server_busy"
+    SESSION_INITIALIZATION_FAILED = "session_initialization_failed"
+    INFERENCE_ERROR = "inference_error"
+
+
+class CloseCode:
+    NORMAL = 1000
+    POLICY_VIOLATION = 1008
+    MESSAGE_TOO_BIG = 1009
+    TRY_AGAIN_LATER = 1013
+
+
+class ProtocolError(Exception):
+    """A client mistake, answered with an ``error`` event of ``code``."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def new_event_id() -> str:
+    return "event_" + secrets.token_hex(ID_HEX_CHARS // 2)
+
+
+def new_session_id() -> str:
+    return "sess_" + secrets.token_hex(ID_HEX_CHARS // 2)
+
+
+# --- client messages ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    system_prompt: str | None = None
+    seed: int = 0
+    max_streaming_seconds: float | None = None
+    model: Any = None  # accepted and ignored: the server serves one checkpoint
+
+
+@dataclass(frozen=True)
+class AudioAppend:
+    audio: Any  # base64 text, decoded by :func:`decode_pcm16`
+    sample_rate: Any = INPUT_SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class Commit:
+    pad_partial: bool = True
+
+
+@dataclass(frozen=True)
+class Cancel:
+    pass
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+ClientMessage = Union[SessionUpdate, AudioAppend, Commit, Cancel, Ping]
+
+
+def _invalid(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.INVALID_REQUEST, message)
+
+
+def _init_failed(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED, message)
+
+
+def parse_session(payload: Any) -> SessionUpdate:
+    """Validate ``session.update.session``; bad fields are ``session_initialization_failed``."""
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, dict):
+        raise _init_failed("session must be an object")
+    prompt = payload.get("system_prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise _init_failed("session.system_prompt must be a string")
+    seed = payload.get("seed", 0)
+    if seed is None:
+        seed = 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise _init_failed(f"session.seed must be a non-negative integer, got {seed!r}")
+    limit = payload.get("max_streaming_seconds")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) \
+                or not math.isfinite(limit) or limit <= 0:
+            raise _init_failed(f"session.max_streaming_seconds must be > 0, got {limit!r}")
+        limit = float(limit)
+    return SessionUpdate(prompt, seed, limit, payload.get("model"))
+
+
+def parse_message(text: str) -> ClientMessage:
+    """One text frame -> a client message (``invalid_request`` when malformed)."""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        raise _invalid("message must be valid JSON") from None
+    if not isinstance(message, dict):
+        raise _invalid("message must be a JSON object")
+    kind = message.get("type")
+    if kind == "session.update":
+        return parse_session(message.get("session"))
+    if kind == "input_audio_buffer.append":
+        return AudioAppend(message.get("audio"), message.get("sample_rate", INPUT_SAMPLE_RATE))
+    if kind == "input_audio_buffer.commit":
+        pad = message.get("pad_partial", True)
+        if not isinstance(pad, bool):
+            raise _invalid("pad_partial must be a boolean")
+        return Commit(pad)
+    if kind in ("session.cancel", "response.cancel"):
+        return Cancel()
+    if kind == "session.ping":
+        return Ping()
+    raise _invalid(f"unsupported event type {kind!r}")
+
+
+def decode_pcm16(audio: Any) -> np.ndarray:
+    """Base64 little-endian PCM16 mono -> float32 in [-1, 1) (``inference_error`` if bad)."""
+    if not isinstance(audio, str):
+        raise ProtocolError(ErrorCode.INFERENCE_ERROR, "audio must be base64 PCM16 text")
+    try:
+        raw = base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError(ErrorCode.INFERENCE_ERROR, "audio must be valid base64 PCM16") from None
+    if len(raw) % 2:
+        raise ProtocolError(ErrorCode.INFERENCE_ERROR,
+                            "PCM16 audio must contain an even number of bytes")
+    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / PCM16_FULL_SCALE
+
+
+def check_sample_rate(rate: Any, expected: int = INPUT_SAMPLE_RATE) -> int:
+    if isinstance(rate, bool) or not isinstance(rate, int):
+        raise ProtocolError(ErrorCode.INFERENCE_ERROR, f"sample_rate must be an integer, got {rate!r}")
+    if rate != expected:
+        raise ProtocolError(ErrorCode.INFERENCE_ERROR,
+                            f"sample_rate must be {expected} Hz, got {rate}")
+    return rate
+
+
+# --- server events ------------------------------------------------------
+
+
+def stamp(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"event_id": new_event_id(), **payload}
+
+
+def dumps(payload: dict[str, Any]) -> str:
+    return json.dumps(stamp(payload), ensure_ascii=False, separators=(",", ":"))
+
+
+def error_event(code: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"code": code, "message": message}}
+
+
+def audio_format(sample_rate: int) -> dict[str, Any]:
+    return {"type": "pcm16", "sample_rate": sample_rate, "channels": 1}
+
+
+def session_created(session_id: str, input_rate: int, output_rate: int) -> dict[str, Any]:
+    return {
+        "type": "session.created",
+        "session": {
+            "id": session_id,
+            "state": "configuring",
+            "input_audio_format": audio_format(input_rate),
+            "output_audio_format": audio_format(output_rate),
+        },
+    }
+
+
+def session_updated(session_id: str, model: str, details: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "session.updated",
+        "session": {
+            "id": session_id,
+            "state": "ready",
+            "model": model,
+            "frame_samples": details["frame_samples"],
+            "max_streaming_seconds": details["max_streaming_seconds"],
+            "input_audio_format": audio_format(details["input_sample_rate"]),
+            "output_audio_format": audio_format(details["output_sample_rate"]),
+        },
+    }
+
+
+def encode_pcm16(samples: np.ndarray) -> str:
+    return base64.b64encode(to_pcm16(samples, PCM16_OUTPUT_SCALE).tobytes()).decode("ascii")
+
+
+def model_event(event: Event) -> dict[str, Any]:
+    """A runtime event as its server event."""
+    index = {"frame_index": int(event.frame_index)}
+    if isinstance(event, AssistantTextDelta):
+        return {"type": "response.text.delta", "delta": event.delta, "text": event.text,
+                "token_id": int(event.token_id), **index}
+    if isinstance(event, FunctionDelta):
+        return {"type": "response.function.delta", "delta": event.delta, "text": event.text,
+                "token_id": int(event.token_id), **index}
+    if isinstance(event, UserTranscriptDelta):
+        return {"type": "conversation.item.input_audio_transcription.delta",
+                "delta": event.delta, "text": event.text, **index}
+    if isinstance(event, Audio):
+        return {"type": "response.audio.delta", "audio": encode_pcm16(event.samples),
+                "format": "pcm16", "sample_rate": int(event.sample_rate), "channels": 1,
+                "audio_codes": np.asarray(event.audio_codes).astype(int).tolist(), **index}
+    if isinstance(event, Done):
+        return {"type": "response.done", **index}
+    if isinstance(event, Cancelled):
+        return {"type": "response.cancelled", **index}
+    raise TypeError(f"unsupported event {type(event).__name__}")

@@ -1,0 +1,128 @@
+"""A real uvicorn server in a thread and a real WebSocket client, for the server tests."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import uvicorn
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+FRAME = 1280
+TIMEOUT = 10.0
+
+
+class LiveServer:
+    """Serves an ASGI app on 127.0.0.1 and a free port until :meth:`stop`."""
+
+    def __init__(self, app: Any, ws_max_size: int = 16 * 2**20, wait_ready: bool = True):
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", ws_max_size=ws_max_size,
+                                lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + TIMEOUT
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        if wait_ready:
+            self.wait_health(200)
+
+    def http(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def ws(self, path: str = "/v1/realtime") -> str:
+        return f"ws://127.0.0.1:{self.port}{path}"
+
+    def health(self, path: str = "/health") -> httpx.Response:
+        return httpx.get(self.http(path), timeout=TIMEOUT)
+
+    def wait_health(self, status: int, path: str = "/health") -> dict:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            response = self.health(path)
+            if response.status_code == status or time.monotonic() > deadline:
+                assert response.status_code == status, response.text
+                return response.json()
+            time.sleep(0.02)
+
+    def wait_idle(self, path: str = "/health") -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while self.health(path).json().get("session_active"):
+            assert time.monotonic() < deadline, "session never released"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(TIMEOUT)
+
+
+def connect(url: str, **kwargs: Any):
+    return ws_connect(url, max_size=None, open_timeout=TIMEOUT, **kwargs)
+
+
+def send(ws: Any, payload: Any) -> None:
+    ws.send(payload if isinstance(payload, (str, bytes)) else json.dumps(payload))
+
+
+def recv(ws: Any, timeout: float = TIMEOUT) -> dict:
+    return json.loads(ws.recv(timeout=timeout))
+
+
+def expect_error(ws: Any, code: str) -> dict:
+    event = recv(ws)
+    assert event["type"] == "error", event
+    assert event["error"]["code"] == code, event
+    return event
+
+
+def configure(ws: Any, **session: Any) -> dict:
+    """Read ``session.created``, send ``session.update``; return ``session.updated``."""
+    created = recv(ws)
+    assert created["type"] == "session.created", created
+    send(ws, {"type": "session.update", "session": session})
+    updated = recv(ws)
+    assert updated["type"] == "session.updated", updated
+    return updated
+
+
+def until_closed(ws: Any, timeout: float = TIMEOUT) -> tuple[list[dict], int | None]:
+    """Every event until the server closes; and the close code."""
+    events: list[dict] = []
+    try:
+        while True:
+            events.append(recv(ws, timeout))
+    except ConnectionClosed as closed:
+        return events, closed.rcvd.code if closed.rcvd else None
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    return np.clip(np.round(np.asarray(samples) * 32768.0), -32768, 32767).astype("<i2").tobytes()
+
+
+def append_message(samples: np.ndarray, **extra: Any) -> dict:
+    return {"type": "input_audio_buffer.append",
+            "audio": base64.b64encode(pcm16(samples)).decode("ascii"), **extra}
+
+
+def as_received(samples: np.ndarray) -> np.ndarray:
+    """The float samples the server sees for ``samples`` sent as PCM16."""
+    return np.frombuffer(pcm16(samples), dtype="<i2").astype(np.float32) / 32768.0
+
+
+def decode_audio(event: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(event["audio"]), dtype="<i2")
