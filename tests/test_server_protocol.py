@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import numpy as np
 import pytest
@@ -89,6 +88,13 @@ def test_malformed_messages_are_invalid_requests_and_the_loop_continues(ws, fram
     expect_error(ws, "invalid_request")
     send(ws, {"type": "session.ping"})
     assert recv(ws)["type"] == "session.pong"
+
+
+def test_errors_echo_only_a_short_prefix_of_client_values(ws):
+    recv(ws)
+    send(ws, {"type": "A" * 10_000})
+    error = expect_error(ws, "invalid_request")
+    assert len(error["error"]["message"]) < 100
 
 
 def test_a_second_session_update_is_an_invalid_request(ws):
@@ -268,3 +274,17 @@ def test_a_model_failure_is_an_inference_error_that_stops_the_append(tiny_ckpt):
             assert recv(ws)["type"] == "session.pong"  # nothing from frame 2 came first
     finally:
         live.stop()
+
+
+def test_the_mlx_cache_is_cleared_when_a_session_closes_not_per_frame(server, monkeypatch):
+    from mlx_voicechat_plugin.server import engine as engine_module
+
+    calls = []
+    monkeypatch.setattr(engine_module, "_clear_cache", lambda: calls.append(1))
+    server.wait_idle()
+    with connect(server.ws()) as ws:
+        configure(ws)
+        send(ws, append_message(np.zeros(3 * FRAME, np.float32)))
+        send(ws, {"type": "input_audio_buffer.commit"})
+        until_closed(ws)
+    assert calls == [1]

@@ -299,8 +299,10 @@ def create_app(
             await connection.run()
         except WebSocketDisconnect:
             pass
-        except RuntimeError as exc:  # sending after the client went away
-            if websocket.client_state != WebSocketState.DISCONNECTED:
-                logger.warning("%s ended: %s", connection.session_id, exc)
+        except Exception as exc:  # e.g. sending after the client went away
+            if websocket.client_state == WebSocketState.DISCONNECTED:
+                logger.info("%s ended: client gone (%s)", connection.session_id, exc)
+            else:
+                logger.exception("%s failed", connection.session_id)
 
     return app

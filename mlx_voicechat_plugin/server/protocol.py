@@ -100,6 +100,14 @@ class Ping:
 ClientMessage = Union[SessionUpdate, AudioAppend, Commit, Cancel, Ping]
 
 
+BRIEF_CHARS = 40  # client values echoed in errors (and logs) are cut to this
+
+
+def brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= BRIEF_CHARS else text[: BRIEF_CHARS - 3] + "..."
+
+
 def _invalid(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.INVALID_REQUEST, message)
 
@@ -121,12 +129,12 @@ def parse_session(payload: Any) -> SessionUpdate:
     if seed is None:
         seed = 0
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise _init_failed(f"session.seed must be a non-negative integer, got {seed!r}")
+        raise _init_failed(f"session.seed must be a non-negative integer, got {brief(seed)}")
     limit = payload.get("max_streaming_seconds")
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) \
                 or not math.isfinite(limit) or limit <= 0:
-            raise _init_failed(f"session.max_streaming_seconds must be > 0, got {limit!r}")
+            raise _init_failed(f"session.max_streaming_seconds must be > 0, got {brief(limit)}")
         limit = float(limit)
     return SessionUpdate(prompt, seed, limit, payload.get("model"))
 
@@ -153,7 +161,7 @@ def parse_message(text: str) -> ClientMessage:
         return Cancel()
     if kind == "session.ping":
         return Ping()
-    raise _invalid(f"unsupported event type {kind!r}")
+    raise _invalid(f"unsupported event type {brief(kind)}")
 
 
 def decode_pcm16(audio: Any) -> np.ndarray:
@@ -172,7 +180,8 @@ def decode_pcm16(audio: Any) -> np.ndarray:
 
 def check_sample_rate(rate: Any, expected: int = INPUT_SAMPLE_RATE) -> int:
     if isinstance(rate, bool) or not isinstance(rate, int):
-        raise ProtocolError(ErrorCode.INFERENCE_ERROR, f"sample_rate must be an integer, got {rate!r}")
+        raise ProtocolError(ErrorCode.INFERENCE_ERROR,
+                            f"sample_rate must be an integer, got {brief(rate)}")
     if rate != expected:
         raise ProtocolError(ErrorCode.INFERENCE_ERROR,
                             f"sample_rate must be {expected} Hz, got {rate}")

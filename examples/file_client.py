@@ -1,0 +1,126 @@
+"""Send a WAV file to a realtime VoiceChat server; save the spoken answer.
+
+    python examples/file_client.py ws://127.0.0.1:8080/v1/realtime question.wav answer.wav
+
+The input is resampled to 16 kHz mono, followed by ``--extra-seconds`` of
+silence (time for the model to answer), sent in 80 ms appends, then committed.
+The transcript and the answer text are printed; the received audio is written
+as a 22.05 kHz mono PCM16 WAV. Needs ``websockets`` and ``numpy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import wave
+from math import gcd
+
+import numpy as np
+from websockets.sync.client import connect
+
+INPUT_RATE = 16_000
+CHUNK_SAMPLES = 1280  # 80 ms at 16 kHz
+
+
+def read_wav(path: str) -> tuple[np.ndarray, int]:
+    """Mono float32 in [-1, 1] and the file's rate (8/16/32-bit PCM)."""
+    with wave.open(path, "rb") as handle:
+        rate, channels, width = handle.getframerate(), handle.getnchannels(), handle.getsampwidth()
+        raw = handle.readframes(handle.getnframes())
+    if width == 1:
+        data = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif width == 2:
+        data = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    elif width == 4:
+        data = np.frombuffer(raw, "<i4").astype(np.float32) / 2147483648.0
+    else:
+        raise ValueError(f"unsupported WAV sample width {width}")
+    return data.reshape(-1, channels).mean(axis=1), rate
+
+
+def resample(samples: np.ndarray, rate: int, target: int = INPUT_RATE) -> np.ndarray:
+    if rate == target:
+        return samples.astype(np.float32)
+    try:
+        from scipy.signal import resample_poly
+
+        step = gcd(rate, target)
+        return resample_poly(samples, target // step, rate // step).astype(np.float32)
+    except ImportError:  # linear interpolation is enough for a demo
+        times = np.arange(round(len(samples) * target / rate)) / target
+        return np.interp(times, np.arange(len(samples)) / rate, samples).astype(np.float32)
+
+
+def pcm16_base64(samples: np.ndarray) -> str:
+    pcm = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")
+    return base64.b64encode(pcm.tobytes()).decode("ascii")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url", help="ws://HOST:PORT/v1/realtime")
+    parser.add_argument("input", help="question WAV (any rate, mono or stereo)")
+    parser.add_argument("output", help="answer WAV to write (22.05 kHz PCM16)")
+    parser.add_argument("--system-prompt")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--extra-seconds", type=float, default=3.0)
+    parser.add_argument("--api-key")
+    args = parser.parse_args(argv)
+
+    samples, rate = read_wav(args.input)
+    audio = resample(samples, rate)
+    audio = np.concatenate([audio, np.zeros(round(args.extra_seconds * INPUT_RATE), np.float32)])
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
+    session: dict = {"seed": args.seed}
+    if args.system_prompt:
+        session["system_prompt"] = args.system_prompt
+
+    transcript, answer, pieces, output_rate = "", "", [], 22_050
+    with connect(args.url, additional_headers=headers, max_size=None) as ws:
+
+        def handle(event: dict) -> None:
+            nonlocal transcript, answer, output_rate
+            kind = event["type"]
+            if kind == "error":
+                raise RuntimeError(f"{event['error']['code']}: {event['error']['message']}")
+            if kind == "conversation.item.input_audio_transcription.delta":
+                transcript = event["text"]
+            elif kind == "response.text.delta":
+                answer = event["text"]
+            elif kind == "response.audio.delta":
+                output_rate = event["sample_rate"]
+                pieces.append(np.frombuffer(base64.b64decode(event["audio"]), "<i2"))
+
+        def until(kind: str) -> None:
+            while True:
+                event = json.loads(ws.recv())
+                handle(event)
+                if event["type"] == kind:
+                    return
+
+        until("session.created")
+        ws.send(json.dumps({"type": "session.update", "session": session}))
+        until("session.updated")
+        for start in range(0, len(audio), CHUNK_SAMPLES):
+            chunk = audio[start : start + CHUNK_SAMPLES]
+            ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                "audio": pcm16_base64(chunk), "sample_rate": INPUT_RATE}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        until("response.done")
+
+    pcm = np.concatenate(pieces) if pieces else np.zeros(0, "<i2")
+    with wave.open(args.output, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(output_rate)
+        out.writeframes(pcm.astype("<i2").tobytes())
+    print(f"[user] {transcript}")
+    print(f"[assistant] {answer}")
+    print(f"wrote {args.output} ({len(pcm) / output_rate:.2f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
