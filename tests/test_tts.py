@@ -344,3 +344,25 @@ def test_speech_decoder_sanitize_renames_control_codes():
     assert set(out) == {"control_codes", "codec_silence_tokens"}
     assert out["control_codes"].tolist() == [1, 2, 3]
     assert decoder.audio_prompt_latents.Aria.shape == (1, 37, 64)
+
+
+def test_compiled_depth_loop_sees_weight_updates():
+    """The compiled depth loop reads the module state at call time, not at trace time."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    from mlx_voicechat_plugin.config import TTSConfig
+    from mlx_voicechat_plugin.models.ear_tts import EarTTS
+    from mlx_voicechat_plugin.runtime.rng import RandomStream
+    from mlx_voicechat_plugin.testing.configs import fixture_config
+
+    tts = EarTTS(TTSConfig.from_dict(fixture_config("tiny")["tts_config"]))
+    params = tree_flatten(tts.parameters())
+    tts.update(tree_unflatten([(k, mx.random.normal(v.shape, key=mx.random.key(i)) * 0.1)
+                               for i, (k, v) in enumerate(params)]))
+    hidden = mx.random.normal((2, 1, tts.config.hidden_size), key=mx.random.key(9))
+    tts.generate_codes(hidden, RandomStream(0))
+    tts.update(tree_unflatten([("rvq_embs", tts.rvq_embs[::-1])]))
+    compiled = tts.generate_codes(hidden, RandomStream(0))
+    mx.random.seed(0)
+    eager = tts._depth_loop(hidden, None)
+    assert mx.array_equal(compiled, eager)

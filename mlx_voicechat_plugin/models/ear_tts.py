@@ -41,6 +41,19 @@ class KeyStream(Protocol):
     def next(self) -> mx.array: ...
 
 
+class _KeyList:
+    """Keys drawn in advance, handed out in order (inside a compiled graph)."""
+
+    def __init__(self, keys: mx.array):
+        self.keys = keys
+        self.index = 0
+
+    def next(self) -> mx.array:
+        key = self.keys[self.index]
+        self.index += 1
+        return key
+
+
 def _key(rng: KeyStream | None) -> mx.array | None:
     return None if rng is None else rng.next()
 
@@ -141,6 +154,7 @@ class EarTTS(nn.Module):
         self._schedule = unmasking_schedule(
             config.num_quantizers, config.num_iterations, config.exponent
         )
+        self._compiled_depth = None
 
     @property
     def schedule(self) -> tuple[int, ...]:
@@ -217,7 +231,28 @@ class EarTTS(nn.Module):
         return hidden, cache
 
     def generate_codes(self, hidden: mx.array, rng: KeyStream | None = None) -> mx.array:
-        """Depth loop: ``[cond; uncond]`` hidden [2B, T, dims] -> codes [B, T, Q] int32."""
+        """Depth loop: ``[cond; uncond]`` hidden [2B, T, dims] -> codes [B, T, Q] int32.
+
+        With a key stream the fixed-shape loop runs as one compiled graph: its
+        keys are drawn up front in the order the loop consumes them (per pass:
+        component sample, then noise), so the codes are identical.
+        """
+        if rng is None:
+            return self._depth_loop(hidden, None)
+        keys = mx.stack([rng.next() for _ in range(2 * self.depth_passes)])
+        if self._compiled_depth is None:
+            # The module state is an input, so later weight updates are seen.
+            self._compiled_depth = mx.compile(
+                lambda h, k: self._depth_loop(h, _KeyList(k)), inputs=self.state
+            )
+        return self._compiled_depth(hidden, keys)
+
+    @property
+    def depth_passes(self) -> int:
+        """Depth passes that decide at least one codebook (5 of 8 for the release)."""
+        return sum(1 for count in self._schedule if count)
+
+    def _depth_loop(self, hidden: mx.array, rng: KeyStream | None) -> mx.array:
         config = self.config
         if hidden.shape[0] % 2:
             raise ValueError("guided generation expects a [cond; uncond] batch")
