@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DIR := build/demo
 
-.PHONY: venv install test demo clean
+.PHONY: venv install browser test demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,9 +15,16 @@ $(VENV)/.installed: pyproject.toml
 
 venv install: $(VENV)/.installed
 
+# Chromium for tests/test_server_browser.py (which skips without it); installed
+# only when CI is set, and only when missing.
+browser:
+	@if [ -n "$$CI" ]; then \
+		command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium); \
+	fi
+
 # pytest exits 5 when it collects nothing; treat that as a failure of the
 # suite's wiring rather than silently passing.
-test: $(VENV)/.installed
+test: $(VENV)/.installed browser
 	$(PY) -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 

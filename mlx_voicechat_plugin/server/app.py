@@ -269,6 +269,16 @@ def create_app(
             return JSONResponse({"status": "loading"}, 503)
         return JSONResponse({"status": "ok", "model": model_id, "session_active": engine.busy})
 
+    @app.get("/", include_in_schema=False)
+    async def browser_page() -> Any:
+        """The microphone page (static/index.html), told where the realtime route is."""
+        from html import escape
+
+        from fastapi.responses import HTMLResponse
+
+        page = (Path(__file__).parent / "static" / "index.html").read_text(encoding="utf-8")
+        return HTMLResponse(page.replace("__API_PREFIX__", escape(prefix, quote=True)))
+
     async def unsupported() -> JSONResponse:
         message = (f"this server runs a speech-to-speech model; connect a WebSocket to "
                    f"{prefix}{REALTIME_PATH} instead")
