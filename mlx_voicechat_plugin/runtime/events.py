@@ -62,7 +62,59 @@ class Cancelled:
     frame_index: int
 
 
-Event = Union[AssistantTextDelta, FunctionDelta, UserTranscriptDelta, Audio, Done, Cancelled]
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete, schema-valid call parsed from the function channel."""
+
+    frame_index: int
+    call_id: str  # "call_" + hex
+    name: str
+    arguments: str  # a JSON object
+
+
+@dataclass(frozen=True)
+class ToolCallInvalid:
+    """Function-channel text that did not make a valid call; never sent as a call.
+
+    ``reason`` is one of ``malformed``, ``unknown_tool``, ``schema``,
+    ``limit`` (too many calls this user turn) or ``unterminated``.
+    """
+
+    frame_index: int
+    reason: str
+    message: str
+    raw: str
+    code: str = "tool_call_invalid"
+
+
+@dataclass(frozen=True)
+class ToolResultInjected:
+    """A tool result's last token entered the timeline at ``frame_index``."""
+
+    frame_index: int
+    call_id: str
+    first_frame: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class ToolsWarning:
+    frame_index: int
+    message: str
+
+
+Event = Union[
+    AssistantTextDelta,
+    FunctionDelta,
+    UserTranscriptDelta,
+    Audio,
+    Done,
+    Cancelled,
+    ToolCall,
+    ToolCallInvalid,
+    ToolResultInjected,
+    ToolsWarning,
+]
 
 
 class TokenText:

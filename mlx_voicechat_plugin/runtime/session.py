@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -12,7 +12,9 @@ import numpy as np
 from ..models.model import Model
 from ..models.rnnt import RNNTState, transcribe
 from .audio import AudioInput, load_waveform
-from .timeline import Timeline, prompt_token_ids, replace_control_codes
+from .events import TokenText, ToolCall, ToolCallInvalid
+from .timeline import Timeline, replace_control_codes
+from .tool_calls import ToolChannel, tool_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,8 @@ class VoiceChatResult:
     text_tokens: np.ndarray  # (frames,) int32
     function_tokens: np.ndarray  # (frames,) int32
     audio_codes: np.ndarray  # (frames, Q) int32, control codes replaced
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_errors: list[ToolCallInvalid] = field(default_factory=list)
 
 
 def _tokenizer_of(processor: Any) -> Any:
@@ -80,9 +84,21 @@ class VoiceChatSession:
         seed: int = 0,
         use_language_cache: bool = True,
         sample_rate: int | None = None,
+        tools: list[dict] | None = None,
+        tool_response: str | list[str] | None = None,
     ) -> VoiceChatResult:
-        """Answer one user turn. The same inputs and seed give identical output."""
+        """Answer one user turn. The same inputs and seed give identical output.
+
+        With ``tools`` the system prompt carries the tool block and calls are
+        parsed from the function channel. ``tool_response`` is the second pass
+        of the offline flow: rerun the same turn (same seed) and each result,
+        in order, is injected right after the corresponding valid call.
+        """
         config = self.config
+        responses = [tool_response] if isinstance(tool_response, str) else list(tool_response or [])
+        if responses and tools is None:
+            raise ValueError("tool_response needs tools (tools_not_set)")
+        prompt, toolset = tool_prompt(self.tokenizer, self.model, system_prompt, tools)
         rate = config.input_sample_rate
         if not 0 <= extra_decoding_seconds <= MAX_EXTRA_DECODING_SECONDS:
             raise ValueError(
@@ -109,14 +125,33 @@ class VoiceChatSession:
         logger.info("offline turn: %.2f s input, %d frames", seconds, frames)
 
         timeline = Timeline(self.model, seed=seed, use_language_cache=use_language_cache)
-        timeline.prefill(prompt_token_ids(self.tokenizer, self.model, system_prompt))
+        timeline.prefill(prompt)
+        channel = None if toolset is None else ToolChannel(toolset, self.tokenizer)
+        visible = TokenText(self.tokenizer, config.special_text_ids)
+        calls: list[ToolCall] = []
+        errors: list[ToolCallInvalid] = []
 
         text_ids, function_ids, codes = [], [], []
         for t in range(frames):
-            step = timeline.step(projected[:, t : t + 1])
+            forced = None if channel is None else channel.next_forced()
+            step = timeline.step(projected[:, t : t + 1], force_function=forced)
             text_ids.append(step.text_id)
             function_ids.append(step.function_id)
             codes.append(step.codes)
+            if channel is None:
+                continue
+            if step.function_forced:
+                channel.forced(t)
+            elif visible.append(step.function_id) is not None:
+                for event in channel.observe(visible.text, t):
+                    if isinstance(event, ToolCall):
+                        calls.append(event)
+                        if responses:
+                            channel.submit(event.call_id, responses.pop(0))
+                    else:
+                        errors.append(event)
+        if channel is not None:
+            errors += channel.finish(visible.text, frames - 1)
         answer = replace_control_codes(self.model, mx.concatenate(codes, axis=1))
         waveform_out = self.model.tts_model.audio_codec.decode(answer.transpose(0, 2, 1))
         mx.eval(waveform_out)
@@ -125,11 +160,13 @@ class VoiceChatSession:
         transcript = transcribe(stt.rnnt_decoder, stt.rnnt_joint, encoded, rnnt)
         return VoiceChatResult(
             text=self.decode_text(text_ids),
-            function_text=self.decode_text(function_ids),
+            function_text=self.decode_text(function_ids) if channel is None else visible.text,
             user_transcript=transcript,
             audio=np.array(waveform_out[0, 0], dtype=np.float32),
             sample_rate=config.output_sample_rate,
             text_tokens=np.array(text_ids, dtype=np.int32),
             function_tokens=np.array(function_ids, dtype=np.int32),
             audio_codes=np.array(answer[0], dtype=np.int32),
+            tool_calls=calls,
+            tool_errors=errors,
         )

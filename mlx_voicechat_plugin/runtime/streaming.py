@@ -25,10 +25,13 @@ from .events import (
     Event,
     FunctionDelta,
     TokenText,
+    ToolsWarning,
     UserTranscriptDelta,
 )
 from .profile import FrameClock, Profile, profile_env
-from .timeline import Timeline, prompt_token_ids, replace_control_codes
+from .timeline import Timeline, replace_control_codes
+from .tool_calls import DEFAULT_MAX_CALLS_PER_TURN, ToolChannel, tool_prompt
+from .tools import DEFAULT_MAX_TOOLS, ToolError
 
 if TYPE_CHECKING:
     from .session import VoiceChatSession
@@ -52,6 +55,9 @@ class StreamingOptions:
     use_language_cache: bool = True
     use_perception_cache: bool = True
     profile: bool = False
+    tools: list[dict] | None = None
+    max_tools: int = DEFAULT_MAX_TOOLS
+    max_tool_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN
 
     def __post_init__(self) -> None:
         limit = self.max_streaming_seconds
@@ -59,6 +65,10 @@ class StreamingOptions:
             raise ValueError(f"max_streaming_seconds must be > 0, got {limit!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        for name in ("max_tools", "max_tool_calls_per_turn"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _as_chunk(samples: Any) -> np.ndarray:
@@ -106,8 +116,18 @@ class StreamingSession:
         self._pending = np.zeros((0,), dtype=np.float32)
         self.frame_index = 0
         self.closed = False
+        prompt, toolset = tool_prompt(
+            parent.tokenizer, model, options.system_prompt, options.tools, options.max_tools
+        )
+        self.tools: ToolChannel | None = None
+        self._notices: list[Event] = []
+        if toolset is not None:
+            self.tools = ToolChannel(
+                toolset, parent.tokenizer, max_calls_per_turn=options.max_tool_calls_per_turn
+            )
+            self._notices = [ToolsWarning(0, message) for message in toolset.warnings]
         # The system prompt advances the timeline but emits nothing.
-        self.timeline.prefill(prompt_token_ids(parent.tokenizer, model, options.system_prompt))
+        self.timeline.prefill(prompt)
 
     # --- the frame ------------------------------------------------------
 
@@ -122,21 +142,29 @@ class StreamingSession:
         projected, encoded = self._perception.step(mx.array(frame), clock)
         clock.sync()
         clock.stage("perception")
-        events: list[Event] = []
+        events: list[Event] = self._notices
+        self._notices = []
         stt = self.model.stt_model
         delta = self._rnnt.step(stt.rnnt_decoder, stt.rnnt_joint, encoded)
         clock.sync(self._rnnt.syncs)
         clock.stage("rnnt")
         if delta is not None:
             events.append(UserTranscriptDelta(index, delta, self._rnnt.text))
-        step = self.timeline.step(projected, clock=clock)
-        for channel, kind, token in (
-            (self._text, AssistantTextDelta, step.text_id),
-            (self._function, FunctionDelta, step.function_id),
-        ):
-            update = channel.append(token)
+            if self.tools is not None:
+                self.tools.parser.new_turn()
+        forced = None if self.tools is None else self.tools.next_forced()
+        step = self.timeline.step(projected, force_function=forced, clock=clock)
+        update = self._text.append(step.text_id)
+        if update is not None:
+            events.append(AssistantTextDelta(index, step.text_id, update[0], update[1]))
+        if step.function_forced:
+            events.extend(self.tools.forced(index))
+        else:
+            update = self._function.append(step.function_id)
             if update is not None:
-                events.append(kind(index, token, update[0], update[1]))
+                events.append(FunctionDelta(index, step.function_id, update[0], update[1]))
+                if self.tools is not None:
+                    events.extend(self.tools.observe(self._function.text, index))
         codes = replace_control_codes(self.model, step.codes)
         samples = self._codec.decode_step(codes.transpose(0, 2, 1), self._codec_state)
         clock.sub_stage("codec.decoder_istft")
@@ -188,6 +216,8 @@ class StreamingSession:
                 frame = np.zeros((self.frame_samples,), dtype=np.float32)
                 frame[: self._pending.shape[0]] = self._pending
                 events.extend(self._frame(frame))
+            if self.tools is not None:
+                events.extend(self.tools.finish(self._function.text, max(self.frame_index - 1, 0)))
             if self.frame_index:
                 tail = self._codec.flush(self._codec_state)
                 events.append(Audio(self.frame_index - 1, np.array(tail[0, 0]),
@@ -203,6 +233,18 @@ class StreamingSession:
             return []
         self._close()
         return [Cancelled(self.frame_index)]
+
+    def submit_tool_result(self, call_id: str, output: str) -> int:
+        """Feed a call's result back: its tokens enter the next frames' function input.
+
+        Returns the number of tokens queued. Raises :class:`ToolError` when no
+        tools are registered, for an unknown or already answered ``call_id``,
+        and for non-ASCII output.
+        """
+        self._check_open()
+        if self.tools is None:
+            raise ToolError("no tools are registered for this session (tools_not_set)")
+        return self.tools.submit(call_id, output)
 
     def _close(self) -> None:
         self.closed = True

@@ -37,6 +37,7 @@ class TimelineStep:
     text_id: int
     function_id: int
     codes: mx.array  # (1, 1, Q) raw codes, control codes not yet replaced
+    function_forced: bool = False  # ``function_id`` was forced, not predicted
 
 
 def tts_warmup_inputs(model: Model) -> tuple[mx.array, ...]:
@@ -117,9 +118,18 @@ class Timeline:
             self.step(prompt[:, p : p + 1], generate=False)
 
     def step(
-        self, audio: mx.array, *, generate: bool = True, clock: FrameClock = _NO_CLOCK
+        self,
+        audio: mx.array,
+        *,
+        generate: bool = True,
+        force_function: int | None = None,
+        clock: FrameClock = _NO_CLOCK,
     ) -> TimelineStep:
         """Advance one position with ``(1, 1, H)`` audio-channel input.
+
+        ``force_function`` replaces the function head's prediction (teacher
+        forcing, used to inject tool results): the forced id is this position's
+        function token and the next position's previous-function input.
 
         The language and TTS work stay one lazy graph; the single evaluation at
         the end is the position's only host round trip (``clock`` may add
@@ -128,9 +138,13 @@ class Timeline:
         stt = self.model.stt_model
         fused = stt.fuse(self._prev_text, audio, self._prev_function)
         text_logits, function_logits = self.language(fused)
+        forced = generate and force_function is not None
         if generate:
             text = mx.argmax(text_logits, axis=-1).astype(mx.int32)
-            function = mx.argmax(function_logits, axis=-1).astype(mx.int32)
+            if forced:
+                function = mx.array([force_function], dtype=mx.int32)
+            else:
+                function = mx.argmax(function_logits, axis=-1).astype(mx.int32)
         else:
             text, function = self._pad, self._pad
         clock.stage("language", text, function)
@@ -154,7 +168,7 @@ class Timeline:
         text_id, function_id = ids.tolist()
         index = self.index
         self.index += 1
-        return TimelineStep(index, text_id, function_id, codes)
+        return TimelineStep(index, text_id, function_id, codes, forced)
 
 
 def replace_control_codes(model: Model, codes: mx.array) -> mx.array:

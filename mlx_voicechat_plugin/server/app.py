@@ -77,6 +77,7 @@ class Connection:
         self.limits = limits
         self.session_id = protocol.new_session_id()
         self.configured = False
+        self.tools_set = False
         self.open = False  # the engine holds our streaming session
         self.frame_samples = 0
         self.connected_at = time.monotonic()
@@ -175,6 +176,9 @@ class Connection:
                 return False
             if not self.configured:
                 raise ProtocolError(ErrorCode.INVALID_REQUEST, "send session.update before audio")
+            if isinstance(message, protocol.ToolOutput):
+                await self.tool_output(message)
+                return False
             if isinstance(message, protocol.AudioAppend):
                 await self.append(message)
                 return False
@@ -198,13 +202,26 @@ class Connection:
         try:
             details = await self.engine.open(
                 self.session_id, system_prompt=update.system_prompt, seed=update.seed,
-                max_streaming_seconds=seconds)
+                max_streaming_seconds=seconds, tools=update.tools)
         except Exception as exc:
             raise ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED, str(exc)) from None
         self.configured = self.open = True
+        self.tools_set = update.tools is not None
         self.frame_samples = details["frame_samples"]
         logger.info("%s configured (seed %d, max %.1f s)", self.session_id, update.seed, seconds)
         await self.send(protocol.session_updated(self.session_id, self.model_id, details))
+
+    async def tool_output(self, message: protocol.ToolOutput) -> None:
+        """A tool result: its tokens enter the timeline at the next frames."""
+        if not self.tools_set:
+            raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
+                                "function_call_output needs tools registered in session.update")
+        try:
+            await self.engine.tool_result(self.session_id, message.call_id, message.output)
+        except ValueError as exc:  # unknown / answered call_id, non-ASCII output
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        except Exception as exc:
+            raise ProtocolError(ErrorCode.INFERENCE_ERROR, str(exc) or type(exc).__name__) from None
 
     async def append(self, message: protocol.AudioAppend) -> None:
         samples = protocol.decode_pcm16(message.audio)

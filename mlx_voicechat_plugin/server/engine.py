@@ -128,6 +128,9 @@ class Engine:
     async def cancel(self, session_id: str) -> list[str]:
         return await self.call("cancel", session_id)
 
+    async def tool_result(self, session_id: str, call_id: str, output: str) -> list[str]:
+        return await self.call("tool_result", session_id, call_id=call_id, output=output)
+
     async def close(self, session_id: str) -> None:
         await self.call("close", session_id)
 
@@ -183,6 +186,10 @@ class Engine:
                         events = stream.flush(pad_partial=command.payload["pad_partial"])
                     elif command.kind == "cancel":
                         events = stream.cancel()
+                    elif command.kind == "tool_result":
+                        stream.submit_tool_result(command.payload["call_id"],
+                                                  command.payload["output"])
+                        events = []
                     else:
                         raise ValueError(f"unknown engine command {command.kind!r}")
                     value = [protocol.dumps(protocol.model_event(e)) for e in events]

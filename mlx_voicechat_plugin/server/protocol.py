@@ -25,6 +25,10 @@ from ..runtime.events import (
     Done,
     Event,
     FunctionDelta,
+    ToolCall,
+    ToolCallInvalid,
+    ToolResultInjected,
+    ToolsWarning,
     UserTranscriptDelta,
 )
 
@@ -39,6 +43,8 @@ class ErrorCode:
     SERVER_BUSY = "server_busy"
     SESSION_INITIALIZATION_FAILED = "session_initialization_failed"
     INFERENCE_ERROR = "inference_error"
+    TOOLS_NOT_SET = "tools_not_set"
+    TOOL_CALL_INVALID = "tool_call_invalid"
 
 
 class CloseCode:
@@ -74,6 +80,7 @@ class SessionUpdate:
     seed: int = 0
     max_streaming_seconds: float | None = None
     model: Any = None  # accepted and ignored: the server serves one checkpoint
+    tools: list[Any] | None = None  # validated by the runtime when the session opens
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,15 @@ class Ping:
     pass
 
 
-ClientMessage = Union[SessionUpdate, AudioAppend, Commit, Cancel, Ping]
+@dataclass(frozen=True)
+class ToolOutput:
+    """``conversation.item.create`` with a ``function_call_output`` item."""
+
+    call_id: str
+    output: str
+
+
+ClientMessage = Union[SessionUpdate, AudioAppend, Commit, Cancel, Ping, ToolOutput]
 
 
 BRIEF_CHARS = 40  # client values echoed in errors (and logs) are cut to this
@@ -136,7 +151,22 @@ def parse_session(payload: Any) -> SessionUpdate:
                 or not math.isfinite(limit) or limit <= 0:
             raise _init_failed(f"session.max_streaming_seconds must be > 0, got {brief(limit)}")
         limit = float(limit)
-    return SessionUpdate(prompt, seed, limit, payload.get("model"))
+    tools = payload.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise _init_failed("session.tools must be a list of tool definitions")
+    return SessionUpdate(prompt, seed, limit, payload.get("model"), tools)
+
+
+def parse_item(item: Any) -> ToolOutput:
+    """``conversation.item.create.item``: only ``function_call_output`` is supported."""
+    if not isinstance(item, dict) or item.get("type") != "function_call_output":
+        raise _invalid("conversation.item.create supports only items of type function_call_output")
+    call_id, output = item.get("call_id"), item.get("output")
+    if not isinstance(call_id, str) or not call_id:
+        raise _invalid("function_call_output.call_id must be a non-empty string")
+    if not isinstance(output, str):
+        raise _invalid("function_call_output.output must be a string")
+    return ToolOutput(call_id, output)
 
 
 def parse_message(text: str) -> ClientMessage:
@@ -161,6 +191,8 @@ def parse_message(text: str) -> ClientMessage:
         return Cancel()
     if kind == "session.ping":
         return Ping()
+    if kind == "conversation.item.create":
+        return parse_item(message.get("item"))
     raise _invalid(f"unsupported event type {brief(kind)}")
 
 
@@ -258,4 +290,17 @@ def model_event(event: Event) -> dict[str, Any]:
         return {"type": "response.done", **index}
     if isinstance(event, Cancelled):
         return {"type": "response.cancelled", **index}
+    if isinstance(event, ToolCall):
+        return {"type": "response.function_call_arguments.done", "call_id": event.call_id,
+                "name": event.name, "arguments": event.arguments, **index}
+    if isinstance(event, ToolCallInvalid):
+        payload = error_event(ErrorCode.TOOL_CALL_INVALID, event.message)
+        payload["error"].update(reason=event.reason, raw=event.raw, **index)
+        return payload
+    if isinstance(event, ToolResultInjected):
+        return {"type": "conversation.item.function_call_output.injected",
+                "call_id": event.call_id, "first_frame_index": int(event.first_frame),
+                "num_tokens": int(event.num_tokens), **index}
+    if isinstance(event, ToolsWarning):
+        return {"type": "session.warning", "message": event.message, **index}
     raise TypeError(f"unsupported event {type(event).__name__}")

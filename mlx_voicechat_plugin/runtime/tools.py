@@ -1,0 +1,291 @@
+"""Tool definitions: validation, the system-prompt rendering and argument schemas.
+
+The checkpoint learned tool calling from system prompts rendered by NeMo's
+voicechat tool-calling chat template: the plain system message, then (when
+tools exist) a fixed instruction block that lists the tools as
+``<AVAILABLE_TOOLS>[...]</AVAILABLE_TOOLS>``, shows the
+``<TOOLCALL>[{"name": ..., "arguments": ...}]</TOOLCALL>`` call format and the
+``<TOOL_RESPONSE>[...]</TOOL_RESPONSE>`` answer format. Each tool is written
+with Jinja's ``tojson`` (sorted keys, HTML-safe escapes), every key but
+``type``. :func:`render_system_prompt` reproduces that text byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+TOOLCALL_START = "<TOOLCALL>"
+TOOLCALL_END = "</TOOLCALL>"
+TOOL_RESPONSE_START = "<TOOL_RESPONSE>"
+TOOL_RESPONSE_END = "</TOOL_RESPONSE>"
+
+# Above this many tools the checkpoint is out of its training distribution.
+RECOMMENDED_MAX_TOOLS = 5
+DEFAULT_MAX_TOOLS = 32
+
+_TOOLS_INTRO = "You can use the following tools to assist the user if required:"
+_CALL_FORMAT = (
+    "If you decide to call any tool(s), use the following format:\n"
+    '<TOOLCALL>[{"name": "tool_name1", "arguments": "tool_args1"}, '
+    '{"name": "tool_name2", "arguments": "tool_args2"}]</TOOLCALL>\n\n'
+)
+_RESPONSE_FORMAT = (
+    "The user will execute tool-calls and return responses from tool(s) in this format:\n"
+    '<TOOL_RESPONSE>[{"tool_response1"}, {"tool_response2"}]</TOOL_RESPONSE>\n\n'
+)
+_DECISION = (
+    "Based on the tool responses, you can call additional tools if needed, "
+    "correct tool calls if any errors are found, or just respond to the user."
+)
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
+_TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "ack_messages"})
+_EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+_SCHEMA_TYPES = frozenset({"object", "string", "number", "integer", "boolean", "array", "null"})
+
+
+class ToolError(ValueError):
+    """A tool definition, system prompt or tool result is not acceptable."""
+
+
+def require_ascii(text: str, what: str) -> str:
+    """``text`` unchanged if it is an ASCII string, else :class:`ToolError`."""
+    if not isinstance(text, str):
+        raise ToolError(f"{what} must be a string, got {type(text).__name__}")
+    if not text.isascii():
+        bad = next(c for c in text if not c.isascii())
+        raise ToolError(
+            f"{what} must be ASCII (the checkpoint was trained on ASCII tool text); "
+            f"found {bad!r} at position {text.index(bad)}"
+        )
+    return text
+
+
+def jinja_tojson(value: Any) -> str:
+    """Jinja's ``tojson`` filter: sorted keys, then ``< > & '`` as ``\\u`` escapes."""
+    text = json.dumps(value, sort_keys=True)
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("'", "\\u0027")):
+        text = text.replace(char, escape)
+    return text
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    ack_messages: tuple[str, ...] | None = None
+
+    def rendered(self) -> dict[str, Any]:
+        """The dict the template writes: every key but ``type``."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+        }
+        if self.ack_messages is not None:
+            out["ack_messages"] = list(self.ack_messages)
+        return out
+
+
+def _check_ascii_tree(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        require_ascii(value, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            require_ascii(key, f"{where} key")
+            _check_ascii_tree(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_ascii_tree(item, f"{where}[{i}]")
+
+
+def _check_schema(schema: Any, where: str) -> None:
+    """The schema subset the validator understands, checked at registration."""
+    if not isinstance(schema, dict):
+        raise ToolError(f"{where} must be a JSON-schema object, got {type(schema).__name__}")
+    kinds = schema.get("type")
+    if kinds is not None:
+        for kind in kinds if isinstance(kinds, list) else [kinds]:
+            if kind not in _SCHEMA_TYPES:
+                raise ToolError(f"{where}.type {kind!r} is not one of {sorted(_SCHEMA_TYPES)}")
+    props = schema.get("properties", {})
+    if not isinstance(props, dict):
+        raise ToolError(f"{where}.properties must be an object")
+    for key, sub in props.items():
+        _check_schema(sub, f"{where}.properties.{key}")
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ToolError(f"{where}.required must be a list of property names")
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise ToolError(f"{where}.enum must be a list")
+    if "items" in schema:
+        _check_schema(schema["items"], f"{where}.items")
+
+
+def parse_tool(spec: Any, index: int) -> Tool:
+    """One tool from a flat dict or the OpenAI ``{"type": "function", "function": {...}}`` form."""
+    where = f"tools[{index}]"
+    if not isinstance(spec, dict):
+        raise ToolError(f"{where} must be an object, got {type(spec).__name__}")
+    if "function" in spec and isinstance(spec["function"], dict):
+        spec = {**spec["function"], **({"type": spec["type"]} if "type" in spec else {})}
+    unknown = set(spec) - _TOOL_KEYS
+    if unknown:
+        raise ToolError(f"{where} has unknown keys {sorted(unknown)}; allowed: {sorted(_TOOL_KEYS)}")
+    if spec.get("type", "function") != "function":
+        raise ToolError(f"{where}.type must be 'function', got {spec['type']!r}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ToolError(f"{where}.name must match {_NAME.pattern}, got {name!r}")
+    description = spec.get("description", "")
+    require_ascii(description, f"{where}.description")
+    parameters = spec.get("parameters", _EMPTY_OBJECT)
+    _check_schema(parameters, f"{where}.parameters")
+    if parameters.get("type", "object") != "object":
+        raise ToolError(f"{where}.parameters.type must be 'object'")
+    _check_ascii_tree(parameters, f"{where}.parameters")
+    acks = spec.get("ack_messages")
+    if acks is not None:
+        if not isinstance(acks, list) or not all(isinstance(a, str) for a in acks):
+            raise ToolError(f"{where}.ack_messages must be a list of strings")
+        for i, ack in enumerate(acks):
+            require_ascii(ack, f"{where}.ack_messages[{i}]")
+        acks = tuple(acks)
+    return Tool(name, description, parameters, acks)
+
+
+class ToolSet:
+    """Validated tools by name; ``warnings`` lists soft-limit notices."""
+
+    def __init__(self, specs: list[Any], max_tools: int = DEFAULT_MAX_TOOLS):
+        if not isinstance(specs, list):
+            raise ToolError(f"tools must be a list, got {type(specs).__name__}")
+        if len(specs) > max_tools:
+            raise ToolError(f"{len(specs)} tools given; at most {max_tools} are allowed")
+        self.tools: dict[str, Tool] = {}
+        for i, spec in enumerate(specs):
+            tool = parse_tool(spec, i)
+            if tool.name in self.tools:
+                raise ToolError(f"tools[{i}]: duplicate tool name {tool.name!r}")
+            self.tools[tool.name] = tool
+        self.warnings: list[str] = []
+        if len(self.tools) > RECOMMENDED_MAX_TOOLS:
+            message = (
+                f"{len(self.tools)} tools registered; the checkpoint was trained with at most "
+                f"{RECOMMENDED_MAX_TOOLS} and may call them less reliably"
+            )
+            logger.warning(message)
+            self.warnings.append(message)
+
+    def __len__(self) -> int:
+        return len(self.tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tools
+
+    def __getitem__(self, name: str) -> Tool:
+        return self.tools[name]
+
+
+def render_system_prompt(system_message: str, tools: ToolSet | None) -> str:
+    """The system prompt with the tool block appended, as the checkpoint saw it."""
+    require_ascii(system_message, "system prompt")
+    if not tools:
+        return system_message
+    parts = [system_message]
+    if system_message:
+        parts.append("\n\n")
+    listed = ", ".join(jinja_tojson(tool.rendered()) for tool in tools.tools.values())
+    parts += [_TOOLS_INTRO, "\n<AVAILABLE_TOOLS>[", listed, "]</AVAILABLE_TOOLS>\n\n"]
+    parts += [_CALL_FORMAT, _RESPONSE_FORMAT, _DECISION]
+    return "".join(parts)
+
+
+def render_tool_response(output: str) -> str:
+    """One tool result as ``<TOOL_RESPONSE>[...]</TOOL_RESPONSE>``.
+
+    A JSON output is inserted as written; any other text is JSON-quoted so the
+    list stays valid JSON.
+    """
+    require_ascii(output, "tool result")
+    try:
+        json.loads(output)
+        body = output.strip()
+    except ValueError:
+        body = json.dumps(output)
+    return f"{TOOL_RESPONSE_START}[{body}]{TOOL_RESPONSE_END}"
+
+
+# --- arguments ---------------------------------------------------------
+
+
+def _is_type(value: Any, kind: str) -> bool:
+    if kind == "object":
+        return isinstance(value, dict)
+    if kind == "array":
+        return isinstance(value, list)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value is None  # "null"
+
+
+def schema_errors(value: Any, schema: dict[str, Any], path: str = "arguments") -> list[str]:
+    """What is wrong with ``value`` under the supported JSON-schema subset."""
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        if not any(_is_type(value, k) for k in kinds):
+            return [f"{path}: expected {' or '.join(kinds)}, got {type(value).__name__}"]
+    errors: list[str] = []
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} is not one of {schema['enum']!r}")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{path}: missing required property {key!r}")
+        for key, item in value.items():
+            if key in props:
+                errors += schema_errors(item, props[key], f"{path}.{key}")
+            elif schema.get("additionalProperties") is False:
+                errors.append(f"{path}: unexpected property {key!r}")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], f"{path}[{i}]")
+    return errors
+
+
+def coerce_arguments(arguments: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """Top-level string values to the declared number/integer/boolean type.
+
+    Speech models often write ``"5"`` for ``5``; NeMo's voicechat tool-call
+    parser coerces these before dispatch, and so do we. Anything that does not
+    convert cleanly is left for the validator to reject.
+    """
+    props = schema.get("properties", {})
+    out = dict(arguments)
+    for key, value in arguments.items():
+        kind = props.get(key, {}).get("type") if isinstance(props.get(key), dict) else None
+        if not isinstance(value, str) or kind not in ("integer", "number", "boolean"):
+            continue
+        text = value.strip()
+        if kind == "boolean" and text.lower() in ("true", "false"):
+            out[key] = text.lower() == "true"
+        elif kind == "integer" and re.fullmatch(r"[+-]?\d+", text):
+            out[key] = int(text)
+        elif kind == "number" and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", text):
+            out[key] = float(text)
+    return out

@@ -1,0 +1,72 @@
+"""Scripted function-channel output for the tool-calling tests."""
+
+from __future__ import annotations
+
+from mlx_voicechat_plugin.runtime.timeline import Timeline
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+VALID = '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>'
+RESULT = '{"temp": 21}'
+
+
+def short_tool_prompt(monkeypatch) -> None:
+    """Validate and render the real tool block, but prefill a short stand-in.
+
+    The rendered text is pinned in test_tools.py; prefilling its hundreds of
+    positions in every session test would only cost time.
+    """
+    from mlx_voicechat_plugin.runtime import tool_calls, tools
+
+    def render(system_message, toolset):
+        tools.render_system_prompt(system_message, toolset)
+        return system_message + " [tools]"
+
+    monkeypatch.setattr(tool_calls, "render_system_prompt", render)
+
+
+class Script:
+    """Makes the function head 'emit' ``text`` from generated frame ``start`` on.
+
+    Every other generated frame emits pad. Forced (injected) frames pass
+    through untouched. ``inputs`` / ``forced`` record, per generated frame, the
+    previous-function input the position read and the forced id it was given.
+    """
+
+    def __init__(self, tokenizer, pad: int, text: str, start: int = 2):
+        self.tokenizer = tokenizer
+        self.tokens = self.tokenizer_encode(text) if text else []
+        self.pad, self.start = pad, start
+        self.inputs: list[int] = []
+        self.forced: list[int | None] = []
+
+    def tokenizer_encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def install(self, monkeypatch):
+        original = Timeline.step
+        script = self
+
+        def step(timeline, audio, *, generate=True, force_function=None, **kwargs):
+            if not generate:
+                return original(timeline, audio, generate=False, **kwargs)
+            frame = len(script.inputs)
+            script.inputs.append(int(timeline._prev_function.item()))
+            script.forced.append(force_function)
+            if force_function is not None:
+                return original(timeline, audio, force_function=force_function, **kwargs)
+            at = frame - script.start
+            token = script.tokens[at] if 0 <= at < len(script.tokens) else script.pad
+            result = original(timeline, audio, force_function=token, **kwargs)
+            result.function_forced = False  # the head "predicted" it
+            return result
+
+        monkeypatch.setattr(Timeline, "step", step)
+        return self
