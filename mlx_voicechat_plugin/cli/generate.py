@@ -42,6 +42,11 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
     parser.add_argument("--no-language-cache", action="store_true",
                         help="recompute the LLM history every frame (diagnostics)")
     parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
+    tools = parser.add_argument_group("tool calling")
+    tools.add_argument("--tools-json", help="JSON file: a list of tools (name, description, "
+                       "parameters JSON schema, optional ack_messages)")
+    tools.add_argument("--api-response-json", help="JSON file: the tool result(s) to inject; "
+                       "runs the two-pass offline flow (find the call, rerun with the result)")
     stream = parser.add_argument_group("streaming")
     stream.add_argument("--stream", action="store_true",
                         help="drive the online session in 80 ms frames, printing text as it comes")
@@ -67,6 +72,10 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
             "Nemotron VoiceChat is a speech-to-speech model and has no interactive "
             f"text mode; pass --audio, e.g. {OFFLINE_HINT}"
         )
+    if args.api_response_json and not args.tools_json:
+        parser.error("--api-response-json needs --tools-json")
+    if args.stream and args.tools_json:
+        parser.error("--tools-json runs the offline flow; use the server for live tool calls")
     if args.max_tokens is not None:
         print("note: -n/--max-tokens is ignored; the answer length follows the audio "
               "plus --extra-decoding-seconds", file=sys.stderr)
@@ -89,13 +98,27 @@ def run(args: argparse.Namespace) -> int:
         return run_stream(session, args, started, loaded)
     if args.profile or args.max_streaming_seconds is not None:
         print("note: --profile/--max-streaming-seconds apply with --stream only", file=sys.stderr)
-    result = session.generate(
-        args.audio,
+    tools, responses = _read_tool_files(args)
+    turn = dict(
         system_prompt=args.system_prompt,
         extra_decoding_seconds=args.extra_decoding_seconds,
         seed=args.seed,
         use_language_cache=not args.no_language_cache,
+        tools=tools,
     )
+    result = session.generate(args.audio, **turn)
+    if tools is not None:
+        for call in result.tool_calls:
+            print(f"[tool_call] {call.name}({call.arguments}) id={call.call_id} frame={call.frame_index}")
+        for error in result.tool_errors:
+            print(f"[tool_call_invalid] {error.reason}: {error.raw}", file=sys.stderr)
+    if responses is not None:
+        if not result.tool_calls:
+            print("note: the first pass made no tool call; --api-response-json is unused",
+                  file=sys.stderr)
+        else:
+            result = session.generate(args.audio, tool_response=responses, **turn)
+            print("[second pass: tool result injected]")
     finished = time.perf_counter()
     if result.user_transcript is not None:
         print(f"[user] {result.user_transcript}")
@@ -116,6 +139,25 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _read_tool_files(args: argparse.Namespace) -> tuple[list[dict] | None, list[str] | None]:
+    """``--tools-json`` as a list of tool dicts; ``--api-response-json`` as result strings."""
+    import json
+    from pathlib import Path
+
+    tools = responses = None
+    if args.tools_json:
+        tools = json.loads(Path(args.tools_json).read_text())
+        if isinstance(tools, dict):
+            tools = tools.get("tools", [tools])
+        if not isinstance(tools, list):
+            raise ValueError(f"--tools-json {args.tools_json}: expected a list of tools")
+    if args.api_response_json:
+        payload = json.loads(Path(args.api_response_json).read_text())
+        items = payload if isinstance(payload, list) else [payload]
+        responses = [item if isinstance(item, str) else json.dumps(item) for item in items]
+    return tools, responses
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat generate",
