@@ -115,3 +115,36 @@ def test_bad_session_tools_fail_initialization(ws, tools):
     assert recv(ws)["type"] == "session.created"
     send(ws, {"type": "session.update", "session": {"tools": tools}})
     expect_error(ws, "session_initialization_failed")
+
+
+def _load_example(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tool_client_runs_the_tool_and_feeds_the_result_back(server, monkeypatch, tmp_path, capsys):
+    from mlx_voicechat_plugin.testing.fixtures import make_question_wav
+
+    short_tool_prompt(monkeypatch)
+    call = '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>'
+    _script(server, monkeypatch, call)
+    server.wait_idle()
+    client = _load_example("tool_client")
+    wav = make_question_wav(tmp_path / "q.wav", seconds=1.0)
+    assert client.main([server.ws(), str(wav), str(tmp_path / "a.wav"), "--extra-seconds", "7"]) == 0
+    out = capsys.readouterr().out
+    assert '[tool] get_weather({"city": "Paris"}) -> {"city": "Paris", "condition": "sunny"' in out
+
+
+def test_corrected_booking_updates_instead_of_double_booking():
+    tools = _load_example("tool_client").LocalTools()
+    first = json.loads(tools.run("book_table", '{"name": "Ada", "time": "19:00", "people": 2}'))
+    second = json.loads(tools.run("book_table", '{"name": "ada", "time": "19:30", "people": 2}'))
+    assert first["status"] == "booked" and second["status"] == "updated"
+    assert len(tools.bookings) == 1 and tools.bookings["ada"]["time"] == "19:30"
