@@ -58,6 +58,17 @@ def pcm16_base64(samples: np.ndarray) -> str:
     return base64.b64encode(pcm.tobytes()).decode("ascii")
 
 
+def write_pcm16_wav(path: str, pieces: list[np.ndarray], rate: int) -> np.ndarray:
+    """Join received PCM16 pieces and write them as a mono WAV; returns the samples."""
+    pcm = np.concatenate(pieces) if pieces else np.zeros(0, "<i2")
+    with wave.open(path, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(pcm.astype("<i2").tobytes())
+    return pcm
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url", help="ws://HOST:PORT/v1/realtime")
@@ -110,12 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         until("response.done")
 
-    pcm = np.concatenate(pieces) if pieces else np.zeros(0, "<i2")
-    with wave.open(args.output, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(output_rate)
-        out.writeframes(pcm.astype("<i2").tobytes())
+    pcm = write_pcm16_wav(args.output, pieces, output_rate)
     print(f"[user] {transcript}")
     print(f"[assistant] {answer}")
     print(f"wrote {args.output} ({len(pcm) / output_rate:.2f} s)", file=sys.stderr)

@@ -16,7 +16,6 @@ import argparse
 import base64
 import json
 import sys
-import wave
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +23,14 @@ import numpy as np
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from file_client import CHUNK_SAMPLES, INPUT_RATE, pcm16_base64, read_wav, resample  # noqa: E402
+from file_client import (  # noqa: E402
+    CHUNK_SAMPLES,
+    INPUT_RATE,
+    pcm16_base64,
+    read_wav,
+    resample,
+    write_pcm16_wav,
+)
 
 WEATHER = {
     "paris": {"condition": "sunny", "temperature_c": 21},
@@ -150,12 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         drain("response.done", None)
 
-    pcm = np.concatenate(pieces) if pieces else np.zeros(0, "<i2")
-    with wave.open(args.output, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(output_rate)
-        out.writeframes(pcm.tobytes())
+    write_pcm16_wav(args.output, pieces, output_rate)
     print(f"[assistant] {answer}")
     print(f"bookings: {json.dumps(tools.bookings)}")
     return 0

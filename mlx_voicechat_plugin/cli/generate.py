@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Sequence
 
+from .common import parse_args
+
 logger = logging.getLogger(__name__)
 
 OFFLINE_HINT = "mlx-voicechat generate --model CKPT --audio question.wav --output-audio answer.wav"
@@ -58,13 +60,7 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
 
 def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argparse.Namespace:
     parser = build_parser(prog)
-    if tolerate_unknown:
-        args, unknown = parser.parse_known_args(argv)
-        if unknown:
-            print(f"note: ignoring options this model does not use: {' '.join(unknown)}",
-                  file=sys.stderr)
-    else:
-        args = parser.parse_args(argv)
+    args = parse_args(parser, argv, tolerate_unknown)
     if args.image or args.video:
         parser.error("Nemotron VoiceChat takes speech only: --image/--video are not supported")
     if not args.audio:

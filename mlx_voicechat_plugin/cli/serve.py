@@ -12,6 +12,7 @@ import sys
 from typing import Sequence
 
 from ..server.limits import MIB, ServerLimits
+from .common import parse_args
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +55,7 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argparse.Namespace:
     parser = build_parser(prog)
-    if tolerate_unknown:
-        args, unknown = parser.parse_known_args(argv)
-        if unknown:
-            print(f"note: ignoring options this model does not use: {' '.join(unknown)}",
-                  file=sys.stderr)
-    else:
-        args = parser.parse_args(argv)
+    args = parse_args(parser, argv, tolerate_unknown)
     try:
         args.limits = ServerLimits(args.max_message_bytes, args.max_session_seconds,
                                    args.update_timeout, args.idle_timeout)
