@@ -80,6 +80,10 @@ def test_call_is_announced_and_its_result_injected(server, ws, monkeypatch):
     assert injected["call_id"] == done["call_id"] and injected["first_frame_index"] == frames
     assert (injected["frame_index"], injected["num_tokens"]) == (frames + tokens - 1, tokens)
     assert len(_of(later, "response.audio.delta")) == tokens + 1
+    # Speech resumes without a further request: the model keeps talking after the result.
+    resumed = _push(ws, 8, offset=frames + tokens + 1)
+    assert len(_of(resumed, "response.audio.delta")) == 8
+    assert _of(resumed, "response.text.delta")
 
 
 def test_invalid_call_is_an_error_event_not_a_call(server, ws, monkeypatch):
