@@ -58,6 +58,13 @@ def pcm16_base64(samples: np.ndarray) -> str:
     return base64.b64encode(pcm.tobytes()).decode("ascii")
 
 
+def load_question(path: str, extra_seconds: float) -> np.ndarray:
+    """The question WAV at 16 kHz mono, followed by ``extra_seconds`` of silence."""
+    samples, rate = read_wav(path)
+    silence = np.zeros(round(extra_seconds * INPUT_RATE), np.float32)
+    return np.concatenate([resample(samples, rate), silence])
+
+
 def write_pcm16_wav(path: str, pieces: list[np.ndarray], rate: int) -> np.ndarray:
     """Join received PCM16 pieces and write them as a mono WAV; returns the samples."""
     pcm = np.concatenate(pieces) if pieces else np.zeros(0, "<i2")
@@ -80,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key")
     args = parser.parse_args(argv)
 
-    samples, rate = read_wav(args.input)
-    audio = resample(samples, rate)
-    audio = np.concatenate([audio, np.zeros(round(args.extra_seconds * INPUT_RATE), np.float32)])
+    audio = load_question(args.input, args.extra_seconds)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
     session: dict = {"seed": args.seed}
     if args.system_prompt:

@@ -26,9 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from file_client import (  # noqa: E402
     CHUNK_SAMPLES,
     INPUT_RATE,
+    load_question,
     pcm16_base64,
-    read_wav,
-    resample,
     write_pcm16_wav,
 )
 
@@ -109,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key")
     args = parser.parse_args(argv)
 
-    samples, rate = read_wav(args.input)
-    audio = resample(samples, rate)
-    audio = np.concatenate([audio, np.zeros(round(args.extra_seconds * INPUT_RATE), np.float32)])
+    audio = load_question(args.input, args.extra_seconds)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
     tools = LocalTools()
     answer, pieces, output_rate = "", [], 22_050
