@@ -34,3 +34,9 @@ demo: $(VENV)/.installed
 
 clean:
 	rm -rf build $(VENV)
+
+.PHONY: soak
+SOAK_SESSIONS ?= 200
+# 200 sequential sessions on the tiny fixture: resident memory, threads, fds.
+soak: $(VENV)/.installed
+	$(PY) -m bench.soak --sessions $(SOAK_SESSIONS)

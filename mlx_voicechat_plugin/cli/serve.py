@@ -50,6 +50,11 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="seconds a client has to send session.update")
     limits.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout,
                         help="seconds a configured session may stay silent (pings do not count)")
+    limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
+                        help="unsent events a connection may queue before it is closed "
+                             "(1008, 'client is not reading')")
+    limits.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
+                        help="seconds queued events and the close frame may take at the end")
     return parser
 
 
@@ -58,7 +63,9 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
     args = parse_args(parser, argv, tolerate_unknown)
     try:
         args.limits = ServerLimits(args.max_message_bytes, args.max_session_seconds,
-                                   args.update_timeout, args.idle_timeout)
+                                   args.update_timeout, args.idle_timeout,
+                                   max_pending_events=args.max_pending_events,
+                                   send_timeout=args.send_timeout)
     except ValueError as exc:
         parser.error(str(exc))
     return args

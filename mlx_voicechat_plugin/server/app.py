@@ -2,8 +2,11 @@
 
 One connection holds the engine's single session at a time. Each connection
 runs: accept (after the API key and Origin checks), ``session.created``, then
-messages until commit/cancel (close 1000), a timeout (close 1008) or the
-client leaving. Audio payloads and the API key are never logged.
+messages until commit/cancel (close 1000), a timeout (close 1008), a client
+that stops reading its events (close 1008, ``client is not reading``) or the
+client leaving. Events go out through a bounded :class:`~.outbox.Outbox`.
+Audio payloads and the API key are never logged; client values are never
+used as paths (``session.model`` is ignored).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from . import protocol
 from .engine import Engine
 from .limits import ServerLimits
+from .outbox import NOT_READING, ClientNotReading, Outbox
 from .protocol import CloseCode, ErrorCode, ProtocolError
 
 logger = logging.getLogger(__name__)
@@ -82,9 +86,10 @@ class Connection:
         self.frame_samples = 0
         self.connected_at = time.monotonic()
         self.last_activity = self.connected_at
+        self.outbox = Outbox(websocket, limits.max_pending_events)
 
     async def send(self, payload: dict[str, Any]) -> None:
-        await self.ws.send_text(protocol.dumps(payload))
+        self.outbox.put(protocol.dumps(payload))
 
     async def send_error(self, code: str, message: str) -> None:
         logger.info("%s error %s: %s", self.session_id, code, message)
@@ -100,9 +105,22 @@ class Connection:
                 logger.exception("closing %s failed", self.session_id)
         self.engine.release(self.session_id)
 
-    async def finish(self, code: int) -> None:
+    async def finish(self, code: int, reason: str = "") -> None:
+        """Free the session, let queued events go out (bounded), then close."""
         await self.release()
-        await self.ws.close(code=code)
+        if not await self.outbox.drain(self.limits.send_timeout):
+            code, reason = CloseCode.POLICY_VIOLATION, NOT_READING
+        await self.outbox.stop()
+        await self.close(code, reason)
+
+    async def close(self, code: int, reason: str = "") -> None:
+        """Best effort: a client that reads nothing never takes the close frame."""
+        try:
+            await asyncio.wait_for(self.ws.close(code=code, reason=reason),
+                                   self.limits.send_timeout)
+        except (asyncio.TimeoutError, Exception) as exc:
+            logger.info("%s close %d not delivered (%s)", self.session_id, code,
+                        type(exc).__name__)
 
     def deadline(self) -> tuple[float, str]:
         if not self.configured:
@@ -113,23 +131,30 @@ class Connection:
 
     async def run(self) -> None:
         await self.ws.accept()
-        if not self.engine.ready:
-            await self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
-            await self.ws.close(code=CloseCode.TRY_AGAIN_LATER)
-            return
-        if not self.engine.try_reserve(self.session_id):
-            await self.send_error(ErrorCode.SERVER_BUSY,
-                                  "another realtime VoiceChat session is already active")
-            await self.ws.close(code=CloseCode.TRY_AGAIN_LATER)
-            return
-        logger.info("%s connected", self.session_id)
+        self.outbox.start()
         try:
+            if not self.engine.ready:
+                await self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
+                await self.finish(CloseCode.TRY_AGAIN_LATER)
+                return
+            if not self.engine.try_reserve(self.session_id):
+                await self.send_error(ErrorCode.SERVER_BUSY,
+                                      "another realtime VoiceChat session is already active")
+                await self.finish(CloseCode.TRY_AGAIN_LATER)
+                return
+            logger.info("%s connected", self.session_id)
             await self.send(protocol.session_created(self.session_id, INPUT_RATE, OUTPUT_RATE))
             await self.loop()
         except WebSocketDisconnect:
             logger.info("%s disconnected", self.session_id)
+        except ClientNotReading as exc:
+            logger.info("%s closed: %s (%s)", self.session_id, NOT_READING, exc)
+            await self.release()
+            await self.outbox.stop()
+            await self.close(CloseCode.POLICY_VIOLATION, NOT_READING)
         finally:
             await self.release()
+            await self.outbox.stop()
 
     async def loop(self) -> None:
         while True:
@@ -242,7 +267,7 @@ class Connection:
 
     async def forward(self, events: list[str]) -> None:
         for text in events:
-            await self.ws.send_text(text)
+            self.outbox.put(text)
 
 
 def create_app(

@@ -20,13 +20,15 @@ class ServerLimits:
     max_session_seconds: float = 600.0
     update_timeout: float = 30.0
     idle_timeout: float = 120.0
+    max_pending_events: int = 256  # unsent events before a client counts as not reading
+    send_timeout: float = 10.0  # longest wait for queued events (and the close) at the end
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) \
-                or self.max_message_bytes <= 0:
-            raise ValueError(f"max_message_bytes must be a positive integer, got "
-                             f"{self.max_message_bytes!r}")
-        for name in ("max_session_seconds", "update_timeout", "idle_timeout"):
+        for name in ("max_message_bytes", "max_pending_events"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:

@@ -1,0 +1,71 @@
+"""Short soak: sequential sessions leak no threads or fds; a model failure is survived."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+from server_support import FRAME, LiveServer, append_message, configure, connect, recv, send
+
+from mlx_voicechat_plugin.server.app import create_app
+from mlx_voicechat_plugin.server.engine import Engine, load_voicechat
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.soak import one_session  # noqa: E402
+
+SESSIONS = 15
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_sequential_sessions_do_not_grow_threads_or_fds(tiny_ckpt):
+    server = LiveServer(create_app(tiny_ckpt))
+    try:
+        one_session(server)  # warm-up
+        threads, fds = threading.active_count(), _fds()
+        for _ in range(SESSIONS):
+            assert one_session(server) >= 3
+        assert threading.active_count() <= threads
+        assert _fds() <= fds
+    finally:
+        server.stop()
+
+
+class _FailOnce:
+    """Wraps the loaded session: the first stream's first push raises."""
+
+    def __init__(self, inner):
+        self.inner, self.config, self.failed = inner, inner.config, False
+
+    def create_streaming_session(self, **options):
+        stream = self.inner.create_streaming_session(**options)
+        push = stream.push_audio
+
+        def push_once(samples, sample_rate=None):
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("model exploded")
+            return push(samples, sample_rate=sample_rate)
+
+        stream.push_audio = push_once
+        return stream
+
+
+def test_the_engine_survives_a_model_exception_and_serves_the_next_session(tiny_ckpt):
+    engine = Engine(str(tiny_ckpt), loader=lambda path: _FailOnce(load_voicechat(path)))
+    server = LiveServer(create_app(tiny_ckpt, engine=engine))
+    try:
+        with connect(server.ws()) as ws:
+            configure(ws)
+            send(ws, append_message(np.zeros(FRAME, np.float32)))
+            event = recv(ws)
+            assert event["type"] == "error" and event["error"]["code"] == "inference_error"
+        for _ in range(3):
+            assert one_session(server) >= 3
+    finally:
+        server.stop()
