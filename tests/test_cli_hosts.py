@@ -126,3 +126,10 @@ def test_cli_stream_prints_text_and_profile(tiny_ckpt, question_wav, tmp_path):
     summary = json.loads(done.stdout[done.stdout.index("{"):])
     assert summary["dropped_cold_frames"] == 5 and "host_syncs" in summary
     assert _wav_info(out) == (22050, 1, 2)
+
+
+def test_pickup_model_type_matches_config():
+    from mlx_voicechat_plugin import config
+    from mlx_voicechat_plugin.hosts import pickup
+
+    assert pickup.MODEL_TYPE == config.MODEL_TYPE

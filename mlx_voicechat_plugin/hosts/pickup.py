@@ -24,6 +24,8 @@ from types import CodeType
 from typing import Any, Callable, Sequence
 
 ENV_SWITCH = "MLX_VOICECHAT_HOST_PICKUP"
+# Same value as config.MODEL_TYPE; not imported from there because this module
+# runs at every interpreter start and config imports MLX (a test pins them equal).
 MODEL_TYPE = "nemotron_voicechat"
 
 # Host module run by ``python -m`` -> (plugin command, program name).
