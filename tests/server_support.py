@@ -71,6 +71,40 @@ class LiveServer:
         self.thread.join(TIMEOUT)
 
 
+def running(live: "LiveServer"):
+    """Fixture body: yield a started server, stop it at teardown."""
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+def idle_connection(live: "LiveServer"):
+    """Fixture body: a client connected once the previous session was released."""
+    live.wait_idle()
+    with connect(live.ws()) as client:
+        yield client
+
+
+class FailingVoiceChat:
+    """Wraps a loaded VoiceChat session: a stream's push raises while ``fails(stream)``."""
+
+    def __init__(self, inner: Any, fails: Any):
+        self.inner, self.config, self.fails = inner, inner.config, fails
+
+    def create_streaming_session(self, **options: Any) -> Any:
+        stream = self.inner.create_streaming_session(**options)
+        push = stream.push_audio
+
+        def failing_push(samples: Any, sample_rate: Any = None) -> Any:
+            if self.fails(stream):
+                raise RuntimeError("model exploded")
+            return push(samples, sample_rate=sample_rate)
+
+        stream.push_audio = failing_push
+        return stream
+
+
 def connect(url: str, **kwargs: Any):
     return ws_connect(url, max_size=None, open_timeout=TIMEOUT, **kwargs)
 

@@ -15,6 +15,7 @@ from server_support import (
     configure,
     connect,
     recv,
+    running,
     send,
     until_closed,
 )
@@ -27,9 +28,8 @@ CLIENTS = 50
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt):
-    live = LiveServer(create_app(tiny_ckpt, limits=ServerLimits(update_timeout=5, idle_timeout=5)))
-    yield live
-    live.stop()
+    limits = ServerLimits(update_timeout=5, idle_timeout=5)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits)))
 
 
 def _admitted(server) -> None:

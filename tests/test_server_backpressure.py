@@ -16,7 +16,16 @@ import time
 import numpy as np
 import pytest
 from raw_client import RawClient
-from server_support import FRAME, LiveServer, append_message, configure, connect, send, until_closed
+from server_support import (
+    FRAME,
+    LiveServer,
+    append_message,
+    configure,
+    connect,
+    running,
+    send,
+    until_closed,
+)
 
 from mlx_voicechat_plugin.cli import serve
 from mlx_voicechat_plugin.server.app import create_app
@@ -32,8 +41,7 @@ SEND_BUFFER = 4096  # accepted sockets inherit it; keeps the kernel from absorbi
 def server(tiny_ckpt):
     live = LiveServer(create_app(tiny_ckpt, limits=LIMITS))
     live.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-    yield live
-    live.stop()
+    yield from running(live)
 
 
 def _stall(server) -> RawClient:

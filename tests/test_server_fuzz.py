@@ -16,7 +16,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_support import FRAME, LiveServer, append_message, configure, connect, recv, send
+from server_support import (
+    FRAME,
+    LiveServer,
+    append_message,
+    configure,
+    connect,
+    recv,
+    running,
+    send,
+)
 
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
@@ -36,10 +45,8 @@ junk = st.recursive(scalars, lambda inner: st.one_of(
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt):
-    live = LiveServer(create_app(tiny_ckpt, limits=ServerLimits(update_timeout=10,
-                                                                idle_timeout=10)))
-    yield live
-    live.stop()
+    limits = ServerLimits(update_timeout=10, idle_timeout=10)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits)))
 
 
 def _clean(event: dict) -> dict:

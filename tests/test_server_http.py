@@ -20,6 +20,7 @@ from server_support import (
     configure,
     connect,
     expect_error,
+    running,
     send,
     until_closed,
 )
@@ -41,8 +42,7 @@ def server(tiny_ckpt):
                      allowed_origins=[ALLOWED], limits=ServerLimits(update_timeout=5))
     live = LiveServer(app, wait_ready=False)
     live.wait_health(200, "/api/health")
-    yield live
-    live.stop()
+    yield from running(live)
 
 
 def url(server, path="/v1/realtime"):

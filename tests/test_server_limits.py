@@ -13,7 +13,9 @@ from server_support import (
     configure,
     connect,
     expect_error,
+    idle_connection,
     recv,
+    running,
     send,
     until_closed,
 )
@@ -27,16 +29,13 @@ LIMITS = ServerLimits(max_message_bytes=8192, max_session_seconds=0.16,
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt):
-    live = LiveServer(create_app(tiny_ckpt, limits=LIMITS), ws_max_size=LIMITS.transport_max_bytes)
-    yield live
-    live.stop()
+    app = create_app(tiny_ckpt, limits=LIMITS)
+    yield from running(LiveServer(app, ws_max_size=LIMITS.transport_max_bytes))
 
 
 @pytest.fixture
 def ws(server):
-    server.wait_idle()
-    with connect(server.ws()) as client:
-        yield client
+    yield from idle_connection(server)
 
 
 def test_limits_reject_non_positive_values():

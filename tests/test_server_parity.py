@@ -17,6 +17,7 @@ from server_support import (
     configure,
     connect,
     decode_audio,
+    running,
     send,
     until_closed,
 )
@@ -39,9 +40,7 @@ PROMPT = "You are a helpful assistant."
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt):
-    live = LiveServer(create_app(tiny_ckpt))
-    yield live
-    live.stop()
+    yield from running(LiveServer(create_app(tiny_ckpt)))
 
 
 def in_process(ckpt: Path, audio: np.ndarray) -> dict:

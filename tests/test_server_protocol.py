@@ -8,13 +8,16 @@ import numpy as np
 import pytest
 from server_support import (
     FRAME,
+    FailingVoiceChat,
     LiveServer,
     append_message,
     configure,
     connect,
     decode_audio,
     expect_error,
+    idle_connection,
     recv,
+    running,
     send,
     until_closed,
 )
@@ -29,16 +32,13 @@ SESSION_ID = re.compile(r"^sess_[0-9a-f]{16}$")
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt):
-    live = LiveServer(create_app(tiny_ckpt, limits=ServerLimits(update_timeout=5, idle_timeout=5)))
-    yield live
-    live.stop()
+    limits = ServerLimits(update_timeout=5, idle_timeout=5)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits)))
 
 
 @pytest.fixture
 def ws(server):
-    server.wait_idle()
-    with connect(server.ws()) as client:
-        yield client
+    yield from idle_connection(server)
 
 
 def test_session_created_announces_a_session_in_configuring_state(ws):
@@ -235,30 +235,11 @@ def test_a_stream_past_max_streaming_seconds_is_an_inference_error(ws):
     assert events[-1]["type"] == "response.done" and code == 1000
 
 
-class _FailingVoiceChat:
-    """A VoiceChat session whose streams fail on their second frame."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.config = inner.config
-
-    def create_streaming_session(self, **options):
-        stream = self.inner.create_streaming_session(**options)
-        push = stream.push_audio
-
-        def failing_push(samples, sample_rate=None):
-            if stream.frame_index >= 1:
-                raise RuntimeError("model exploded")
-            return push(samples, sample_rate=sample_rate)
-
-        stream.push_audio = failing_push
-        return stream
-
-
 def test_a_model_failure_is_an_inference_error_that_stops_the_append(tiny_ckpt):
     from mlx_voicechat_plugin.server.engine import Engine, load_voicechat
 
-    engine = Engine(str(tiny_ckpt), loader=lambda path: _FailingVoiceChat(load_voicechat(path)))
+    engine = Engine(str(tiny_ckpt), loader=lambda path: FailingVoiceChat(
+        load_voicechat(path), fails=lambda stream: stream.frame_index >= 1))  # fails on frame 2
     live = LiveServer(create_app(tiny_ckpt, engine=engine))
     try:
         with connect(live.ws()) as ws:

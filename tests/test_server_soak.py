@@ -8,7 +8,16 @@ import threading
 from pathlib import Path
 
 import numpy as np
-from server_support import FRAME, LiveServer, append_message, configure, connect, recv, send
+from server_support import (
+    FRAME,
+    FailingVoiceChat,
+    LiveServer,
+    append_message,
+    configure,
+    connect,
+    recv,
+    send,
+)
 
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.engine import Engine, load_voicechat
@@ -36,28 +45,21 @@ def test_sequential_sessions_do_not_grow_threads_or_fds(tiny_ckpt):
         server.stop()
 
 
-class _FailOnce:
-    """Wraps the loaded session: the first stream's first push raises."""
+def _fail_first_push():
+    """A predicate true exactly once: the first stream's first push raises."""
+    state = {"failed": False}
 
-    def __init__(self, inner):
-        self.inner, self.config, self.failed = inner, inner.config, False
+    def fails(stream) -> bool:
+        first, state["failed"] = not state["failed"], True
+        return first
 
-    def create_streaming_session(self, **options):
-        stream = self.inner.create_streaming_session(**options)
-        push = stream.push_audio
-
-        def push_once(samples, sample_rate=None):
-            if not self.failed:
-                self.failed = True
-                raise RuntimeError("model exploded")
-            return push(samples, sample_rate=sample_rate)
-
-        stream.push_audio = push_once
-        return stream
+    return fails
 
 
 def test_the_engine_survives_a_model_exception_and_serves_the_next_session(tiny_ckpt):
-    engine = Engine(str(tiny_ckpt), loader=lambda path: _FailOnce(load_voicechat(path)))
+    engine = Engine(
+        str(tiny_ckpt), loader=lambda path: FailingVoiceChat(load_voicechat(path), _fail_first_push())
+    )
     server = LiveServer(create_app(tiny_ckpt, engine=engine))
     try:
         with connect(server.ws()) as ws:

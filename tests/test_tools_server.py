@@ -12,7 +12,9 @@ from server_support import (
     configure,
     connect,
     expect_error,
+    idle_connection,
     recv,
+    running,
     send,
 )
 from tool_support import RESULT, VALID, WEATHER, Script, short_tool_prompt
@@ -25,17 +27,14 @@ from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt):
-    live = LiveServer(create_app(tiny_ckpt, limits=ServerLimits(update_timeout=5, idle_timeout=5)))
-    yield live
-    live.stop()
+    limits = ServerLimits(update_timeout=5, idle_timeout=5)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits)))
 
 
 @pytest.fixture
 def ws(server, monkeypatch):
     short_tool_prompt(monkeypatch)
-    server.wait_idle()
-    with connect(server.ws()) as client:
-        yield client
+    yield from idle_connection(server)
 
 
 def _script(server, monkeypatch, text: str) -> Script:
