@@ -63,9 +63,9 @@ def run_stream_pair(
     probe = ref.create_session(ref_processor).create_streaming_session()
     enc, ref_enc = [], []
     for start in range(0, len(signal) - frame + 1, frame):
-        piece = mx.array(signal[start : start + frame])
+        piece = np.asarray(signal[start : start + frame], dtype=np.float32)
         enc.append(np.array(stream_a.step(piece)[1]))
-        ref_enc.append(np.array(probe._perception_step(piece)[1]))
+        ref_enc.append(np.array(probe._perception_step(mx.array(piece))[1]))
     return [
         compare("encoder", np.concatenate(enc), np.concatenate(ref_enc), FLOAT_TOLERANCE["encoder"]),
         compare("text_ids", text, ref_text, None),

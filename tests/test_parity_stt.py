@@ -11,7 +11,7 @@ import pytest
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
 
 from mlx_voicechat_plugin.models.perception import log_mel
-from mlx_voicechat_plugin.models.rnnt import RNNTState, transcribe
+from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTState, transcribe
 
 
 def _max_abs(a: mx.array, b: mx.array) -> float:
@@ -86,9 +86,11 @@ def test_rnnt_transcript_matches_reference(loaded_pair, mel):
     lengths = mx.array([mel.shape[1]], dtype=mx.int32)
     _, out_lengths, encoded = ours.stt_model.perception(mel, lengths)
     config = ours.config
-    state = RNNTState(config.rnnt_blank_id, config.audio_config.max_symbols,
-                      list(config.rnnt_vocabulary))
-    text = transcribe(ours.stt_model.rnnt_decoder, ours.stt_model.rnnt_joint, encoded, state)
+    stt = ours.stt_model
+    greedy = GreedyRNNT(stt.rnnt_decoder, stt.rnnt_joint, config.rnnt_blank_id,
+                        config.audio_config.max_symbols)
+    state = RNNTState(greedy, list(config.rnnt_vocabulary))
+    text = transcribe(encoded, state)
     reference = ref.create_session(ref_processor)._rnnt_decode(encoded, int(out_lengths[0]))
     assert text == reference
     assert text  # the fixture is tuned to emit symbols

@@ -100,7 +100,7 @@ def test_streaming_encoder_within_1e5_of_reference(pair):
     frame = ours.config.frame_samples
     for start in range(0, len(audio) - frame + 1, frame):
         chunk = audio[start : start + frame]
-        _, encoded = stream._perception.step(mx.array(chunk))
+        _, encoded = stream._perception.step(chunk)
         _, ref_encoded = ref_stream._perception_step(mx.array(chunk))
         assert float(mx.max(mx.abs(encoded - ref_encoded))) <= 1e-5
 
@@ -237,7 +237,8 @@ def test_profile_summary_and_frame_dump(pair, monkeypatch, tmp_path):
     assert summary["frames"] == len(stream.profile().frames) - 2
     assert set(summary["stages"]) == {"perception", "rnnt", "language", "tts", "codec", "total"}
     assert summary["realtime_factor"] == pytest.approx(summary["stages"]["total"]["mean_ms"] / 80.0)
-    assert summary["host_syncs"] >= 4  # perception, >=1 RNNT argmax, timeline, codec
+    # One evaluation for encoder + RNNT + token ids, one for TTS + codec.
+    assert summary["host_syncs"] == 2
     assert {"perception.layers", "tts.backbone", "tts.mog_head", "codec.decoder_istft"} <= set(summary["sub_stages"])
     frames = json.loads(dump.read_text())
     assert len(frames) == len(stream.profile().frames) and "stages_ms" in frames[0]

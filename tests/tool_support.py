@@ -51,10 +51,10 @@ class Script:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def install(self, monkeypatch):
-        original = Timeline.step
+        original = Timeline.listen
         script = self
 
-        def step(timeline, audio, *, generate=True, force_function=None, **kwargs):
+        def listen(timeline, audio, *, generate=True, force_function=None, **kwargs):
             if not generate:
                 return original(timeline, audio, generate=False, **kwargs)
             frame = len(script.inputs)
@@ -65,8 +65,8 @@ class Script:
             at = frame - script.start
             token = script.tokens[at] if 0 <= at < len(script.tokens) else script.pad
             result = original(timeline, audio, force_function=token, **kwargs)
-            result.function_forced = False  # the head "predicted" it
+            result.forced = False  # the head "predicted" it
             return result
 
-        monkeypatch.setattr(Timeline, "step", step)
+        monkeypatch.setattr(Timeline, "listen", listen)
         return self

@@ -255,7 +255,9 @@ class Codec(nn.Module):
         frames, weights = self._synthesis.initial_state(batch)
         return CodecState(contexts, frames, weights, skip=self._synthesis.lag)
 
-    def decode_step(self, codes: mx.array, state: CodecState) -> mx.array:
+    def decode_step(
+        self, codes: mx.array, state: CodecState, evaluate: bool = True
+    ) -> mx.array:
         """Decode ``[B, Q, T_new]`` new codes of a stream into ``[B, 1, n]`` samples.
 
         The concatenation of all outputs plus :meth:`flush` equals
@@ -264,7 +266,8 @@ class Codec(nn.Module):
         they come out one call later: the first call returns
         ``T_new * samples_per_frame - stream_lag`` samples, later calls
         ``T_new * samples_per_frame``, and ``flush`` the final ``stream_lag``.
-        The output and the state come back evaluated.
+        The output and the state come back evaluated; with ``evaluate=False``
+        the caller evaluates both (``state.arrays()``) with the rest of its work.
         """
         state.check_open()
         if codes.shape[-1] == 0:
@@ -273,7 +276,8 @@ class Codec(nn.Module):
         waveform = self._synthesis.step(features, state)[:, None, :]
         # Evaluate the carried state with the output, or every step's graph
         # would hang off the previous one for the life of the stream.
-        mx.eval(waveform, *state.arrays())
+        if evaluate:
+            mx.eval(waveform, *state.arrays())
         return waveform
 
     def flush(self, state: CodecState) -> mx.array:

@@ -18,6 +18,7 @@ from mlx_vlm.models.nemotron_h.language import NemotronHModel
 
 from ..config import ModelConfig
 from .perception import Perception
+from .segments import SegmentedStep
 
 
 class DuplexSTT(nn.Module):
@@ -32,6 +33,7 @@ class DuplexSTT(nn.Module):
         self.perception = Perception(config.audio_config)
         self.rnnt_decoder = PredictNetwork(config.audio_config.decoder)
         self.rnnt_joint = JointNetwork(config.audio_config.joint)
+        self._segments: SegmentedStep | None = None
 
     def fuse(self, prev_text: mx.array, audio: mx.array, prev_function: mx.array) -> mx.array:
         """One fused input embedding per position; token ids are ``(B, T)``."""
@@ -47,6 +49,22 @@ class DuplexSTT(nn.Module):
         """Return ``(text_logits, function_logits)`` for every input position."""
         hidden = self.llm(inputs_embeds=inputs_embeds, cache=cache)
         return self.lm_head(hidden), self.function_head(hidden)
+
+    def _head(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
+        hidden = self.llm.norm_f(hidden)
+        return self.lm_head(hidden), self.function_head(hidden)
+
+    def step(self, inputs_embeds: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
+        """One cached position: the same logits as ``self(x, cache)``, compiled where shapes are fixed.
+
+        The first position (Mamba states not yet created) runs uncompiled.
+        """
+        if self._segments is None:
+            self._segments = SegmentedStep(self.llm.layers, self._head)
+        if not self._segments.ready(inputs_embeds, cache):
+            return self(inputs_embeds, cache=cache)
+        text, function = self._segments(inputs_embeds, cache)
+        return text, function
 
     def make_cache(self) -> list[Any]:
         """Mamba2 state for ``M`` layers and a growing KV cache for ``*`` layers."""

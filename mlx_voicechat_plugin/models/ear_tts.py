@@ -28,6 +28,7 @@ from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfi
 from ..config import TTSConfig
 from .layers import OffsetRMSNorm
 from .mog_head import MoGHead
+from .segments import GemmaStep
 from .subword import CharAwareSubwordEncoder
 
 logger = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ class EarTTS(nn.Module):
             config.num_quantizers, config.num_iterations, config.exponent
         )
         self._compiled_depth = None
+        self._backbone_step: GemmaStep | None = None
 
     @property
     def schedule(self) -> tuple[int, ...]:
@@ -192,9 +194,11 @@ class EarTTS(nn.Module):
         cond = self.embed_subword(subword_ids, subword_mask)
         return mx.concatenate([cond, mx.broadcast_to(self.null_emb, cond.shape)], axis=0)
 
+    def _fuse(self, audio: mx.array, text: mx.array) -> mx.array:
+        return self.gated_fusion_audio_text(mx.concatenate([audio, audio], axis=0), text)
+
     def _run_backbone(self, audio: mx.array, text: mx.array, cache: Cache) -> mx.array:
-        inputs = self.gated_fusion_audio_text(mx.concatenate([audio, audio], axis=0), text)
-        return self.backbone(None, inputs_embeds=inputs, cache=cache)
+        return self.backbone(None, inputs_embeds=self._fuse(audio, text), cache=cache)
 
     def warmup(
         self,
@@ -292,6 +296,18 @@ class EarTTS(nn.Module):
 
     def backbone_step(self, prev_codes: mx.array, subword_ids: mx.array, cache: Cache) -> mx.array:
         """The backbone half of :meth:`step`: ``[cond; uncond]`` hidden [2B, 1, dims]."""
-        audio = self.embed_code(self.embed_codes(prev_codes))
-        text = self._text(subword_ids, mx.ones(subword_ids.shape, dtype=mx.bool_))
-        return self._run_backbone(audio, text, cache)
+        if subword_ids.shape == (1, 1):
+            # One stream: the (evaluated) token's memoized embedding.
+            cond = self.embed_subword.token(subword_ids.item())
+            text = mx.concatenate([cond, mx.broadcast_to(self.null_emb, cond.shape)], axis=0)
+        else:
+            text = self._text(subword_ids, mx.ones(subword_ids.shape, dtype=mx.bool_))
+        if self._backbone_step is None:
+            self._backbone_step = GemmaStep(self.backbone, self._step_inputs)
+        if self._backbone_step.ready(prev_codes, cache):
+            return self._backbone_step(cache, prev_codes, text)
+        return self._run_backbone(self.embed_code(self.embed_codes(prev_codes)), text, cache)
+
+    def _step_inputs(self, prev_codes: mx.array, text: mx.array) -> mx.array:
+        """Fused backbone input of one step (the part of ``_run_backbone`` before the stack)."""
+        return self._fuse(self.embed_code(self.embed_codes(prev_codes)), text)

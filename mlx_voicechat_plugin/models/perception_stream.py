@@ -14,14 +14,60 @@ last one sees the frontend's right-edge padding).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import mlx.core as mx
-from mlx_audio.stt.models.nemotron_asr import StreamingLogMelSpectrogram
+import numpy as np
+from mlx_audio.stt.models.nemotron_asr.audio import PreprocessArgs, log_mel_spectrogram_frames
 
 from ..config import ModelConfig
 from .encoder_stream import EncoderStream
 from .perception import Perception, log_mel
+
+
+class MelStream:
+    """Centred log-mel frames as audio arrives, from a bounded host-side sample tail.
+
+    The frames are mlx-audio's ``log_mel_spectrogram_frames`` over the retained
+    tail, as in its ``StreamingLogMelSpectrogram``; the tail lives in numpy so
+    trimming it needs no evaluation. A frame is emitted once its centre trails
+    the input edge by ``lookahead`` samples.
+    """
+
+    def __init__(self, args: PreprocessArgs, lookahead: int):
+        if args.pad_to > 0 or args.normalize in ("per_feature", "all_features"):
+            raise ValueError("streaming log-mel needs preprocessor pad_to=0 and normalize='NA'")
+        if lookahead < args.n_fft // 2:
+            raise ValueError(f"lookahead must be >= n_fft // 2 = {args.n_fft // 2}, got {lookahead}")
+        self.args = args
+        self.lookahead = lookahead
+        # Samples before the next frame centre that the STFT and preemphasis read.
+        self._lookbehind_frames = math.ceil((args.n_fft // 2 + 1) / args.hop_length)
+        self._samples = np.zeros((0,), dtype=np.float32)
+        self._start = 0  # stream index of ``_samples[0]``
+        self._total = 0
+        self._next_frame = 0
+
+    def push(self, samples: np.ndarray) -> mx.array:
+        """Mono float32 samples -> the ``(1, n, features)`` frames now complete (lazy)."""
+        hop = self.args.hop_length
+        self._samples = np.concatenate([self._samples, samples.astype(np.float32, copy=False)])
+        self._total += samples.shape[0]
+        centre = self._total - self.lookahead
+        end = centre // hop + 1 if centre >= 0 else 0
+        if end <= self._next_frame:
+            return mx.zeros((1, 0, self.args.features), dtype=mx.float32)
+        first = self._start // hop
+        mel = log_mel_spectrogram_frames(
+            mx.array(self._samples), self.args, self._next_frame - first, end - first
+        )
+        self._next_frame = end
+        keep = max(end - self._lookbehind_frames, 0) * hop
+        if keep > self._start:
+            self._samples = self._samples[keep - self._start :]
+            self._start = keep
+        return mel
 
 
 class PerceptionStream:
@@ -32,19 +78,18 @@ class PerceptionStream:
         self.use_cache = use_cache
         left, right = perception.att_context
         if use_cache:
-            self._mel = StreamingLogMelSpectrogram(
-                config.audio_config.preprocessor, lookahead_samples=self.frame_samples
-            )
+            self._mel = MelStream(config.audio_config.preprocessor, self.frame_samples)
             self._encoder = EncoderStream(perception.encoder, left_context=left)
         else:
             self._window_samples = max(2, left + right + 1) * self.frame_samples
             self._window = mx.zeros((0,), dtype=mx.float32)
 
-    def step(self, frame: mx.array, clock: Any = None) -> tuple[mx.array, mx.array]:
-        """``(frame_samples,)`` audio -> ``(projected, encoded)``, each ``(1, 1, D)``.
+    def push(self, frame: np.ndarray, clock: Any = None) -> tuple[mx.array, mx.array]:
+        """``(frame_samples,)`` float32 audio -> lazy ``(projected, encoded)``, each ``(1, 1, D)``.
 
-        Returns evaluated arrays (the carried caches are evaluated with them).
-        ``clock`` (a profiling ``FrameClock``) times the sub-stages when given.
+        Evaluate them together with :meth:`arrays` (the carried caches), or
+        every frame's graph would hang off the previous one. ``clock`` (a
+        profiling ``FrameClock``) times the sub-stages when given.
         """
         if self.use_cache:
             mel = self._mel.push(frame)
@@ -54,15 +99,22 @@ class PerceptionStream:
             if encoded.shape[1] != 1:
                 raise RuntimeError(f"streaming encoder emitted {encoded.shape[1]} frames for one frame")
             projected = self.perception.proj(encoded)
-            mx.eval(projected, encoded, *self._encoder.state())
             if clock is not None:
-                clock.sub_stage("perception.layers")
+                clock.sub_stage("perception.layers", projected, encoded)
             return projected, encoded
-        self._window = mx.concatenate([self._window, frame])[-self._window_samples :]
+        self._window = mx.concatenate([self._window, mx.array(frame)])[-self._window_samples :]
         mel = log_mel(self._window, self.config.audio_config)
         projected, _, encoded = self.perception(mel)
         if projected.shape[1] < 2:
             raise RuntimeError("perception returned fewer than two frames for one input frame")
-        projected, encoded = projected[:, -2:-1], encoded[:, -2:-1]
-        mx.eval(projected, encoded, self._window)
+        return projected[:, -2:-1], encoded[:, -2:-1]
+
+    def arrays(self) -> list[mx.array]:
+        """The carried state to evaluate with each frame's outputs."""
+        return self._encoder.state() if self.use_cache else [self._window]
+
+    def step(self, frame: np.ndarray, clock: Any = None) -> tuple[mx.array, mx.array]:
+        """:meth:`push` with its own evaluation: evaluated ``(projected, encoded)``."""
+        projected, encoded = self.push(frame, clock)
+        mx.eval(projected, encoded, *self.arrays())
         return projected, encoded

@@ -9,6 +9,7 @@ the LLM tokenizer (:meth:`CharAwareSubwordEncoder.set_vocabulary`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Mapping
 
 import mlx.core as mx
@@ -19,6 +20,9 @@ from .layers import GatedMLP, OffsetRMSNorm
 
 # Additive score of masked keys (finite, so fully masked rows stay finite).
 _MASKED_SCORE = -1e30
+# Single-token embeddings kept by ``CharAwareSubwordEncoder.token`` (least
+# recently used first out); 4096 x 4 KiB at the released width.
+TOKEN_MEMO_SIZE = 4096
 
 
 class CharSelfAttention(nn.Module):
@@ -152,6 +156,7 @@ class CharAwareSubwordEncoder(nn.Module):
         self.bos_eos_emb = BOSEOSEmbedding(config.subword_vocab_size, config.hidden_size)
         self.char_pad_id = config.char_vocab_size - 1
         self._spelling: dict[int, tuple[int, ...]] | None = None
+        self._memo: OrderedDict[int, mx.array] = OrderedDict()
 
     def set_vocabulary(self, vocabulary: Mapping[str, int]) -> None:
         """Spell every token of ``vocabulary`` (``tokenizer.get_vocab()``) in char ids."""
@@ -166,6 +171,24 @@ class CharAwareSubwordEncoder(nn.Module):
             idx: tuple(chars[c] for c in token if c in chars)
             for token, idx in vocabulary.items()
         }
+        self._memo.clear()
+
+    def token(self, token_id: int) -> mx.array:
+        """``[1, 1, out_size]`` embedding of one token, memoized.
+
+        The embedding depends on the token alone, so a frame whose text token
+        was seen before (pad, most of a conversation) reuses the array the
+        same call computed then: identical values, no character encoder run.
+        """
+        memo = self._memo
+        if token_id in memo:
+            memo.move_to_end(token_id)
+            return memo[token_id]
+        embedding = self(mx.array([[token_id]], dtype=mx.int32))
+        memo[token_id] = embedding
+        if len(memo) > TOKEN_MEMO_SIZE:
+            memo.popitem(last=False)
+        return embedding
 
     def spell(
         self, subword_ids: mx.array, subword_mask: mx.array

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..models.model import Model
-from ..models.rnnt import RNNTState, transcribe
+from ..models.rnnt import GreedyRNNT, RNNTState, transcribe
 from .audio import AudioInput, load_waveform
 from .events import TokenText, ToolCall, ToolCallInvalid
 from .timeline import Timeline, replace_control_codes
@@ -52,6 +52,13 @@ class VoiceChatSession:
         self.config = model.config
         self.tokenizer = _tokenizer_of(processor)
         model.tts_model.tts_model.set_vocabulary(self.tokenizer.get_vocab())
+        stt = model.stt_model
+        self._rnnt = GreedyRNNT(
+            stt.rnnt_decoder,
+            stt.rnnt_joint,
+            blank_id=self.config.rnnt_blank_id,
+            max_symbols=self.config.audio_config.max_symbols,
+        )
 
     def decode_text(self, ids: list[int] | np.ndarray) -> str:
         special = self.config.special_text_ids
@@ -59,12 +66,7 @@ class VoiceChatSession:
         return self.tokenizer.decode(kept, skip_special_tokens=False)
 
     def new_rnnt_state(self) -> RNNTState:
-        audio = self.config.audio_config
-        return RNNTState(
-            blank_id=self.config.rnnt_blank_id,
-            max_symbols=audio.max_symbols,
-            vocabulary=list(self.config.rnnt_vocabulary),
-        )
+        return RNNTState(self._rnnt, list(self.config.rnnt_vocabulary))
 
     def create_streaming_session(self, options: Any = None, **kwargs: Any):
         from .streaming import StreamingOptions, StreamingSession
@@ -157,7 +159,7 @@ class VoiceChatSession:
         mx.eval(waveform_out)
 
         rnnt = self.new_rnnt_state()
-        transcript = transcribe(stt.rnnt_decoder, stt.rnnt_joint, encoded, rnnt)
+        transcript = transcribe(encoded, rnnt)
         return VoiceChatResult(
             text=self.decode_text(text_ids),
             function_text=self.decode_text(function_ids) if channel is None else visible.text,

@@ -132,6 +132,13 @@ class StreamingSession:
     # --- the frame ------------------------------------------------------
 
     def _frame(self, frame: np.ndarray) -> list[Event]:
+        """One frame in two evaluations: the listening half, then the speaking half.
+
+        The first evaluates the encoder step, the RNNT frame and the token ids
+        (the TTS spells the text token on the host); the second the TTS codes
+        and the codec samples. Profiling adds its own stage barriers, which are
+        not counted as the frame's host syncs.
+        """
         if self.max_frames is not None and self.frame_index >= self.max_frames:
             raise ContextLimit(
                 f"stream reached max_streaming_seconds={self.options.max_streaming_seconds:g} "
@@ -139,21 +146,39 @@ class StreamingSession:
             )
         clock, index = self._clock, self.frame_index
         clock.start(index)
-        projected, encoded = self._perception.step(mx.array(frame), clock)
+        projected, encoded = self._perception.push(frame, clock)
+        clock.stage("perception", projected, encoded, *self._perception.arrays())
+        # Start each part as soon as it is built: the graph of the next part is
+        # built on this thread while MLX computes (not a sync: nothing waits).
+        mx.async_eval(projected, encoded, *self._perception.arrays())
+        symbols = self._rnnt.advance(encoded)
+        if symbols is not None:
+            mx.async_eval(symbols, *self._rnnt.arrays())
+        clock.stage("rnnt", *self._rnnt.arrays())
+        forced = None if self.tools is None else self.tools.next_forced()
+        tokens = self.timeline.listen(projected, force_function=forced, clock=clock)
+        listened = [tokens.ids, *self._perception.arrays(), *self._rnnt.arrays()]
+        mx.eval(*listened, *([] if symbols is None else [symbols]))
         clock.sync()
-        clock.stage("perception")
+
         events: list[Event] = self._notices
         self._notices = []
-        stt = self.model.stt_model
-        delta = self._rnnt.step(stt.rnnt_decoder, stt.rnnt_joint, encoded)
-        clock.sync(self._rnnt.syncs)
-        clock.stage("rnnt")
+        delta = self._rnnt.commit(symbols)
         if delta is not None:
             events.append(UserTranscriptDelta(index, delta, self._rnnt.text))
             if self.tools is not None:
                 self.tools.parser.new_turn()
-        forced = None if self.tools is None else self.tools.next_forced()
-        step = self.timeline.step(projected, force_function=forced, clock=clock)
+        step = self.timeline.speak(tokens, clock)
+        clock.stage("tts", step.codes)
+        codes = replace_control_codes(self.model, step.codes)
+        samples = self._codec.decode_step(
+            codes.transpose(0, 2, 1), self._codec_state, evaluate=False
+        )
+        mx.eval(step.codes, codes, samples, *self._codec_state.arrays())
+        clock.sync()
+        clock.sub_stage("codec.decoder_istft")
+        clock.stage("codec")
+
         update = self._text.append(step.text_id)
         if update is not None:
             events.append(AssistantTextDelta(index, step.text_id, update[0], update[1]))
@@ -165,11 +190,6 @@ class StreamingSession:
                 events.append(FunctionDelta(index, step.function_id, update[0], update[1]))
                 if self.tools is not None:
                     events.extend(self.tools.observe(self._function.text, index))
-        codes = replace_control_codes(self.model, step.codes)
-        samples = self._codec.decode_step(codes.transpose(0, 2, 1), self._codec_state)
-        clock.sub_stage("codec.decoder_istft")
-        clock.sync()
-        clock.stage("codec")
         events.append(Audio(index, np.array(samples[0, 0]), self.config.output_sample_rate,
                             np.array(codes[0, 0], dtype=np.int32)))
         timing = clock.finish()

@@ -30,8 +30,17 @@ _NO_CLOCK = FrameClock(enabled=False)
 
 
 @dataclass
+class Tokens:
+    """A position's tokens, possibly not yet evaluated."""
+
+    text: mx.array  # (1,) int32
+    ids: mx.array  # (2,) int32: text, function
+    forced: bool  # the function id was forced, not predicted
+
+
+@dataclass
 class TimelineStep:
-    """What one position produced. Arrays are evaluated; ids are host ints."""
+    """What one position produced: host ids and the codes (evaluated by ``step``)."""
 
     index: int
     text_id: int
@@ -75,7 +84,7 @@ class LanguageState:
 
     def __call__(self, fused: mx.array) -> tuple[mx.array, mx.array]:
         if self.cache is not None:
-            text, function = self.stt(fused, cache=self.cache)
+            text, function = self.stt.step(fused, self.cache)
         else:
             self.history.append(fused)
             text, function = self.stt(mx.concatenate(self.history, axis=1))
@@ -117,23 +126,21 @@ class Timeline:
         for p in range(len(prompt_ids)):
             self.step(prompt[:, p : p + 1], generate=False)
 
-    def step(
+    def listen(
         self,
         audio: mx.array,
         *,
         generate: bool = True,
         force_function: int | None = None,
         clock: FrameClock = _NO_CLOCK,
-    ) -> TimelineStep:
-        """Advance one position with ``(1, 1, H)`` audio-channel input.
+    ) -> Tokens:
+        """The language half of a position, lazily: ``(1, 1, H)`` audio -> its tokens.
 
         ``force_function`` replaces the function head's prediction (teacher
         forcing, used to inject tool results): the forced id is this position's
         function token and the next position's previous-function input.
-
-        The language and TTS work stay one lazy graph; the single evaluation at
-        the end is the position's only host round trip (``clock`` may add
-        stage barriers when profiling).
+        Evaluate ``Tokens.ids`` (with any other work of the frame), then call
+        :meth:`speak`.
         """
         stt = self.model.stt_model
         fused = stt.fuse(self._prev_text, audio, self._prev_function)
@@ -148,27 +155,54 @@ class Timeline:
         else:
             text, function = self._pad, self._pad
         clock.stage("language", text, function)
+        self._prev_text = text[:, None]
+        self._prev_function = function[:, None]
+        return Tokens(text, mx.concatenate([text, function]), forced)
+
+    def speak(self, tokens: Tokens, clock: FrameClock = _NO_CLOCK) -> TimelineStep:
+        """The speech half, after ``tokens.ids`` was evaluated: lazy codes for the position.
+
+        The TTS text conditioning spells the text token on the host, which is
+        why the language half is evaluated first. Evaluate ``step.codes`` next.
+        """
+        text_id, function_id = tokens.ids.tolist()
         if self.index == 0:
             codes = self._silence
         else:
+            text = tokens.text
             is_eos = (text == self.config.eos_token_id).reshape(1, 1, 1)
             previous = mx.where(is_eos, self._silence, self._prev_codes)
             tts = self.model.tts_model.tts_model
             hidden = tts.backbone_step(previous, text[:, None], self.tts_cache)
+            mx.async_eval(hidden)  # computes while the depth loop is built
             clock.sub_stage("tts.backbone", hidden)
             codes = tts.generate_codes(hidden, self.rng)
             clock.sub_stage("tts.mog_head", codes)
             self._prev_codes = codes
-        self._prev_text = text[:, None]
-        self._prev_function = function[:, None]
-        ids = mx.concatenate([text, function])
-        mx.eval(ids, codes)
-        clock.stage("tts")
-        clock.sync()
-        text_id, function_id = ids.tolist()
         index = self.index
         self.index += 1
-        return TimelineStep(index, text_id, function_id, codes, forced)
+        return TimelineStep(index, text_id, function_id, codes, tokens.forced)
+
+    def step(
+        self,
+        audio: mx.array,
+        *,
+        generate: bool = True,
+        force_function: int | None = None,
+        clock: FrameClock = _NO_CLOCK,
+    ) -> TimelineStep:
+        """Advance one position: :meth:`listen`, evaluate, :meth:`speak`, evaluate.
+
+        Two host round trips: the token ids, then the codes (``clock`` may add
+        stage barriers when profiling).
+        """
+        tokens = self.listen(audio, generate=generate, force_function=force_function, clock=clock)
+        mx.eval(tokens.ids)
+        step = self.speak(tokens, clock)
+        mx.eval(step.codes)
+        clock.stage("tts")
+        clock.sync(2)
+        return step
 
 
 def replace_control_codes(model: Model, codes: mx.array) -> mx.array:
