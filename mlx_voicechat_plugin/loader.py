@@ -27,9 +27,25 @@ logger = logging.getLogger(__name__)
 # conversion (MLX would upcast bf16 on every matmul) and saves that work.
 F32_HOLD_PREFIXES = (
     "stt_model.perception.",
+    "stt_model.rnnt_joint.",  # encoder frames and (upcast) predictions are float32
     "tts_model.tts_model.backbone.",
     "tts_model.tts_model.mog_head.",
+    "tts_model.tts_model.embed_code.",  # summed code latents are float32
+    "tts_model.tts_model.gated_fusion_audio_text.audio_proj.",
 )
+# The LLM reads float32 fused embeddings, so the same holds for it, at twice
+# the memory of bf16: it is held in float32 only while its stored weights are
+# at most this size (small and test models; the released 11B is far above it
+# and its 4-bit release is quantized anyway).
+LLM_F32_HOLD_PREFIXES = (
+    "stt_model.llm.",
+    "stt_model.embed_tokens.",
+    "stt_model.lm_head.",
+    "stt_model.function_head.",
+)
+LLM_F32_HOLD_MAX_BYTES = 2 * 2**30
+# Quantized layers' scales and biases feed the quantized kernels as stored.
+_QUANTIZATION_PARAMS = (".scales", ".biases")
 
 
 def _keeps_stored_dtype(key: str) -> bool:
@@ -98,13 +114,20 @@ def quantize_like_checkpoint(
 
 def hold_float32(model: nn.Module) -> None:
     """Upcast the float32-activation weights (see ``F32_HOLD_PREFIXES``)."""
-    updates = [
-        (k, v.astype(mx.float32))
-        for k, v in tree_flatten(model.parameters())
-        if k.startswith(F32_HOLD_PREFIXES)
-        and v.dtype in (mx.bfloat16, mx.float16)
+    params = tree_flatten(model.parameters())
+    halves = [
+        (k, v) for k, v in params
+        if v.dtype in (mx.bfloat16, mx.float16)
         and not _keeps_stored_dtype(k)
+        and not k.endswith(_QUANTIZATION_PARAMS)
     ]
+    prefixes = F32_HOLD_PREFIXES
+    llm_bytes = sum(v.nbytes for k, v in params if k.startswith(LLM_F32_HOLD_PREFIXES))
+    if llm_bytes <= LLM_F32_HOLD_MAX_BYTES:
+        prefixes += LLM_F32_HOLD_PREFIXES
+    else:
+        logger.info("LLM weights (%.1f GiB) stay as stored", llm_bytes / 2**30)
+    updates = [(k, v.astype(mx.float32)) for k, v in halves if k.startswith(prefixes)]
     if updates:
         model.update(tree_unflatten(updates))
 

@@ -203,6 +203,7 @@ class Codec(nn.Module):
         self.prvq = ProbabilisticRVQ(config)
         self._synthesis = SpectralSynthesis(config.n_fft, config.hop_length)
         self._analysis_window = hanning(config.n_fft, periodic=True).astype(mx.float32)
+        self._compiled_step = None
 
     @property
     def samples_per_frame(self) -> int:
@@ -272,13 +273,27 @@ class Codec(nn.Module):
         state.check_open()
         if codes.shape[-1] == 0:
             return mx.zeros((codes.shape[0], 1, 0), dtype=mx.float32)
-        features = self.decoder(self.prvq.decode(codes), state.block_context)
-        waveform = self._synthesis.step(features, state)[:, None, :]
+        if self._compiled_step is None:
+            self._compiled_step = mx.compile(self._stream_step)
+        samples, state.frames, state.weights, *contexts = self._compiled_step(
+            codes, state.frames, state.weights, *state.block_context
+        )
+        state.block_context = list(contexts)
+        waveform = self._synthesis.trim(samples, state)[:, None, :]
         # Evaluate the carried state with the output, or every step's graph
         # would hang off the previous one for the life of the stream.
         if evaluate:
             mx.eval(waveform, *state.arrays())
         return waveform
+
+    def _stream_step(
+        self, codes: mx.array, frames: mx.array, weights: mx.array, *contexts: mx.array
+    ) -> tuple[mx.array, ...]:
+        """Pure decode step (compiled: its shapes repeat every frame)."""
+        context_list = list(contexts)
+        features = self.decoder(self.prvq.decode(codes), context_list)
+        samples, frames, weights = self._synthesis.advance(features, frames, weights)
+        return (samples, frames, weights, *context_list)
 
     def flush(self, state: CodecState) -> mx.array:
         """End a stream: return its last :attr:`stream_lag` samples ``[B, 1, n]``."""

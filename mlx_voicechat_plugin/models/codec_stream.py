@@ -143,17 +143,29 @@ class SpectralSynthesis:
             mx.zeros((edge, self.n_fft), dtype=mx.float32),
         )
 
-    def step(self, features: mx.array, state: CodecState) -> mx.array:
-        """Consume ``F`` new spectra; return the ``F * hop`` samples now final."""
-        frames = self.frames(features)
-        count = frames.shape[1]
-        frames = mx.concatenate([state.frames.astype(frames.dtype), frames], axis=1)
-        weights = mx.concatenate([state.weights, self._weights(count)], axis=0)
+    def advance(
+        self, features: mx.array, frames: mx.array, weights: mx.array
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """Pure streaming step: new spectra + left context -> (OLA samples, new context).
+
+        The samples are the ``F * hop`` now final, before the front trim.
+        """
+        new = self.frames(features)
+        count = new.shape[1]
+        frames = mx.concatenate([frames.astype(new.dtype), new], axis=1)
+        weights = mx.concatenate([weights, self._weights(count)], axis=0)
         samples = self._overlap_add(frames, weights)
         keep = frames.shape[1] - (self.overlap - 1)
-        state.frames = frames[:, keep:]
-        state.weights = weights[keep:]
-        state.spectra += count
+        return samples, frames[:, keep:], weights[keep:]
+
+    def step(self, features: mx.array, state: CodecState) -> mx.array:
+        """Consume ``F`` new spectra; return the ``F * hop`` samples now final."""
+        samples, state.frames, state.weights = self.advance(features, state.frames, state.weights)
+        return self.trim(samples, state)
+
+    def trim(self, samples: mx.array, state: CodecState) -> mx.array:
+        """Count the step's spectra and drop what the offline decode trims at the front."""
+        state.spectra += samples.shape[1] // self.hop
         return _drop_front(samples, state)
 
     def flush(self, state: CodecState) -> mx.array:

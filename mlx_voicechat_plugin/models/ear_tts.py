@@ -37,7 +37,10 @@ Cache = list[Any]
 
 
 class KeyStream(Protocol):
-    """A source of PRNG keys, one per draw (e.g. ``runtime.rng.RandomStream``)."""
+    """A source of PRNG keys, one per draw (e.g. ``runtime.rng.RandomStream``).
+
+    A stream may also offer ``take(n)``: the next ``n`` keys stacked, in one call.
+    """
 
     def next(self) -> mx.array: ...
 
@@ -74,19 +77,42 @@ def unmasking_schedule(
     return tuple(now - later for now, later in zip(masked, masked[1:] + [0]))
 
 
-def rvq_assign(residual: mx.array, codebooks: mx.array) -> list[mx.array]:
+def codebook_norms(codebooks: mx.array) -> mx.array:
+    """Squared norm of every code: ``[K, C, D]`` -> ``[K, C]``."""
+    return (codebooks * codebooks).sum(axis=-1)
+
+
+def rvq_assign(
+    residual: mx.array,
+    codebooks: mx.array | list[mx.array],
+    norms: mx.array | list[mx.array] | None = None,
+) -> list[mx.array]:
     """Greedy residual quantization of ``residual`` [..., D] by ``codebooks`` [K, C, D].
 
-    Returns one index array [...] per codebook, in order.
+    ``codebooks`` may also be a list of ``[C, D]`` tables, with ``norms`` their
+    :func:`codebook_norms` rows (computed here when not given). Returns one
+    index array [...] per codebook, in order.
     """
-    norms = (codebooks * codebooks).sum(axis=-1)
+    if norms is None:
+        norms = codebook_norms(codebooks if isinstance(codebooks, mx.array) else mx.stack(codebooks))
     picked = []
-    for k in range(codebooks.shape[0]):
+    for k in range(len(codebooks)):
         table = codebooks[k]
         index = mx.argmin(norms[k] - 2.0 * (residual @ table.T), axis=-1)
         residual = residual - table[index]
         picked.append(index)
     return picked
+
+
+class _CodebookTables:
+    """Per-codebook ``[C, D]`` tables and their norms, evaluated once per weight array."""
+
+    def __init__(self, rvq_embs: mx.array):
+        self.source = rvq_embs
+        norms = codebook_norms(rvq_embs)
+        self.tables = [rvq_embs[k] for k in range(rvq_embs.shape[0])]
+        self.norms = [norms[k] for k in range(rvq_embs.shape[0])]
+        mx.eval(self.tables, self.norms)
 
 
 class GatedFusion(nn.Module):
@@ -156,6 +182,7 @@ class EarTTS(nn.Module):
             config.num_quantizers, config.num_iterations, config.exponent
         )
         self._compiled_depth = None
+        self._codebooks: _CodebookTables | None = None
         self._backbone_step: GemmaStep | None = None
 
     @property
@@ -243,20 +270,37 @@ class EarTTS(nn.Module):
         """
         if rng is None:
             return self._depth_loop(hidden, None)
-        keys = mx.stack([rng.next() for _ in range(2 * self.depth_passes)])
+        count = 2 * self.depth_passes
+        take = getattr(rng, "take", None)
+        keys = take(count) if take is not None else mx.stack([rng.next() for _ in range(count)])
         if self._compiled_depth is None:
             # The module state is an input, so later weight updates are seen.
-            self._compiled_depth = mx.compile(
-                lambda h, k: self._depth_loop(h, _KeyList(k)), inputs=self.state
-            )
-        return self._compiled_depth(hidden, keys)
+            self._compiled_depth = mx.compile(self._compiled_loop, inputs=self.state)
+        books = self._codebook_tables()
+        return self._compiled_depth(hidden, keys, books.tables, books.norms)
+
+    def _compiled_loop(
+        self, hidden: mx.array, keys: mx.array, tables: list[mx.array], norms: list[mx.array]
+    ) -> mx.array:
+        return self._depth_loop(hidden, _KeyList(keys), (tables, norms))
+
+    def _codebook_tables(self) -> _CodebookTables:
+        # Rebuilt when the codebook weights are replaced.
+        if self._codebooks is None or self._codebooks.source is not self.rvq_embs:
+            self._codebooks = _CodebookTables(self.rvq_embs)
+        return self._codebooks
 
     @property
     def depth_passes(self) -> int:
         """Depth passes that decide at least one codebook (5 of 8 for the release)."""
         return sum(1 for count in self._schedule if count)
 
-    def _depth_loop(self, hidden: mx.array, rng: KeyStream | None) -> mx.array:
+    def _depth_loop(
+        self,
+        hidden: mx.array,
+        rng: KeyStream | None,
+        codebooks: tuple[list[mx.array], list[mx.array]] | None = None,
+    ) -> mx.array:
         config = self.config
         if hidden.shape[0] % 2:
             raise ValueError("guided generation expects a [cond; uncond] batch")
@@ -276,7 +320,12 @@ class EarTTS(nn.Module):
             )
             noise = mx.random.normal(mu.shape, key=_key(rng))
             latent = mu + mx.exp(logs) * noise * config.noise_scale
-            picked = rvq_assign(latent, self.rvq_embs[done : done + count])
+            if codebooks is None:
+                picked = rvq_assign(latent, self.rvq_embs[done : done + count])
+            else:
+                tables, norms = codebooks
+                span = slice(done, done + count)
+                picked = rvq_assign(latent, tables[span], norms[span])
             block = mx.stack(picked, axis=-1).astype(mx.int32)
             codes = mx.concatenate(
                 [codes[..., :done], block, codes[..., done + count :]], axis=-1

@@ -7,7 +7,8 @@ receptive field, kept aligned to the 8-frame grid), reruns the stack over
 up to the input's right edge. :class:`EncoderStream` runs the conformer blocks
 on those frames with, per layer, the last ``left_context`` (70) attention
 inputs and the last ``kernel - 1`` (8) depthwise-conv inputs. Work and memory
-per chunk are bounded by these windows.
+per chunk are bounded by these windows; once they are full, a one-frame chunk
+runs the whole stack as one compiled graph.
 """
 
 from __future__ import annotations
@@ -26,12 +27,18 @@ class SubsamplingStream:
         self.cache: mx.array | None = None
         self.consumed = 0  # mel frames pushed so far
         self.emitted = 0  # encoder frames returned so far
+        # A handful of window widths occur (the start, then one steady width);
+        # mx.compile traces each once.
+        self._run = mx.compile(self._subsample)
+
+    def _subsample(self, window: mx.array) -> mx.array:
+        return self.pre_encode(window, mx.array([window.shape[1]], dtype=mx.int32))[0]
 
     def push(self, mel: mx.array) -> mx.array:
         """``(1, n, F)`` new mel frames -> ``(1, k, D)`` new encoder-rate frames."""
         cached = 0 if self.cache is None else self.cache.shape[1]
         window = mel if self.cache is None else mx.concatenate([self.cache, mel], axis=1)
-        frames = self.pre_encode(window, mx.array([window.shape[1]], dtype=mx.int32))[0]
+        frames = self._run(window)
         # Encoder frame index of the window's first output.
         first = (self.consumed - cached) // self.factor
         self.consumed += mel.shape[1]
@@ -43,6 +50,30 @@ class SubsamplingStream:
         return frames[:, start:stop] if stop > start else frames[:, :0]
 
 
+def _attend(attn: nn.Module, q_in: mx.array, kv_in: mx.array, p: mx.array) -> mx.array:
+    """mlx-audio's ``RelPositionMultiHeadAttention.stream`` with ``p = linear_pos(pos_emb)`` given.
+
+    The positional projection depends only on the window length, so the
+    steady window's is computed once per layer instead of every frame.
+    """
+    q = attn.linear_q(q_in)
+    k = attn.linear_k(kv_in)
+    v = attn.linear_v(kv_in)
+    batch, c, _ = q.shape
+    ksz = kv_in.shape[1]
+    pos_len = p.shape[1]
+    q = q.reshape(batch, c, attn.n_head, attn.head_dim)
+    q_u = (q + attn.pos_bias_u).transpose(0, 2, 1, 3)
+    q_v = (q + attn.pos_bias_v).transpose(0, 2, 1, 3)
+    k = k.reshape(batch, ksz, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
+    v = v.reshape(batch, ksz, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
+    p = p.reshape(1, pos_len, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
+    matrix_bd = mx.matmul(q_v, p.swapaxes(-2, -1))
+    matrix_bd = attn.rel_shift(matrix_bd)[:, :, :, :ksz] * attn.scale
+    o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=matrix_bd)
+    return attn.linear_out(o.transpose(0, 2, 1, 3).reshape(batch, c, -1))
+
+
 class EncoderStream:
     def __init__(self, encoder: Conformer, left_context: int):
         self.encoder = encoder
@@ -52,6 +83,11 @@ class EncoderStream:
         layers = len(encoder.layers)
         self.attention: list[mx.array | None] = [None] * layers
         self.conv: list[mx.array | None] = [None] * layers
+        # Once every window is full a one-frame chunk has fixed shapes: the
+        # whole stack runs as one compiled graph, with each layer's projected
+        # positional embedding of the full window computed once.
+        self._steady_pos: list[mx.array] | None = None
+        self._steady = mx.compile(self._stack)
 
     def state(self) -> list[mx.array]:
         arrays = [a for a in (*self.attention, *self.conv) if a is not None]
@@ -59,34 +95,67 @@ class EncoderStream:
             arrays.append(self.subsampling.cache)
         return arrays
 
-    def _block(self, index: int, x: mx.array) -> mx.array:
+    def _pos(self, index: int, length: int, dtype: mx.Dtype) -> mx.array:
+        attn = self.encoder.layers[index].self_attn
+        return attn.linear_pos(self.encoder.pos_enc.pos_emb_for(length, dtype))
+
+    def _block(
+        self, index: int, x: mx.array, cached: mx.array | None, previous: mx.array | None,
+        pos: mx.array,
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """One conformer block on new frames ``x``; returns ``(x, attention, conv)`` caches."""
         block = self.encoder.layers[index]
         x = x + 0.5 * block.feed_forward1(block.norm_feed_forward1(x))
         # Queries are the new frames; keys/values the cached window plus them.
         q = block.norm_self_att(x)
-        cached = self.attention[index]
         kv = q if cached is None else mx.concatenate([cached, q], axis=1)
-        pos = self.encoder.pos_enc.pos_emb_for(kv.shape[1], x.dtype)
-        x = x + block.self_attn.stream(q, kv, pos)
-        self.attention[index] = kv[:, -self.left_context :] if self.left_context else kv[:, :0]
+        x = x + _attend(block.self_attn, q, kv, pos)
+        attention = kv[:, -self.left_context :] if self.left_context else kv[:, :0]
         # Causal depthwise conv over the cached GLU outputs plus the new ones.
         conv = block.conv
         g = nn.glu(conv.pointwise_conv1(block.norm_conv(x)), axis=-1)
-        previous = self.conv[index]
         if previous is None:
             previous = mx.zeros((g.shape[0], self.conv_context, g.shape[2]), dtype=g.dtype)
         window = mx.concatenate([previous, g], axis=1)
-        self.conv[index] = window[:, -self.conv_context :]
         y = conv.pointwise_conv2(conv.activation(conv.batch_norm(conv.depthwise_conv(window))))
         x = x + y
         x = x + 0.5 * block.feed_forward2(block.norm_feed_forward2(x))
-        return block.norm_out(x)
+        return block.norm_out(x), attention, window[:, -self.conv_context :]
+
+    def _stack(self, x: mx.array, *state: mx.array) -> tuple[mx.array, ...]:
+        layers = len(self.encoder.layers)
+        attention, conv, pos = state[:layers], state[layers : 2 * layers], state[2 * layers :]
+        new_attention, new_conv = [], []
+        for index in range(layers):
+            x, a, c = self._block(index, x, attention[index], conv[index], pos[index])
+            new_attention.append(a)
+            new_conv.append(c)
+        return (x, *new_attention, *new_conv)
+
+    def _is_steady(self, x: mx.array) -> bool:
+        full = self.left_context
+        return x.shape[1] == 1 and full > 0 and all(
+            a is not None and a.shape[1] == full for a in self.attention
+        ) and all(c is not None for c in self.conv)
 
     def push(self, mel: mx.array) -> mx.array:
         """``(1, n, F)`` mel -> ``(1, k, d_model)`` newly encoded frames."""
         x = self.subsampling.push(mel)
         if x.shape[1] == 0:
             return x
-        for index in range(len(self.encoder.layers)):
-            x = self._block(index, x)
+        layers = len(self.encoder.layers)
+        if self._is_steady(x):
+            if self._steady_pos is None:
+                length = self.left_context + 1
+                self._steady_pos = [self._pos(i, length, x.dtype) for i in range(layers)]
+            out = self._steady(x, *self.attention, *self.conv, *self._steady_pos)
+            self.attention = list(out[1 : 1 + layers])
+            self.conv = list(out[1 + layers :])
+            return out[0]
+        for index in range(layers):
+            cached = self.attention[index]
+            length = x.shape[1] + (0 if cached is None else cached.shape[1])
+            x, self.attention[index], self.conv[index] = self._block(
+                index, x, cached, self.conv[index], self._pos(index, length, x.dtype)
+            )
         return x

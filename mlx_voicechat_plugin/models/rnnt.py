@@ -19,11 +19,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
-# (prediction [1, 1, H], proposed LSTM state h [L, 1, H], c [L, 1, H])
-Carry = tuple[mx.array, mx.array, mx.array]
+# (prediction [1, H], then per LSTM layer the proposed h [1, H], then each c [1, H])
+Carry = tuple[mx.array, ...]
+
+
+def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.array]):
+    """One time step of a stacked ``nn.LSTM``: ``x`` [1, in] -> (top output, h, c).
+
+    The same operations, in the same order, as ``nn.LSTM.__call__`` on a
+    one-step sequence, without its per-call reshapes and stacking.
+    """
+    new_h, new_c = [], []
+    for layer, hidden, cell in zip(lstm, h, c):
+        ifgo = mx.addmm(layer.bias, x, layer.Wx.T) if layer.bias is not None else x @ layer.Wx.T
+        ifgo = mx.addmm(ifgo, hidden, layer.Wh.T)
+        i, f, g, o = mx.split(ifgo, 4, axis=-1)
+        i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
+        cell = f * cell + i * g
+        hidden = o * mx.tanh(cell)
+        new_h.append(hidden)
+        new_c.append(cell)
+        x = hidden
+    return x, new_h, new_c
 
 
 class GreedyRNNT:
@@ -42,35 +63,44 @@ class GreedyRNNT:
         self.joint = joint
         self.blank_id = blank_id
         self.max_symbols = max_symbols
-        # The module state is an input, so later weight updates are seen.
-        self._frame = mx.compile(self._unrolled, inputs=[decoder.state, joint.state])
+        self.layers = decoder.prediction["dec_rnn"].num_layers
+        self._frame = mx.compile(self._unrolled)
 
     def initial(self, dtype: mx.Dtype) -> Carry:
-        """Prediction for the start symbol (blank: zero embedding, zero LSTM state)."""
+        """Prediction for the start symbol (blank: zero embedding, no LSTM state)."""
         prediction, (h, c) = self.decoder(None, None)
-        return prediction.astype(dtype), h, c
+        return (
+            prediction.reshape(1, -1).astype(dtype),
+            *(h[i] for i in range(self.layers)),
+            *(c[i] for i in range(self.layers)),
+        )
 
-    def _unrolled(self, encoded: mx.array, prediction: mx.array, h: mx.array, c: mx.array):
+    def _unrolled(self, encoded: mx.array, prediction: mx.array, *state: mx.array):
         dtype = encoded.dtype
-        joint = self.joint
-        enc = mx.expand_dims(joint.enc(encoded), 2)
+        joint, layers = self.joint, self.layers
+        embed, lstm = self.decoder.prediction["embed"], self.decoder.prediction["dec_rnn"].lstm
+        h, c = list(state[:layers]), list(state[layers:])
+        # The joint's encoder projection does not change within a frame.
+        enc = joint.enc(encoded.reshape(1, -1))
         active = mx.array(True)
         symbols = []
         for _ in range(self.max_symbols):
-            x = enc + mx.expand_dims(joint.pred(prediction), 1)
+            x = enc + joint.pred(prediction)
             for layer in joint.joint_net:
                 x = layer(x)
-            symbol = mx.argmax(x.reshape(1, -1), axis=-1).astype(mx.int32)[None]  # [1, 1]
+            symbol = mx.argmax(x, axis=-1).astype(mx.int32)  # [1]
             emit = active & (symbol != self.blank_id)
             # The eager loop adopts the proposed state on emission, then runs
             # the prediction network on the emitted symbol.
-            updated, (new_h, new_c) = self.decoder(symbol, (h.astype(dtype), c.astype(dtype)))
-            prediction = mx.where(emit, updated.astype(dtype), prediction)
-            h = mx.where(emit, new_h, h)
-            c = mx.where(emit, new_c, c)
-            symbols.append(mx.where(emit, symbol, self.blank_id).reshape(1))
+            out, new_h, new_c = lstm_step(
+                lstm, embed(symbol), [a.astype(dtype) for a in h], [a.astype(dtype) for a in c]
+            )
+            prediction = mx.where(emit, out.astype(dtype), prediction)
+            h = [mx.where(emit, new, old) for new, old in zip(new_h, h)]
+            c = [mx.where(emit, new, old) for new, old in zip(new_c, c)]
+            symbols.append(mx.where(emit, symbol, self.blank_id))
             active = emit
-        return mx.concatenate(symbols), prediction, h, c
+        return mx.concatenate(symbols), prediction, *h, *c
 
     def frame(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
         """``(1, 1, d_model)`` frame -> lazy ``(max_symbols,)`` symbols and the new carry."""

@@ -116,12 +116,13 @@ class SegmentedStep:
 class GemmaStep:
     """One-position decode of a Gemma-3 stack, compiled between the attention cores.
 
-    A Gemma-3 block is ``pre`` (input norm, q/k/v projections, q/k norms),
-    the attention core (RoPE at the cache offset, cache update, SDPA) and
+    A Gemma-3 block is ``pre`` (input norm, q/k/v projections, q/k norms,
+    RoPE at the cache offset), the attention core (cache update, SDPA) and
     ``post`` (output projection, sandwich norms, MLP, residuals). Only the core
     sees the growing cache; ``entry + pre(0)``, each ``post(i) + pre(i + 1)``
-    and ``post(last) + final norm`` are fixed-shape and compiled. ``entry``
-    maps the step's inputs to the stack's input embedding.
+    and ``post(last) + final norm`` are fixed-shape and compiled (the RoPE
+    offset enters as an array, which rotates exactly as the integer does).
+    ``entry`` maps the step's inputs to the stack's input embedding.
     """
 
     def __init__(self, model: Any, entry: Callable[..., mx.array]):
@@ -129,14 +130,14 @@ class GemmaStep:
         self.layers = model.layers
         self.entry = entry
         last = len(self.layers) - 1
-        self._enter = mx.compile(lambda *inputs: self._pre(0, entry(*inputs)))
+        self._enter = mx.compile(lambda offset, *inputs: self._pre(0, entry(*inputs), offset))
         self._between = [
-            mx.compile(lambda x, out, i=i: self._pre(i + 1, self._post(i, x, out)))
+            mx.compile(lambda x, out, offset, i=i: self._pre(i + 1, self._post(i, x, out), offset))
             for i in range(last)
         ]
         self._exit = mx.compile(lambda x, out: model.norm(self._post(last, x, out)))
 
-    def _pre(self, i: int, x: mx.array) -> tuple[mx.array, ...]:
+    def _pre(self, i: int, x: mx.array, offset: mx.array) -> tuple[mx.array, ...]:
         attn = self.layers[i].self_attn
         x = clip_residual(x)
         h = self.layers[i].input_layernorm(x)
@@ -144,7 +145,9 @@ class GemmaStep:
         q = attn.q_proj(h).reshape(b, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
         k = attn.k_proj(h).reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
         v = attn.v_proj(h).reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        return x, attn.q_norm(q), attn.k_norm(k), v
+        q = attn.rope(attn.q_norm(q), offset=offset)
+        k = attn.rope(attn.k_norm(k), offset=offset)
+        return x, q, k, v
 
     def _post(self, i: int, x: mx.array, out: mx.array) -> mx.array:
         layer = self.layers[i]
@@ -156,8 +159,6 @@ class GemmaStep:
 
     @staticmethod
     def _core(attn: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
-        q = attn.rope(q, offset=cache.offset)
-        k = attn.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
         return scaled_dot_product_attention(q, k, v, cache, scale=attn.scale, mask=None)
 
@@ -175,11 +176,14 @@ class GemmaStep:
         )
 
     def __call__(self, caches: list[Any], *inputs: mx.array) -> mx.array:
-        x, q, k, v = self._enter(*inputs)
+        def offset(i: int) -> mx.array:
+            return mx.array(caches[i].offset, dtype=mx.int32)
+
+        x, q, k, v = self._enter(offset(0), *inputs)
         for i, layer in enumerate(self.layers):
             out = self._core(layer.self_attn, q, k, v, caches[i])
             if i + 1 < len(self.layers):
-                x, q, k, v = self._between[i](x, out)
+                x, q, k, v = self._between[i](x, out, offset(i + 1))
             else:
                 return self._exit(x, out)
         raise ValueError("empty Gemma-3 stack")

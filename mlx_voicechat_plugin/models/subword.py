@@ -144,6 +144,33 @@ def character_table(vocabulary: Mapping[str, int]) -> dict[str, int]:
     return {token: dense for dense, (_, token) in enumerate(singles)}
 
 
+class _TokenMemo:
+    """Least-recently-used token -> embedding store.
+
+    A plain object, not a dict: a dict attribute would become part of the
+    module's state tree, and compiled functions taking that state as input
+    would retrace whenever a token is added.
+    """
+
+    def __init__(self, size: int = TOKEN_MEMO_SIZE):
+        self.size = size
+        self._items: OrderedDict[int, mx.array] = OrderedDict()
+
+    def get(self, token_id: int) -> mx.array | None:
+        item = self._items.get(token_id)
+        if item is not None:
+            self._items.move_to_end(token_id)
+        return item
+
+    def put(self, token_id: int, embedding: mx.array) -> None:
+        self._items[token_id] = embedding
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
 class CharAwareSubwordEncoder(nn.Module):
     """Subword ids ``[B, T]`` -> embeddings ``[B, T, out_size]`` (dtype of ``embed_tokens``)."""
 
@@ -156,7 +183,7 @@ class CharAwareSubwordEncoder(nn.Module):
         self.bos_eos_emb = BOSEOSEmbedding(config.subword_vocab_size, config.hidden_size)
         self.char_pad_id = config.char_vocab_size - 1
         self._spelling: dict[int, tuple[int, ...]] | None = None
-        self._memo: OrderedDict[int, mx.array] = OrderedDict()
+        self._memo = _TokenMemo()
 
     def set_vocabulary(self, vocabulary: Mapping[str, int]) -> None:
         """Spell every token of ``vocabulary`` (``tokenizer.get_vocab()``) in char ids."""
@@ -180,14 +207,10 @@ class CharAwareSubwordEncoder(nn.Module):
         was seen before (pad, most of a conversation) reuses the array the
         same call computed then: identical values, no character encoder run.
         """
-        memo = self._memo
-        if token_id in memo:
-            memo.move_to_end(token_id)
-            return memo[token_id]
-        embedding = self(mx.array([[token_id]], dtype=mx.int32))
-        memo[token_id] = embedding
-        if len(memo) > TOKEN_MEMO_SIZE:
-            memo.popitem(last=False)
+        embedding = self._memo.get(token_id)
+        if embedding is None:
+            embedding = self(mx.array([[token_id]], dtype=mx.int32))
+            self._memo.put(token_id, embedding)
         return embedding
 
     def spell(

@@ -8,7 +8,23 @@ isolated from any other session on the same model.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import mlx.core as mx
+
+
+@lru_cache(maxsize=None)
+def _chain(count: int):
+    """Compiled ``count`` successive splits: ``key -> (next key, [count, 2] draw keys)``."""
+
+    def run(key: mx.array) -> tuple[mx.array, mx.array]:
+        subs = []
+        for _ in range(count):
+            key, sub = mx.random.split(key)
+            subs.append(sub)
+        return key, mx.stack(subs)
+
+    return mx.compile(run)
 
 
 class RandomStream:
@@ -21,3 +37,8 @@ class RandomStream:
         """The key for the next draw."""
         self._key, sub = mx.random.split(self._key)
         return sub
+
+    def take(self, count: int) -> mx.array:
+        """The keys of the next ``count`` draws, stacked ``[count, 2]`` (same as ``next`` each)."""
+        self._key, keys = _chain(count)(self._key)
+        return keys
