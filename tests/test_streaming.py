@@ -237,7 +237,7 @@ def test_profile_summary_and_frame_dump(pair, monkeypatch, tmp_path):
     assert summary["frames"] == len(stream.profile().frames) - 2
     assert set(summary["stages"]) == {"perception", "rnnt", "language", "tts", "codec", "total"}
     assert summary["realtime_factor"] == pytest.approx(summary["stages"]["total"]["mean_ms"] / 80.0)
-    # One evaluation for encoder + RNNT + token ids, one for TTS + codec.
+    # One evaluation for encoder + token ids, one for RNNT + TTS + codec.
     assert summary["host_syncs"] == 2
     assert {"perception.layers", "tts.backbone", "tts.mog_head", "codec.decoder_istft"} <= set(summary["sub_stages"])
     frames = json.loads(dump.read_text())

@@ -320,13 +320,14 @@ class EarTTS(nn.Module):
             )
             noise = mx.random.normal(mu.shape, key=_key(rng))
             latent = mu + mx.exp(logs) * noise * config.noise_scale
+            rows = latent.reshape(-1, latent.shape[-1])  # 2-D matmuls, no reshapes
             if codebooks is None:
-                picked = rvq_assign(latent, self.rvq_embs[done : done + count])
+                picked = rvq_assign(rows, self.rvq_embs[done : done + count])
             else:
                 tables, norms = codebooks
                 span = slice(done, done + count)
-                picked = rvq_assign(latent, tables[span], norms[span])
-            block = mx.stack(picked, axis=-1).astype(mx.int32)
+                picked = rvq_assign(rows, tables[span], norms[span])
+            block = mx.stack(picked, axis=-1).astype(mx.int32).reshape(*latent.shape[:-1], count)
             codes = mx.concatenate(
                 [codes[..., :done], block, codes[..., done + count :]], axis=-1
             )

@@ -39,9 +39,14 @@ def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
     return mx.where(keep, logits, -float("inf"))
 
 
-def gumbel_argmax(logits: mx.array, key: mx.array | None = None) -> mx.array:
-    """Sample one index per row of ``logits``; draws one uniform of their shape."""
-    u = mx.random.uniform(shape=logits.shape, key=key)
+def gumbel_argmax(
+    logits: mx.array, key: mx.array | None = None, draw_shape: tuple[int, ...] | None = None
+) -> mx.array:
+    """Sample one index per row of ``logits``; draws one uniform of their shape.
+
+    ``draw_shape`` (same size as ``logits``) is the shape the uniform is drawn in.
+    """
+    u = mx.random.uniform(shape=draw_shape or logits.shape, key=key).reshape(logits.shape)
     gumbel = -mx.log(-mx.log(u + _GUMBEL_EPS) + _GUMBEL_EPS)
     log_probs = mx.log(mx.softmax(logits.astype(mx.float32), axis=-1))
     return mx.argmax(log_probs + gumbel, axis=-1)
@@ -109,17 +114,22 @@ class MoGHead(nn.Module):
 
         ``key`` seeds the Gumbel draw; ``None`` uses MLX's global random state.
         """
-        x = self.features(x)
+        batch, length, dims = x.shape
+        # Rows [B * T, dims] throughout: the same arithmetic without a
+        # reshape around every projection.
+        x = self.features(x.reshape(-1, dims))
         if guidance_scale > 0.0:
             x = apply_guidance(x, guidance_scale)
-        batch, length, dims = x.shape
+            batch //= 2
         logits = top_p_mask(self.proj_logits(x), top_p)
-        component = gumbel_argmax(logits, key).reshape(-1)
+        component = gumbel_argmax(
+            logits, key, draw_shape=(batch, length, self.num_predictions)
+        )
 
         # Only the sampled component's low-rank projection is evaluated.
         blocks = self.proj_mus.weight.reshape(self.num_predictions, self.low_rank, dims)
-        low = blocks[component] @ x.reshape(-1, dims)[..., None]
+        low = blocks[component] @ x[..., None]
         mu = (self.low_mat[component] @ low).squeeze(-1)
-        mu = mu.reshape(batch, length, self.latent_size)
         logs = mx.maximum(self.proj_logs(x), self.min_log_std)
-        return mu * mx.exp(logs) + self.proj_else(x), logs
+        mu = mu * mx.exp(logs) + self.proj_else(x)
+        return mu.reshape(batch, length, -1), logs.reshape(batch, length, 1)

@@ -134,10 +134,12 @@ class StreamingSession:
     def _frame(self, frame: np.ndarray) -> list[Event]:
         """One frame in two evaluations: the listening half, then the speaking half.
 
-        The first evaluates the encoder step, the RNNT frame and the token ids
-        (the TTS spells the text token on the host); the second the TTS codes
-        and the codec samples. Profiling adds its own stage barriers, which are
-        not counted as the frame's host syncs.
+        The first evaluates the encoder step and the token ids (the TTS spells
+        the text token on the host); the second the RNNT frame, the TTS codes
+        and the codec samples. Work is started as soon as its graph is built
+        (``async_eval``, not a sync: nothing waits), so MLX computes one part
+        while this thread builds the next and decodes the token texts.
+        Profiling adds its own stage barriers, not counted as host syncs.
         """
         if self.max_frames is not None and self.frame_index >= self.max_frames:
             raise ContextLimit(
@@ -148,18 +150,33 @@ class StreamingSession:
         clock.start(index)
         projected, encoded = self._perception.push(frame, clock)
         clock.stage("perception", projected, encoded, *self._perception.arrays())
-        # Start each part as soon as it is built: the graph of the next part is
-        # built on this thread while MLX computes (not a sync: nothing waits).
         mx.async_eval(projected, encoded, *self._perception.arrays())
-        symbols = self._rnnt.advance(encoded)
-        if symbols is not None:
-            mx.async_eval(symbols, *self._rnnt.arrays())
-        clock.stage("rnnt", *self._rnnt.arrays())
         forced = None if self.tools is None else self.tools.next_forced()
         tokens = self.timeline.listen(projected, force_function=forced, clock=clock)
-        listened = [tokens.ids, *self._perception.arrays(), *self._rnnt.arrays()]
-        mx.eval(*listened, *([] if symbols is None else [symbols]))
+        mx.eval(tokens.ids, *self._perception.arrays())
         clock.sync()
+
+        # The user transcript does not feed the timeline: its RNNT frame
+        # computes while the speech half is built.
+        symbols = self._rnnt.advance(encoded)
+        speaking = [] if symbols is None else [symbols, *self._rnnt.arrays()]
+        if speaking:
+            mx.async_eval(*speaking)
+        clock.stage("rnnt", *speaking)
+        step = self.timeline.speak(tokens, clock)
+        clock.stage("tts", step.codes)
+        codes = replace_control_codes(self.model, step.codes)
+        samples = self._codec.decode_step(
+            codes.transpose(0, 2, 1), self._codec_state, evaluate=False
+        )
+        speaking += [step.codes, codes, samples, *self._codec_state.arrays()]
+        mx.async_eval(*speaking)
+        text_update = self._text.append(step.text_id)
+        function_update = None if step.function_forced else self._function.append(step.function_id)
+        mx.eval(*speaking)
+        clock.sync()
+        clock.sub_stage("codec.decoder_istft")
+        clock.stage("codec")
 
         events: list[Event] = self._notices
         self._notices = []
@@ -168,28 +185,14 @@ class StreamingSession:
             events.append(UserTranscriptDelta(index, delta, self._rnnt.text))
             if self.tools is not None:
                 self.tools.parser.new_turn()
-        step = self.timeline.speak(tokens, clock)
-        clock.stage("tts", step.codes)
-        codes = replace_control_codes(self.model, step.codes)
-        samples = self._codec.decode_step(
-            codes.transpose(0, 2, 1), self._codec_state, evaluate=False
-        )
-        mx.eval(step.codes, codes, samples, *self._codec_state.arrays())
-        clock.sync()
-        clock.sub_stage("codec.decoder_istft")
-        clock.stage("codec")
-
-        update = self._text.append(step.text_id)
-        if update is not None:
-            events.append(AssistantTextDelta(index, step.text_id, update[0], update[1]))
+        if text_update is not None:
+            events.append(AssistantTextDelta(index, step.text_id, *text_update))
         if step.function_forced:
             events.extend(self.tools.forced(index))
-        else:
-            update = self._function.append(step.function_id)
-            if update is not None:
-                events.append(FunctionDelta(index, step.function_id, update[0], update[1]))
-                if self.tools is not None:
-                    events.extend(self.tools.observe(self._function.text, index))
+        elif function_update is not None:
+            events.append(FunctionDelta(index, step.function_id, *function_update))
+            if self.tools is not None:
+                events.extend(self.tools.observe(self._function.text, index))
         events.append(Audio(index, np.array(samples[0, 0]), self.config.output_sample_rate,
                             np.array(codes[0, 0], dtype=np.int32)))
         timing = clock.finish()
