@@ -6,7 +6,8 @@
 On one fixture checkpoint and one input it times:
 - offline: the reference's default path (full recompute), the reference with
   its language cache, and the plugin;
-- streaming: per-frame mean / p50 / p95, per stage, for both;
+- streaming: per-frame mean / p50 / p95 of plain (unprofiled) ``push_audio``
+  wall-clock, and per stage from a second, profiled run, for both;
 - peak memory of each run;
 - a scaling run: streaming per-frame cost against session length.
 Figures are ratios plugin / reference. Results go to ``<out>/compare.json``
@@ -41,29 +42,53 @@ def _stats(values: list[float]) -> dict[str, float]:
             "p95_ms": float(np.percentile(values, 95))}
 
 
-def _stream_ours(session: Any, audio: np.ndarray, frame: int) -> tuple[dict, list[float]]:
-    stream = session.create_streaming_session(profile=True)
+def _push_times(stream: Any, audio: np.ndarray, frame: int, wrap: Callable) -> list[float]:
+    """Wall-clock milliseconds of each one-frame ``push_audio``."""
+    times = []
     for start in range(0, len(audio) - frame + 1, frame):
-        stream.push_audio(audio[start : start + frame])
-    frames = stream.profile().frames
-    stream.flush()
-    totals = [f.total_ms for f in frames]
-    stages = {s: _stats([f.stages_ms.get(s, 0.0) for f in frames])
-              for s in ("perception", "rnnt", "language", "tts", "codec")}
-    return {"total": _stats(totals), "stages": stages,
-            "host_syncs": float(np.mean([f.host_syncs for f in frames]))}, totals
+        chunk = wrap(audio[start : start + frame])
+        began = time.perf_counter()
+        stream.push_audio(chunk)
+        times.append((time.perf_counter() - began) * 1e3)
+    return times
 
 
-def _stream_reference(session: Any, audio: np.ndarray, frame: int) -> tuple[dict, list[float]]:
-    stream = session.create_streaming_session(profile=True)
-    for start in range(0, len(audio) - frame + 1, frame):
-        stream.push_audio(mx.array(audio[start : start + frame]))
-    frames = stream.profile.frames
+STAGES = ("perception", "rnnt", "language", "tts", "codec")
+
+
+def _stream_ours(
+    session: Any, audio: np.ndarray, frame: int, stages: bool = True
+) -> tuple[dict, list[float]]:
+    """Plain wall-clock per frame, then (``stages``) a profiled run for the stage split."""
+    stream = session.create_streaming_session()
+    totals = _push_times(stream, audio, frame, lambda x: x)
     stream.flush()
-    totals = [f.total_ms for f in frames]
-    stages = {s: _stats([getattr(f, f"{s}_ms") for f in frames])
-              for s in ("perception", "rnnt", "language", "tts", "codec")}
-    return {"total": _stats(totals), "stages": stages}, totals
+    if not stages:
+        return {"total": _stats(totals)}, totals
+    profiled = session.create_streaming_session(profile=True)
+    _push_times(profiled, audio, frame, lambda x: x)
+    frames = profiled.profile().frames
+    profiled.flush()
+    stages = {s: _stats([f.stages_ms.get(s, 0.0) for f in frames]) for s in STAGES}
+    return {"total": _stats(totals), "profiled_total": _stats([f.total_ms for f in frames]),
+            "stages": stages, "host_syncs": float(np.mean([f.host_syncs for f in frames]))}, totals
+
+
+def _stream_reference(
+    session: Any, audio: np.ndarray, frame: int, stages: bool = True
+) -> tuple[dict, list[float]]:
+    stream = session.create_streaming_session()
+    totals = _push_times(stream, audio, frame, mx.array)
+    stream.flush()
+    if not stages:
+        return {"total": _stats(totals)}, totals
+    profiled = session.create_streaming_session(profile=True)
+    _push_times(profiled, audio, frame, mx.array)
+    frames = profiled.profile.frames
+    profiled.flush()
+    stages = {s: _stats([getattr(f, f"{s}_ms") for f in frames]) for s in STAGES}
+    return {"total": _stats(totals), "profiled_total": _stats([f.total_ms for f in frames]),
+            "stages": stages}, totals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,17 +136,24 @@ def main(argv: list[str] | None = None) -> int:
     stream_audio = signal(args.frames * model.config.frame_duration)
     ours_stream, ours_totals = _stream_ours(ours, stream_audio, frame)
     ref_stream, ref_totals = _stream_reference(theirs, stream_audio, frame)
-    report["streaming"] = {"plugin": ours_stream, "reference": ref_stream,
-                           "ratio_mean": ours_stream["total"]["mean_ms"] / ref_stream["total"]["mean_ms"]}
-    print(json.dumps({"streaming_ratio_mean": report["streaming"]["ratio_mean"],
-                      "host_syncs": ours_stream["host_syncs"]}), flush=True)
+    report["streaming"] = {
+        "plugin": ours_stream, "reference": ref_stream,
+        "ratio_mean": ours_stream["total"]["mean_ms"] / ref_stream["total"]["mean_ms"],
+        "ratio_p95": ours_stream["total"]["p95_ms"] / ref_stream["total"]["p95_ms"],
+        "ratio_stages": {s: ours_stream["stages"][s]["mean_ms"] / ref_stream["stages"][s]["mean_ms"]
+                         for s in STAGES},
+    }
+    print(json.dumps({k: report["streaming"][k] for k in ("ratio_mean", "ratio_p95", "ratio_stages")}
+                     | {"plugin_mean_ms": ours_stream["total"]["mean_ms"],
+                        "reference_mean_ms": ref_stream["total"]["mean_ms"],
+                        "host_syncs": ours_stream["host_syncs"]}, indent=1), flush=True)
 
     scaling = {}
     series = {}
     for seconds in [float(s) for s in args.scaling.split(",") if s]:
         long_audio = signal(seconds)
-        _, totals = _stream_ours(ours, long_audio, frame)
-        _, ref_long = _stream_reference(theirs, long_audio, frame)
+        _, totals = _stream_ours(ours, long_audio, frame, stages=False)
+        _, ref_long = _stream_reference(theirs, long_audio, frame, stages=False)
         scaling[str(seconds)] = {"plugin": _stats(totals), "reference": _stats(ref_long)}
         series[seconds] = (totals, ref_long)
         print(json.dumps({f"scaling_{seconds:g}s": scaling[str(seconds)]}), flush=True)
@@ -138,16 +170,24 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("matplotlib not installed: no plot (pip install .[bench])", file=sys.stderr)
         return 0
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4))
+    figure, axes = plt.subplots(1, 3, figsize=(17, 4))
     axes[0].plot(ours_totals, label="plugin total")
     axes[0].plot(ref_totals, label="reference total")
     axes[0].set(xlabel="frame", ylabel="ms", title=f"streaming per frame ({args.size}, CPU)")
     axes[0].legend()
+    positions = np.arange(len(STAGES))
+    for offset, (name, run) in zip((-0.2, 0.2), (("plugin", ours_stream), ("reference", ref_stream))):
+        means = [run["stages"][s]["mean_ms"] for s in STAGES]
+        axes[1].bar(positions + offset, means, width=0.4, label=name)
+    axes[1].set_xticks(positions, STAGES)
+    axes[1].set(ylabel="ms per frame (profiled run)", title="per stage")
+    axes[1].legend()
     for seconds, (mine, theirs_) in series.items():
-        axes[1].plot(mine, label=f"plugin {seconds:g}s")
-        axes[1].plot(theirs_, "--", label=f"reference {seconds:g}s")
-    axes[1].set(xlabel="frame", ylabel="ms", title="per-frame cost against session length")
-    axes[1].legend(fontsize=7)
+        axes[2].plot(mine, label=f"plugin {seconds:g}s")
+        axes[2].plot(theirs_, "--", label=f"reference {seconds:g}s")
+    axes[2].set(xlabel="frame", ylabel="ms", title="per-frame cost against session length")
+    if series:
+        axes[2].legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(out / "compare.png", dpi=100)
     return 0

@@ -13,6 +13,8 @@ runs the whole stack as one compiled graph.
 
 from __future__ import annotations
 
+from functools import partial
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
@@ -88,6 +90,8 @@ class EncoderStream:
         # positional embedding of the full window computed once.
         self._steady_pos: list[mx.array] | None = None
         self._steady = mx.compile(self._stack)
+        self._enter_c = [mx.compile(partial(self._enter, i)) for i in range(layers)]
+        self._leave_c = [mx.compile(partial(self._leave, i)) for i in range(layers)]
 
     def state(self) -> list[mx.array]:
         arrays = [a for a in (*self.attention, *self.conv) if a is not None]
@@ -99,28 +103,49 @@ class EncoderStream:
         attn = self.encoder.layers[index].self_attn
         return attn.linear_pos(self.encoder.pos_enc.pos_emb_for(length, dtype))
 
-    def _block(
-        self, index: int, x: mx.array, cached: mx.array | None, previous: mx.array | None,
-        pos: mx.array,
-    ) -> tuple[mx.array, mx.array, mx.array]:
-        """One conformer block on new frames ``x``; returns ``(x, attention, conv)`` caches."""
+    def _enter(self, index: int, x: mx.array) -> tuple[mx.array, mx.array]:
+        """First feed-forward half of block ``index``; also returns the attention input."""
         block = self.encoder.layers[index]
         x = x + 0.5 * block.feed_forward1(block.norm_feed_forward1(x))
-        # Queries are the new frames; keys/values the cached window plus them.
-        q = block.norm_self_att(x)
-        kv = q if cached is None else mx.concatenate([cached, q], axis=1)
-        x = x + _attend(block.self_attn, q, kv, pos)
-        attention = kv[:, -self.left_context :] if self.left_context else kv[:, :0]
+        return x, block.norm_self_att(x)
+
+    def _leave(
+        self, index: int, x: mx.array, attended: mx.array, previous: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """The rest of block ``index`` after attention; returns ``(x, conv cache)``."""
+        block = self.encoder.layers[index]
+        x = x + attended
         # Causal depthwise conv over the cached GLU outputs plus the new ones.
         conv = block.conv
         g = nn.glu(conv.pointwise_conv1(block.norm_conv(x)), axis=-1)
-        if previous is None:
-            previous = mx.zeros((g.shape[0], self.conv_context, g.shape[2]), dtype=g.dtype)
-        window = mx.concatenate([previous, g], axis=1)
+        window = mx.concatenate([previous.astype(g.dtype), g], axis=1)
         y = conv.pointwise_conv2(conv.activation(conv.batch_norm(conv.depthwise_conv(window))))
         x = x + y
         x = x + 0.5 * block.feed_forward2(block.norm_feed_forward2(x))
-        return block.norm_out(x), attention, window[:, -self.conv_context :]
+        return block.norm_out(x), window[:, -self.conv_context :]
+
+    def _block(
+        self, index: int, x: mx.array, cached: mx.array | None, previous: mx.array | None,
+        pos: mx.array, compiled: bool = False,
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """One conformer block on new frames ``x``; returns ``(x, attention, conv)`` caches.
+
+        ``compiled``: run the fixed-shape halves around attention compiled
+        (while the windows fill, attention changes shape every frame).
+        """
+        if compiled:
+            enter, leave = self._enter_c[index], self._leave_c[index]
+        else:
+            enter, leave = partial(self._enter, index), partial(self._leave, index)
+        x, q = enter(x)
+        # Queries are the new frames; keys/values the cached window plus them.
+        kv = q if cached is None else mx.concatenate([cached, q], axis=1)
+        attended = _attend(self.encoder.layers[index].self_attn, q, kv, pos)
+        attention = kv[:, -self.left_context :] if self.left_context else kv[:, :0]
+        if previous is None:
+            previous = mx.zeros((x.shape[0], self.conv_context, x.shape[2]), dtype=x.dtype)
+        x, conv = leave(x, attended, previous)
+        return x, attention, conv
 
     def _stack(self, x: mx.array, *state: mx.array) -> tuple[mx.array, ...]:
         layers = len(self.encoder.layers)
@@ -156,6 +181,7 @@ class EncoderStream:
             cached = self.attention[index]
             length = x.shape[1] + (0 if cached is None else cached.shape[1])
             x, self.attention[index], self.conv[index] = self._block(
-                index, x, cached, self.conv[index], self._pos(index, length, x.dtype)
+                index, x, cached, self.conv[index], self._pos(index, length, x.dtype),
+                compiled=True,
             )
         return x

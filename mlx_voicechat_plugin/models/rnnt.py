@@ -117,6 +117,9 @@ class RNNTState:
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     _carry: Carry | None = None
+    # SentencePiece decoding is piece-wise concatenation, so the transcript
+    # grows by each new piece's text instead of re-decoding every token.
+    _raw: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -151,9 +154,10 @@ class RNNTState:
                 break
             if not sp_vocab.is_special_token(symbol, self.vocabulary):
                 self.tokens.append(symbol)
+                self._raw += sp_vocab.decode([symbol], self.vocabulary)
         if len(self.tokens) == before:
             return None
-        text = sp_vocab.decode(self.tokens, self.vocabulary).strip()
+        text = self._raw.strip()
         delta = text[len(self.text) :] if text.startswith(self.text) else text
         self.text = text
         return delta

@@ -1,0 +1,173 @@
+"""The fast per-frame paths compute exactly what the plain paths compute.
+
+Every compiled or restructured step is checked bit for bit (max-abs 0, equal
+ids) against the uncompiled modules it stands in for, on the small fixture
+(the real Nemotron-H layer mix) over enough frames to fill every window.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_audio.stt.models.nemotron_asr import StreamingLogMelSpectrogram
+from mlx_audio.stt.models.nemotron_asr.rnnt import GreedyDecoderState
+
+from mlx_voicechat_plugin import load
+from mlx_voicechat_plugin.models.ear_tts import rvq_assign
+from mlx_voicechat_plugin.models.perception_stream import MelStream
+from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTState, transcribe
+from mlx_voicechat_plugin.runtime.rng import RandomStream
+from mlx_voicechat_plugin.runtime.timeline import Timeline
+from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+
+@pytest.fixture(scope="module")
+def small(small_ckpt):
+    model, processor = load(small_ckpt)
+    model.create_session(processor)  # spells the vocabulary for the TTS
+    return model, processor
+
+
+def _equal(a: mx.array, b: mx.array) -> bool:
+    return a.shape == b.shape and bool(mx.array_equal(a, b))
+
+
+def test_llm_step_equals_the_plain_cached_step(small):
+    stt = small[0].stt_model
+    hidden = small[0].config.text_config.hidden_size
+    plain, fast = stt.make_cache(), stt.make_cache()
+    for t in range(6):
+        x = mx.random.normal((1, 1, hidden), key=mx.random.key(t))
+        expected = stt(x, cache=plain)
+        got = stt.step(x, fast)
+        assert all(_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_tts_backbone_step_equals_the_plain_backbone(small):
+    model = small[0]
+    tts = model.tts_model.tts_model
+    plain, fast = Timeline(model), Timeline(model)
+    text = mx.array([[7]], dtype=mx.int32)
+    for _ in range(4):
+        codes = plain._prev_codes
+        expected = tts._run_backbone(
+            tts.embed_code(tts.embed_codes(codes)),
+            tts._text(text, mx.ones(text.shape, dtype=mx.bool_)),
+            plain.tts_cache,
+        )
+        got = tts.backbone_step(codes, text, fast.tts_cache)
+        assert tts._backbone_step.ready(codes, fast.tts_cache)
+        assert _equal(got, expected)
+
+
+def test_subword_memo_returns_the_direct_embedding_and_stays_out_of_module_state(small):
+    encoder = small[0].tts_model.tts_model.embed_subword
+    direct = encoder(mx.array([[11]], dtype=mx.int32))
+    assert _equal(encoder.token(11), direct)
+    assert encoder.token(11) is encoder.token(11)
+    assert not any("memo" in key for key in encoder.state)
+
+
+def test_depth_loop_with_codebook_tables_equals_the_eager_loop(small):
+    tts = small[0].tts_model.tts_model
+    for seed in range(8):
+        hidden = mx.random.normal((2, 1, tts.config.hidden_size), key=mx.random.key(seed))
+        stream = RandomStream(seed)
+        eager = tts._depth_loop(hidden, SimpleNamespace(next=stream.next))
+        assert _equal(tts.generate_codes(hidden, RandomStream(seed)), eager)
+
+
+def test_depth_loop_traces_once_as_new_tokens_arrive(small):
+    model = small[0]
+    tts = model.tts_model.tts_model
+    traces = []
+    original = tts._compiled_loop
+    tts._compiled_depth = None
+    tts._compiled_loop = lambda *a: traces.append(1) or original(*a)
+    try:
+        timeline = Timeline(model)
+        for token in (5, 6, 7, 8):
+            tts.backbone_step(timeline._prev_codes, mx.array([[token]]), timeline.tts_cache)
+            mx.eval(tts.generate_codes(mx.zeros((2, 1, tts.config.hidden_size)), timeline.rng))
+    finally:
+        del tts._compiled_loop
+        tts._compiled_depth = None
+    assert len(traces) == 1
+
+
+def test_rvq_assign_with_precomputed_norms_equals_computed_norms():
+    codebooks = mx.random.normal((3, 32, 4), key=mx.random.key(1))
+    residual = mx.random.normal((5, 4), key=mx.random.key(2))
+    norms = (codebooks * codebooks).sum(axis=-1)
+    tables = [codebooks[k] for k in range(3)]
+    expected = rvq_assign(residual, codebooks)
+    got = rvq_assign(residual, tables, [norms[k] for k in range(3)])
+    assert all(_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_random_stream_take_equals_successive_next():
+    a, b = RandomStream(4), RandomStream(4)
+    assert _equal(a.take(6), mx.stack([b.next() for _ in range(6)]))
+    assert _equal(a.next(), b.next())
+
+
+def test_mel_stream_equals_mlx_audio_streaming_frontend(small):
+    args = small[0].config.audio_config.preprocessor
+    frame = small[0].config.frame_samples
+    ours, theirs = MelStream(args, frame), StreamingLogMelSpectrogram(args, lookahead_samples=frame)
+    audio = question_signal(1.0)
+    for start in range(0, len(audio), 700):  # chunks that straddle frames
+        chunk = audio[start : start + 700]
+        assert _equal(ours.push(chunk), theirs.push(mx.array(chunk)))
+
+
+def test_encoder_stream_compiled_frames_equal_the_plain_blocks(small):
+    model = small[0]
+    frame = model.config.frame_samples
+    left = model.stt_model.perception.att_context[0]
+    audio = np.resize(question_signal(4.0), (left + 12) * frame)
+    session = model.create_session(small[1])
+    fast = session.create_streaming_session()._perception
+    plain = session.create_streaming_session()._perception
+    subsampling = plain._encoder.subsampling
+    subsampling._run = subsampling._subsample  # uncompiled
+    steady = 0
+    for start in range(0, len(audio), frame):
+        chunk = audio[start : start + frame]
+        steady += fast._encoder._is_steady(mx.zeros((1, 1, 1)))
+        got = fast.step(chunk)[1]
+        mel = plain._mel.push(chunk)
+        x = plain._encoder.subsampling.push(mel)
+        enc = plain._encoder
+        for index in range(len(enc.encoder.layers)):
+            cached = enc.attention[index]
+            length = x.shape[1] + (0 if cached is None else cached.shape[1])
+            x, enc.attention[index], enc.conv[index] = enc._block(
+                index, x, cached, enc.conv[index], enc._pos(index, length, x.dtype)
+            )
+        mx.eval(x, *enc.state())
+        assert _equal(got, x)
+    assert steady >= 10
+
+
+def test_branchless_rnnt_equals_mlx_audio_greedy_decoder(small):
+    """Same symbols as mlx-audio's eager NeMo greedy loop, frame for frame."""
+    model = small[0]
+    stt, config = model.stt_model, model.config
+    vocabulary = list(config.rnnt_vocabulary)
+    encoded = mx.random.normal((1, 40, config.audio_config.encoder.d_model), key=mx.random.key(5))
+    for max_symbols in (1, 2, config.audio_config.max_symbols):
+        greedy = GreedyRNNT(stt.rnnt_decoder, stt.rnnt_joint, config.rnnt_blank_id, max_symbols)
+        state = RNNTState(greedy, vocabulary)
+        transcribe(encoded, state)
+        eager = GreedyDecoderState(SimpleNamespace(
+            decoder=stt.rnnt_decoder, joint=stt.rnnt_joint, blank_id=config.rnnt_blank_id,
+            max_symbols=max_symbols, vocabulary=vocabulary,
+            encoder_config=SimpleNamespace(subsampling_factor=8),
+            preprocessor_config=SimpleNamespace(hop_length=160, sample_rate=16000),
+        ))
+        assert state.tokens == [t.id for t in eager.decode(encoded, 0)]
+        assert state.tokens  # the fixture emits
