@@ -146,9 +146,10 @@ class SpectralSynthesis:
     def advance(
         self, features: mx.array, frames: mx.array, weights: mx.array
     ) -> tuple[mx.array, mx.array, mx.array]:
-        """Pure streaming step: new spectra + left context -> (OLA samples, new context).
+        """Pure streaming step: ``F`` new spectra + left context -> (OLA samples, new context).
 
-        The samples are the ``F * hop`` now final, before the front trim.
+        The samples are the ``F * hop`` now final, before the front trim
+        (:meth:`trim`); pure so the codec can compile it.
         """
         new = self.frames(features)
         count = new.shape[1]
@@ -157,11 +158,6 @@ class SpectralSynthesis:
         samples = self._overlap_add(frames, weights)
         keep = frames.shape[1] - (self.overlap - 1)
         return samples, frames[:, keep:], weights[keep:]
-
-    def step(self, features: mx.array, state: CodecState) -> mx.array:
-        """Consume ``F`` new spectra; return the ``F * hop`` samples now final."""
-        samples, state.frames, state.weights = self.advance(features, state.frames, state.weights)
-        return self.trim(samples, state)
 
     def trim(self, samples: mx.array, state: CodecState) -> mx.array:
         """Count the step's spectra and drop what the offline decode trims at the front."""

@@ -218,7 +218,9 @@ class EarTTS(nn.Module):
 
     def _text(self, subword_ids: mx.array, subword_mask: mx.array) -> mx.array:
         """Subword embeddings for the ``[cond; uncond]`` batch (uncond = ``null_emb``)."""
-        cond = self.embed_subword(subword_ids, subword_mask)
+        return self._with_uncond(self.embed_subword(subword_ids, subword_mask))
+
+    def _with_uncond(self, cond: mx.array) -> mx.array:
         return mx.concatenate([cond, mx.broadcast_to(self.null_emb, cond.shape)], axis=0)
 
     def _fuse(self, audio: mx.array, text: mx.array) -> mx.array:
@@ -348,8 +350,7 @@ class EarTTS(nn.Module):
         """The backbone half of :meth:`step`: ``[cond; uncond]`` hidden [2B, 1, dims]."""
         if subword_ids.shape == (1, 1):
             # One stream: the (evaluated) token's memoized embedding.
-            cond = self.embed_subword.token(subword_ids.item())
-            text = mx.concatenate([cond, mx.broadcast_to(self.null_emb, cond.shape)], axis=0)
+            text = self._with_uncond(self.embed_subword.token(subword_ids.item()))
         else:
             text = self._text(subword_ids, mx.ones(subword_ids.shape, dtype=mx.bool_))
         if self._backbone_step is None:

@@ -162,13 +162,6 @@ class RNNTState:
         self.text = text
         return delta
 
-    def step(self, encoded: mx.array) -> str | None:
-        """One frame with its own evaluation (one host sync)."""
-        symbols = self.advance(encoded)
-        if symbols is not None:
-            mx.eval(symbols, *self.arrays())
-        return self.commit(symbols)
-
 
 def transcribe(encoded: mx.array, state: RNNTState, chunk: int = 25) -> str | None:
     """Greedy-decode every frame of ``(1, T, d_model)`` ``encoded`` into ``state``.

@@ -5,7 +5,7 @@
 :class:`ToolCall` or a :class:`ToolCallInvalid`. :class:`ToolChannel` adds the
 call registry and the result queue: a submitted result is tokenized as
 ``<TOOL_RESPONSE>[...]</TOOL_RESPONSE>`` and forced onto the function channel
-one token per frame (``Timeline.step(force_function=...)``), so each token is
+one token per frame (``Timeline.listen(force_function=...)``), so each token is
 the function channel's previous-token input of the frame after it, while audio
 keeps flowing and the text channel stays free.
 
