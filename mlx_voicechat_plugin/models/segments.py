@@ -31,6 +31,7 @@ class _Run:
     def __init__(self, layers: list[Any], cache_index: list[int | None], head: Callable | None):
         self.layers = layers
         self.cache_index = cache_index  # per layer: its cache slot, None for MLP
+        self.slots = [s for s in cache_index if s is not None]
         self.head = head
         self._compiled = mx.compile(self._pure)
 
@@ -50,7 +51,7 @@ class _Run:
         return (*outputs, *new_state)
 
     def __call__(self, x: mx.array, caches: list[Any]) -> tuple[mx.array, ...]:
-        slots = [s for s in self.cache_index if s is not None]
+        slots = self.slots
         state = [a for s in slots for a in (caches[s][0], caches[s][1])]
         result = self._compiled(x, *state)
         outputs = len(result) - len(state)
@@ -90,10 +91,7 @@ class SegmentedStep:
                 run_slots.append(None)
         self.plan.append(_Run(run, run_slots, head))
         self.head = head
-        self._mamba_slots = [
-            s for part in self.plan if isinstance(part, _Run) for s in part.cache_index
-            if s is not None
-        ]
+        self._mamba_slots = [s for part in self.plan if isinstance(part, _Run) for s in part.slots]
 
     def ready(self, x: mx.array, caches: list[Any]) -> bool:
         return x.shape[1] == 1 and all(
