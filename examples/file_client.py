@@ -102,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
             if kind == "error":
                 raise RuntimeError(f"{event['error']['code']}: {event['error']['message']}")
             if kind == "conversation.item.input_audio_transcription.delta":
-                transcript = event["text"]
+                transcript = event["transcript"]
             elif kind == "response.text.delta":
                 answer = event["text"]
             elif kind == "response.audio.delta":
                 output_rate = event["sample_rate"]
-                pieces.append(np.frombuffer(base64.b64decode(event["audio"]), "<i2"))
+                pieces.append(np.frombuffer(base64.b64decode(event["delta"]), "<i2"))
 
         def until(kind: str) -> None:
             while True:

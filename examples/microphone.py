@@ -61,7 +61,7 @@ def commit_message() -> dict[str, Any]:
 
 def decode_audio_delta(event: dict[str, Any]) -> np.ndarray:
     """``response.audio.delta`` audio as float32 in [-1, 1)."""
-    pcm = np.frombuffer(base64.b64decode(event["audio"]), dtype="<i2")
+    pcm = np.frombuffer(base64.b64decode(event["delta"]), dtype="<i2")
     return pcm.astype(np.float32) / 32768.0
 
 

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 answer = event["text"]
             elif kind == "response.audio.delta":
                 output_rate = event["sample_rate"]
-                pieces.append(np.frombuffer(base64.b64decode(event["audio"]), "<i2"))
+                pieces.append(np.frombuffer(base64.b64decode(event["delta"]), "<i2"))
             elif kind == "response.function_call_arguments.done":
                 output = tools.run(event["name"], event["arguments"])
                 print(f"[tool] {event['name']}({event['arguments']}) -> {output}")

@@ -169,4 +169,6 @@ def load(
     """Load a Nemotron VoiceChat checkpoint and its tokenizer."""
     path = resolve_path(path_or_repo)
     model = load_model(path, lazy=lazy, hold_f32=hold_f32)
-    return model, load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
+    model.prepare(tokenizer)
+    return model, tokenizer

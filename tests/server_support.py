@@ -159,4 +159,4 @@ def as_received(samples: np.ndarray) -> np.ndarray:
 
 
 def decode_audio(event: dict) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(event["audio"]), dtype="<i2")
+    return np.frombuffer(base64.b64decode(event["delta"]), dtype="<i2")

@@ -51,7 +51,7 @@ def test_commit_message(mic):
 
 def test_audio_delta_decodes_to_float(mic):
     pcm = np.array([0, 16384, -32768], "<i2")
-    event = {"type": "response.audio.delta", "audio": base64.b64encode(pcm.tobytes()).decode()}
+    event = {"type": "response.audio.delta", "delta": base64.b64encode(pcm.tobytes()).decode()}
     np.testing.assert_array_equal(mic.decode_audio_delta(event), [0.0, 0.5, -1.0])
 
 

@@ -54,8 +54,9 @@ class CountingEngine(Engine):
     def record(self, events: list[str]) -> list[str]:
         for raw in events:
             event = json.loads(raw)
-            if "text" in event:
-                self.texts[event["type"]] = event["text"]
+            full = event.get("transcript", event.get("text"))
+            if full is not None:
+                self.texts[event["type"]] = full
         return events
 
     async def push(self, session_id, samples, sample_rate):

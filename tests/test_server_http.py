@@ -106,7 +106,7 @@ def test_logs_hold_neither_audio_nor_the_api_key(server, caplog):
         send(ws, message)
         send(ws, {"type": "input_audio_buffer.commit"})
         events, _ = until_closed(ws)
-    audio_out = [e["audio"] for e in events if e["type"] == "response.audio.delta" and e["audio"]]
+    audio_out = [e["delta"] for e in events if e["type"] == "response.audio.delta"]
     with pytest.raises(InvalidStatus):
         with connect(url(server), additional_headers={"Authorization": f"Bearer {API_KEY}x"}):
             pass

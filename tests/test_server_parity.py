@@ -83,7 +83,7 @@ def over_websocket(server: LiveServer, audio: np.ndarray) -> dict:
     function = of("response.function.delta")
     audio_events = of("response.audio.delta")
     return {
-        "transcript": heard[-1]["text"] if heard else "", "text": text[-1]["text"] if text else "",
+        "transcript": heard[-1]["transcript"] if heard else "", "text": text[-1]["text"] if text else "",
         "function": function[-1]["text"] if function else "",
         "text_deltas": [(e["frame_index"], e["token_id"], e["delta"]) for e in text],
         "transcript_deltas": [(e["frame_index"], e["delta"]) for e in heard],

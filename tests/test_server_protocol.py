@@ -130,7 +130,8 @@ def test_bad_audio_is_an_inference_error_and_the_loop_continues(ws, message):
 
 def test_append_streams_each_frames_events_in_frame_order(ws):
     configure(ws)
-    send(ws, append_message(question_signal(3 * FRAME / 16000)))
+    # A frame's audio leaves once the next frame is decoded: 4 frames, 3 deltas.
+    send(ws, append_message(question_signal(4 * FRAME / 16000)))
     events = []
     audio = []
     while len(audio) < 3:
@@ -144,20 +145,18 @@ def test_append_streams_each_frames_events_in_frame_order(ws):
     first = audio[0]
     assert (first["format"], first["sample_rate"], first["channels"]) == ("pcm16", 22050, 1)
     assert len(first["audio_codes"]) > 0
-    assert decode_audio(first).shape == (1758,)
-    assert decode_audio(audio[1]).shape == (1764,)
+    assert decode_audio(first).shape == decode_audio(audio[1]).shape == (1764,)
     for event in events:
         assert EVENT_ID.match(event["event_id"])
         if event["type"] == "response.text.delta":
             assert {"delta", "text", "token_id", "frame_index"} <= event.keys()
         if event["type"] == "conversation.item.input_audio_transcription.delta":
-            assert {"delta", "text", "frame_index"} <= event.keys()
+            assert {"delta", "transcript", "frame_index"} <= event.keys()
 
 
 def test_commit_sends_committed_the_flushed_events_done_and_closes_normally(ws):
     configure(ws)
     send(ws, append_message(question_signal(1.5 * FRAME / 16000)))
-    recv(ws)  # at least frame 0's audio arrives first
     send(ws, {"type": "input_audio_buffer.commit"})
     events, code = until_closed(ws)
     kinds = [e["type"] for e in events]
@@ -165,7 +164,10 @@ def test_commit_sends_committed_the_flushed_events_done_and_closes_normally(ws):
     assert kinds[-1] == "response.done"
     assert code == 1000
     audio = [e for e in events if e["type"] == "response.audio.delta"]
-    assert audio[-1]["audio_codes"] == [] and decode_audio(audio[-1]).shape == (6,)
+    # One audio delta per frame, the held codec tail inside the last one.
+    assert [e["frame_index"] for e in audio] == list(range(len(audio)))
+    assert all(len(e["audio_codes"]) == 31 and decode_audio(e).shape == (1764,) for e in audio)
+    assert audio[-1]["frame_index"] == 1
     assert events[-1]["frame_index"] == 2  # the padded partial frame ran
 
 
@@ -229,9 +231,10 @@ def test_a_stream_past_max_streaming_seconds_is_an_inference_error(ws):
             assert event["error"]["code"] == "inference_error"
             break
         audio += event["type"] == "response.audio.delta"
-    assert audio == 2
+    assert audio == 1  # frame 1's audio is completed by the commit
     send(ws, {"type": "input_audio_buffer.commit"})
     events, code = until_closed(ws)
+    assert [e["frame_index"] for e in events if e["type"] == "response.audio.delta"] == [1]
     assert events[-1]["type"] == "response.done" and code == 1000
 
 

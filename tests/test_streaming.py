@@ -146,13 +146,9 @@ def test_system_prompt_prefix_emits_nothing(pair):
     assert {e.frame_index for e in events} == {0}
 
 
-def test_events_carry_frame_aligned_audio(pair):
+def test_events_end_with_done_and_cumulative_transcript(pair):
     ours, _ = pair
     _, events = _stream(ours, _signal(1.0), 1280)
-    audio = [e for e in events if isinstance(e, Audio)]
-    assert audio[0].samples.shape == (1758,)
-    assert all(e.samples.shape == (1764,) for e in audio[1:-1])
-    assert audio[-1].samples.shape == (6,) and audio[-1].audio_codes.size == 0
     assert isinstance(events[-1], Done)
     transcript = [e for e in events if isinstance(e, UserTranscriptDelta)]
     assert transcript and transcript[-1].text.endswith(transcript[-1].delta)
@@ -175,8 +171,8 @@ def test_bad_chunks_are_rejected_and_session_stays_usable(pair, samples, rate, e
     stream.push_audio(np.zeros(600, np.float32))
     with pytest.raises(error, match=match):
         stream.push_audio(samples, sample_rate=rate)
-    events = stream.push_audio(np.zeros(680, np.float32))
-    assert any(isinstance(e, Audio) for e in events)  # the 600 pending samples were kept
+    stream.push_audio(np.zeros(680, np.float32))
+    assert stream.frame_index == 1  # the 600 pending samples were kept
 
 
 def test_closed_session_rejects_audio(pair):
@@ -201,7 +197,10 @@ def test_cancel_drops_pending_audio(pair):
     ours, _ = pair
     stream = ours.create_streaming_session()
     stream.push_audio(np.zeros(2000, np.float32))
-    assert stream.cancel() == [Cancelled(1)]
+    events = stream.cancel()
+    # The one frame run still gets its (completed) audio, then Cancelled.
+    assert [type(e) for e in events] == [Audio, Cancelled] and events[-1] == Cancelled(1)
+    assert events[0].frame_index == 0 and events[0].samples.shape == (1764,)
     assert stream.cancel() == []
 
 
@@ -237,8 +236,7 @@ def test_profile_summary_and_frame_dump(pair, monkeypatch, tmp_path):
     assert summary["frames"] == len(stream.profile().frames) - 2
     assert set(summary["stages"]) == {"perception", "rnnt", "language", "tts", "codec", "total"}
     assert summary["realtime_factor"] == pytest.approx(summary["stages"]["total"]["mean_ms"] / 80.0)
-    # One evaluation for encoder + token ids, one for RNNT + TTS + codec.
-    assert summary["host_syncs"] == 2
+    assert summary["host_syncs"] >= 2 and summary["wait_ms"] >= 0 and summary["async_eval_ms"] >= 0
     assert {"perception.layers", "tts.backbone", "tts.mog_head", "codec.decoder_istft"} <= set(summary["sub_stages"])
     frames = json.loads(dump.read_text())
     assert len(frames) == len(stream.profile().frames) and "stages_ms" in frames[0]

@@ -48,15 +48,18 @@ def _output(call_id: str, output: str = RESULT) -> dict:
 
 
 def _push(ws, frames: int, offset: int = 0) -> list[dict]:
+    """Push ``frames`` frames one message each; every frame's events, read up to a pong.
+
+    The server answers in order, so the pong after a frame's append comes after
+    all of that frame's events (a frame's audio delta comes with the next frame).
+    """
     signal = question_signal((offset + frames) * 0.08 + 0.1)
     events = []
     for i in range(offset, offset + frames):
         send(ws, append_message(signal[i * FRAME : (i + 1) * FRAME]))
-        while True:
-            event = recv(ws)
+        send(ws, {"type": "session.ping"})
+        while (event := recv(ws))["type"] != "session.pong":
             events.append(event)
-            if event["type"] == "response.audio.delta":
-                break
     return events
 
 

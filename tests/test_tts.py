@@ -22,7 +22,7 @@ from mlx_voicechat_plugin.models.ear_tts import EarTTS, rvq_assign, unmasking_sc
 from mlx_voicechat_plugin.models.mog_head import top_p_mask
 from mlx_voicechat_plugin.testing.configs import fixture_config
 
-LAYOUT = Path("/work/shared/reference/checkpoint_layout_tiny.txt")
+LAYOUT = Path(__file__).parent / "data" / "checkpoint_layout_tiny.txt"
 PAD_ID = 12
 STEPS = 5
 

@@ -287,10 +287,20 @@ class EarTTS(nn.Module):
         return self._depth_loop(hidden, _KeyList(keys), (tables, norms))
 
     def _codebook_tables(self) -> _CodebookTables:
-        # Rebuilt when the codebook weights are replaced.
-        if self._codebooks is None or self._codebooks.source is not self.rvq_embs:
+        # Built once (``prepare``, at load) and again after ``update``; not
+        # keyed by array identity: the compiled depth loop takes the module
+        # state as input and hands back new array objects after its trace.
+        if self._codebooks is None:
             self._codebooks = _CodebookTables(self.rvq_embs)
         return self._codebooks
+
+    def prepare(self) -> None:
+        """One-time tables derived from the loaded weights (``load`` calls it)."""
+        self._codebooks = _CodebookTables(self.rvq_embs)
+
+    def update(self, parameters: dict, strict: bool = True) -> "EarTTS":
+        self._codebooks = None  # derived from the weights being replaced
+        return super().update(parameters, strict=strict)
 
     @property
     def depth_passes(self) -> int:
@@ -346,11 +356,23 @@ class EarTTS(nn.Module):
         """One frame: previous codes [B, 1, Q] + current subword [B, 1] -> codes [B, 1, Q]."""
         return self.generate_codes(self.backbone_step(prev_codes, subword_ids, cache), rng)
 
-    def backbone_step(self, prev_codes: mx.array, subword_ids: mx.array, cache: Cache) -> mx.array:
-        """The backbone half of :meth:`step`: ``[cond; uncond]`` hidden [2B, 1, dims]."""
-        if subword_ids.shape == (1, 1):
-            # One stream: the (evaluated) token's memoized embedding.
-            text = self._with_uncond(self.embed_subword.token(subword_ids.item()))
+    def backbone_step(
+        self,
+        prev_codes: mx.array,
+        subword_ids: mx.array,
+        cache: Cache,
+        token_id: int | None = None,
+    ) -> mx.array:
+        """The backbone half of :meth:`step`: ``[cond; uncond]`` hidden [2B, 1, dims].
+
+        ``token_id``: the one stream's text token as a host integer when the
+        caller already has it; the memoized embedding is then used without
+        reading ``subword_ids`` back (a host sync).
+        """
+        if token_id is None and subword_ids.shape == (1, 1):
+            token_id = subword_ids.item()
+        if token_id is not None:
+            text = self._with_uncond(self.embed_subword.token(token_id))
         else:
             text = self._text(subword_ids, mx.ones(subword_ids.shape, dtype=mx.bool_))
         if self._backbone_step is None:

@@ -52,6 +52,17 @@ class Model(nn.Module):
     def layers(self) -> list[nn.Module]:
         return self.stt_model.llm.layers
 
+    def prepare(self, tokenizer: Any) -> None:
+        """One-time setup after the weights are loaded (``load`` calls it).
+
+        The TTS's subword spellings come from the LLM tokenizer's vocabulary,
+        and its codebook tables from the loaded weights. Sessions only read them.
+        """
+        tts = self.tts_model.tts_model
+        tts.set_vocabulary(tokenizer.get_vocab())
+        tts.prepare()
+        self.prepared_for = tokenizer
+
     def create_session(self, processor: Any):
         """The offline / streaming runtime for this model and its tokenizer."""
         from ..runtime.session import VoiceChatSession

@@ -209,7 +209,9 @@ class CharAwareSubwordEncoder(nn.Module):
         """
         embedding = self._memo.get(token_id)
         if embedding is None:
-            embedding = self(mx.array([[token_id]], dtype=mx.int32))
+            # Spelled from the host integer: no read-back of the id array.
+            ids = mx.array([[token_id]], dtype=mx.int32)
+            embedding = self._embed(ids, self.spell_host([[token_id]], [[True]]))
             self._memo.put(token_id, embedding)
         return embedding
 
@@ -217,10 +219,16 @@ class CharAwareSubwordEncoder(nn.Module):
         self, subword_ids: mx.array, subword_mask: mx.array
     ) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
         """Spellings of the masked-in positions, in row-major order, with their (b, t)."""
+        return self.spell_host(subword_ids.tolist(), subword_mask.tolist())
+
+    def spell_host(
+        self, subword_ids: list[list[int]], subword_mask: list[list[bool]]
+    ) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
+        """:meth:`spell` of host lists."""
         if self._spelling is None:
             raise RuntimeError("call set_vocabulary(tokenizer.get_vocab()) before TTS")
         words, rows, cols = [], [], []
-        for b, (ids, keep) in enumerate(zip(subword_ids.tolist(), subword_mask.tolist())):
+        for b, (ids, keep) in enumerate(zip(subword_ids, subword_mask)):
             for t, (token, valid) in enumerate(zip(ids, keep)):
                 if valid:
                     words.append(self._spelling.get(int(token), ()))
@@ -245,11 +253,18 @@ class CharAwareSubwordEncoder(nn.Module):
     def __call__(self, subword_ids: mx.array, subword_mask: mx.array | None = None) -> mx.array:
         if subword_mask is None:
             subword_mask = mx.ones(subword_ids.shape, dtype=mx.bool_)
+        return self._embed(subword_ids, self.spell(subword_ids, subword_mask))
+
+    def _embed(
+        self,
+        subword_ids: mx.array,
+        spelled: tuple[list[tuple[int, ...]], list[int], list[int]],
+    ) -> mx.array:
         out = mx.zeros(
             (*subword_ids.shape, self.proj_embedding.weight.shape[0]),
             dtype=self.embed_tokens.weight.dtype,
         )
-        words, rows, cols = self.spell(subword_ids, subword_mask)
+        words, rows, cols = spelled
         # Positions without characters (or masked out) keep a zero text embedding.
         if any(words):
             projected = self.encode_words(words)

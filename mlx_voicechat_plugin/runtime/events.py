@@ -3,6 +3,18 @@
 Text deltas skip pad, silence, BOS and EOS. ``delta`` is the new suffix when
 the cumulative decode extends the previous one, else the single-token decode;
 ``text`` (the cumulative decode) is authoritative.
+
+The audio rule: exactly one :class:`Audio` per frame, ``frame_index`` 0, 1,
+2, ... with no gaps, each carrying that frame's codes and exactly
+``samples_per_frame`` (1764) samples; joined, they equal the offline decode
+of the same codes sample for sample, with no lead-in. The codec's iSTFT
+makes the last ``stream_lag`` (6) samples of a frame depend on the next
+frame's spectrum, so a frame's ``Audio`` is released when the next frame has
+been decoded (it comes first among that frame's events), or by ``flush`` /
+``cancel``, which close the stream and complete the last frame with the held
+tail. The total order of events therefore equals the reference's
+(transcript, text, function, audio per frame); the audio of a frame leaves one
+frame later than its text.
 """
 
 from __future__ import annotations
@@ -38,18 +50,54 @@ class UserTranscriptDelta:
 
 @dataclass(frozen=True)
 class Audio:
-    """Newly final output samples and the frame's 31 codes.
-
-    A frame carries ``samples_per_frame`` (1764) samples, except that the
-    codec's iSTFT holds its last ``stream_lag`` (6) samples until the next frame
-    exists: the first frame carries 1758 and ``flush`` emits a last ``Audio``
-    with the held tail. Joined, the samples equal the offline decode exactly.
-    """
+    """One frame's final output samples and its 31 codes (see the module's audio rule)."""
 
     frame_index: int
-    samples: np.ndarray  # float32
+    samples: np.ndarray  # float32, samples_per_frame of them
     sample_rate: int
-    audio_codes: np.ndarray  # (Q,) int32; empty for the flushed tail
+    audio_codes: np.ndarray  # (Q,) int32
+
+
+class AudioFrames:
+    """Turns codec outputs into one complete :class:`Audio` per frame.
+
+    ``push`` takes a frame's codes and the samples the codec released for it
+    (``samples_per_frame - lag`` for the first frame, then ``samples_per_frame``:
+    the previous frame's held tail and this frame's head). It returns the
+    previous frame's ``Audio``, now complete, and holds this frame's.
+    ``finish`` takes the codec's flushed tail and returns the last frame's.
+    """
+
+    def __init__(self, samples_per_frame: int, sample_rate: int):
+        self.samples_per_frame = samples_per_frame
+        self.sample_rate = sample_rate
+        self._held: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    def push(self, frame_index: int, codes: np.ndarray, samples: np.ndarray) -> Audio | None:
+        done = None
+        if self._held is not None:
+            need = self.samples_per_frame - self._held[2].shape[0]
+            done = self._complete(samples[:need])
+            samples = samples[need:]
+        self._held = (frame_index, codes, samples)
+        return done
+
+    def finish(self, tail: np.ndarray) -> Audio | None:
+        """Complete the held frame with the stream's last samples (``None`` if none held)."""
+        if self._held is None:
+            return None
+        audio = self._complete(tail)
+        self._held = None
+        return audio
+
+    def _complete(self, rest: np.ndarray) -> Audio:
+        index, codes, head = self._held
+        samples = np.concatenate([head, rest])
+        if samples.shape[0] != self.samples_per_frame:
+            raise RuntimeError(
+                f"frame {index} has {samples.shape[0]} samples, expected {self.samples_per_frame}"
+            )
+        return Audio(index, samples, self.sample_rate, codes)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,12 @@ Each stage is timed after forcing evaluation of its outputs, so the figures
 are wall-clock work, not graph construction. ``MLX_VOICECHAT_PROFILE_STAGES=1``
 adds sub-stages; ``MLX_VOICECHAT_PROFILE_FRAMES=<path>`` writes every frame as
 JSON when the session ends.
+
+``host_syncs`` per frame is counted by :class:`HostSyncCounter` (every
+``mx.eval``, ``.item()``, ``.tolist()`` and numpy conversion that waits), not
+declared; the profiler's own stage barriers are not counted. ``wait_ms`` is
+the time spent in those syncs and ``async_eval_ms`` the time ``mx.async_eval``
+itself took to return (on the CPU backend it runs much of the work inline).
 """
 
 from __future__ import annotations
@@ -17,6 +23,11 @@ from typing import Any
 
 import mlx.core as mx
 
+from .syncs import HostSyncCounter
+
+# The profiler's barriers use MLX's own eval, never the counting wrapper.
+_barrier_eval = mx.eval
+
 STAGES = ("perception", "rnnt", "language", "tts", "codec")
 ENV_SUB_STAGES = "MLX_VOICECHAT_PROFILE_STAGES"
 ENV_FRAMES = "MLX_VOICECHAT_PROFILE_FRAMES"
@@ -29,6 +40,9 @@ class FrameTiming:
     sub_stages_ms: dict[str, float] = field(default_factory=dict)
     total_ms: float = 0.0
     host_syncs: int = 0
+    sync_calls: list[str] = field(default_factory=list)
+    wait_ms: float = 0.0
+    async_eval_ms: float = 0.0
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -39,6 +53,10 @@ def _percentile(values: list[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (position - low) * (ordered[high] - ordered[low])
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -56,26 +74,35 @@ class FrameClock:
     def __init__(self, enabled: bool, sub_stages: bool = False):
         self.enabled = enabled
         self.sub_stages = enabled and sub_stages
-        self.syncs = 0
         self._frame: FrameTiming | None = None
+        self._counter: HostSyncCounter | None = None
         self._mark = self._sub_mark = self._start = 0.0
 
     def start(self, frame_index: int) -> None:
-        self.syncs = 0
+        """Begin a frame; end it with :meth:`finish` or, on failure, :meth:`abandon`."""
         if self.enabled:
+            self.abandon()
             self._frame = FrameTiming(frame_index)
+            self._counter = HostSyncCounter().__enter__()
             self._start = self._mark = self._sub_mark = time.perf_counter()
 
-    def sync(self, count: int = 1) -> None:
-        """Record host round trips made by the frame's own work."""
-        self.syncs += count
+    def abandon(self) -> None:
+        """Drop the frame in progress (it raised) and stop counting."""
+        self._frame = None
+        self._stop_counting()
+
+    def _stop_counting(self) -> HostSyncCounter | None:
+        counter, self._counter = self._counter, None
+        if counter is not None:
+            counter.__exit__(None, None, None)
+        return counter
 
     def stage(self, name: str, *arrays: Any) -> None:
         """End stage ``name``: evaluate its outputs and record the elapsed time."""
         if not self.enabled or self._frame is None:
             return
         if arrays:
-            mx.eval(*arrays)
+            _barrier_eval(*arrays)
         now = time.perf_counter()
         self._frame.stages_ms[name] = self._frame.stages_ms.get(name, 0.0) + (now - self._mark) * 1e3
         self._mark = self._sub_mark = now
@@ -85,7 +112,7 @@ class FrameClock:
         if not self.sub_stages or self._frame is None:
             return
         if arrays:
-            mx.eval(*arrays)
+            _barrier_eval(*arrays)
         now = time.perf_counter()
         elapsed = (now - self._sub_mark) * 1e3
         self._frame.sub_stages_ms[name] = self._frame.sub_stages_ms.get(name, 0.0) + elapsed
@@ -93,10 +120,14 @@ class FrameClock:
 
     def finish(self) -> FrameTiming | None:
         frame, self._frame = self._frame, None
-        if frame is None:
+        counter = self._stop_counting()
+        if frame is None or counter is None:
             return None
         frame.total_ms = (time.perf_counter() - self._start) * 1e3
-        frame.host_syncs = self.syncs
+        frame.host_syncs = counter.count
+        frame.sync_calls = list(counter.calls)
+        frame.wait_ms = counter.wait_ms
+        frame.async_eval_ms = counter.async_eval_ms
         return frame
 
 
@@ -116,7 +147,9 @@ class Profile:
             "frame_duration_ms": self.frame_duration_ms,
             "processing_frames_per_second": 1000.0 / mean_total if mean_total else 0.0,
             "realtime_factor": mean_total / self.frame_duration_ms,
-            "host_syncs": (sum(f.host_syncs for f in frames) / len(frames)) if frames else 0.0,
+            "host_syncs": _mean([f.host_syncs for f in frames]),
+            "wait_ms": _mean([f.wait_ms for f in frames]),
+            "async_eval_ms": _mean([f.async_eval_ms for f in frames]),
             "stages": stages,
         }
         names = sorted({n for f in frames for n in f.sub_stages_ms})

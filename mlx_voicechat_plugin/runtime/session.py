@@ -51,7 +51,8 @@ class VoiceChatSession:
         self.model = model
         self.config = model.config
         self.tokenizer = _tokenizer_of(processor)
-        model.tts_model.tts_model.set_vocabulary(self.tokenizer.get_vocab())
+        if getattr(model, "prepared_for", None) is not self.tokenizer:
+            model.prepare(self.tokenizer)  # a model not made by ``load``
         stt = model.stt_model
         self._rnnt = GreedyRNNT(
             stt.rnnt_decoder,

@@ -19,7 +19,7 @@ from ..models.perception_stream import PerceptionStream
 from .audio import as_mono_float32
 from .events import (
     AssistantTextDelta,
-    Audio,
+    AudioFrames,
     Cancelled,
     Done,
     Event,
@@ -113,6 +113,7 @@ class StreamingSession:
         self._function = TokenText(parent.tokenizer, hidden)
         self._codec = model.tts_model.audio_codec
         self._codec_state = self._codec.make_state()
+        self._audio = AudioFrames(self._codec.samples_per_frame, config.output_sample_rate)
         self._pending = np.zeros((0,), dtype=np.float32)
         self.frame_index = 0
         self.closed = False
@@ -132,6 +133,13 @@ class StreamingSession:
     # --- the frame ------------------------------------------------------
 
     def _frame(self, frame: np.ndarray) -> list[Event]:
+        try:
+            return self._frame_events(frame)
+        except BaseException:
+            self._clock.abandon()  # stop counting syncs for a frame that failed
+            raise
+
+    def _frame_events(self, frame: np.ndarray) -> list[Event]:
         """One frame in two evaluations: the listening half, then the speaking half.
 
         The first evaluates the encoder step and the token ids (the TTS spells
@@ -154,7 +162,6 @@ class StreamingSession:
         forced = None if self.tools is None else self.tools.next_forced()
         tokens = self.timeline.listen(projected, force_function=forced, clock=clock)
         mx.eval(tokens.ids, *self._perception.arrays())
-        clock.sync()
 
         # The user transcript does not feed the timeline: its RNNT frame
         # computes while the speech half is built.
@@ -169,17 +176,20 @@ class StreamingSession:
         samples = self._codec.decode_step(
             codes.transpose(0, 2, 1), self._codec_state, evaluate=False
         )
-        speaking += [step.codes, codes, samples, *self._codec_state.arrays()]
+        frame_samples, frame_codes = samples[0, 0], codes[0, 0].astype(mx.int32)
+        speaking += [step.codes, frame_samples, frame_codes, *self._codec_state.arrays()]
         mx.async_eval(*speaking)
         text_update = self._text.append(step.text_id)
         function_update = None if step.function_forced else self._function.append(step.function_id)
         mx.eval(*speaking)
-        clock.sync()
         clock.sub_stage("codec.decoder_istft")
         clock.stage("codec")
 
         events: list[Event] = self._notices
         self._notices = []
+        finished = self._audio.push(index, np.array(frame_codes), np.array(frame_samples))
+        if finished is not None:
+            events.append(finished)
         delta = self._rnnt.commit(symbols)
         if delta is not None:
             events.append(UserTranscriptDelta(index, delta, self._rnnt.text))
@@ -193,8 +203,6 @@ class StreamingSession:
             events.append(FunctionDelta(index, step.function_id, *function_update))
             if self.tools is not None:
                 events.extend(self.tools.observe(self._function.text, index))
-        events.append(Audio(index, np.array(samples[0, 0]), self.config.output_sample_rate,
-                            np.array(codes[0, 0], dtype=np.int32)))
         timing = clock.finish()
         if timing is not None:
             self._profile.frames.append(timing)
@@ -239,12 +247,9 @@ class StreamingSession:
                 frame = np.zeros((self.frame_samples,), dtype=np.float32)
                 frame[: self._pending.shape[0]] = self._pending
                 events.extend(self._frame(frame))
+            events.extend(self._finish_audio())
             if self.tools is not None:
                 events.extend(self.tools.finish(self._function.text, max(self.frame_index - 1, 0)))
-            if self.frame_index:
-                tail = self._codec.flush(self._codec_state)
-                events.append(Audio(self.frame_index - 1, np.array(tail[0, 0]),
-                                    self.config.output_sample_rate, np.zeros((0,), np.int32)))
         finally:
             self._close()
         events.append(Done(self.frame_index))
@@ -254,8 +259,19 @@ class StreamingSession:
         """Drop pending audio and end with ``Cancelled``."""
         if self.closed:
             return []
-        self._close()
-        return [Cancelled(self.frame_index)]
+        try:
+            events = self._finish_audio()
+        finally:
+            self._close()
+        return [*events, Cancelled(self.frame_index)]
+
+    def _finish_audio(self) -> list[Event]:
+        """The last frame's ``Audio``, completed with the codec's held tail."""
+        if not self.frame_index:
+            return []
+        tail = self._codec.flush(self._codec_state)
+        audio = self._audio.finish(np.array(tail[0, 0]))
+        return [] if audio is None else [audio]
 
     def submit_tool_result(self, call_id: str, output: str) -> int:
         """Feed a call's result back: its tokens enter the next frames' function input.

@@ -173,7 +173,7 @@ class Timeline:
             is_eos = (text == self.config.eos_token_id).reshape(1, 1, 1)
             previous = mx.where(is_eos, self._silence, self._prev_codes)
             tts = self.model.tts_model.tts_model
-            hidden = tts.backbone_step(previous, text[:, None], self.tts_cache)
+            hidden = tts.backbone_step(previous, text[:, None], self.tts_cache, text_id)
             mx.async_eval(hidden)  # computes while the depth loop is built
             clock.sub_stage("tts.backbone", hidden)
             codes = tts.generate_codes(hidden, self.rng)
@@ -201,7 +201,6 @@ class Timeline:
         step = self.speak(tokens, clock)
         mx.eval(step.codes)
         clock.stage("tts")
-        clock.sync(2)
         return step
 
 

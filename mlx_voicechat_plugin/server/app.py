@@ -208,9 +208,12 @@ class Connection:
                 await self.append(message)
                 return False
             if isinstance(message, protocol.Commit):
+                # As the reference orders them: the audio of frames appended
+                # before the commit, ``committed``, then the flushed frames.
+                earlier, events = await self.engine_call(
+                    self.engine.flush(self.session_id, message.pad_partial))
+                await self.forward(earlier)
                 await self.send({"type": "input_audio_buffer.committed"})
-                events = await self.engine_call(self.engine.flush(self.session_id,
-                                                                  message.pad_partial))
             else:
                 events = await self.engine_call(self.engine.cancel(self.session_id))
             await self.forward(events)

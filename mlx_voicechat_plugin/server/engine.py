@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..runtime.events import Audio
 from . import protocol
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,8 @@ class Engine:
     async def push(self, session_id: str, samples: np.ndarray, sample_rate: int) -> list[str]:
         return await self.call("push", session_id, samples=samples, sample_rate=sample_rate)
 
-    async def flush(self, session_id: str, pad_partial: bool = True) -> list[str]:
+    async def flush(self, session_id: str, pad_partial: bool = True) -> tuple[list[str], list[str]]:
+        """End the input: ``(events of frames run before the commit, the rest)``."""
         return await self.call("flush", session_id, pad_partial=pad_partial)
 
     async def cancel(self, session_id: str) -> list[str]:
@@ -183,7 +185,14 @@ class Engine:
                         events = stream.push_audio(command.payload["samples"],
                                                    sample_rate=command.payload["sample_rate"])
                     elif command.kind == "flush":
+                        before = stream.frame_index
                         events = stream.flush(pad_partial=command.payload["pad_partial"])
+                        # Events of frames run before the commit (the last such
+                        # frame's audio) go out before ``committed``.
+                        lead = 0
+                        while lead < len(events) and events[lead].frame_index < before \
+                                and isinstance(events[lead], Audio):
+                            lead += 1
                     elif command.kind == "cancel":
                         events = stream.cancel()
                     elif command.kind == "tool_result":
@@ -193,6 +202,8 @@ class Engine:
                     else:
                         raise ValueError(f"unknown engine command {command.kind!r}")
                     value = [protocol.dumps(protocol.model_event(e)) for e in events]
+                    if command.kind == "flush":
+                        value = (value[:lead], value[lead:])
             except Exception as exc:
                 logger.warning("engine %s failed for %s: %s", command.kind,
                                command.session_id, exc)

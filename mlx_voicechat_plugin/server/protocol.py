@@ -271,7 +271,14 @@ def encode_pcm16(samples: np.ndarray) -> str:
 
 
 def model_event(event: Event) -> dict[str, Any]:
-    """A runtime event as its server event."""
+    """A runtime event as its server event.
+
+    For the kinds the reference serializer has (``mlx_vlm/server/realtime.py``,
+    ``_serialize_model_event``) the type names, field names and JSON types are
+    the reference's: text and function deltas carry ``delta``/``text``, the
+    user transcript ``delta``/``transcript``, audio its PCM16 in ``delta`` with
+    ``audio_codes``. ``conformance.wire`` diffs them field for field.
+    """
     index = {"frame_index": int(event.frame_index)}
     if isinstance(event, AssistantTextDelta):
         return {"type": "response.text.delta", "delta": event.delta, "text": event.text,
@@ -281,9 +288,9 @@ def model_event(event: Event) -> dict[str, Any]:
                 "token_id": int(event.token_id), **index}
     if isinstance(event, UserTranscriptDelta):
         return {"type": "conversation.item.input_audio_transcription.delta",
-                "delta": event.delta, "text": event.text, **index}
+                "delta": event.delta, "transcript": event.text, **index}
     if isinstance(event, Audio):
-        return {"type": "response.audio.delta", "audio": encode_pcm16(event.samples),
+        return {"type": "response.audio.delta", "delta": encode_pcm16(event.samples),
                 "format": "pcm16", "sample_rate": int(event.sample_rate), "channels": 1,
                 "audio_codes": np.asarray(event.audio_codes).astype(int).tolist(), **index}
     if isinstance(event, Done):
