@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DIR := build/demo
 
-.PHONY: venv install browser test demo clean
+.PHONY: venv install browser test test-real demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ browser:
 test: $(VENV)/.installed browser
 	$(PY) -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+
+# The real-checkpoint tests (tests/test_real_checkpoint.py): load, offline and
+# streaming 2 s, one server session. Needs MLX_VOICECHAT_CHECKPOINT.
+test-real: $(VENV)/.installed
+	@if [ -z "$$MLX_VOICECHAT_CHECKPOINT" ]; then \
+		echo "set MLX_VOICECHAT_CHECKPOINT to a checkpoint directory (e.g. NemotronLabs-VoiceChat-11B-4bit)"; \
+		exit 2; \
+	fi
+	$(PY) -m pytest -q -s -m real_checkpoint tests/test_real_checkpoint.py
 
 demo: $(VENV)/.installed
 	$(PY) -m mlx_voicechat_plugin.cli.demo --out $(DEMO_DIR)

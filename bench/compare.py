@@ -7,7 +7,11 @@ On one fixture checkpoint and one input it times:
 - offline: the reference's default path (full recompute), the reference with
   its language cache, and the plugin;
 - streaming: per-frame mean / p50 / p95 of plain (unprofiled) ``push_audio``
-  wall-clock, and per stage from a second, profiled run, for both;
+  wall-clock, both sides warmed first, then timed in ``--rounds`` interleaved
+  rounds (the order alternates each round); the headline is the median of the
+  per-round ratios with their spread (min, max); per stage from a profiled
+  run, with the counted host syncs and the time spent inside them and inside
+  ``mx.async_eval``;
 - peak memory of each run;
 - a scaling run: streaming per-frame cost against session length.
 Figures are ratios plugin / reference. Results go to ``<out>/compare.json``
@@ -71,7 +75,9 @@ def _stream_ours(
     profiled.flush()
     stages = {s: _stats([f.stages_ms.get(s, 0.0) for f in frames]) for s in STAGES}
     return {"total": _stats(totals), "profiled_total": _stats([f.total_ms for f in frames]),
-            "stages": stages, "host_syncs": float(np.mean([f.host_syncs for f in frames]))}, totals
+            "stages": stages, "host_syncs": float(np.mean([f.host_syncs for f in frames])),
+            "wait_ms": float(np.mean([f.wait_ms for f in frames])),
+            "async_eval_ms": float(np.mean([f.async_eval_ms for f in frames]))}, totals
 
 
 def _stream_reference(
@@ -91,11 +97,34 @@ def _stream_reference(
             "stages": stages}, totals
 
 
+def _interleaved(ours: Any, theirs: Any, audio: np.ndarray, frame: int, rounds: int) -> dict:
+    """Warm both sides, then ``rounds`` plain streaming runs each, alternating who goes first."""
+    warm = audio[: 10 * frame]
+    _stream_ours(ours, warm, frame, stages=False)
+    _stream_reference(theirs, warm, frame, stages=False)
+    runs: dict[str, list[list[float]]] = {"plugin": [], "reference": []}
+    sides = [("plugin", lambda: _stream_ours(ours, audio, frame, stages=False)[1]),
+             ("reference", lambda: _stream_reference(theirs, audio, frame, stages=False)[1])]
+    for r in range(rounds):
+        for name, run in sides if r % 2 == 0 else sides[::-1]:
+            runs[name].append(run())
+    means = {name: [float(np.mean(t)) for t in times] for name, times in runs.items()}
+    ratios = [a / b for a, b in zip(means["plugin"], means["reference"])]
+    return {
+        "rounds": rounds,
+        "plugin_round_means_ms": means["plugin"], "reference_round_means_ms": means["reference"],
+        "ratio_median": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios),
+        "plugin_all": _stats([t for run in runs["plugin"] for t in run]),
+        "reference_all": _stats([t for run in runs["reference"] for t in run]),
+    }, runs["plugin"][-1], runs["reference"][-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compare")
     parser.add_argument("--size", default="small", choices=("tiny", "small"))
     parser.add_argument("--seconds", type=float, default=10.0, help="offline input length")
     parser.add_argument("--frames", type=int, default=125, help="streaming frames")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved streaming rounds")
     parser.add_argument("--scaling", default="5,20,60", help="streaming session lengths (s)")
     parser.add_argument("--out", default="build/bench")
     args = parser.parse_args(argv)
@@ -134,19 +163,24 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"offline": report["offline"]}, indent=1), flush=True)
 
     stream_audio = signal(args.frames * model.config.frame_duration)
-    ours_stream, ours_totals = _stream_ours(ours, stream_audio, frame)
-    ref_stream, ref_totals = _stream_reference(theirs, stream_audio, frame)
+    timed, ours_totals, ref_totals = _interleaved(ours, theirs, stream_audio, frame, args.rounds)
+    ours_stream, _ = _stream_ours(ours, stream_audio, frame)  # profiled: stages, syncs
+    ref_stream, _ = _stream_reference(theirs, stream_audio, frame)
     report["streaming"] = {
-        "plugin": ours_stream, "reference": ref_stream,
-        "ratio_mean": ours_stream["total"]["mean_ms"] / ref_stream["total"]["mean_ms"],
-        "ratio_p95": ours_stream["total"]["p95_ms"] / ref_stream["total"]["p95_ms"],
+        "interleaved": timed, "plugin": ours_stream, "reference": ref_stream,
+        "ratio_mean": timed["ratio_median"],
+        "ratio_spread": [timed["ratio_min"], timed["ratio_max"]],
+        "ratio_p95": timed["plugin_all"]["p95_ms"] / timed["reference_all"]["p95_ms"],
         "ratio_stages": {s: ours_stream["stages"][s]["mean_ms"] / ref_stream["stages"][s]["mean_ms"]
                          for s in STAGES},
     }
-    print(json.dumps({k: report["streaming"][k] for k in ("ratio_mean", "ratio_p95", "ratio_stages")}
-                     | {"plugin_mean_ms": ours_stream["total"]["mean_ms"],
-                        "reference_mean_ms": ref_stream["total"]["mean_ms"],
-                        "host_syncs": ours_stream["host_syncs"]}, indent=1), flush=True)
+    print(json.dumps({k: report["streaming"][k]
+                      for k in ("ratio_mean", "ratio_spread", "ratio_p95", "ratio_stages")}
+                     | {"plugin_mean_ms": timed["plugin_all"]["mean_ms"],
+                        "reference_mean_ms": timed["reference_all"]["mean_ms"],
+                        "host_syncs": ours_stream["host_syncs"],
+                        "wait_ms": ours_stream["wait_ms"],
+                        "async_eval_ms": ours_stream["async_eval_ms"]}, indent=1), flush=True)
 
     scaling = {}
     series = {}

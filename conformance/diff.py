@@ -34,8 +34,16 @@ class StageDiff:
     snr_db: float
     tolerance: float | None  # None: must match exactly
 
+    lengths: tuple[int, int] = (0, 0)  # (ours, reference) element counts
+
+    @property
+    def length_mismatch(self) -> bool:
+        return self.lengths[0] != self.lengths[1]
+
     @property
     def ok(self) -> bool:
+        if self.length_mismatch:
+            return False  # a shorter or longer stage never passes, whatever it holds
         if self.tolerance is None:
             return self.equal == self.total
         return self.max_abs <= self.tolerance
@@ -44,6 +52,8 @@ class StageDiff:
         first = "-" if self.first_mismatch is None else str(self.first_mismatch)
         snr = "inf" if math.isinf(self.snr_db) else f"{self.snr_db:.1f}"
         verdict = "ok" if self.ok else "MISMATCH"
+        if self.length_mismatch:
+            verdict += f" (length {self.lengths[0]} vs reference {self.lengths[1]})"
         return (f"{self.stage:12s} {self.equal:>7d}/{self.total:<7d} {first:>8s} "
                 f"{self.max_abs:>10.3g} {snr:>8s}  {verdict}")
 
@@ -63,9 +73,9 @@ def compare(stage: str, ours: Any, reference: Any, tolerance: float | None) -> S
     noise = float(np.sum((a_ - b_) ** 2))
     signal = float(np.sum(b_**2))
     snr = math.inf if noise == 0 else 10 * math.log10(max(signal, 1e-30) / noise)
-    equal = int(np.sum(same)) if a.size == b.size else int(np.sum(same)) - 0
+    equal = int(np.sum(same))
     total = max(a.size, b.size)
-    return StageDiff(stage, total, equal, first, max_abs, snr, tolerance)
+    return StageDiff(stage, total, equal, first, max_abs, snr, tolerance, (a.size, b.size))
 
 
 def run_pair(

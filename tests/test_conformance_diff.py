@@ -20,6 +20,12 @@ def test_compare_counts_length_differences_as_mismatch():
     assert not diff.ok and diff.first_mismatch == 2
 
 
+def test_a_float_stage_of_another_length_fails_and_says_so():
+    diff = compare("waveform", np.zeros(10), np.zeros(16), 1e-5)
+    assert diff.max_abs == 0.0 and not diff.ok and diff.length_mismatch
+    assert "length 10 vs reference 16" in diff.row()
+
+
 def test_offline_diff_passes_on_fixture(tiny_ckpt, tmp_path, capsys):
     wav = make_question_wav(tmp_path / "q.wav", seconds=1.0)
     assert main([str(tiny_ckpt), str(wav), "--extra-decoding-seconds", "0.5", "--seed", "1"]) == 0
