@@ -66,7 +66,8 @@ class CountingEngine(Engine):
         return self.record(await super().push(session_id, samples, sample_rate))
 
     async def flush(self, session_id, pad_partial=True):
-        return self.record(await super().flush(session_id, pad_partial))
+        earlier, events = await super().flush(session_id, pad_partial)
+        return self.record(earlier), self.record(events)
 
 
 class Page:

@@ -36,8 +36,9 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     parser.add_argument("--alias", help="model id to report (default: the checkpoint's name)")
     parser.add_argument("--cors-origins", "--allowed-origins", dest="origins", nargs="+",
                         action="extend", metavar="ORIGIN",
-                        help="browser origins allowed to connect ('*' for any); "
-                             "same-origin and non-browser clients are always allowed")
+                        help="browser origins allowed to connect ('*' for any); without "
+                             "a list only loopback origins (localhost, 127.0.0.1, [::1]) are; "
+                             "clients that send no Origin (not browsers) always are")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-message-bytes", type=int, default=defaults.max_message_bytes,
@@ -50,6 +51,15 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="seconds a client has to send session.update")
     limits.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout,
                         help="seconds a configured session may stay silent (pings do not count)")
+    limits.add_argument("--max-session-wall-seconds", type=float,
+                        default=defaults.max_session_wall_seconds,
+                        help="longest a connection may stay open, whatever it sends")
+    limits.add_argument("--max-failed-updates", type=int, default=defaults.max_failed_updates,
+                        help="failed session.update messages before the connection is closed "
+                             "(1008)")
+    limits.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens,
+                        help="most tokens the system prompt and rendered tools may take "
+                             "(each is one prefill step; default %(default)s)")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading')")
@@ -65,7 +75,10 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
         args.limits = ServerLimits(args.max_message_bytes, args.max_session_seconds,
                                    args.update_timeout, args.idle_timeout,
                                    max_pending_events=args.max_pending_events,
-                                   send_timeout=args.send_timeout)
+                                   send_timeout=args.send_timeout,
+                                   max_session_wall_seconds=args.max_session_wall_seconds,
+                                   max_failed_updates=args.max_failed_updates,
+                                   max_prompt_tokens=args.max_prompt_tokens)
     except ValueError as exc:
         parser.error(str(exc))
     return args

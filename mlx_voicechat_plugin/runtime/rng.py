@@ -12,6 +12,8 @@ from functools import lru_cache
 
 import mlx.core as mx
 
+from .quoting import brief
+
 
 @lru_cache(maxsize=None)
 def _chain(count: int):
@@ -27,11 +29,19 @@ def _chain(count: int):
     return mx.compile(run)
 
 
+MAX_SEED = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
+
+
+def check_seed(seed: object, what: str = "seed") -> int:
+    """The one seed rule: an integer in ``[0, 2**64 - 1]`` (``ValueError`` naming ``what``)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{what} must be an integer from 0 to 2**64 - 1, got {brief(seed)}")
+    return seed
+
+
 class RandomStream:
     def __init__(self, seed: int):
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        self._key = mx.random.key(seed)
+        self._key = mx.random.key(check_seed(seed))
 
     def next(self) -> mx.array:
         """The key for the next draw."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import mlx.core as mx
 import numpy as np
@@ -29,6 +29,7 @@ from .events import (
     UserTranscriptDelta,
 )
 from .profile import FrameClock, Profile, profile_env
+from .rng import check_seed
 from .timeline import Timeline, replace_control_codes
 from .tool_calls import DEFAULT_MAX_CALLS_PER_TURN, ToolChannel, tool_prompt
 from .tools import DEFAULT_MAX_TOOLS, ToolError
@@ -40,7 +41,13 @@ logger = logging.getLogger(__name__)
 
 
 class ContextLimit(RuntimeError):
-    """The stream reached ``max_streaming_seconds``."""
+    """The stream reached ``max_streaming_seconds``.
+
+    ``events``: those of the frames the same ``push_audio`` call ran before the
+    limit (nothing is lost); the session stays open for ``flush``/``cancel``.
+    """
+
+    events: list = []
 
 
 class SessionClosed(RuntimeError):
@@ -58,15 +65,20 @@ class StreamingOptions:
     tools: list[dict] | None = None
     max_tools: int = DEFAULT_MAX_TOOLS
     max_tool_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN
+    # System prompt + rendered tools, in tokens; checked before any work.
+    max_prompt_tokens: int | None = None
+    # Asked before each prefill position; True stops it (PrefillCancelled).
+    stop_prefill: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         limit = self.max_streaming_seconds
         if limit is not None and (isinstance(limit, bool) or not limit > 0):
             raise ValueError(f"max_streaming_seconds must be > 0, got {limit!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("max_tools", "max_tool_calls_per_turn"):
+        check_seed(self.seed)
+        for name in ("max_tools", "max_tool_calls_per_turn", "max_prompt_tokens"):
             value = getattr(self, name)
+            if value is None and name == "max_prompt_tokens":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
@@ -120,6 +132,12 @@ class StreamingSession:
         prompt, toolset = tool_prompt(
             parent.tokenizer, model, options.system_prompt, options.tools, options.max_tools
         )
+        limit = options.max_prompt_tokens
+        if limit is not None and len(prompt) > limit:
+            raise ValueError(
+                f"the system prompt and tools are {len(prompt)} tokens; at most "
+                f"max_prompt_tokens={limit} are allowed"
+            )
         self.tools: ToolChannel | None = None
         self._notices: list[Event] = []
         if toolset is not None:
@@ -128,7 +146,7 @@ class StreamingSession:
             )
             self._notices = [ToolsWarning(0, message) for message in toolset.warnings]
         # The system prompt advances the timeline but emits nothing.
-        self.timeline.prefill(prompt)
+        self.timeline.prefill(prompt, options.stop_prefill)
 
     # --- the frame ------------------------------------------------------
 
@@ -149,7 +167,7 @@ class StreamingSession:
         while this thread builds the next and decodes the token texts.
         Profiling adds its own stage barriers, not counted as host syncs.
         """
-        if self.max_frames is not None and self.frame_index >= self.max_frames:
+        if self._at_limit():
             raise ContextLimit(
                 f"stream reached max_streaming_seconds={self.options.max_streaming_seconds:g} "
                 f"({self.max_frames} frames)"
@@ -233,17 +251,23 @@ class StreamingSession:
             self._pending = self._pending[self.frame_samples :]
             try:
                 events.extend(self._frame(frame))
-            except ContextLimit:
+            except ContextLimit as exc:
                 self._pending = np.zeros((0,), dtype=np.float32)
+                exc.events = events
                 raise
         return events
+
+    def _at_limit(self) -> bool:
+        return self.max_frames is not None and self.frame_index >= self.max_frames
 
     def flush(self, pad_partial: bool = True) -> list[Event]:
         """End the input: optionally zero-pad and run the partial frame, then ``Done``."""
         self._check_open()
         events: list[Event] = []
         try:
-            if self._pending.shape[0] and pad_partial:
+            # At the length limit the partial frame is dropped: the stream
+            # still ends normally (the last frame's audio, then Done).
+            if self._pending.shape[0] and pad_partial and not self._at_limit():
                 frame = np.zeros((self.frame_samples,), dtype=np.float32)
                 frame[: self._pending.shape[0]] = self._pending
                 events.extend(self._frame(frame))

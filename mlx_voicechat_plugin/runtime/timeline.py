@@ -18,7 +18,7 @@ the tokens and codes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -27,6 +27,10 @@ from .profile import FrameClock
 from .rng import RandomStream
 
 _NO_CLOCK = FrameClock(enabled=False)
+
+
+class PrefillCancelled(RuntimeError):
+    """The system-prompt prefill was stopped (the client left, or the server shuts down)."""
 
 
 @dataclass
@@ -112,18 +116,24 @@ class Timeline:
         # Evaluating the warm-up output materializes the backbone KV caches too.
         mx.eval(hidden, self._prev_codes)
 
-    def prefill(self, prompt_ids: list[int]) -> None:
+    def prefill(
+        self, prompt_ids: list[int], should_stop: Callable[[], bool] | None = None
+    ) -> None:
         """Read system-prompt tokens on the audio channel, one position each.
 
         The embeddings enter in float32, the dtype of the audio embeddings they
         stand in for (the reference's offline path does the same; its streaming
-        path feeds them in bf16, see conformance/README.md).
+        path feeds them in bf16, see conformance/README.md). ``should_stop`` is
+        asked before every position; when it says so, :class:`PrefillCancelled`
+        is raised (the timeline is then unusable).
         """
         if not prompt_ids:
             return
         ids = mx.array([prompt_ids], dtype=mx.int32)
         prompt = self.model.stt_model.embed_tokens(ids).astype(mx.float32)
         for p in range(len(prompt_ids)):
+            if should_stop is not None and should_stop():
+                raise PrefillCancelled(f"prefill stopped at position {p} of {len(prompt_ids)}")
             self.step(prompt[:, p : p + 1], generate=False)
 
     def listen(

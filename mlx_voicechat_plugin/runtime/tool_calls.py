@@ -23,6 +23,7 @@ from collections import deque
 from typing import Any, Callable
 
 from .events import ToolCall, ToolCallInvalid, ToolResultInjected
+from .quoting import brief
 from .timeline import prompt_token_ids
 from .tools import (
     DEFAULT_MAX_TOOLS,
@@ -197,9 +198,9 @@ class ToolChannel:
         if not isinstance(call_id, str):
             raise ToolError(f"call_id must be a string, got {type(call_id).__name__}")
         if call_id in self.answered:
-            raise ToolError(f"tool call {call_id!r} already has a result")
+            raise ToolError(f"tool call {brief(call_id)} already has a result")
         if call_id not in self.pending:
-            raise ToolError(f"unknown tool call id {call_id!r}")
+            raise ToolError(f"unknown tool call id {brief(call_id)}")
         tokens = self.tokenizer.encode(render_tool_response(output), add_special_tokens=False)
         del self.pending[call_id]
         self.answered.add(call_id)

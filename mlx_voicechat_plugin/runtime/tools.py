@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .quoting import brief
+
 logger = logging.getLogger(__name__)
 
 TOOLCALL_START = "<TOOLCALL>"
@@ -44,7 +46,7 @@ _DECISION = (
     "correct tool calls if any errors are found, or just respond to the user."
 )
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")  # the whole name (fullmatch)
 _TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "ack_messages"})
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 _SCHEMA_TYPES = frozenset({"object", "string", "number", "integer", "boolean", "array", "null"})
@@ -138,12 +140,13 @@ def parse_tool(spec: Any, index: int) -> Tool:
         spec = {**spec["function"], **({"type": spec["type"]} if "type" in spec else {})}
     unknown = set(spec) - _TOOL_KEYS
     if unknown:
-        raise ToolError(f"{where} has unknown keys {sorted(unknown)}; allowed: {sorted(_TOOL_KEYS)}")
+        raise ToolError(f"{where} has {len(unknown)} unknown key(s), e.g. "
+                        f"{brief(sorted(map(str, unknown))[0])}; allowed: {sorted(_TOOL_KEYS)}")
     if spec.get("type", "function") != "function":
         raise ToolError(f"{where}.type must be 'function', got {spec['type']!r}")
     name = spec.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ToolError(f"{where}.name must match {_NAME.pattern}, got {name!r}")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ToolError(f"{where}.name must match {_NAME.pattern}, got {brief(name)}")
     description = spec.get("description", "")
     require_ascii(description, f"{where}.description")
     parameters = spec.get("parameters", _EMPTY_OBJECT)

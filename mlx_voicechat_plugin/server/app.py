@@ -15,6 +15,7 @@ import asyncio
 import hmac
 import logging
 import time
+from collections import deque
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Sequence
@@ -52,13 +53,32 @@ def normalize_prefix(prefix: str | None) -> str:
     return "/" + prefix.strip("/")
 
 
-def origin_allowed(origin: str | None, host: str | None, allowed: Sequence[str]) -> bool:
-    """No Origin (not a browser), a listed one, ``*``, or the server's own host."""
-    if not origin:
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def origin_allowed(origin: str | None, allowed: Sequence[str]) -> bool:
+    """Whether a WebSocket upgrade's ``Origin`` may connect.
+
+    No ``Origin`` header: not a browser, allowed (API keys guard those). A
+    browser's origin must be in ``allowed`` (or ``allowed`` has ``*``); with no
+    list, only a loopback origin (``http(s)://localhost``, ``127.0.0.1`` or
+    ``[::1]``, any port). Never judged from ``Host``, which a DNS-rebinding
+    page controls. Empty, ``null`` and non-http(s) origins are refused.
+    """
+    if origin is None:
         return True
-    if "*" in allowed or origin.rstrip("/") in allowed:
-        return True
-    return bool(host) and urlsplit(origin).netloc.lower() == host.lower()
+    origin = origin.strip().rstrip("/")
+    try:
+        parts = urlsplit(origin)
+        hostname = parts.hostname
+        parts.port  # raises on a malformed port
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not hostname:
+        return False
+    if allowed:
+        return "*" in allowed or origin.lower() in (o.lower() for o in allowed)
+    return hostname.lower() in LOOPBACK_HOSTS
 
 
 def bearer_ok(header: str | None, api_key: str | None) -> bool:
@@ -85,7 +105,10 @@ class Connection:
         self.open = False  # the engine holds our streaming session
         self.frame_samples = 0
         self.connected_at = time.monotonic()
-        self.last_activity = self.connected_at
+        self.last_activity = self.connected_at  # last audio or successful request
+        self.failed_updates = 0
+        self.receiving: asyncio.Future | None = None  # a pending ws.receive()
+        self.early: deque[dict[str, Any]] = deque()  # frames read while a prefill ran
         self.outbox = Outbox(websocket, limits.max_pending_events)
 
     async def send(self, payload: dict[str, Any]) -> None:
@@ -96,14 +119,22 @@ class Connection:
         await self.send(protocol.error_event(code, message))
 
     async def release(self) -> None:
-        """Close the engine's session (cancelling unflushed audio) and free the slot."""
+        """Close the engine's session (cancelling unflushed audio) and free the slot.
+
+        The close is queued before the slot is freed, and the engine runs its
+        commands in order, so a client reconnecting at once is admitted and
+        its session opens after this one is gone.
+        """
+        closing = None
         if self.open:
             self.open = False
+            closing = self.engine.submit("close", self.session_id)
+        self.engine.release(self.session_id)
+        if closing is not None:
             try:
-                await self.engine.close(self.session_id)
+                await closing
             except Exception:
                 logger.exception("closing %s failed", self.session_id)
-        self.engine.release(self.session_id)
 
     async def finish(self, code: int, reason: str = "") -> None:
         """Free the session, let queued events go out (bounded), then close."""
@@ -123,11 +154,22 @@ class Connection:
                         type(exc).__name__)
 
     def deadline(self) -> tuple[float, str]:
+        """The next timeout: the update deadline or idle time, capped by the wall-clock limit."""
+        wall = (self.connected_at + self.limits.max_session_wall_seconds,
+                f"session open for {self.limits.max_session_wall_seconds:g} s "
+                "(--max-session-wall-seconds)")
         if not self.configured:
-            return (self.connected_at + self.limits.update_timeout,
-                    f"session.update not received within {self.limits.update_timeout:g} s")
-        return (self.last_activity + self.limits.idle_timeout,
-                f"session idle for {self.limits.idle_timeout:g} s")
+            due = (self.connected_at + self.limits.update_timeout,
+                   f"session.update not received within {self.limits.update_timeout:g} s")
+        else:
+            due = (self.last_activity + self.limits.idle_timeout,
+                   f"session idle for {self.limits.idle_timeout:g} s (no audio and no "
+                   "successful request)")
+        return min(due, wall)
+
+    def active(self) -> None:
+        """Audio arrived or a request succeeded: the idle clock restarts."""
+        self.last_activity = time.monotonic()
 
     async def run(self) -> None:
         await self.ws.accept()
@@ -153,6 +195,8 @@ class Connection:
             await self.outbox.stop()
             await self.close(CloseCode.POLICY_VIOLATION, NOT_READING)
         finally:
+            if self.receiving is not None:
+                self.receiving.cancel()
             await self.release()
             await self.outbox.stop()
 
@@ -160,8 +204,7 @@ class Connection:
         while True:
             deadline, reason = self.deadline()
             try:
-                message = await asyncio.wait_for(self.ws.receive(),
-                                                 max(deadline - time.monotonic(), 0.0))
+                message = await self.next_message(max(deadline - time.monotonic(), 0.0))
             except asyncio.TimeoutError:
                 await self.send_error(ErrorCode.INVALID_REQUEST, reason)
                 await self.finish(CloseCode.POLICY_VIOLATION)
@@ -173,6 +216,14 @@ class Connection:
             except ProtocolError as exc:
                 await self.send_error(exc.code, exc.message)
                 done = False
+                if exc.code == ErrorCode.SESSION_INITIALIZATION_FAILED:
+                    self.failed_updates += 1
+                    if self.failed_updates >= self.limits.max_failed_updates:
+                        await self.send_error(ErrorCode.INVALID_REQUEST,
+                                              f"{self.failed_updates} failed session.update "
+                                              "messages; closing")
+                        await self.finish(CloseCode.POLICY_VIOLATION)
+                        return
             if done:
                 return
 
@@ -194,50 +245,88 @@ class Connection:
         if isinstance(message, protocol.Ping):
             await self.send({"type": "session.pong"})
             return False
-        self.last_activity = time.monotonic()
-        try:
-            if isinstance(message, protocol.SessionUpdate):
-                await self.configure(message)
-                return False
-            if not self.configured:
-                raise ProtocolError(ErrorCode.INVALID_REQUEST, "send session.update before audio")
-            if isinstance(message, protocol.ToolOutput):
-                await self.tool_output(message)
-                return False
-            if isinstance(message, protocol.AudioAppend):
-                await self.append(message)
-                return False
-            if isinstance(message, protocol.Commit):
-                # As the reference orders them: the audio of frames appended
-                # before the commit, ``committed``, then the flushed frames.
-                earlier, events = await self.engine_call(
-                    self.engine.flush(self.session_id, message.pad_partial))
-                await self.forward(earlier)
-                await self.send({"type": "input_audio_buffer.committed"})
-            else:
-                events = await self.engine_call(self.engine.cancel(self.session_id))
-            await self.forward(events)
-            await self.finish(CloseCode.NORMAL)
-            return True
-        finally:
-            self.last_activity = time.monotonic()
+        if isinstance(message, protocol.SessionUpdate):
+            await self.configure(message)
+            self.active()
+            return False
+        if not self.configured:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, "send session.update before audio")
+        if isinstance(message, protocol.ToolOutput):
+            await self.tool_output(message)
+            self.active()
+            return False
+        if isinstance(message, protocol.AudioAppend):
+            await self.append(message)  # marks the session active when it carries audio
+            return False
+        if isinstance(message, protocol.Commit):
+            # As the reference orders them: the audio of frames appended
+            # before the commit, ``committed``, then the flushed frames.
+            earlier, events = await self.engine_call(
+                self.engine.flush(self.session_id, message.pad_partial))
+            await self.forward(earlier)
+            await self.send({"type": "input_audio_buffer.committed"})
+        else:
+            events = await self.engine_call(self.engine.cancel(self.session_id))
+        await self.forward(events)
+        await self.finish(CloseCode.NORMAL)
+        return True
 
     async def configure(self, update: protocol.SessionUpdate) -> None:
         if self.configured:
             raise ProtocolError(ErrorCode.INVALID_REQUEST,
                                 "the active session cannot be reconfigured")
         seconds = self.limits.clamp_streaming_seconds(update.max_streaming_seconds)
+        opening = self.engine.submit_open(
+            self.session_id, system_prompt=update.system_prompt, seed=update.seed,
+            max_streaming_seconds=seconds, tools=update.tools,
+            max_prompt_tokens=self.limits.max_prompt_tokens)
+        self.open = True  # the engine may hold a stream from now on: release closes it
+        await self.watch(opening)
         try:
-            details = await self.engine.open(
-                self.session_id, system_prompt=update.system_prompt, seed=update.seed,
-                max_streaming_seconds=seconds, tools=update.tools)
+            details = opening.result()
         except Exception as exc:
             raise ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED, str(exc)) from None
-        self.configured = self.open = True
+        self.configured = True
         self.tools_set = update.tools is not None
         self.frame_samples = details["frame_samples"]
         logger.info("%s configured (seed %d, max %.1f s)", self.session_id, update.seed, seconds)
         await self.send(protocol.session_updated(self.session_id, self.model_id, details))
+
+    async def watch(self, opening: asyncio.Future) -> None:
+        """Wait for the engine to open the session while watching the socket.
+
+        A prefill is the one long engine command: if the client leaves or the
+        wall-clock cap passes meanwhile, the prefill is stopped between two
+        positions and the slot is freed. Messages that arrive meanwhile are
+        kept, in order, for the loop.
+        """
+        while not opening.done():
+            if self.receiving is None:
+                self.receiving = asyncio.ensure_future(self.ws.receive())
+            remaining = self.connected_at + self.limits.max_session_wall_seconds \
+                - time.monotonic()
+            done, _ = await asyncio.wait({opening, self.receiving}, timeout=max(remaining, 0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done or (self.receiving in done and
+                            self.receiving.result()["type"] == "websocket.disconnect"):
+                self.engine.abort(self.session_id)
+                await asyncio.wait({opening})
+                if done:
+                    raise WebSocketDisconnect(self.receiving.result().get("code", 1000))
+                return  # the deadline: the loop reports it
+            if self.receiving in done:
+                self.early.append(self.receiving.result())
+                self.receiving = None
+
+    async def next_message(self, timeout: float) -> dict[str, Any]:
+        """The next client frame: kept ones first, then the socket (``TimeoutError``)."""
+        if self.early:
+            return self.early.popleft()
+        if self.receiving is None:
+            self.receiving = asyncio.ensure_future(self.ws.receive())
+        message = await asyncio.wait_for(asyncio.shield(self.receiving), timeout)
+        self.receiving = None
+        return message
 
     async def tool_output(self, message: protocol.ToolOutput) -> None:
         """A tool result: its tokens enter the timeline at the next frames."""
@@ -254,6 +343,8 @@ class Connection:
     async def append(self, message: protocol.AudioAppend) -> None:
         samples = protocol.decode_pcm16(message.audio)
         rate = protocol.check_sample_rate(message.sample_rate)
+        if samples.shape[0]:
+            self.active()
         # One engine call per native frame: each frame's events go out before
         # the next frame runs, however large the client's chunk.
         for start in range(0, samples.shape[0], self.frame_samples):
@@ -298,7 +389,10 @@ def create_app(
         finally:
             await asyncio.to_thread(engine.stop)
 
-    app = FastAPI(title="mlx-voicechat realtime", lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: they would be served without the API
+    # key and outside --api-prefix, and describe nothing a client needs.
+    app = FastAPI(title="mlx-voicechat realtime", lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.limits, app.state.model_id = engine, limits, model_id
     if origins:
         from fastapi.middleware.cors import CORSMiddleware
@@ -345,8 +439,7 @@ def create_app(
         if not bearer_ok(websocket.headers.get("authorization"), api_key):
             await deny(websocket, 401, "missing or invalid API key")
             return
-        if not origin_allowed(websocket.headers.get("origin"), websocket.headers.get("host"),
-                              origins):
+        if not origin_allowed(websocket.headers.get("origin"), origins):
             await deny(websocket, 403, "origin not allowed")
             return
         connection = Connection(websocket, engine, model_id, limits)

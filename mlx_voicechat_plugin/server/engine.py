@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..runtime.events import Audio
+from ..runtime.events import Audio, Cancelled
 from . import protocol
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class Engine:
         self.load_error: BaseException | None = None
         self.loaded = threading.Event()
         self._commands: queue.Queue[_Command | None] = queue.Queue()
+        self._aborts: dict[str, threading.Event] = {}  # session -> stop its prefill
         self._reservation = threading.Lock()
         self._reserved: str | None = None
         self._thread = threading.Thread(target=self._run, name="mlx-voicechat-engine",
@@ -79,6 +80,8 @@ class Engine:
             self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
+        for event in list(self._aborts.values()):
+            event.set()  # a prefill in progress stops within one position
         self._commands.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -111,14 +114,29 @@ class Engine:
 
     # --- commands (awaited from the event loop) ------------------------
 
-    async def call(self, kind: str, session_id: str, **payload: Any) -> Any:
+    def submit(self, kind: str, session_id: str, **payload: Any) -> asyncio.Future:
+        """Queue a command now; the future resolves with its reply (call from the loop)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._commands.put(_Command(kind, session_id, payload, loop, future))
-        return await future
+        return future
+
+    async def call(self, kind: str, session_id: str, **payload: Any) -> Any:
+        return await self.submit(kind, session_id, **payload)
+
+    def submit_open(self, session_id: str, **options: Any) -> asyncio.Future:
+        """Queue ``open``; :meth:`abort` stops its prefill between positions."""
+        abort = self._aborts.setdefault(session_id, threading.Event())
+        return self.submit("open", session_id, stop_prefill=abort.is_set, **options)
 
     async def open(self, session_id: str, **options: Any) -> dict[str, Any]:
-        return await self.call("open", session_id, **options)
+        return await self.submit_open(session_id, **options)
+
+    def abort(self, session_id: str) -> None:
+        """Stop ``session_id``'s prefill if it is running (any thread)."""
+        event = self._aborts.get(session_id)
+        if event is not None:
+            event.set()
 
     async def push(self, session_id: str, samples: np.ndarray, sample_rate: int) -> list[str]:
         return await self.call("push", session_id, samples=samples, sample_rate=sample_rate)
@@ -163,7 +181,13 @@ class Engine:
                 if command.kind == "open":
                     if stream is not None:
                         raise RuntimeError("a realtime session is already active")
-                    stream = self.voicechat.create_streaming_session(**command.payload)
+                    try:
+                        stream = self.voicechat.create_streaming_session(**command.payload)
+                    except BaseException:
+                        _clear_cache()  # what a stopped or failed prefill allocated
+                        raise
+                    finally:
+                        self._aborts.pop(command.session_id, None)
                     session_id = command.session_id
                     value: Any = {
                         "input_sample_rate": stream.sample_rate,
@@ -194,7 +218,9 @@ class Engine:
                                 and isinstance(events[lead], Audio):
                             lead += 1
                     elif command.kind == "cancel":
-                        events = stream.cancel()
+                        # A client that cancels always hears response.cancelled,
+                        # also after a failed commit closed the stream.
+                        events = stream.cancel() or [Cancelled(stream.frame_index)]
                     elif command.kind == "tool_result":
                         stream.submit_tool_result(command.payload["call_id"],
                                                   command.payload["output"])
@@ -205,8 +231,9 @@ class Engine:
                     if command.kind == "flush":
                         value = (value[:lead], value[lead:])
             except Exception as exc:
-                logger.warning("engine %s failed for %s: %s", command.kind,
-                               command.session_id, exc)
+                # Reported to the client, and logged once there (send_error).
+                logger.debug("engine %s failed for %s: %s", command.kind,
+                             command.session_id, exc, exc_info=True)
                 command.reply(error=exc)
             else:
                 command.reply(value)

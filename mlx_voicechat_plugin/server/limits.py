@@ -22,13 +22,18 @@ class ServerLimits:
     idle_timeout: float = 120.0
     max_pending_events: int = 256  # unsent events before a client counts as not reading
     send_timeout: float = 10.0  # longest wait for queued events (and the close) at the end
+    max_session_wall_seconds: float = 1800.0  # a connection's whole life, whatever it sends
+    max_failed_updates: int = 3  # failed session.update messages before close 1008
+    max_prompt_tokens: int = 2048  # system prompt + rendered tools, checked before prefill
 
     def __post_init__(self) -> None:
-        for name in ("max_message_bytes", "max_pending_events"):
+        for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
+                     "max_prompt_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout"):
+        for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout",
+                     "max_session_wall_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:

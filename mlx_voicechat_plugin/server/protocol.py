@@ -18,6 +18,8 @@ from typing import Any, Union
 import numpy as np
 
 from ..runtime.audio import to_pcm16
+from ..runtime.quoting import brief
+from ..runtime.rng import check_seed
 from ..runtime.events import (
     AssistantTextDelta,
     Audio,
@@ -115,14 +117,6 @@ class ToolOutput:
 ClientMessage = Union[SessionUpdate, AudioAppend, Commit, Cancel, Ping, ToolOutput]
 
 
-BRIEF_CHARS = 40  # client values echoed in errors (and logs) are cut to this
-
-
-def brief(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= BRIEF_CHARS else text[: BRIEF_CHARS - 3] + "..."
-
-
 def _invalid(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.INVALID_REQUEST, message)
 
@@ -143,8 +137,10 @@ def parse_session(payload: Any) -> SessionUpdate:
     seed = payload.get("seed", 0)
     if seed is None:
         seed = 0
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise _init_failed(f"session.seed must be a non-negative integer, got {brief(seed)}")
+    try:
+        check_seed(seed, "session.seed")
+    except ValueError as exc:
+        raise _init_failed(str(exc)) from None
     limit = payload.get("max_streaming_seconds")
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) \
@@ -169,12 +165,35 @@ def parse_item(item: Any) -> ToolOutput:
     return ToolOutput(call_id, output)
 
 
+MAX_JSON_DEPTH = 32  # nesting of objects and arrays a client message may have
+MAX_ERROR_CHARS = 240  # an error message (client values inside it included) is cut to this
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of parsed JSON (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item \
+            if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def parse_message(text: str) -> ClientMessage:
     """One text frame -> a client message (``invalid_request`` when malformed)."""
     try:
         message = json.loads(text)
-    except ValueError:
-        raise _invalid("message must be valid JSON") from None
+    except (ValueError, RecursionError):  # the decoder recurses once per nesting level
+        raise _invalid("message must be valid JSON, nested at most "
+                       f"{MAX_JSON_DEPTH} levels") from None
+    if json_depth(message) > MAX_JSON_DEPTH:
+        raise _invalid(f"message nests deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(message, dict):
         raise _invalid("message must be a JSON object")
     kind = message.get("type")
@@ -231,8 +250,13 @@ def dumps(payload: dict[str, Any]) -> str:
     return json.dumps(stamp(payload), ensure_ascii=False, separators=(",", ":"))
 
 
+def bounded(message: str) -> str:
+    """``message`` cut to :data:`MAX_ERROR_CHARS` (it may quote client input)."""
+    return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 3] + "..."
+
+
 def error_event(code: str, message: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"code": code, "message": message}}
+    return {"type": "error", "error": {"code": code, "message": bounded(message)}}
 
 
 def audio_format(sample_rate: int) -> dict[str, Any]:
