@@ -162,6 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     report["offline"]["ratio_vs_reference_cached"] = offline["plugin_s"][0] / offline["reference_cached_s"][0]
     print(json.dumps({"offline": report["offline"]}, indent=1), flush=True)
 
+    def start_ms(create: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(5):
+            began = time.perf_counter()
+            create()
+            times.append((time.perf_counter() - began) * 1e3)
+        return float(np.median(times))
+
+    report["session_start_ms"] = {
+        "plugin": start_ms(lambda: ours.create_streaming_session()),
+        "reference": start_ms(lambda: theirs.create_streaming_session()),
+    }
+    print(json.dumps({"session_start_ms": report["session_start_ms"]}), flush=True)
+
     stream_audio = signal(args.frames * model.config.frame_duration)
     timed, ours_totals, ref_totals = _interleaved(ours, theirs, stream_audio, frame, args.rounds)
     ours_stream, _ = _stream_ours(ours, stream_audio, frame)  # profiled: stages, syncs

@@ -17,6 +17,7 @@ the tokens and codes.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -78,6 +79,44 @@ def tts_warmup_inputs(model: Model) -> tuple[mx.array, ...]:
     return codes, subword_ids, subword_mask, audio_mask, speech.audio_prompt_latents.Aria[:1]
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    """What every session starts from: the EAR-TTS caches after the speaker-prompt
+    warm-up and the codes of its last frame. A pure function of the weights, so
+    it is computed once per loaded model (:func:`warm_start`) and copied."""
+
+    tts_cache: list[Any]
+    prev_codes: mx.array  # (1, 1, Q)
+
+    def fresh_cache(self) -> list[Any]:
+        """Per-session caches: new objects and new array handles over the same values.
+
+        A KV cache writes into its arrays with slice assignment, which rebinds
+        only the handle it is done on, so sessions never see each other's writes.
+        """
+        caches = []
+        for cache in self.tts_cache:
+            clone = copy.copy(cache)
+            for name, value in vars(cache).items():
+                if isinstance(value, mx.array):
+                    setattr(clone, name, mx.array(value))
+            caches.append(clone)
+        return caches
+
+
+def warm_start(model: Model) -> WarmStart:
+    """The model's :class:`WarmStart`, computed (and evaluated) on first use."""
+    start = getattr(model, "warm_start", None)
+    if start is None:
+        codes, ids, id_mask, audio_mask, latents = tts_warmup_inputs(model)
+        hidden, cache = model.tts_model.tts_model.warmup(codes, ids, id_mask, audio_mask, latents)
+        start = WarmStart(cache, codes[:, -1:])
+        # Evaluating the warm-up output materializes the backbone KV caches too.
+        mx.eval(hidden, start.prev_codes, [c.state for c in cache])
+        model.warm_start = start  # a plain attribute: not part of the module tree
+    return start
+
+
 class LanguageState:
     """Nemotron-H across positions: persistent caches, or full recompute."""
 
@@ -108,13 +147,9 @@ class Timeline:
         self._pad = mx.array([pad], dtype=mx.int32)
         speech = model.tts_model
         self._silence = speech.codec_silence_tokens.astype(mx.int32).reshape(1, 1, -1)
-        codes, ids, id_mask, audio_mask, latents = tts_warmup_inputs(model)
-        hidden, self.tts_cache = speech.tts_model.warmup(
-            codes, ids, id_mask, audio_mask, latents
-        )
-        self._prev_codes = codes[:, -1:]
-        # Evaluating the warm-up output materializes the backbone KV caches too.
-        mx.eval(hidden, self._prev_codes)
+        start = warm_start(model)
+        self.tts_cache = start.fresh_cache()
+        self._prev_codes = start.prev_codes
 
     def prefill(
         self, prompt_ids: list[int], should_stop: Callable[[], bool] | None = None
