@@ -28,8 +28,12 @@ class LiveServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", ws_max_size=ws_max_size,
-                                lifespan="on")
+        # The server's socket-level limits (connection caps, header timeout)
+        # as `mlx-voicechat serve` applies them.
+        limits = getattr(getattr(app, "state", None), "limits", None)
+        options = limits.uvicorn_options() if limits is not None else {}
+        options["ws_max_size"] = ws_max_size
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", **options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)

@@ -301,3 +301,73 @@ def test_shutdown_stops_a_prefill(long_prefill_server):
         started = time.monotonic()
         server.stop()
         assert time.monotonic() - started < 8 and not server.thread.is_alive()
+
+
+# --- 3: slow headers and connection floods ----------------------------------
+
+
+def _half_request(port: int):
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
+    return sock
+
+
+def _closed_by_server(sock, wait: float) -> bool:
+    sock.settimeout(wait)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:  # still open
+        return False
+    except OSError:  # reset by the server
+        return True
+
+
+@pytest.fixture
+def guarded_server(tiny_ckpt):
+    limits = ServerLimits(max_connections=12, max_connections_per_client=6, header_timeout=1.0)
+    server = LiveServer(create_app(tiny_ckpt, limits=limits))
+    time.sleep(1.5)  # the start-up health polls' sockets are gone by then
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_slow_header_connections_are_capped_and_timed_out(guarded_server, caplog):
+    """Finding 3: 300 slowloris sockets stayed open and starved /health."""
+    server = guarded_server
+    caplog.set_level(logging.WARNING, logger="mlx_voicechat_plugin")
+    socks = [_half_request(server.port) for _ in range(10)]
+    try:
+        time.sleep(0.3)  # refusals are immediate; the header timeout is 1 s
+        refused = [s for s in socks if _closed_by_server(s, 0.01)]
+        assert len(refused) == 4  # six from this address are allowed in
+        assert any("max-connections-per-client" in r.getMessage() for r in caplog.records)
+        started = time.monotonic()
+        assert all(_closed_by_server(s, 3.0) for s in socks)  # the header timeout
+        assert time.monotonic() - started < 2.5
+        assert any("header-timeout" in r.getMessage() for r in caplog.records)
+        assert server.health().status_code == 200  # room again
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_websocket_sessions_count_until_they_close(guarded_server):
+    server = guarded_server
+    with connect(server.ws()) as ws:
+        configure(ws)
+        socks = [_half_request(server.port) for _ in range(6)]
+        try:
+            # The open WebSocket holds one of the six places of this address.
+            time.sleep(0.3)
+            assert sum(_closed_by_server(s, 0.01) for s in socks) == 1
+        finally:
+            for sock in socks:
+                sock.close()
+        send(ws, {"type": "session.cancel"})
+        assert until_closed(ws)[1] == 1000
+    time.sleep(0.2)
+    assert server.health().status_code == 200

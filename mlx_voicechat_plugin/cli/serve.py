@@ -60,6 +60,16 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     limits.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens,
                         help="most tokens the system prompt and rendered tools may take "
                              "(each is one prefill step; default %(default)s)")
+    limits.add_argument("--prompt-cache-bytes", type=int, default=defaults.prompt_cache_bytes,
+                        help="bytes of prefilled states kept so repeated system prompts and "
+                             "tool sets start at once (0 turns the cache off; default 256 MiB)")
+    limits.add_argument("--max-connections", type=int, default=defaults.max_connections,
+                        help="open connections in all, counted before authentication")
+    limits.add_argument("--max-connections-per-client", type=int,
+                        default=defaults.max_connections_per_client,
+                        help="open connections from one client address")
+    limits.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
+                        help="seconds a new connection has to send its request headers")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading')")
@@ -78,7 +88,11 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
                                    send_timeout=args.send_timeout,
                                    max_session_wall_seconds=args.max_session_wall_seconds,
                                    max_failed_updates=args.max_failed_updates,
-                                   max_prompt_tokens=args.max_prompt_tokens)
+                                   max_prompt_tokens=args.max_prompt_tokens,
+                                   prompt_cache_bytes=args.prompt_cache_bytes,
+                                   max_connections=args.max_connections,
+                                   max_connections_per_client=args.max_connections_per_client,
+                                   header_timeout=args.header_timeout)
     except ValueError as exc:
         parser.error(str(exc))
     return args
@@ -101,7 +115,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
                      limits=args.limits)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                ws_max_size=args.limits.transport_max_bytes)
+                **args.limits.uvicorn_options())
     return 0
 
 

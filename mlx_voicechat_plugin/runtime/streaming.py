@@ -29,6 +29,7 @@ from .events import (
     UserTranscriptDelta,
 )
 from .profile import FrameClock, Profile, profile_env
+from .prompt_cache import PromptCache
 from .rng import check_seed
 from .timeline import Timeline, replace_control_codes
 from .tool_calls import DEFAULT_MAX_CALLS_PER_TURN, ToolChannel, tool_prompt
@@ -94,6 +95,15 @@ def _as_chunk(samples: Any) -> np.ndarray:
     return as_mono_float32(samples, "audio chunk")
 
 
+def prompt_cache_of(model: Any) -> PromptCache:
+    """The model's prompt cache (``model.prompt_cache``; made with the default budget)."""
+    cache = getattr(model, "prompt_cache", None)
+    if cache is None:
+        cache = PromptCache()
+        model.prompt_cache = cache  # a plain attribute: not part of the module tree
+    return cache
+
+
 class StreamingSession:
     def __init__(self, parent: "VoiceChatSession", options: StreamingOptions):
         model = parent.model
@@ -146,7 +156,22 @@ class StreamingSession:
             )
             self._notices = [ToolsWarning(0, message) for message in toolset.warnings]
         # The system prompt advances the timeline but emits nothing.
-        self.timeline.prefill(prompt, options.stop_prefill)
+        self.prompt_cache_hit = self._start_timeline(prompt)
+
+    def _start_timeline(self, prompt: list[int]) -> bool:
+        """Prefill the prompt, or continue from the model's cached state for it."""
+        cache = prompt_cache_of(self.model)
+        if not prompt or not self.options.use_language_cache or not cache.max_bytes:
+            self.timeline.prefill(prompt, self.options.stop_prefill)
+            return False
+        key = (tuple(prompt), self.options.seed)
+        state = cache.get(key)
+        if state is not None:
+            self.timeline.restore(state)
+            return True
+        self.timeline.prefill(prompt, self.options.stop_prefill)
+        cache.put(key, self.timeline.snapshot())
+        return False
 
     # --- the frame ------------------------------------------------------
 

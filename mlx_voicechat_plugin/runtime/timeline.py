@@ -151,6 +151,22 @@ class Timeline:
         self.tts_cache = start.fresh_cache()
         self._prev_codes = start.prev_codes
 
+    def snapshot(self) -> dict[str, Any]:
+        """The whole recurrence state (shares arrays: clone it before keeping it)."""
+        return {
+            "language_cache": self.language.cache, "history": self.language.history,
+            "tts_cache": self.tts_cache, "key": self.rng._key, "index": self.index,
+            "prev_text": self._prev_text, "prev_function": self._prev_function,
+            "prev_codes": self._prev_codes,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`snapshot` (a private copy: this timeline will write to it)."""
+        self.language.cache, self.language.history = state["language_cache"], state["history"]
+        self.tts_cache, self.rng._key, self.index = state["tts_cache"], state["key"], state["index"]
+        self._prev_text, self._prev_function = state["prev_text"], state["prev_function"]
+        self._prev_codes = state["prev_codes"]
+
     def prefill(
         self, prompt_ids: list[int], should_stop: Callable[[], bool] | None = None
     ) -> None:

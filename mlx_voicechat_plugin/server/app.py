@@ -376,7 +376,7 @@ def create_app(
 ) -> FastAPI:
     """The realtime server for one checkpoint; the engine starts with the app."""
     limits = limits or ServerLimits()
-    engine = engine or Engine(str(model_path))
+    engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes)
     model_id = served_model_id(str(model_path), alias)
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..runtime.events import Audio, Cancelled
+from ..runtime.prompt_cache import PromptCache
 from . import protocol
 
 logger = logging.getLogger(__name__)
@@ -60,9 +61,11 @@ class _Command:
 class Engine:
     """One long-lived worker thread owning the model and the streaming session."""
 
-    def __init__(self, model_path: str, loader: Loader | None = None):
+    def __init__(self, model_path: str, loader: Loader | None = None,
+                 prompt_cache_bytes: int | None = None):
         self.model_path = model_path
         self.loader = loader or load_voicechat
+        self.prompt_cache_bytes = prompt_cache_bytes  # None: the model's default budget
         self.voicechat: Any = None
         self.load_error: BaseException | None = None
         self.loaded = threading.Event()
@@ -160,6 +163,8 @@ class Engine:
         try:
             logger.info("loading %s", self.model_path)
             self.voicechat = self.loader(self.model_path)
+            if self.prompt_cache_bytes is not None:
+                self.voicechat.model.prompt_cache = PromptCache(self.prompt_cache_bytes)
             logger.info("model loaded")
         except Exception as exc:  # reported by /health and to each client
             logger.exception("failed to load %s", self.model_path)

@@ -25,19 +25,34 @@ class ServerLimits:
     max_session_wall_seconds: float = 1800.0  # a connection's whole life, whatever it sends
     max_failed_updates: int = 3  # failed session.update messages before close 1008
     max_prompt_tokens: int = 2048  # system prompt + rendered tools, checked before prefill
+    prompt_cache_bytes: int = 256 * MIB  # prefilled states kept for repeated prompts (0: off)
+    max_connections: int = 128  # open sockets in all, before any authentication
+    max_connections_per_client: int = 64  # open sockets from one address
+    header_timeout: float = 10.0  # a new connection's request headers must arrive by then
 
     def __post_init__(self) -> None:
+        if isinstance(self.prompt_cache_bytes, bool) or not isinstance(self.prompt_cache_bytes, int) \
+                or self.prompt_cache_bytes < 0:
+            raise ValueError(f"prompt_cache_bytes must be >= 0, got {self.prompt_cache_bytes!r}")
         for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
-                     "max_prompt_tokens"):
+                     "max_prompt_tokens", "max_connections", "max_connections_per_client"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout",
-                     "max_session_wall_seconds"):
+                     "max_session_wall_seconds", "header_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+    def uvicorn_options(self) -> dict:
+        """What ``uvicorn.run`` / ``uvicorn.Config`` need to enforce the socket-level limits."""
+        from .guard import ConnectionGuard, uvicorn_protocols
+
+        guard = ConnectionGuard(self.max_connections, self.max_connections_per_client,
+                                self.header_timeout)
+        return {"ws_max_size": self.transport_max_bytes, **uvicorn_protocols(guard)}
 
     @property
     def transport_max_bytes(self) -> int:

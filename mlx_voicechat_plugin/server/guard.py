@@ -1,0 +1,109 @@
+"""Connection limits below the application: caps on open sockets and a header deadline.
+
+A slow-header client (slowloris) never completes its HTTP request, so the
+application never sees it and the API key never applies. These limits act on
+the socket: each connection is counted from ``connection_made`` until
+``connection_lost`` (whether it stays HTTP or becomes a WebSocket), a new one
+beyond ``max_connections`` in all or ``max_connections_per_client`` from one
+address is closed at once, and one whose first request's headers have not
+arrived within ``header_timeout`` seconds is closed. Each refusal is logged.
+
+:func:`uvicorn_protocols` returns the ``http`` / ``ws`` protocol classes to
+hand to ``uvicorn.run`` / ``uvicorn.Config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class ConnectionGuard:
+    def __init__(self, max_connections: int, max_per_client: int, header_timeout: float):
+        self.max_connections = max_connections
+        self.max_per_client = max_per_client
+        self.header_timeout = header_timeout
+        self.open: dict[int, str] = {}  # id(transport) -> client address
+        self.per_client: Counter[str] = Counter()
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def admit(self, transport: asyncio.BaseTransport) -> bool:
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else "unknown"
+        with self._lock:
+            if len(self.open) >= self.max_connections:
+                why = f"{len(self.open)} connections open (--max-connections)"
+            elif self.per_client[address] >= self.max_per_client:
+                why = f"{self.per_client[address]} connections from it (--max-connections-per-client)"
+            else:
+                self.open[id(transport)] = address
+                self.per_client[address] += 1
+                return True
+            self.refused += 1
+        logger.warning("refused a connection from %s: %s", address, why)
+        return False
+
+    def release(self, transport: asyncio.BaseTransport) -> None:
+        with self._lock:
+            address = self.open.pop(id(transport), None)
+            if address is not None:
+                self.per_client[address] -= 1
+                if not self.per_client[address]:
+                    del self.per_client[address]
+
+
+def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
+    """``{"http": cls, "ws": cls}``: uvicorn's own protocols with the guard applied."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
+
+    # The classes uvicorn's "auto" would pick, so only the guard differs.
+    http_base, ws_base = AutoHTTPProtocol, AutoWebSocketsProtocol
+
+    class GuardedHTTP(http_base):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._guard_timer = None
+            if not guard.admit(transport):
+                transport.close()
+                return
+            loop = asyncio.get_running_loop()
+            self._guard_timer = loop.call_later(guard.header_timeout, self._headers_late)
+
+        def _headers_late(self) -> None:
+            logger.warning("closed a connection from %s: no complete request headers in %g s "
+                           "(--header-timeout)", getattr(self, "client", None),
+                           guard.header_timeout)
+            self.transport.close()
+
+        def _headers_arrived(self) -> None:
+            if self._guard_timer is not None:
+                self._guard_timer.cancel()
+                self._guard_timer = None
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if getattr(self, "cycle", None) is not None:
+                self._headers_arrived()
+
+        def handle_websocket_upgrade(self, *args: Any) -> None:
+            self._headers_arrived()
+            super().handle_websocket_upgrade(*args)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._headers_arrived()
+            guard.release(self.transport)
+            super().connection_lost(exc)
+
+    class GuardedWS(ws_base):  # type: ignore[misc, valid-type]
+        def connection_lost(self, exc: Exception | None) -> None:
+            guard.release(self.transport)
+            super().connection_lost(exc)
+
+    return {"http": GuardedHTTP, "ws": GuardedWS}
