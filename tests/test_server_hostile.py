@@ -371,3 +371,39 @@ def test_websocket_sessions_count_until_they_close(guarded_server):
         assert until_closed(ws)[1] == 1000
     time.sleep(0.2)
     assert server.health().status_code == 200
+
+
+# --- 5: ping floods -------------------------------------------------------------
+
+
+def test_a_ping_flood_from_a_client_that_never_reads_is_bounded(guarded_server):
+    """Finding 5: server memory grew ~0.8 MB per MB of pings until the update timeout."""
+    from raw_client import RawClient
+
+    from mlx_voicechat_plugin.server.guard import MAX_UNSENT_BYTES
+
+    server = guarded_server
+    guard = server.server.config.http.guard
+    client = RawClient(server.port)
+    sent = 0
+    try:
+        ping = b"p" * 125
+        while sent < 6 * MAX_UNSENT_BYTES:
+            client.sock.sendall(_masked_pings(ping, 512))
+            sent += 512 * 125
+    except OSError:
+        pass  # the server closed the connection
+    finally:
+        client.close()
+    assert sent < 6 * MAX_UNSENT_BYTES  # closed before the flood was through
+    assert guard.peak_unsent_bytes <= MAX_UNSENT_BYTES + 512 * 127 * 2
+    time.sleep(0.2)
+    assert server.health().status_code == 200
+
+
+def _masked_pings(payload: bytes, count: int) -> bytes:
+    import struct
+
+    mask = bytes(4)  # a zero mask leaves the payload as is
+    frame = struct.pack("!BB", 0x80 | 0x9, 0x80 | len(payload)) + mask + payload
+    return frame * count

@@ -6,7 +6,9 @@ the socket: each connection is counted from ``connection_made`` until
 ``connection_lost`` (whether it stays HTTP or becomes a WebSocket), a new one
 beyond ``max_connections`` in all or ``max_connections_per_client`` from one
 address is closed at once, and one whose first request's headers have not
-arrived within ``header_timeout`` seconds is closed. Each refusal is logged.
+arrived within ``header_timeout`` seconds is closed. A WebSocket whose unsent
+bytes pass ``max_unsent_bytes`` (pongs to a ping flood from a client that
+never reads) is closed. Each refusal is logged.
 
 :func:`uvicorn_protocols` returns the ``http`` / ``ws`` protocol classes to
 hand to ``uvicorn.run`` / ``uvicorn.Config``.
@@ -23,11 +25,20 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+# A WebSocket whose unsent bytes pass this is closed: application sends wait
+# for the transport (its high-water mark is 64 KiB), so only the WebSocket
+# layer's own replies (a pong for every ping) can pile up this far.
+MAX_UNSENT_BYTES = 4 * 2**20
+
+
 class ConnectionGuard:
-    def __init__(self, max_connections: int, max_per_client: int, header_timeout: float):
+    def __init__(self, max_connections: int, max_per_client: int, header_timeout: float,
+                 max_unsent_bytes: int = MAX_UNSENT_BYTES):
         self.max_connections = max_connections
         self.max_per_client = max_per_client
         self.header_timeout = header_timeout
+        self.max_unsent_bytes = max_unsent_bytes
+        self.peak_unsent_bytes = 0  # the largest write buffer seen on a WebSocket
         self.open: dict[int, str] = {}  # id(transport) -> client address
         self.per_client: Counter[str] = Counter()
         self.refused = 0
@@ -102,8 +113,19 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
             super().connection_lost(exc)
 
     class GuardedWS(ws_base):  # type: ignore[misc, valid-type]
+        def data_received(self, data: bytes) -> None:  # type: ignore[override]
+            super().data_received(data)
+            unsent = self.transport.get_write_buffer_size()
+            guard.peak_unsent_bytes = max(guard.peak_unsent_bytes, unsent)
+            if unsent > guard.max_unsent_bytes:
+                # A ping flood from a client that never reads its pongs.
+                logger.warning("closed a WebSocket from %s: %d bytes unsent, the client is "
+                               "not reading", getattr(self, "client", None), unsent)
+                self.transport.abort()
+
         def connection_lost(self, exc: Exception | None) -> None:
             guard.release(self.transport)
             super().connection_lost(exc)
 
+    GuardedHTTP.guard = GuardedWS.guard = guard  # type: ignore[attr-defined]
     return {"http": GuardedHTTP, "ws": GuardedWS}
