@@ -13,7 +13,11 @@ On one fixture checkpoint and one input it times:
   run, with the counted host syncs and the time spent inside them and inside
   ``mx.async_eval``;
 - peak memory of each run;
-- a scaling run: streaming per-frame cost against session length.
+- a scaling run: streaming per-frame cost against session length;
+- per stage, a matmul floor next to the measured time (``bench/floors.py``:
+  the stage's multiply-accumulates per frame at this machine's measured
+  float32 matmul throughput);
+- the session start (``create_streaming_session``) of both sides.
 Figures are ratios plugin / reference. Results go to ``<out>/compare.json``
 and, with matplotlib installed (``pip install .[bench]``), ``<out>/compare.png``.
 These are benchmark figures, never test assertions.
@@ -121,7 +125,7 @@ def _interleaved(ours: Any, theirs: Any, audio: np.ndarray, frame: int, rounds: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compare")
-    parser.add_argument("--size", default="small", choices=("tiny", "small"))
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
     parser.add_argument("--seconds", type=float, default=10.0, help="offline input length")
     parser.add_argument("--frames", type=int, default=125, help="streaming frames")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved streaming rounds")
@@ -188,6 +192,16 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_stages": {s: ours_stream["stages"][s]["mean_ms"] / ref_stream["stages"][s]["mean_ms"]
                          for s in STAGES},
     }
+    from .floors import floors_ms
+
+    report["floors"] = floors_ms(model)
+    report["streaming"]["stage_vs_floor_ms"] = {
+        s: {"plugin": ours_stream["stages"][s]["mean_ms"],
+            "floor": report["floors"]["floor_ms"].get(s)} for s in STAGES}
+    print(json.dumps({"stage_vs_floor_ms": report["streaming"]["stage_vs_floor_ms"],
+                      "perception_floor_if_window_kv_recomputed_ms":
+                          report["floors"]["floor_ms"]["perception_window_kv"]}, indent=1),
+          flush=True)
     print(json.dumps({k: report["streaming"][k]
                       for k in ("ratio_mean", "ratio_spread", "ratio_p95", "ratio_stages")}
                      | {"plugin_mean_ms": timed["plugin_all"]["mean_ms"],

@@ -59,3 +59,12 @@ def question_audio():
     from mlx_voicechat_plugin.testing.fixtures import question_signal
 
     return mx.array(question_signal(2.0))
+
+
+@pytest.fixture(autouse=True)
+def _compile_stays_enabled():
+    """The CLI's compile policy switches mx.compile process-wide; undo it after each test."""
+    yield
+    import mlx.core as mx
+
+    mx.enable_compile()

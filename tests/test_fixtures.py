@@ -128,6 +128,20 @@ def test_small_has_the_small_widths(small_ckpt):
     assert len(layers) == config["text_config"]["num_hidden_layers"] == 14
 
 
+def test_medium_has_the_released_proportions_and_loads_strictly(tmp_path):
+    """The bench's compute-dominated fixture: LLM 768 x 28, encoder 256 x 8, TTS 512 x 12."""
+    from mlx_vlm.utils import load
+
+    config = fixture_config("medium")
+    text, audio, tts = config["text_config"], config["audio_config"], config["tts_config"]
+    assert (text["hidden_size"], text["num_hidden_layers"]) == (768, 28)
+    assert set(text["hybrid_override_pattern"]) == {"M", "*", "-"}
+    assert (audio["encoder"]["d_model"], audio["encoder"]["n_layers"]) == (256, 8)
+    assert (tts["hidden_size"], tts["num_hidden_layers"]) == (512, 12)
+    model, _ = load(str(make_checkpoint(tmp_path / "medium", "medium")))
+    assert model.model_type == "nemotron_voicechat"
+
+
 # --- quantization ---------------------------------------------------------
 
 

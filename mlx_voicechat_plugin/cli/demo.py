@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="build/demo", help="output directory")
     parser.add_argument("--size", default="tiny", choices=("tiny", "small"))
     parser.add_argument("--seconds", type=float, default=2.0, help="question length")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="fuse kernels with mx.compile (see mlx-voicechat generate)")
     args = parser.parse_args(argv)
 
     from ..testing.fixtures import make_checkpoint, make_question_wav
@@ -29,9 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     question = make_question_wav(out / "question.wav", seconds=args.seconds)
     response = out / "response.wav"
     started = time.perf_counter()
+    flags = [] if args.compile is None else ["--compile" if args.compile else "--no-compile"]
     code = generate_main(
         ["--model", str(checkpoint), "--audio", str(question),
-         "--output-audio", str(response), "--verbose"]
+         "--output-audio", str(response), "--verbose", *flags]
     )
     print(f"demo finished in {time.perf_counter() - started:.1f} s -> {response}")
     return code

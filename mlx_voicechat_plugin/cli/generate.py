@@ -44,6 +44,9 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
     parser.add_argument("--no-language-cache", action="store_true",
                         help="recompute the LLM history every frame (diagnostics)")
     parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="fuse kernels with mx.compile (default: on GPUs; off on the CPU, "
+                             "where a cold kernel cache costs a minute of compiling)")
     tools = parser.add_argument_group("tool calling")
     tools.add_argument("--tools-json", help="JSON file: a list of tools (name, description, "
                        "parameters JSON schema, optional ack_messages)")
@@ -82,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
     import mlx.core as mx
 
     from ..loader import load
+    from ..runtime import compile_policy
     from ..runtime.audio import write_wav
 
+    compile_policy.apply(args.compile, long_running=False)
     started = time.perf_counter()
     model, processor = load(args.model)
     loaded = time.perf_counter()

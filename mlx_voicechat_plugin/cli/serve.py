@@ -40,6 +40,9 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              "a list only loopback origins (localhost, 127.0.0.1, [::1]) are; "
                              "clients that send no Origin (not browsers) always are")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="fuse kernels with mx.compile (default on; the kernels are "
+                             "warmed at start-up, before /health reports ready)")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-message-bytes", type=int, default=defaults.max_message_bytes,
                         help=f"largest client message (default {defaults.max_message_bytes // MIB}"
@@ -111,9 +114,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
         return 1
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ..runtime import compile_policy
+
+    compiled = compile_policy.apply(args.compile, long_running=True)
     app = create_app(args.model, alias=args.alias, api_key=args.api_key,
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
-                     limits=args.limits)
+                     limits=args.limits, warm_up=compiled)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 **args.limits.uvicorn_options())
     return 0

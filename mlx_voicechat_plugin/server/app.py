@@ -373,10 +373,12 @@ def create_app(
     allowed_origins: Sequence[str] = (),
     limits: ServerLimits | None = None,
     engine: Engine | None = None,
+    warm_up: bool = False,
 ) -> FastAPI:
     """The realtime server for one checkpoint; the engine starts with the app."""
     limits = limits or ServerLimits()
-    engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes)
+    engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
+                              warm_up=warm_up)
     model_id = served_model_id(str(model_path), alias)
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,6 +25,10 @@ from ..runtime.prompt_cache import PromptCache
 from . import protocol
 
 logger = logging.getLogger(__name__)
+
+# Enough frames for the encoder's attention windows to fill on the released
+# checkpoint (70 frames of left context), so the steady shapes are compiled too.
+WARM_UP_FRAMES = 80
 
 Loader = Callable[[str], Any]  # checkpoint path -> VoiceChatSession
 
@@ -62,9 +67,10 @@ class Engine:
     """One long-lived worker thread owning the model and the streaming session."""
 
     def __init__(self, model_path: str, loader: Loader | None = None,
-                 prompt_cache_bytes: int | None = None):
+                 prompt_cache_bytes: int | None = None, warm_up: bool = False):
         self.model_path = model_path
         self.loader = loader or load_voicechat
+        self.warm_up = warm_up  # run a silent stream at start-up (compiles kernels)
         self.prompt_cache_bytes = prompt_cache_bytes  # None: the model's default budget
         self.voicechat: Any = None
         self.load_error: BaseException | None = None
@@ -166,12 +172,24 @@ class Engine:
             if self.prompt_cache_bytes is not None:
                 self.voicechat.model.prompt_cache = PromptCache(self.prompt_cache_bytes)
             logger.info("model loaded")
+            if self.warm_up:
+                self._warm_up()
         except Exception as exc:  # reported by /health and to each client
             logger.exception("failed to load %s", self.model_path)
             self.load_error = exc
         finally:
             self.loaded.set()
         self._serve()
+
+    def _warm_up(self, frames: int = WARM_UP_FRAMES) -> None:
+        """A silent stream, so compiled kernels exist before the first client."""
+        started = time.perf_counter()
+        logger.info("warming up (%d silent frames: compiles kernels on a first run)", frames)
+        stream = self.voicechat.create_streaming_session()
+        stream.push_audio(np.zeros(frames * stream.frame_samples, np.float32))
+        stream.flush()
+        _clear_cache()
+        logger.info("warm-up done in %.1f s", time.perf_counter() - started)
 
     def _serve(self) -> None:
         session_id: str | None = None

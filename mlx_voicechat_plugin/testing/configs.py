@@ -1,7 +1,9 @@
 """config.json contents of the fixture checkpoints.
 
 ``tiny`` matches ``shared/reference/checkpoint_layout_tiny.txt`` key for key;
-``small`` keeps the real layer mix at benchmark-friendly widths.
+``small`` keeps the real layer mix at benchmark-friendly widths; ``medium``
+has the released checkpoint's proportions, for benchmarks where compute
+dominates (``python -m bench.compare --size medium``).
 """
 
 from __future__ import annotations
@@ -202,6 +204,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
         _tts_config(128, layers=6, heads=4),
     ),
 }
+
+
+def _medium() -> dict[str, Any]:
+    """Widths and depths in roughly the released checkpoint's ratios (LLM widest and
+    deepest, then TTS, then encoder), every structural knob as in ``small``."""
+    config = _voicechat_config(
+        _text_config(768, (_REAL_PATTERN_PREFIX * 2)[:28], heads=12, kv_heads=4),
+        _audio_config(256, layers=8, heads=4, output_dim=768),
+        _tts_config(512, layers=12, heads=8),
+    )
+    config["codec_config"]["base_channels"] = 32
+    return config
+
+
+CONFIGS["medium"] = _medium()
 
 
 def fixture_config(size: str) -> dict[str, Any]:
