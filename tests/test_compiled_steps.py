@@ -153,6 +153,23 @@ def test_encoder_stream_compiled_frames_equal_the_plain_blocks(small):
     assert steady >= 10
 
 
+def test_cached_key_value_rows_equal_projecting_the_whole_window(small):
+    """Encoder K/V cached per row is bit-identical to the reference's whole-window
+    projection on this backend (``cache_kv=False`` keeps the reference's path)."""
+    model = small[0]
+    frame = model.config.frame_samples
+    left = model.stt_model.perception.att_context[0]
+    audio = np.resize(question_signal(4.0), (left + 12) * frame)
+    session = model.create_session(small[1])
+    cached = session.create_streaming_session()._perception
+    whole = session.create_streaming_session()._perception
+    assert cached._encoder.cache_kv
+    whole._encoder.cache_kv = False
+    for start in range(0, len(audio), frame):
+        chunk = audio[start : start + frame]
+        assert _equal(cached.step(chunk)[1], whole.step(chunk)[1])
+
+
 def test_branchless_rnnt_equals_mlx_audio_greedy_decoder(small):
     """Same symbols as mlx-audio's eager NeMo greedy loop, frame for frame."""
     model = small[0]

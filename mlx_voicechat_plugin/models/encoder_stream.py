@@ -58,11 +58,14 @@ def _attend(attn: nn.Module, q_in: mx.array, kv_in: mx.array, p: mx.array) -> mx
     The positional projection depends only on the window length, so the
     steady window's is computed once per layer instead of every frame.
     """
+    return _attend_kv(attn, q_in, attn.linear_k(kv_in), attn.linear_v(kv_in), p)
+
+
+def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.array) -> mx.array:
+    """:func:`_attend` with the keys and values already projected (``[B, T, d]`` each)."""
     q = attn.linear_q(q_in)
-    k = attn.linear_k(kv_in)
-    v = attn.linear_v(kv_in)
     batch, c, _ = q.shape
-    ksz = kv_in.shape[1]
+    ksz = k.shape[1]
     pos_len = p.shape[1]
     q = q.reshape(batch, c, attn.n_head, attn.head_dim)
     q_u = (q + attn.pos_bias_u).transpose(0, 2, 1, 3)
@@ -77,9 +80,21 @@ def _attend(attn: nn.Module, q_in: mx.array, kv_in: mx.array, p: mx.array) -> mx
 
 
 class EncoderStream:
-    def __init__(self, encoder: Conformer, left_context: int):
+    """The conformer stack one chunk at a time, from per-layer caches.
+
+    ``cache_kv`` (default): a layer's attention cache holds the projected keys
+    and values of its window (``[K | V]`` rows), so a frame projects only its
+    new row; bit-identical to projecting the whole window on the CPU backend
+    (``tests/test_compiled_steps.py``). ``cache_kv=False`` caches the
+    attention inputs and projects the whole window every frame, as the
+    reference does, for a backend whose matmul rounds a row differently
+    inside a larger product.
+    """
+
+    def __init__(self, encoder: Conformer, left_context: int, cache_kv: bool = True):
         self.encoder = encoder
         self.left_context = left_context
+        self.cache_kv = cache_kv
         self.conv_context = encoder.args.conv_kernel_size - 1
         self.subsampling = SubsamplingStream(encoder.pre_encode, encoder.args.subsampling_factor)
         layers = len(encoder.layers)
@@ -138,9 +153,16 @@ class EncoderStream:
         else:
             enter, leave = partial(self._enter, index), partial(self._leave, index)
         x, q = enter(x)
+        attn = self.encoder.layers[index].self_attn
         # Queries are the new frames; keys/values the cached window plus them.
-        kv = q if cached is None else mx.concatenate([cached, q], axis=1)
-        attended = _attend(self.encoder.layers[index].self_attn, q, kv, pos)
+        if self.cache_kv:
+            new = mx.concatenate([attn.linear_k(q), attn.linear_v(q)], axis=-1)
+            kv = new if cached is None else mx.concatenate([cached, new], axis=1)
+            width = new.shape[-1] // 2
+            attended = _attend_kv(attn, q, kv[..., :width], kv[..., width:], pos)
+        else:
+            kv = q if cached is None else mx.concatenate([cached, q], axis=1)
+            attended = _attend(attn, q, kv, pos)
         attention = kv[:, -self.left_context :] if self.left_context else kv[:, :0]
         if previous is None:
             previous = mx.zeros((x.shape[0], self.conv_context, x.shape[2]), dtype=x.dtype)
