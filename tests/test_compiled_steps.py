@@ -170,6 +170,30 @@ def test_cached_key_value_rows_equal_projecting_the_whole_window(small):
         assert _equal(cached.step(chunk)[1], whole.step(chunk)[1])
 
 
+def test_rnnt_first_try_then_rest_equals_the_whole_frame(small):
+    """The streaming split (first try in the first evaluation, the other tries
+    only after an emission) gives the same symbols and carry as one frame."""
+    model = small[0]
+    stt, config = model.stt_model, model.config
+    vocabulary = list(config.rnnt_vocabulary)
+    encoded = mx.random.normal((1, 30, config.audio_config.encoder.d_model), key=mx.random.key(7))
+    for max_symbols in (1, 2, config.audio_config.max_symbols):
+        greedy = GreedyRNNT(stt.rnnt_decoder, stt.rnnt_joint, config.rnnt_blank_id, max_symbols)
+        whole, split = RNNTState(greedy, vocabulary), RNNTState(greedy, vocabulary)
+        for t in range(encoded.shape[1]):
+            frame = encoded[:, t : t + 1]
+            expected = whole.advance(frame)
+            first = split.advance_first(frame)
+            mx.eval(expected, first, *whole.arrays(), *split.arrays())
+            got = split.advance_rest(first)
+            mx.eval(got, *split.arrays())
+            assert whole.commit(expected) == split.commit(got)
+            assert all(_equal(a, b) for a, b in zip(whole.arrays(), split.arrays()))
+            if int(first.item()) == config.rnnt_blank_id:
+                assert got is first  # a blank first try skips the rest
+        assert whole.text == split.text
+
+
 def test_branchless_rnnt_equals_mlx_audio_greedy_decoder(small):
     """Same symbols as mlx-audio's eager NeMo greedy loop, frame for frame."""
     model = small[0]

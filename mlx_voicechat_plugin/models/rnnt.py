@@ -17,6 +17,7 @@ them. The arithmetic per try is the eager loop's, so transcripts are identical.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -64,7 +65,9 @@ class GreedyRNNT:
         self.blank_id = blank_id
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
-        self._frame = mx.compile(self._unrolled)
+        self._frame = mx.compile(partial(self._unrolled, self.max_symbols))
+        self._first = mx.compile(partial(self._unrolled, 1))
+        self._rest = mx.compile(partial(self._unrolled, self.max_symbols - 1))
 
     def initial(self, dtype: mx.Dtype) -> Carry:
         """Prediction for the start symbol (blank: zero embedding, no LSTM state)."""
@@ -75,7 +78,7 @@ class GreedyRNNT:
             *(c[i] for i in range(self.layers)),
         )
 
-    def _unrolled(self, encoded: mx.array, prediction: mx.array, *state: mx.array):
+    def _unrolled(self, tries: int, encoded: mx.array, prediction: mx.array, *state: mx.array):
         dtype = encoded.dtype
         joint, layers = self.joint, self.layers
         embed, lstm = self.decoder.prediction["embed"], self.decoder.prediction["dec_rnn"].lstm
@@ -84,7 +87,7 @@ class GreedyRNNT:
         enc = joint.enc(encoded.reshape(1, -1))
         active = mx.array(True)
         symbols = []
-        for _ in range(self.max_symbols):
+        for _ in range(tries):
             x = enc + joint.pred(prediction)
             for layer in joint.joint_net:
                 x = layer(x)
@@ -107,6 +110,22 @@ class GreedyRNNT:
         symbols, *updated = self._frame(encoded, *carry)
         return symbols, tuple(updated)
 
+    def first(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
+        """The frame's first try only: lazy ``(1,)`` symbol and the carry after it.
+
+        A blank ends the frame; otherwise :meth:`rest` runs the remaining
+        tries. Split so, the caller reads the first symbol where it syncs
+        anyway and skips the rest on blank frames (most frames of real speech);
+        the arithmetic is :meth:`frame`'s, try for try.
+        """
+        symbols, *updated = self._first(encoded, *carry)
+        return symbols, tuple(updated)
+
+    def rest(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
+        """Tries 2 .. ``max_symbols`` after a first try that emitted."""
+        symbols, *updated = self._rest(encoded, *carry)
+        return symbols, tuple(updated)
+
 
 @dataclass
 class RNNTState:
@@ -120,6 +139,7 @@ class RNNTState:
     # SentencePiece decoding is piece-wise concatenation, so the transcript
     # grows by each new piece's text instead of re-decoding every token.
     _raw: str = ""
+    _encoded: mx.array | None = None  # the frame whose first try ran
 
     @property
     def enabled(self) -> bool:
@@ -134,6 +154,30 @@ class RNNTState:
             self._carry = self.greedy.initial(encoded.dtype)
         symbols, self._carry = self.greedy.frame(encoded, self._carry)
         return symbols
+
+    def advance_first(self, encoded: mx.array) -> mx.array | None:
+        """Queue the frame's first try; evaluate it, then :meth:`advance_rest`."""
+        if not self.enabled:
+            return None
+        assert self.greedy is not None
+        if self._carry is None:
+            self._carry = self.greedy.initial(encoded.dtype)
+        self._encoded = encoded
+        first, self._carry = self.greedy.first(encoded, self._carry)
+        return first
+
+    def advance_rest(self, first: mx.array | None) -> mx.array | None:
+        """After the evaluated first try: the frame's other tries, if it emitted.
+
+        Returns the frame's symbols (lazy when more tries were queued).
+        """
+        if first is None:
+            return None
+        assert self.greedy is not None
+        if self.greedy.max_symbols == 1 or first.item() == self.greedy.blank_id:
+            return first
+        rest, self._carry = self.greedy.rest(self._encoded, self._carry)
+        return mx.concatenate([first, rest])
 
     def arrays(self) -> list[mx.array]:
         """The carried state, to evaluate with the symbols."""

@@ -202,14 +202,18 @@ class StreamingSession:
         projected, encoded = self._perception.push(frame, clock)
         clock.stage("perception", projected, encoded, *self._perception.arrays())
         mx.async_eval(projected, encoded, *self._perception.arrays())
+        # The RNNT's first try joins the first evaluation; a blank (most
+        # frames of real speech) ends the frame's transcript work there.
+        first = self._rnnt.advance_first(encoded)
+        listening = [] if first is None else [first, *self._rnnt.arrays()]
         forced = None if self.tools is None else self.tools.next_forced()
         tokens = self.timeline.listen(projected, force_function=forced, clock=clock)
-        mx.eval(tokens.ids, *self._perception.arrays())
+        mx.eval(tokens.ids, *self._perception.arrays(), *listening)
 
-        # The user transcript does not feed the timeline: its RNNT frame
-        # computes while the speech half is built.
-        symbols = self._rnnt.advance(encoded)
-        speaking = [] if symbols is None else [symbols, *self._rnnt.arrays()]
+        # The user transcript does not feed the timeline: the RNNT's other
+        # tries (after an emission) compute while the speech half is built.
+        symbols = self._rnnt.advance_rest(first)
+        speaking = [] if symbols is None or symbols is first else [symbols, *self._rnnt.arrays()]
         if speaking:
             mx.async_eval(*speaking)
         clock.stage("rnnt", *speaking)
