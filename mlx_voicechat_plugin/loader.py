@@ -171,4 +171,8 @@ def load(
     model = load_model(path, lazy=lazy, hold_f32=hold_f32)
     tokenizer = load_tokenizer(path)
     model.prepare(tokenizer)
+    if not lazy:
+        from .runtime.timeline import warm_start
+
+        warm_start(model)  # every session starts from it: compute it with the weights
     return model, tokenizer
