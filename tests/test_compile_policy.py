@@ -52,3 +52,17 @@ def test_a_cold_kernel_cache_is_announced(monkeypatch, tmp_path, capsys):
 def test_the_commands_take_compile_flags(flag, value):
     assert generate.parse(["-m", "x", "--audio", "q.wav", *flag], "g", False).compile is value
     assert serve.parse(["-m", "x", *flag], "s", False).compile is value
+
+
+def test_a_finished_compiled_run_lets_later_short_runs_compile(monkeypatch, tmp_path):
+    monkeypatch.setattr(compile_policy, "kernel_cache_dir", lambda: tmp_path)
+    key = compile_policy.model_key({"model_type": "nemotron_voicechat", "x": 1})
+    assert compile_policy.choose(None, long_running=False, key=key) is False
+    compile_policy.apply(False, long_running=False)
+    compile_policy.mark_warm(key)  # an uncompiled run proves nothing
+    assert not compile_policy.is_warm(key)
+    compile_policy.apply(True, long_running=False)
+    compile_policy.mark_warm(key)
+    assert compile_policy.choose(None, long_running=False, key=key) is True
+    other = compile_policy.model_key({"model_type": "nemotron_voicechat", "x": 2})
+    assert compile_policy.choose(None, long_running=False, key=other) is False

@@ -124,14 +124,19 @@ def test_mel_stream_equals_mlx_audio_streaming_frontend(small):
         assert _equal(ours.push(chunk), theirs.push(mx.array(chunk)))
 
 
-def test_encoder_stream_compiled_frames_equal_the_plain_blocks(small):
+def _two_perception_streams(small):
+    """Two fresh streaming perceptions and audio that fills the window and goes 12 frames on."""
     model = small[0]
     frame = model.config.frame_samples
     left = model.stt_model.perception.att_context[0]
     audio = np.resize(question_signal(4.0), (left + 12) * frame)
     session = model.create_session(small[1])
-    fast = session.create_streaming_session()._perception
-    plain = session.create_streaming_session()._perception
+    first, second = (session.create_streaming_session()._perception for _ in range(2))
+    return first, second, audio, frame
+
+
+def test_encoder_stream_compiled_frames_equal_the_plain_blocks(small):
+    fast, plain, audio, frame = _two_perception_streams(small)
     subsampling = plain._encoder.subsampling
     subsampling._run = subsampling._subsample  # uncompiled
     steady = 0
@@ -156,13 +161,7 @@ def test_encoder_stream_compiled_frames_equal_the_plain_blocks(small):
 def test_cached_key_value_rows_equal_projecting_the_whole_window(small):
     """Encoder K/V cached per row is bit-identical to the reference's whole-window
     projection on this backend (``cache_kv=False`` keeps the reference's path)."""
-    model = small[0]
-    frame = model.config.frame_samples
-    left = model.stt_model.perception.att_context[0]
-    audio = np.resize(question_signal(4.0), (left + 12) * frame)
-    session = model.create_session(small[1])
-    cached = session.create_streaming_session()._perception
-    whole = session.create_streaming_session()._perception
+    cached, whole, audio, frame = _two_perception_streams(small)
     assert cached._encoder.cache_kv
     whole._encoder.cache_kv = False
     for start in range(0, len(audio), frame):

@@ -34,7 +34,8 @@ def _run(session, seed: int = 3):
     return codes, [e.token_id for e in events if isinstance(e, AssistantTextDelta)]
 
 
-def test_the_warm_up_runs_once_per_model(session, monkeypatch):
+def test_the_warm_up_runs_once_per_model_in_load(session, monkeypatch):
+    assert session.model.warm_start is not None  # load() computed it
     calls = []
     warmup = EarTTS.warmup
 
@@ -46,7 +47,11 @@ def test_the_warm_up_runs_once_per_model(session, monkeypatch):
     for _ in range(3):
         session.create_streaming_session()
     session.generate(question_signal(0.3), extra_decoding_seconds=0.0)
-    assert len(calls) == 1
+    assert not calls  # no session or turn runs it again
+    session.model.warm_start = None
+    session.create_streaming_session()
+    session.create_streaming_session()
+    assert len(calls) == 1  # a model not prepared by load() computes it once, lazily
 
 
 def test_sessions_from_the_shared_warm_start_equal_a_fresh_warm_up(session):

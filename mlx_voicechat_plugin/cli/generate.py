@@ -84,19 +84,22 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
 def run(args: argparse.Namespace) -> int:
     import mlx.core as mx
 
-    from ..loader import load
+    from ..loader import load, read_config
     from ..runtime import compile_policy
     from ..runtime.audio import write_wav
 
-    compile_policy.apply(args.compile, long_running=False)
     started = time.perf_counter()
     model, processor = load(args.model)
+    key = compile_policy.model_key(read_config(model.model_path))
+    compile_policy.apply(args.compile, long_running=False, key=key)
     loaded = time.perf_counter()
     session = model.create_session(processor)
     if args.stream:
         from .stream import run_stream
 
-        return run_stream(session, args, started, loaded)
+        code = run_stream(session, args, started, loaded)
+        compile_policy.mark_warm(key)
+        return code
     if args.profile or args.max_streaming_seconds is not None:
         print("note: --profile/--max-streaming-seconds apply with --stream only", file=sys.stderr)
     tools, responses = _read_tool_files(args)
@@ -108,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         tools=tools,
     )
     result = session.generate(args.audio, **turn)
+    compile_policy.mark_warm(key)  # a compiled run finished: its kernels are cached
     if tools is not None:
         for call in result.tool_calls:
             print(f"[tool_call] {call.name}({call.arguments}) id={call.call_id} frame={call.frame_index}")

@@ -16,8 +16,10 @@ So the policy is:
 
 - GPU backends compile (their kernels build in milliseconds);
 - on the CPU, short jobs (``generate``, ``demo``, the offline and ``--stream``
-  CLI) run uncompiled unless ``--compile`` is given: a cold cache costs a
-  minute, a warm one saves a fifth;
+  CLI) compile only when this model's kernels are known to be in the cache
+  (a compiled run of the same configuration finished before: the server's
+  warm-up, or ``--compile``, leaves a marker there), else run uncompiled: a
+  cold cache costs a minute, a warm one saves a fifth;
 - on the CPU, the server compiles and warms the kernels at start-up, before
   ``/health`` reports ready, so no client waits for the compiler;
 - whenever compiling with a cold cache, one line says what is happening.
@@ -25,6 +27,8 @@ So the policy is:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import sys
 import tempfile
@@ -33,6 +37,8 @@ from pathlib import Path
 import mlx.core as mx
 
 logger = logging.getLogger(__name__)
+
+_state = {"enabled": True}  # what apply() chose last (MLX has no getter)
 
 
 def on_cpu() -> bool:
@@ -49,16 +55,41 @@ def kernel_cache_is_cold() -> bool:
     return not directory.is_dir() or not any(directory.glob("*.so"))
 
 
-def choose(requested: bool | None, *, long_running: bool) -> bool:
+def model_key(config: dict) -> str:
+    """A short stable key of a checkpoint's configuration (its kernels' shapes follow it)."""
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _marker(key: str) -> Path:
+    return kernel_cache_dir() / f"mlx-voicechat-{key}.warm"
+
+
+def is_warm(key: str | None) -> bool:
+    return key is not None and _marker(key).is_file()
+
+
+def mark_warm(key: str | None) -> None:
+    """Record that a compiled run of this configuration finished (its kernels are cached)."""
+    if key is None or not _state["enabled"]:
+        return
+    try:
+        kernel_cache_dir().mkdir(parents=True, exist_ok=True)
+        _marker(key).touch()
+    except OSError:  # a read-only temp dir: the next run just stays uncompiled
+        logger.debug("could not write the warm-kernel marker", exc_info=True)
+
+
+def choose(requested: bool | None, *, long_running: bool, key: str | None = None) -> bool:
     """Whether to compile: ``requested`` if given, else the policy above."""
     if requested is not None:
         return requested
-    return long_running or not on_cpu()
+    return long_running or not on_cpu() or is_warm(key)
 
 
-def apply(requested: bool | None, *, long_running: bool) -> bool:
+def apply(requested: bool | None, *, long_running: bool, key: str | None = None) -> bool:
     """Enable or disable ``mx.compile`` process-wide by the policy; returns the choice."""
-    enabled = choose(requested, long_running=long_running)
+    enabled = choose(requested, long_running=long_running, key=key)
     if enabled:
         mx.enable_compile()
         if on_cpu() and kernel_cache_is_cold():
@@ -67,5 +98,6 @@ def apply(requested: bool | None, *, long_running: bool) -> bool:
                   file=sys.stderr, flush=True)
     else:
         mx.disable_compile()
+    _state["enabled"] = enabled
     logger.debug("mx.compile %s", "enabled" if enabled else "disabled")
     return enabled

@@ -190,6 +190,12 @@ class Engine:
         stream.flush()
         _clear_cache()
         logger.info("warm-up done in %.1f s", time.perf_counter() - started)
+        from ..loader import read_config
+        from ..runtime import compile_policy
+
+        path = getattr(self.voicechat.model, "model_path", None)
+        if path is not None:  # later short CLI runs of this model may compile
+            compile_policy.mark_warm(compile_policy.model_key(read_config(path)))
 
     def _serve(self) -> None:
         session_id: str | None = None
