@@ -133,3 +133,28 @@ def test_pickup_model_type_matches_config():
     from mlx_voicechat_plugin.hosts import pickup
 
     assert pickup.MODEL_TYPE == config.MODEL_TYPE
+
+
+def test_one_registry_serves_the_cli_and_the_hosts(capsys, monkeypatch):
+    from mlx_voicechat_plugin.cli import main as cli
+    from mlx_voicechat_plugin.hosts import pickup
+
+    assert cli.main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("generate", "serve", "demo"))
+    ran = []
+    monkeypatch.setattr(cli, "run_command", lambda *a, **k: ran.append((a, k)) or 0)
+    assert pickup.run_plugin_command("serve", "python -m mlx_vlm.server", ["--model", "x"]) == 0
+    assert ran == [(("serve", ["--model", "x"]), {"prog": "python -m mlx_vlm.server",
+                                                   "tolerate_unknown": True})]
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="unknown command"):
+        cli.run_command("nope", [])
+
+
+def test_demo_is_a_subcommand(tmp_path, capsys):
+    from mlx_voicechat_plugin.cli.main import run_command
+
+    with pytest.raises(SystemExit) as done:
+        run_command("demo", ["--help"])
+    assert done.value.code == 0 and "mlx-voicechat demo" in capsys.readouterr().out

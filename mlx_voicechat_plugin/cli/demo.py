@@ -12,15 +12,18 @@ import sys
 import time
 from pathlib import Path
 
+from .common import parse_args
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlx_voicechat_plugin.cli.demo")
+
+def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
+         tolerate_unknown: bool = False) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="build/demo", help="output directory")
     parser.add_argument("--size", default="tiny", choices=("tiny", "small"))
     parser.add_argument("--seconds", type=float, default=2.0, help="question length")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (see mlx-voicechat generate)")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, tolerate_unknown)
 
     from ..testing.fixtures import make_checkpoint, make_question_wav
     from .generate import main as generate_main

@@ -1,33 +1,41 @@
-"""``mlx-voicechat``: the plugin's command line."""
+"""``mlx-voicechat``: the plugin's command line, and the one command registry.
+
+The hosts' commands (``python -m mlx_vlm.generate`` / ``mlx_vlm.server`` /
+``mlx_audio.sts.generate``, see :mod:`..hosts.pickup`) run the same registry.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Sequence
 
-COMMANDS = {
-    "generate": "one offline voice-chat turn",
-    "serve": "the realtime WebSocket server",
+# name -> (module in this package with ``main(argv, prog, tolerate_unknown)``, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("generate", "one offline voice-chat turn"),
+    "serve": ("serve", "the realtime WebSocket server"),
+    "demo": ("demo", "build the tiny demo checkpoint and answer a synthetic question"),
 }
+
+
+def run_command(command: str, argv: Sequence[str], prog: str | None = None,
+                tolerate_unknown: bool = False) -> int:
+    """Run registered ``command`` with ``argv`` (``prog`` names it in usage messages)."""
+    if command not in COMMANDS:
+        raise ValueError(f"unknown command {command!r}; one of {', '.join(COMMANDS)}")
+    module = importlib.import_module(f"{__package__}.{COMMANDS[command][0]}")
+    return module.main(list(argv), prog=prog or f"mlx-voicechat {command}",
+                       tolerate_unknown=tolerate_unknown)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print("usage: mlx-voicechat {" + ",".join(COMMANDS) + "} ...")
-        for name, text in COMMANDS.items():
+        for name, (_, text) in COMMANDS.items():
             print(f"  {name:10s} {text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    command, rest = argv[0], argv[1:]
-    if command == "generate":
-        from .generate import main as generate_main
-
-        return generate_main(rest)
-    if command == "serve":
-        from .serve import main as serve_main
-
-        return serve_main(rest)
-    return 2
+    return run_command(argv[0], argv[1:])
 
 
 if __name__ == "__main__":

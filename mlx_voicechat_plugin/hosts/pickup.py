@@ -73,15 +73,10 @@ def is_voicechat_checkpoint(model: str) -> bool:
 
 
 def run_plugin_command(command: str, prog: str, argv: Sequence[str]) -> int:
-    if command == "generate":
-        from ..cli.generate import main
+    """The plugin's ``command`` (from the one registry in ``cli.main``) under the host's name."""
+    from ..cli.main import run_command
 
-        return main(list(argv), prog=prog, tolerate_unknown=True)
-    if command == "serve":
-        from ..cli.serve import main as serve_main
-
-        return serve_main(list(argv), prog=prog, tolerate_unknown=True)
-    raise ValueError(f"unknown plugin command {command!r}")
+    return run_command(command, argv, prog=prog, tolerate_unknown=True)
 
 
 _ORIGINAL_CODE: dict[str, CodeType] = {}
