@@ -328,7 +328,10 @@ def _closed_by_server(sock, wait: float) -> bool:
 def guarded_server(tiny_ckpt):
     limits = ServerLimits(max_connections=12, max_connections_per_client=6, header_timeout=1.0)
     server = LiveServer(create_app(tiny_ckpt, limits=limits))
-    time.sleep(1.5)  # the start-up health polls' sockets are gone by then
+    guard = server.server.config.http.guard
+    deadline = time.monotonic() + 5
+    while guard.open and time.monotonic() < deadline:  # the start-up health polls' sockets
+        time.sleep(0.05)
     try:
         yield server
     finally:
