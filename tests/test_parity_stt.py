@@ -6,7 +6,6 @@ Covers the bf16 tiny fixture and its 4-bit quantized twin (``parity_ckpt``).
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
 

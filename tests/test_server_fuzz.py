@@ -21,7 +21,6 @@ from server_support import (
     FRAME,
     LiveServer,
     append_message,
-    configure,
     connect,
     recv,
     running,

@@ -10,7 +10,6 @@ from server_support import (
     LiveServer,
     append_message,
     configure,
-    connect,
     expect_error,
     idle_connection,
     recv,

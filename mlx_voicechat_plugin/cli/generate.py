@@ -15,7 +15,6 @@ from typing import Sequence
 
 from .common import parse_args
 
-logger = logging.getLogger(__name__)
 
 OFFLINE_HINT = "mlx-voicechat generate --model CKPT --audio question.wav --output-audio answer.wav"
 

@@ -14,7 +14,6 @@ from typing import Sequence
 from ..server.limits import MIB, ServerLimits
 from .common import parse_args
 
-logger = logging.getLogger(__name__)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 

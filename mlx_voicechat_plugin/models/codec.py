@@ -13,7 +13,6 @@ Tensors are channels-last (``[B, T, C]``) inside the networks.
 
 from __future__ import annotations
 
-import logging
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,7 +22,6 @@ from mlx_audio.dsp import hanning
 from ..config import CodecConfig
 from .codec_stream import CodecState, SpectralSynthesis
 
-logger = logging.getLogger(__name__)
 
 # Hidden width of a ConvNeXt block's pointwise MLP, in multiples of its channels.
 CONVNEXT_EXPANSION = 4

@@ -16,7 +16,6 @@ each from an explicit :class:`KeyStream`, taken in the same order.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any, Mapping, Protocol
 
@@ -31,7 +30,6 @@ from .mog_head import MoGHead
 from .segments import GemmaStep
 from .subword import CharAwareSubwordEncoder
 
-logger = logging.getLogger(__name__)
 
 Cache = list[Any]
 

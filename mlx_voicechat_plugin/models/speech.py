@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -10,7 +9,6 @@ import mlx.nn as nn
 from ..config import CodecConfig, TTSConfig
 from .ear_tts import EarTTS
 
-logger = logging.getLogger(__name__)
 
 _CODEC_PREFIX = "audio_codec."
 # Checkpoint name -> module attribute for buffers stored under a private name.

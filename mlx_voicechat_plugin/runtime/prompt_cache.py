@@ -88,7 +88,8 @@ class PromptCache:
                 return None
             self._entries.move_to_end(key)
             self.hits += 1
-            return clone_state(entry[0])
+        logger.debug("prompt cache hit (%d entries, %d bytes)", len(self._entries), self.bytes)
+        return clone_state(entry[0])
 
     def put(self, key: Hashable, state: Any) -> bool:
         """Store a copy of ``state`` (evaluated); ``False`` if it alone exceeds the budget."""
@@ -106,6 +107,7 @@ class PromptCache:
             while self.bytes > self.max_bytes:
                 _, (_, dropped) = self._entries.popitem(last=False)
                 self.bytes -= dropped
+                logger.debug("prompt cache evicted %d bytes", dropped)
         return True
 
     def clear(self) -> None:

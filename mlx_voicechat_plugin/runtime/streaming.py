@@ -8,7 +8,6 @@ offline generation drives. A session is driven from one thread.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -37,8 +36,6 @@ from .tools import DEFAULT_MAX_TOOLS, ToolError
 
 if TYPE_CHECKING:
     from .session import VoiceChatSession
-
-logger = logging.getLogger(__name__)
 
 
 class ContextLimit(RuntimeError):

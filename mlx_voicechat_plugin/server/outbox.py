@@ -9,10 +9,8 @@ reading fills the queue instead of the server's memory: once
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
-logger = logging.getLogger(__name__)
 
 NOT_READING = "client is not reading"
 

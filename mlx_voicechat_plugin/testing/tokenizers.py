@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
 
 UNK_TOKEN = "<unk>"
 BOS_TOKEN = "<s>"

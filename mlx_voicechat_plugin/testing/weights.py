@@ -15,7 +15,6 @@ and both blank and non-blank RNNT symbols.
 
 from __future__ import annotations
 
-import logging
 import math
 import zlib
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from mlx_audio.utils import hanning, mel_filters
 from ..config import AudioConfig, CodecConfig, ModelConfig, TTSConfig
 from .tokenizers import WORD_START_MARKER
 
-logger = logging.getLogger(__name__)
 
 CONTROL_CODE_COUNT = 3
 # Real checkpoints store their FastConformer frontend buffers; loaders drop them.
