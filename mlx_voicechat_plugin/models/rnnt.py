@@ -107,8 +107,7 @@ class GreedyRNNT:
 
     def frame(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
         """``(1, 1, d_model)`` frame -> lazy ``(max_symbols,)`` symbols and the new carry."""
-        symbols, *updated = self._frame(encoded, *carry)
-        return symbols, tuple(updated)
+        return _run(self._frame, encoded, carry)
 
     def first(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
         """The frame's first try only: lazy ``(1,)`` symbol and the carry after it.
@@ -118,13 +117,16 @@ class GreedyRNNT:
         anyway and skips the rest on blank frames (most frames of real speech);
         the arithmetic is :meth:`frame`'s, try for try.
         """
-        symbols, *updated = self._first(encoded, *carry)
-        return symbols, tuple(updated)
+        return _run(self._first, encoded, carry)
 
     def rest(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
         """Tries 2 .. ``max_symbols`` after a first try that emitted."""
-        symbols, *updated = self._rest(encoded, *carry)
-        return symbols, tuple(updated)
+        return _run(self._rest, encoded, carry)
+
+
+def _run(graph, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
+    symbols, *updated = graph(encoded, *carry)
+    return symbols, tuple(updated)
 
 
 @dataclass
