@@ -1,7 +1,7 @@
 """The engine thread: the only thread that touches MLX.
 
 Socket tasks send ``open``/``push``/``flush``/``cancel``/``close`` commands over
-a queue and await a one-shot reply (an asyncio future the engine resolves via
+a queue (``submit`` queues one at once) and await a one-shot reply (an asyncio future the engine resolves via
 ``loop.call_soon_threadsafe``). Events come back already serialized to JSON
 text, base64 audio included, so the event loop only forwards strings. The
 engine holds at most one streaming session; a reservation keeps a second
@@ -138,9 +138,6 @@ class Engine:
         abort = self._aborts.setdefault(session_id, threading.Event())
         return self.submit("open", session_id, stop_prefill=abort.is_set, **options)
 
-    async def open(self, session_id: str, **options: Any) -> dict[str, Any]:
-        return await self.submit_open(session_id, **options)
-
     def abort(self, session_id: str) -> None:
         """Stop ``session_id``'s prefill if it is running (any thread)."""
         event = self._aborts.get(session_id)
@@ -159,9 +156,6 @@ class Engine:
 
     async def tool_result(self, session_id: str, call_id: str, output: str) -> list[str]:
         return await self.call("tool_result", session_id, call_id=call_id, output=output)
-
-    async def close(self, session_id: str) -> None:
-        await self.call("close", session_id)
 
     # --- the thread -----------------------------------------------------
 
