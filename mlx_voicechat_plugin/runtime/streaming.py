@@ -45,7 +45,9 @@ class ContextLimit(RuntimeError):
     limit (nothing is lost); the session stays open for ``flush``/``cancel``.
     """
 
-    events: list = []
+    def __init__(self, message: str, events: list | None = None):
+        super().__init__(message)
+        self.events: list = [] if events is None else events
 
 
 class SessionClosed(RuntimeError):

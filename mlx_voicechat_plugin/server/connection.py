@@ -1,0 +1,304 @@
+"""One client's realtime conversation: the message loop between a WebSocket and the engine.
+
+A connection runs: accept, ``session.created``, then messages until
+commit/cancel (close 1000), a timeout (close 1008), a client that stops
+reading its events (close 1008, ``client is not reading``) or the client
+leaving. Events go out through a bounded :class:`~.outbox.Outbox`. Audio
+payloads are never logged; client values are never used as paths
+(``session.model`` is ignored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from fastapi import WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from . import protocol
+from .engine import Engine
+from .limits import ServerLimits
+from .outbox import NOT_READING, ClientNotReading, Outbox
+from .protocol import CloseCode, ErrorCode, ProtocolError
+
+logger = logging.getLogger(__name__)
+
+INPUT_RATE, OUTPUT_RATE = 16_000, 22_050  # announced before the model is known
+
+
+class Connection:
+    """One client's conversation with the engine."""
+
+    def __init__(self, websocket: WebSocket, engine: Engine, model_id: str,
+                 limits: ServerLimits):
+        self.ws = websocket
+        self.engine = engine
+        self.model_id = model_id
+        self.limits = limits
+        self.session_id = protocol.new_session_id()
+        self.configured = False
+        self.tools_set = False
+        self.open = False  # the engine holds our streaming session
+        self.frame_samples = 0
+        self.connected_at = time.monotonic()
+        self.last_activity = self.connected_at  # last audio or successful request
+        self.failed_updates = 0
+        self.receiving: asyncio.Future | None = None  # a pending ws.receive()
+        self.early: deque[dict[str, Any]] = deque()  # frames read while a prefill ran
+        self.outbox = Outbox(websocket, limits.max_pending_events)
+
+    async def send(self, payload: dict[str, Any]) -> None:
+        self.outbox.put(protocol.dumps(payload))
+
+    async def send_error(self, code: str, message: str) -> None:
+        logger.info("%s error %s: %s", self.session_id, code, message)
+        await self.send(protocol.error_event(code, message))
+
+    async def release(self) -> None:
+        """Close the engine's session (cancelling unflushed audio) and free the slot.
+
+        The close is queued before the slot is freed, and the engine runs its
+        commands in order, so a client reconnecting at once is admitted and
+        its session opens after this one is gone.
+        """
+        closing = None
+        if self.open:
+            self.open = False
+            closing = self.engine.submit("close", self.session_id)
+        self.engine.release(self.session_id)
+        if closing is not None:
+            try:
+                await closing
+            except Exception:
+                logger.exception("closing %s failed", self.session_id)
+
+    async def finish(self, code: int, reason: str = "") -> None:
+        """Free the session, let queued events go out (bounded), then close."""
+        await self.release()
+        if not await self.outbox.drain(self.limits.send_timeout):
+            code, reason = CloseCode.POLICY_VIOLATION, NOT_READING
+        await self.outbox.stop()
+        await self.close(code, reason)
+
+    async def close(self, code: int, reason: str = "") -> None:
+        """Best effort: a client that reads nothing never takes the close frame."""
+        try:
+            await asyncio.wait_for(self.ws.close(code=code, reason=reason),
+                                   self.limits.send_timeout)
+        except (asyncio.TimeoutError, Exception) as exc:
+            logger.info("%s close %d not delivered (%s)", self.session_id, code,
+                        type(exc).__name__)
+
+    def deadline(self) -> tuple[float, str]:
+        """The next timeout: the update deadline or idle time, capped by the wall-clock limit."""
+        wall = (self.connected_at + self.limits.max_session_wall_seconds,
+                f"session open for {self.limits.max_session_wall_seconds:g} s "
+                "(--max-session-wall-seconds)")
+        if not self.configured:
+            due = (self.connected_at + self.limits.update_timeout,
+                   f"session.update not received within {self.limits.update_timeout:g} s")
+        else:
+            due = (self.last_activity + self.limits.idle_timeout,
+                   f"session idle for {self.limits.idle_timeout:g} s (no audio and no "
+                   "successful request)")
+        return min(due, wall)
+
+    def active(self) -> None:
+        """Audio arrived or a request succeeded: the idle clock restarts."""
+        self.last_activity = time.monotonic()
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        self.outbox.start()
+        try:
+            if not self.engine.ready:
+                await self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
+                await self.finish(CloseCode.TRY_AGAIN_LATER)
+                return
+            if not self.engine.try_reserve(self.session_id):
+                await self.send_error(ErrorCode.SERVER_BUSY,
+                                      "another realtime VoiceChat session is already active")
+                await self.finish(CloseCode.TRY_AGAIN_LATER)
+                return
+            logger.info("%s connected", self.session_id)
+            await self.send(protocol.session_created(self.session_id, INPUT_RATE, OUTPUT_RATE))
+            await self.loop()
+        except WebSocketDisconnect:
+            logger.info("%s disconnected", self.session_id)
+        except ClientNotReading as exc:
+            logger.info("%s closed: %s (%s)", self.session_id, NOT_READING, exc)
+            await self.release()
+            await self.outbox.stop()
+            await self.close(CloseCode.POLICY_VIOLATION, NOT_READING)
+        finally:
+            if self.receiving is not None:
+                self.receiving.cancel()
+            await self.release()
+            await self.outbox.stop()
+
+    async def loop(self) -> None:
+        while True:
+            deadline, reason = self.deadline()
+            try:
+                message = await self.next_message(max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                await self.send_error(ErrorCode.INVALID_REQUEST, reason)
+                await self.finish(CloseCode.POLICY_VIOLATION)
+                return
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            try:
+                done = await self.handle(message)
+            except ProtocolError as exc:
+                await self.send_error(exc.code, exc.message)
+                done = False
+                if exc.code == ErrorCode.SESSION_INITIALIZATION_FAILED:
+                    self.failed_updates += 1
+                    if self.failed_updates >= self.limits.max_failed_updates:
+                        await self.send_error(ErrorCode.INVALID_REQUEST,
+                                              f"{self.failed_updates} failed session.update "
+                                              "messages; closing")
+                        await self.finish(CloseCode.POLICY_VIOLATION)
+                        return
+            if done:
+                return
+
+    def text_of(self, message: dict[str, Any]) -> str:
+        text = message.get("text")
+        if text is None:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST,
+                                "binary frames are not supported; send JSON text")
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.limits.max_message_bytes:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST,
+                                f"message of {size} bytes exceeds the "
+                                f"{self.limits.max_message_bytes}-byte limit")
+        return text
+
+    async def handle(self, raw: dict[str, Any]) -> bool:
+        """Handle one frame; ``True`` once the connection is finished."""
+        message = protocol.parse_message(self.text_of(raw))
+        if isinstance(message, protocol.Ping):
+            await self.send({"type": "session.pong"})
+            return False
+        if isinstance(message, protocol.SessionUpdate):
+            await self.configure(message)
+            self.active()
+            return False
+        if not self.configured:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, "send session.update before audio")
+        if isinstance(message, protocol.ToolOutput):
+            await self.tool_output(message)
+            self.active()
+            return False
+        if isinstance(message, protocol.AudioAppend):
+            await self.append(message)  # marks the session active when it carries audio
+            return False
+        if isinstance(message, protocol.Commit):
+            # As the reference orders them: the audio of frames appended
+            # before the commit, ``committed``, then the flushed frames.
+            earlier, events = await self.engine_call(
+                self.engine.flush(self.session_id, message.pad_partial))
+            await self.forward(earlier)
+            await self.send({"type": "input_audio_buffer.committed"})
+        else:
+            events = await self.engine_call(self.engine.cancel(self.session_id))
+        await self.forward(events)
+        await self.finish(CloseCode.NORMAL)
+        return True
+
+    async def configure(self, update: protocol.SessionUpdate) -> None:
+        if self.configured:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST,
+                                "the active session cannot be reconfigured")
+        seconds = self.limits.clamp_streaming_seconds(update.max_streaming_seconds)
+        opening = self.engine.submit_open(
+            self.session_id, system_prompt=update.system_prompt, seed=update.seed,
+            max_streaming_seconds=seconds, tools=update.tools,
+            max_prompt_tokens=self.limits.max_prompt_tokens)
+        self.open = True  # the engine may hold a stream from now on: release closes it
+        await self.watch(opening)
+        try:
+            details = opening.result()
+        except Exception as exc:
+            raise ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED, str(exc)) from None
+        self.configured = True
+        self.tools_set = update.tools is not None
+        self.frame_samples = details["frame_samples"]
+        logger.info("%s configured (seed %d, max %.1f s)", self.session_id, update.seed, seconds)
+        await self.send(protocol.session_updated(self.session_id, self.model_id, details))
+
+    async def watch(self, opening: asyncio.Future) -> None:
+        """Wait for the engine to open the session while watching the socket.
+
+        A prefill is the one long engine command: if the client leaves or the
+        wall-clock cap passes meanwhile, the prefill is stopped between two
+        positions and the slot is freed. Messages that arrive meanwhile are
+        kept, in order, for the loop.
+        """
+        while not opening.done():
+            if self.receiving is None:
+                self.receiving = asyncio.ensure_future(self.ws.receive())
+            remaining = self.connected_at + self.limits.max_session_wall_seconds \
+                - time.monotonic()
+            done, _ = await asyncio.wait({opening, self.receiving}, timeout=max(remaining, 0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done or (self.receiving in done and
+                            self.receiving.result()["type"] == "websocket.disconnect"):
+                self.engine.abort(self.session_id)
+                await asyncio.wait({opening})
+                if done:
+                    raise WebSocketDisconnect(self.receiving.result().get("code", 1000))
+                return  # the deadline: the loop reports it
+            if self.receiving in done:
+                self.early.append(self.receiving.result())
+                self.receiving = None
+
+    async def next_message(self, timeout: float) -> dict[str, Any]:
+        """The next client frame: kept ones first, then the socket (``TimeoutError``)."""
+        if self.early:
+            return self.early.popleft()
+        if self.receiving is None:
+            self.receiving = asyncio.ensure_future(self.ws.receive())
+        message = await asyncio.wait_for(asyncio.shield(self.receiving), timeout)
+        self.receiving = None
+        return message
+
+    async def tool_output(self, message: protocol.ToolOutput) -> None:
+        """A tool result: its tokens enter the timeline at the next frames."""
+        if not self.tools_set:
+            raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
+                                "function_call_output needs tools registered in session.update")
+        try:
+            await self.engine.tool_result(self.session_id, message.call_id, message.output)
+        except ValueError as exc:  # unknown / answered call_id, non-ASCII output
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        except Exception as exc:
+            raise ProtocolError(ErrorCode.INFERENCE_ERROR, str(exc) or type(exc).__name__) from None
+
+    async def append(self, message: protocol.AudioAppend) -> None:
+        samples = protocol.decode_pcm16(message.audio)
+        rate = protocol.check_sample_rate(message.sample_rate)
+        if samples.shape[0]:
+            self.active()
+        # One engine call per native frame: each frame's events go out before
+        # the next frame runs, however large the client's chunk.
+        for start in range(0, samples.shape[0], self.frame_samples):
+            events = await self.engine_call(self.engine.push(
+                self.session_id, samples[start : start + self.frame_samples], rate))
+            await self.forward(events)
+
+    async def engine_call(self, call: Any) -> list[str]:
+        """Await an engine command; its failure is the client's ``inference_error``."""
+        try:
+            return await call
+        except Exception as exc:
+            raise ProtocolError(ErrorCode.INFERENCE_ERROR, str(exc) or type(exc).__name__) from None
+
+    async def forward(self, events: list[str]) -> None:
+        for text in events:
+            self.outbox.put(text)
