@@ -17,7 +17,6 @@ the tokens and codes.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,6 +24,7 @@ import mlx.core as mx
 
 from ..models.model import Model
 from .profile import FrameClock
+from .prompt_cache import clone_state
 from .rng import RandomStream
 
 _NO_CLOCK = FrameClock(enabled=False)
@@ -89,19 +89,9 @@ class WarmStart:
     prev_codes: mx.array  # (1, 1, Q)
 
     def fresh_cache(self) -> list[Any]:
-        """Per-session caches: new objects and new array handles over the same values.
-
-        A KV cache writes into its arrays with slice assignment, which rebinds
-        only the handle it is done on, so sessions never see each other's writes.
-        """
-        caches = []
-        for cache in self.tts_cache:
-            clone = copy.copy(cache)
-            for name, value in vars(cache).items():
-                if isinstance(value, mx.array):
-                    setattr(clone, name, mx.array(value))
-            caches.append(clone)
-        return caches
+        """Per-session caches: new objects and new array handles over the same values
+        (:func:`~.prompt_cache.clone_state`), so sessions never see each other's writes."""
+        return clone_state(self.tts_cache)
 
 
 def warm_start(model: Model) -> WarmStart:
