@@ -1,0 +1,191 @@
+"""Transcription only (perception + RNNT): equal to the full paths' transcripts, and its rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlx_voicechat_plugin.runtime.events import Cancelled, Done, UserTranscriptDelta
+from mlx_voicechat_plugin.runtime.streaming import ContextLimit, SessionClosed
+from mlx_voicechat_plugin.runtime.transcribe import (
+    TranscriptDone,
+    Transcriber,
+    TranscriptLimit,
+    checkpoint_language,
+)
+from mlx_voicechat_plugin.testing.fixtures import make_question_wav, question_signal
+
+
+@pytest.fixture(scope="module")
+def session(tiny_ckpt):
+    from mlx_voicechat_plugin import load
+
+    model, processor = load(tiny_ckpt)
+    return model.create_session(processor)
+
+
+@pytest.fixture(scope="module")
+def transcriber(session):
+    return Transcriber(session)
+
+
+@pytest.fixture(scope="module")
+def wav(tmp_path_factory):
+    return make_question_wav(tmp_path_factory.mktemp("wav") / "q.wav", seconds=2.0)
+
+
+@pytest.fixture(scope="module")
+def offline(session, wav):
+    return session.generate(str(wav))
+
+
+def _stream_events(stream, audio, chunk):
+    events = []
+    for start in range(0, len(audio), chunk):
+        events += stream.push_audio(audio[start : start + chunk])
+    return events + stream.flush()
+
+
+def test_file_transcript_equals_the_offline_generate_transcript(transcriber, wav, offline):
+    result = transcriber.transcribe(str(wav))
+    assert offline.user_transcript  # the fixture's RNNT emits tokens
+    assert result.text == offline.user_transcript
+    assert result.duration == pytest.approx(2.0)
+    assert not result.truncated
+
+
+def test_file_transcript_streams_deltas_that_add_up_to_the_text(transcriber, wav, offline):
+    steps = transcriber.steps(str(wav))
+    deltas = []
+    while True:
+        try:
+            deltas += next(steps)
+        except StopIteration as done:
+            result = done.value
+            break
+    assert all(isinstance(d, UserTranscriptDelta) for d in deltas)
+    assert "".join(d.delta for d in deltas).strip() == result.text == offline.user_transcript
+    assert deltas[-1].text == result.text
+
+
+def test_arrays_transcribe_like_their_file(transcriber, wav):
+    from mlx_voicechat_plugin.runtime.audio import load_waveform
+
+    samples = np.array(load_waveform(str(wav), 16_000))
+    assert transcriber.transcribe(samples).text == transcriber.transcribe(str(wav)).text
+
+
+def test_max_new_tokens_bounds_the_output_tokens(transcriber, wav):
+    full = transcriber.transcribe(str(wav))
+    assert len(full.tokens) > 2
+    cut = transcriber.transcribe(str(wav), max_new_tokens=2)
+    assert cut.tokens == full.tokens[:2]
+    assert cut.truncated
+    assert full.text.startswith(cut.text)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+def test_max_new_tokens_must_be_a_positive_integer(transcriber, wav, value):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        transcriber.transcribe(str(wav), max_new_tokens=value)
+
+
+def test_the_language_defaults_to_english(session):
+    assert checkpoint_language(session.config) == "en"
+
+
+def test_text_only_stream_transcript_equals_a_full_session(session, transcriber):
+    audio = np.concatenate([question_signal(2.0), np.zeros(8000, np.float32)])
+    full = session.create_streaming_session()
+    _stream_events(full, audio, 3000)
+    stream = transcriber.create_stream()
+    events = _stream_events(stream, audio, 3000)
+    assert full.transcript
+    assert stream.transcript == full.transcript
+    final = [e for e in events if isinstance(e, TranscriptDone)]
+    assert [e.text for e in final] == [full.transcript]
+    assert isinstance(events[-1], Done)
+    deltas = [e for e in events if isinstance(e, UserTranscriptDelta)]
+    assert deltas[-1].text == full.transcript
+
+
+def test_text_only_stream_emits_only_transcript_events(transcriber):
+    stream = transcriber.create_stream()
+    events = _stream_events(stream, question_signal(1.0), 1280)
+    assert {type(e) for e in events} <= {UserTranscriptDelta, TranscriptDone, Done}
+
+
+def test_an_empty_stream_ends_with_one_empty_final_transcript(transcriber):
+    stream = transcriber.create_stream()
+    events = stream.flush()
+    assert events == [TranscriptDone(0, ""), Done(0)]
+
+
+def test_flush_runs_the_partial_frame(transcriber):
+    stream = transcriber.create_stream()
+    stream.push_audio(question_signal(0.05))  # under one frame
+    assert stream.frame_index == 0
+    stream.flush()
+    assert stream.frame_index == 1
+
+
+def test_audio_after_the_end_of_input_is_rejected(transcriber):
+    stream = transcriber.create_stream()
+    stream.flush()
+    with pytest.raises(SessionClosed, match="after the end of input"):
+        stream.push_audio(np.zeros(1280, np.float32))
+    with pytest.raises(SessionClosed):
+        stream.flush()
+
+
+def test_cancel_ends_without_a_final_transcript(transcriber):
+    stream = transcriber.create_stream()
+    stream.push_audio(question_signal(0.2))
+    assert stream.cancel() == [Cancelled(stream.frame_index)]
+    assert stream.cancel() == []
+
+
+def test_bad_chunks_are_rejected_and_the_stream_stays_usable(transcriber):
+    stream = transcriber.create_stream()
+    with pytest.raises(ValueError, match="16000 Hz"):
+        stream.push_audio(np.zeros(1280, np.float32), sample_rate=8000)
+    with pytest.raises(TypeError, match="float samples"):
+        stream.push_audio(np.zeros(1280, np.int16))
+    with pytest.raises(ValueError, match="non-finite"):
+        stream.push_audio(np.full(1280, np.nan, np.float32))
+    stream.push_audio(np.zeros(1280, np.float32))
+    assert stream.frame_index == 1
+
+
+def test_buffered_pcm_is_bounded(transcriber):
+    stream = transcriber.create_stream(max_buffered_samples=4000)
+    with pytest.raises(ValueError, match="max_buffered_samples=4000"):
+        stream.push_audio(np.zeros(4001, np.float32))
+    assert stream.frame_index == 0
+    stream.push_audio(np.zeros(4000, np.float32))
+    assert stream.frame_index == 3
+
+
+def test_stream_length_is_bounded(transcriber):
+    stream = transcriber.create_stream(max_streaming_seconds=0.16)
+    with pytest.raises(ContextLimit, match="max_streaming_seconds=0.16"):
+        stream.push_audio(np.zeros(1280 * 3, np.float32))
+    assert stream.frame_index == 2
+    assert isinstance(stream.flush()[-2], TranscriptDone)
+
+
+def test_transcript_bytes_are_bounded(transcriber):
+    stream = transcriber.create_stream(max_transcript_bytes=1)
+    with pytest.raises(TranscriptLimit, match="max_transcript_bytes=1") as raised:
+        for start in range(0, 32000, 1280):
+            stream.push_audio(question_signal(2.0)[start : start + 1280])
+    assert len(stream.transcript.encode()) >= 1
+    final = stream.flush()
+    assert final[-2] == TranscriptDone(stream.frame_index, stream.transcript)
+    assert isinstance(raised.value, ContextLimit)
+
+
+@pytest.mark.parametrize("name", ["max_transcript_bytes", "max_buffered_samples"])
+def test_stream_budgets_must_be_positive_integers(transcriber, name):
+    with pytest.raises(ValueError, match=name):
+        transcriber.create_stream(**{name: 0})
