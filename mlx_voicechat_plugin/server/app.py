@@ -1,4 +1,5 @@
-"""The FastAPI application: ``/v1/realtime``, ``GET /health`` and 501 routes.
+"""The FastAPI application: ``/v1/realtime``, ``/v1/audio/transcriptions``, ``GET /health``
+and 501 routes.
 
 One connection (:class:`~.connection.Connection`) holds the engine's single
 session at a time, after the API key and Origin checks here. The API key is
@@ -145,6 +146,12 @@ def create_app(
 
     for path in UNSUPPORTED_PATHS:
         app.add_api_route(prefix + path, unsupported, methods=["GET", "POST"])
+
+    from .transcriptions import add_transcription_routes
+
+    served = tuple(dict.fromkeys((model_id, served_model_id(str(model_path)))))
+    add_transcription_routes(app, engine, prefix, served, limits,
+                             lambda header: bearer_ok(header, api_key))
 
     async def deny(websocket: WebSocket, status: int, message: str) -> None:
         logger.info("rejected upgrade: %s", message)

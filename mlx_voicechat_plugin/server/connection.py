@@ -216,10 +216,15 @@ class Connection:
             raise ProtocolError(ErrorCode.INVALID_REQUEST,
                                 "the active session cannot be reconfigured")
         seconds = self.limits.clamp_streaming_seconds(update.max_streaming_seconds)
-        opening = self.engine.submit_open(
-            self.session_id, system_prompt=update.system_prompt, seed=update.seed,
-            max_streaming_seconds=seconds, tools=update.tools,
-            max_prompt_tokens=self.limits.max_prompt_tokens)
+        if update.text_only:  # perception + RNNT only: the user transcript
+            opening = self.engine.submit(
+                "open", self.session_id, text_only=True, max_streaming_seconds=seconds,
+                max_transcript_bytes=self.limits.max_transcript_bytes)
+        else:
+            opening = self.engine.submit_open(
+                self.session_id, system_prompt=update.system_prompt, seed=update.seed,
+                max_streaming_seconds=seconds, tools=update.tools,
+                max_prompt_tokens=self.limits.max_prompt_tokens)
         self.open = True  # the engine may hold a stream from now on: release closes it
         await self.watch(opening)
         try:

@@ -4,8 +4,10 @@ Socket tasks send ``open``/``push``/``flush``/``cancel``/``close`` commands over
 a queue (``submit`` queues one at once) and await a one-shot reply (an asyncio future the engine resolves via
 ``loop.call_soon_threadsafe``). Events come back already serialized to JSON
 text, base64 audio included, so the event loop only forwards strings. The
-engine holds at most one streaming session; a reservation keeps a second
-connection from starting one.
+engine holds at most one streaming session (a full one, or a text-only
+transcription stream); a reservation keeps a second connection from starting
+one. File transcriptions are jobs stepped between commands
+(:mod:`.transcription_jobs`), their count in flight bounded by the caller.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from ..runtime.events import Audio, Cancelled
 from ..runtime.prompt_cache import PromptCache
 from . import protocol
+from .transcription_jobs import DeltaSink, JobCounter, JobQueue, TranscriptionJob
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,9 @@ class Engine:
         self._aborts: dict[str, threading.Event] = {}  # session -> stop its prefill
         self._reservation = threading.Lock()
         self._reserved: str | None = None
+        self._jobs = JobQueue()  # engine thread only
+        self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
+        self._transcriber: Any = None
         self._thread = threading.Thread(target=self._run, name="mlx-voicechat-engine",
                                         daemon=True)
 
@@ -102,6 +108,13 @@ class Engine:
     @property
     def config(self) -> Any:
         return self.voicechat.config
+
+    @property
+    def language(self) -> str:
+        """The language the checkpoint transcribes."""
+        from ..runtime.transcribe import checkpoint_language
+
+        return checkpoint_language(self.config)
 
     # --- the one-session reservation -----------------------------------
 
@@ -157,6 +170,26 @@ class Engine:
     async def tool_result(self, session_id: str, call_id: str, output: str) -> list[str]:
         return await self.call("tool_result", session_id, call_id=call_id, output=output)
 
+    def submit_transcription(self, audio: np.ndarray, on_delta: DeltaSink | None = None,
+                             **options: Any) -> tuple[asyncio.Future, threading.Event]:
+        """Queue a file transcription; ``(future of its Transcription, cancel event)``.
+
+        The admission slot the caller took (``transcriptions.try_admit``) is
+        released on the engine thread when the job ends.
+        """
+        cancel = threading.Event()
+        future = self.submit("transcribe", "", audio=audio, on_delta=on_delta, cancel=cancel,
+                             options=options)
+        return future, cancel
+
+    def transcriber(self) -> Any:
+        """The perception + RNNT transcriber of the loaded model (engine thread)."""
+        if self._transcriber is None:
+            from ..runtime.transcribe import Transcriber
+
+            self._transcriber = Transcriber(self.voicechat)
+        return self._transcriber
+
     # --- the thread -----------------------------------------------------
 
     def _run(self) -> None:
@@ -191,21 +224,52 @@ class Engine:
         if path is not None:  # later short CLI runs of this model may compile
             compile_policy.mark_warm(compile_policy.model_key(read_config(path)))
 
+    def _next_command(self) -> _Command | None:
+        """The next command; while transcription jobs wait, step them when none is queued."""
+        while self._jobs:
+            try:
+                return self._commands.get_nowait()
+            except queue.Empty:
+                self._jobs.step()
+        return self._commands.get()
+
+    def _add_job(self, command: _Command) -> None:
+        payload = command.payload
+        try:
+            steps = self.transcriber().steps(payload["audio"], **payload["options"])
+        except BaseException:
+            self.transcriptions.release()
+            raise
+        self._jobs.add(TranscriptionJob(
+            steps, command.reply, payload["on_delta"],
+            lambda e: protocol.dumps(protocol.model_event(e)), payload["cancel"],
+            self.transcriptions.release))
+
+    def _open(self, payload: dict[str, Any]) -> Any:
+        if payload.pop("text_only", False):
+            return self.transcriber().create_stream(**payload)
+        return self.voicechat.create_streaming_session(**payload)
+
     def _serve(self) -> None:
         session_id: str | None = None
         stream: Any = None
         while True:
-            command = self._commands.get()
+            command = self._next_command()
             if command is None:
                 break
             try:
                 if self.voicechat is None:
+                    if command.kind == "transcribe":
+                        self.transcriptions.release()
                     raise RuntimeError(f"model failed to load: {self.load_error}")
+                if command.kind == "transcribe":
+                    self._add_job(command)  # replies when the job ends
+                    continue
                 if command.kind == "open":
                     if stream is not None:
                         raise RuntimeError("a realtime session is already active")
                     try:
-                        stream = self.voicechat.create_streaming_session(**command.payload)
+                        stream = self._open(dict(command.payload))
                     except BaseException:
                         _clear_cache()  # what a stopped or failed prefill allocated
                         raise
@@ -217,6 +281,7 @@ class Engine:
                         "output_sample_rate": self.config.output_sample_rate,
                         "frame_samples": stream.frame_samples,
                         "max_streaming_seconds": stream.options.max_streaming_seconds,
+                        "text_only": getattr(stream, "text_only", False),
                     }
                 elif command.kind == "close":
                     if stream is not None and session_id == command.session_id:
@@ -260,6 +325,7 @@ class Engine:
                 command.reply(error=exc)
             else:
                 command.reply(value)
+        self._jobs.fail_all(RuntimeError("the server is stopping"))
         if stream is not None and not stream.closed:
             stream.cancel()
 

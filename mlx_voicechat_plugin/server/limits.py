@@ -29,18 +29,23 @@ class ServerLimits:
     max_connections: int = 128  # open sockets in all, before any authentication
     max_connections_per_client: int = 64  # open sockets from one address
     header_timeout: float = 10.0  # a new connection's request headers must arrive by then
+    max_transcript_bytes: int = 64 * 1024  # a text-only session's transcript (UTF-8)
+    max_upload_bytes: int = 25 * MIB  # one /v1/audio/transcriptions file
+    max_transcription_seconds: float = 600.0  # audio one file may hold
+    max_transcriptions_in_flight: int = 4  # file transcriptions admitted and not finished
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_cache_bytes, bool) or not isinstance(self.prompt_cache_bytes, int) \
                 or self.prompt_cache_bytes < 0:
             raise ValueError(f"prompt_cache_bytes must be >= 0, got {self.prompt_cache_bytes!r}")
         for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
-                     "max_prompt_tokens", "max_connections", "max_connections_per_client"):
+                     "max_prompt_tokens", "max_connections", "max_connections_per_client",
+                     "max_transcript_bytes", "max_upload_bytes", "max_transcriptions_in_flight"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout",
-                     "max_session_wall_seconds", "header_timeout"):
+                     "max_session_wall_seconds", "header_timeout", "max_transcription_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:

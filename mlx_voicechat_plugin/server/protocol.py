@@ -33,6 +33,7 @@ from ..runtime.events import (
     ToolsWarning,
     UserTranscriptDelta,
 )
+from ..runtime.transcribe import TranscriptDone
 
 INPUT_SAMPLE_RATE = 16_000
 PCM16_FULL_SCALE = 32768.0  # input decode: int16 / 32768
@@ -83,6 +84,12 @@ class SessionUpdate:
     max_streaming_seconds: float | None = None
     model: Any = None  # accepted and ignored: the server serves one checkpoint
     tools: list[Any] | None = None  # validated by the runtime when the session opens
+    output_modalities: tuple[str, ...] = ("text", "audio")
+
+    @property
+    def text_only(self) -> bool:
+        """``output_modalities: ["text"]``: only the user transcript (perception + RNNT)."""
+        return self.output_modalities == ("text",)
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,28 @@ def parse_session(payload: Any) -> SessionUpdate:
     tools = payload.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise _init_failed("session.tools must be a list of tool definitions")
-    return SessionUpdate(prompt, seed, limit, payload.get("model"), tools)
+    modalities = parse_modalities(payload.get("output_modalities"))
+    if modalities == ("text",) and tools is not None:
+        raise _init_failed("session.tools needs the full session; a text-only session "
+                           "(output_modalities ['text']) only transcribes")
+    return SessionUpdate(prompt, seed, limit, payload.get("model"), tools, modalities)
+
+
+MODALITIES = ("text", "audio")
+
+
+def parse_modalities(value: Any) -> tuple[str, ...]:
+    """``session.output_modalities``: ``["text"]`` (transcript only) or with ``"audio"``."""
+    if value is None:
+        return MODALITIES
+    if not isinstance(value, list) or not value or len(value) > len(MODALITIES) \
+            or any(m not in MODALITIES for m in value) or len(set(value)) != len(value):
+        raise _init_failed("session.output_modalities must be ['text'] or ['text', 'audio'], "
+                           f"got {brief(value)}")
+    if value == ["audio"]:
+        raise _init_failed("session.output_modalities ['audio'] is not supported: the "
+                           "assistant's text comes with its audio; use ['text', 'audio']")
+    return tuple(m for m in MODALITIES if m in value)
 
 
 def parse_item(item: Any) -> ToolOutput:
@@ -286,6 +314,7 @@ def session_updated(session_id: str, model: str, details: dict[str, Any]) -> dic
             "max_streaming_seconds": details["max_streaming_seconds"],
             "input_audio_format": audio_format(details["input_sample_rate"]),
             "output_audio_format": audio_format(details["output_sample_rate"]),
+            **({"output_modalities": ["text"]} if details.get("text_only") else {}),
         },
     }
 
@@ -313,6 +342,9 @@ def model_event(event: Event) -> dict[str, Any]:
     if isinstance(event, UserTranscriptDelta):
         return {"type": "conversation.item.input_audio_transcription.delta",
                 "delta": event.delta, "transcript": event.text, **index}
+    if isinstance(event, TranscriptDone):
+        return {"type": "conversation.item.input_audio_transcription.completed",
+                "transcript": event.text, **index}
     if isinstance(event, Audio):
         return {"type": "response.audio.delta", "delta": encode_pcm16(event.samples),
                 "format": "pcm16", "sample_rate": int(event.sample_rate), "channels": 1,

@@ -1,0 +1,300 @@
+"""``POST /v1/audio/transcriptions``: a file's transcript from perception and the RNNT.
+
+The request shape is OpenAI's (and SGLang-Omni's for this model family):
+multipart with ``file`` and optional ``model``, ``language``,
+``response_format``, ``temperature``, ``prompt``, ``max_new_tokens`` and
+``stream``. Every parameter is checked before any inference; a bad one is a
+400 whose ``error.param`` names it. The body is read up to
+``max_upload_bytes`` (413 past it), the file decoded by the host's audio
+reader to mono 16 kHz (at most ``max_transcription_seconds``), and the
+transcription runs as an engine job (:mod:`.transcription_jobs`); at most
+``max_transcriptions_in_flight`` are admitted at once (429 past it).
+
+With ``stream=true`` the response is server-sent events while the file is
+decoded: ``transcript.text.delta`` events (``delta``), then one
+``transcript.text.done`` (``text``), as OpenAI streams a transcription.
+``POST /v1/audio/translations`` is a 400: the model transcribes only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from ..runtime.quoting import brief
+from .engine import Engine
+from .limits import ServerLimits
+
+logger = logging.getLogger(__name__)
+
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+TRANSLATIONS_PATH = "/v1/audio/translations"
+RESPONSE_FORMATS = ("json", "verbose_json", "text")
+STREAM_FORMATS = ("json", "text")
+FORM_SLACK_BYTES = 64 * 1024  # the form's other fields and part headers, past the file
+MAX_FIELDS = 32
+TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no", "")
+SAMPLE_RATE = 16_000
+
+
+class RequestError(Exception):
+    """A client mistake answered with ``status`` and an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str = "invalid_request"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        error = {"message": self.message, "type": "invalid_request_error",
+                 "param": self.param, "code": self.code}
+        headers = {"Retry-After": "1"} if self.status == 429 else None
+        return JSONResponse({"error": error}, self.status, headers=headers)
+
+
+def _bad(param: str, message: str) -> RequestError:
+    return RequestError(400, message, param)
+
+
+@dataclass(frozen=True)
+class TranscriptionRequest:
+    data: bytes
+    response_format: str = "json"
+    max_new_tokens: int | None = None
+    stream: bool = False
+
+
+def _field(form: Any, name: str) -> str | None:
+    value = form.get(name)
+    if value is None:
+        return None
+    if isinstance(value, UploadFile):
+        raise _bad(name, f"{name} must be a form field, not a file")
+    return value.strip()
+
+
+def parse_form(form: Any, file_data: bytes | None, served: tuple[str, ...],
+               language: str) -> TranscriptionRequest:
+    """Check every parameter (in the order documented); a 400 names the first bad one."""
+    if file_data is None:
+        raise _bad("file", "file is required: the audio to transcribe, as a multipart file")
+    model = _field(form, "model")
+    if model and model not in served:
+        raise _bad("model", f"model {brief(model)} is not served here; this server serves "
+                            f"{brief(served[0])} (or omit model)")
+    lang = _field(form, "language")
+    if lang and lang.lower() not in ("auto", language):
+        raise _bad("language", f"language must be 'auto' or {language!r} (the checkpoint's "
+                               f"language), got {brief(lang)}")
+    fmt = (_field(form, "response_format") or "json").lower()
+    if fmt not in RESPONSE_FORMATS:
+        raise _bad("response_format", "response_format must be one of "
+                   f"{', '.join(RESPONSE_FORMATS)}, got {brief(fmt)}")
+    temperature = _field(form, "temperature")
+    if temperature:
+        try:
+            value = float(temperature)
+        except ValueError:
+            value = None
+        if value != 0.0:
+            raise _bad("temperature", "temperature must be 0: decoding is greedy, got "
+                       f"{brief(temperature)}")
+    if _field(form, "prompt"):
+        raise _bad("prompt", "prompt is not supported: the RNNT decoder takes no text prompt")
+    limit = _field(form, "max_new_tokens")
+    max_new_tokens = None
+    if limit:
+        try:
+            max_new_tokens = int(limit)
+        except ValueError:
+            max_new_tokens = 0
+        if max_new_tokens < 1:
+            raise _bad("max_new_tokens", "max_new_tokens must be a positive integer, got "
+                       f"{brief(limit)}")
+    stream_text = (_field(form, "stream") or "").lower()
+    if stream_text not in TRUE + FALSE:
+        raise _bad("stream", f"stream must be true or false, got {brief(stream_text)}")
+    stream = stream_text in TRUE
+    if stream and fmt not in STREAM_FORMATS:
+        raise _bad("stream", f"stream=true supports response_format {' or '.join(STREAM_FORMATS)}, "
+                   f"got {fmt}")
+    return TranscriptionRequest(file_data, fmt, max_new_tokens, stream)
+
+
+def decode_audio(data: bytes, max_seconds: float) -> np.ndarray:
+    """The host's audio reader: any format it takes, as mono float32 at 16 kHz."""
+    from mlx_audio.audio_io import read
+
+    if not data:
+        raise _bad("file", "file is empty")
+    try:
+        samples, _ = read(io.BytesIO(data), dtype="float32", sample_rate=SAMPLE_RATE,
+                          nchannels=1, duration=max_seconds + 0.5)
+    except Exception as exc:
+        raise _bad("file", "file could not be decoded as audio (WAV, FLAC, MP3, OGG, ...): "
+                   f"{brief(str(exc))}") from None
+    samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if samples.shape[0] > round(max_seconds * SAMPLE_RATE):
+        raise _bad("file", f"file holds more than {max_seconds:g} s of audio "
+                           "(--max-transcription-seconds)")
+    if not np.isfinite(samples).all():
+        raise _bad("file", "file contains non-finite samples")
+    return samples
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"request body of {declared} bytes exceeds the {limit}-byte "
+                                "limit (--max-upload-bytes plus the form)", "file")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(413, f"request body exceeds the {limit}-byte limit "
+                                    "(--max-upload-bytes plus the form)", "file")
+    return bytes(body)
+
+
+async def parse_multipart(request: Request, body: bytes, max_upload_bytes: int
+                          ) -> tuple[Any, bytes | None]:
+    """``(form, file bytes)``; the file part alone is bounded by ``max_upload_bytes``."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise _bad("file", "the request must be multipart/form-data with a file part")
+
+    async def replay() -> AsyncIterator[bytes]:
+        yield body
+
+    try:
+        form = await MultiPartParser(request.headers, replay(), max_files=1,
+                                     max_fields=MAX_FIELDS).parse()
+    except MultiPartException as exc:
+        raise _bad("file", f"malformed multipart form: {exc.message}") from None
+    upload = form.get("file")
+    if upload is None:
+        return form, None
+    if not isinstance(upload, UploadFile):
+        raise _bad("file", "file must be a multipart file part, not a text field")
+    data = await upload.read()
+    await upload.close()
+    if len(data) > max_upload_bytes:
+        raise RequestError(413, f"file of {len(data)} bytes exceeds the {max_upload_bytes}-byte "
+                                "limit (--max-upload-bytes)", "file")
+    return form, data
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode("utf-8")
+
+
+def add_transcription_routes(app: FastAPI, engine: Engine, prefix: str,
+                             served: tuple[str, ...], limits: ServerLimits,
+                             authorized: Callable[[str | None], bool]) -> None:
+    """Mount ``/v1/audio/transcriptions`` and the ``/v1/audio/translations`` refusal."""
+
+    def respond(result: Any, request: TranscriptionRequest, language: str) -> Response:
+        if request.response_format == "text":
+            return PlainTextResponse(result.text + "\n")
+        body: dict[str, Any] = {"text": result.text}
+        if request.response_format == "verbose_json":
+            body = {"task": "transcribe", "language": language,
+                    "duration": round(result.duration, 3), "text": result.text}
+        return JSONResponse(body)
+
+    def stream_response(future: asyncio.Future, cancel: Any,
+                        deltas: asyncio.Queue) -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    getting = asyncio.ensure_future(deltas.get())
+                    await asyncio.wait({getting, future}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getting.done():
+                        getting.cancel()
+                        break
+                    for text in getting.result():
+                        event = json.loads(text)
+                        yield _sse({"type": "transcript.text.delta", "delta": event["delta"]})
+                # Deltas were posted before the reply: drain them, then the result.
+                while not deltas.empty():
+                    for text in deltas.get_nowait():
+                        yield _sse({"type": "transcript.text.delta",
+                                    "delta": json.loads(text)["delta"]})
+                try:
+                    result = future.result()
+                except Exception as exc:
+                    yield _sse({"type": "error", "error": {
+                        "message": str(exc) or type(exc).__name__, "type": "server_error",
+                        "param": None, "code": "inference_error"}})
+                    return
+                yield _sse({"type": "transcript.text.done", "text": result.text})
+            finally:
+                cancel.set()  # a client that left stops the job at its next step
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def transcriptions(request: Request) -> Response:
+        if not authorized(request.headers.get("authorization")):
+            return RequestError(401, "missing or invalid API key", None,
+                                "invalid_api_key").response()
+        if not engine.ready:
+            message = ("the model failed to load" if engine.load_error is not None
+                       else "the model is not loaded yet")
+            return RequestError(503, message, None, "server_busy").response()
+        if not engine.transcriptions.try_admit(limits.max_transcriptions_in_flight):
+            return RequestError(429, f"{limits.max_transcriptions_in_flight} transcriptions "
+                                     "are already in flight (--max-transcriptions-in-flight); "
+                                     "retry later", None, "rate_limit_exceeded").response()
+        submitted = False
+        try:
+            body = await read_body(request, limits.max_upload_bytes + FORM_SLACK_BYTES)
+            form, data = await parse_multipart(request, body, limits.max_upload_bytes)
+            language = engine.language
+            parsed = parse_form(form, data, served, language)
+            audio = await asyncio.to_thread(decode_audio, parsed.data,
+                                            limits.max_transcription_seconds)
+            loop = asyncio.get_running_loop()
+            deltas: asyncio.Queue = asyncio.Queue()
+            on_delta = None
+            if parsed.stream:
+                def on_delta(texts: list[str]) -> None:  # engine thread
+                    loop.call_soon_threadsafe(deltas.put_nowait, texts)
+            future, cancel = engine.submit_transcription(
+                audio, on_delta=on_delta, max_new_tokens=parsed.max_new_tokens)
+            submitted = True  # the engine releases the slot when the job ends
+            if parsed.stream:
+                return stream_response(future, cancel, deltas)
+            try:
+                result = await future
+            except Exception as exc:
+                return RequestError(500, str(exc) or type(exc).__name__, None,
+                                    "inference_error").response()
+            finally:
+                cancel.set()
+            logger.info("transcribed %.2f s of audio", result.duration)
+            return respond(result, parsed, language)
+        except RequestError as error:
+            logger.info("transcription refused (%d): %s", error.status, error.message)
+            return error.response()
+        finally:
+            if not submitted:
+                engine.transcriptions.release()
+
+    async def translations(request: Request) -> Response:
+        return RequestError(400, "this model transcribes only: translations are not "
+                                 f"supported; use {prefix}{TRANSCRIPTIONS_PATH}", None,
+                            "unsupported").response()
+
+    app.add_api_route(prefix + TRANSCRIPTIONS_PATH, transcriptions, methods=["POST"])
+    app.add_api_route(prefix + TRANSLATIONS_PATH, translations, methods=["POST"])
