@@ -1,7 +1,8 @@
 """``mlx-voicechat``: the plugin's command line, and the one command registry.
 
 The hosts' commands (``python -m mlx_vlm.generate`` / ``mlx_vlm.server`` /
-``mlx_audio.sts.generate``, see :mod:`..hosts.pickup`) run the same registry.
+``mlx_audio.sts.generate`` / ``mlx_audio.stt.generate``, see :mod:`..hosts.pickup`) run the
+same registry.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("generate", "one offline voice-chat turn"),
     "serve": ("serve", "the realtime WebSocket server"),
+    "transcribe": ("transcribe", "a file's transcript (perception + RNNT only)"),
     "demo": ("demo", "build the tiny demo checkpoint and answer a synthetic question"),
 }
 

@@ -32,6 +32,7 @@ MODEL_TYPE = "nemotron_voicechat"
 HOST_COMMANDS: dict[str, tuple[str, str]] = {
     "mlx_vlm.generate.__main__": ("generate", "python -m mlx_vlm.generate"),
     "mlx_audio.sts.generate": ("generate", "python -m mlx_audio.sts.generate"),
+    "mlx_audio.stt.generate": ("transcribe", "python -m mlx_audio.stt.generate"),
     "mlx_vlm.server.__main__": ("serve", "python -m mlx_vlm.server"),
 }
 
