@@ -275,3 +275,21 @@ def test_a_refused_request_frees_its_slot(server):
     for _ in range(6):  # more than the in-flight limit (4)
         assert post(server, data={"language": "fr"}).status_code == 400
     assert post(server).status_code == 200
+
+
+def test_serve_flags_set_the_transcription_limits():
+    from mlx_voicechat_plugin.cli import serve
+
+    args = serve.parse(["-m", "ckpt", "--max-upload-bytes", "1000", "--max-transcription-seconds",
+                        "9", "--max-transcriptions-in-flight", "2", "--max-transcript-bytes", "50"],
+                       "serve", False)
+    limits = args.limits
+    assert (limits.max_upload_bytes, limits.max_transcription_seconds,
+            limits.max_transcriptions_in_flight, limits.max_transcript_bytes) == (1000, 9.0, 2, 50)
+
+
+@pytest.mark.parametrize("name", ["max_upload_bytes", "max_transcriptions_in_flight",
+                                  "max_transcript_bytes", "max_transcription_seconds"])
+def test_transcription_limits_must_be_positive(name):
+    with pytest.raises(ValueError, match=name):
+        ServerLimits(**{name: 0})

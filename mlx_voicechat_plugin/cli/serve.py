@@ -26,7 +26,7 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     defaults = ServerLimits()
     parser = argparse.ArgumentParser(
         prog=prog, description="Serve Nemotron VoiceChat over a realtime WebSocket "
-                               "(/v1/realtime).")
+                               "(/v1/realtime) and /v1/audio/transcriptions.")
     parser.add_argument("-m", "--model", required=True, help="checkpoint directory or hub id")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
@@ -77,6 +77,18 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              "(1008, 'client is not reading')")
     limits.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
                         help="seconds queued events and the close frame may take at the end")
+    limits.add_argument("--max-transcript-bytes", type=int,
+                        default=defaults.max_transcript_bytes,
+                        help="UTF-8 bytes of transcript a text-only session may produce")
+    limits.add_argument("--max-upload-bytes", type=int, default=defaults.max_upload_bytes,
+                        help="largest /v1/audio/transcriptions file (413 past it; default "
+                             f"{defaults.max_upload_bytes // MIB} MiB)")
+    limits.add_argument("--max-transcription-seconds", type=float,
+                        default=defaults.max_transcription_seconds,
+                        help="most audio one transcription file may hold (400 past it)")
+    limits.add_argument("--max-transcriptions-in-flight", type=int,
+                        default=defaults.max_transcriptions_in_flight,
+                        help="file transcriptions admitted at once (429 past it)")
     return parser
 
 
@@ -94,7 +106,12 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
                                    prompt_cache_bytes=args.prompt_cache_bytes,
                                    max_connections=args.max_connections,
                                    max_connections_per_client=args.max_connections_per_client,
-                                   header_timeout=args.header_timeout)
+                                   header_timeout=args.header_timeout,
+                                   max_transcript_bytes=args.max_transcript_bytes,
+                                   max_upload_bytes=args.max_upload_bytes,
+                                   max_transcription_seconds=args.max_transcription_seconds,
+                                   max_transcriptions_in_flight=(
+                                       args.max_transcriptions_in_flight))
     except ValueError as exc:
         parser.error(str(exc))
     return args
