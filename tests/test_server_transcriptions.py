@@ -293,3 +293,42 @@ def test_serve_flags_set_the_transcription_limits():
 def test_transcription_limits_must_be_positive(name):
     with pytest.raises(ValueError, match=name):
         ServerLimits(**{name: 0})
+
+
+# --- the OpenAI client ----------------------------------------------------
+
+
+def _openai(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.http("/v1"), api_key=API_KEY, max_retries=0, timeout=TIMEOUT)
+
+
+def test_the_openai_client_transcribes(server, offline_transcript):
+    client = _openai(server)
+    result = client.audio.transcriptions.create(model="served-voicechat",
+                                                file=("q.wav", QUESTION_WAV))
+    assert result.text == offline_transcript
+    verbose = client.audio.transcriptions.create(model="served-voicechat",
+                                                 file=("q.wav", QUESTION_WAV),
+                                                 response_format="verbose_json")
+    assert (verbose.text, verbose.language) == (offline_transcript, "en")
+    assert verbose.duration == pytest.approx(2.0)
+
+
+def test_the_openai_client_streams(server, offline_transcript):
+    client = _openai(server)
+    events = list(client.audio.transcriptions.create(model="served-voicechat",
+                                                     file=("q.wav", QUESTION_WAV), stream=True))
+    assert [e.type for e in events][-1] == "transcript.text.done"
+    assert events[-1].text == offline_transcript
+    assert "".join(e.delta for e in events[:-1]).strip() == offline_transcript
+
+
+def test_the_openai_client_sees_a_400_naming_the_parameter(server):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as raised:
+        _openai(server).audio.transcriptions.create(model="served-voicechat", language="fr",
+                                                    file=("q.wav", QUESTION_WAV))
+    assert raised.value.param == "language"
