@@ -332,3 +332,78 @@ def test_the_openai_client_sees_a_400_naming_the_parameter(server):
         _openai(server).audio.transcriptions.create(model="served-voicechat", language="fr",
                                                     file=("q.wav", QUESTION_WAV))
     assert raised.value.param == "language"
+
+
+def test_a_foreign_browser_origin_is_refused_before_any_work(server):
+    response = post(server, headers={**AUTH, "Origin": "http://evil.example"})
+    assert error_of(response, 403)["code"] == "origin_not_allowed"
+    assert post(server, headers={**AUTH, "Origin": "http://localhost:3000"}).status_code == 200
+
+
+class SteppedEngine(Engine):
+    """An engine whose transcriptions are ``steps`` slow steps (the engine job seam)."""
+
+    def __init__(self, path: str, voicechat, steps: int):
+        super().__init__(path, loader=lambda _: voicechat)
+        self.steps, self.log = steps, []
+
+    def transcriber(self):
+        engine = self
+
+        class Slow:
+            def steps(self, audio, **options):
+                for index in range(engine.steps):
+                    threading.Event().wait(0.01)
+                    engine.log.append(index)
+                    yield []
+                return "finished"
+
+        return Slow()
+
+
+def test_engine_commands_run_between_transcription_steps(tiny_ckpt, voicechat):
+    import asyncio
+
+    engine = SteppedEngine(str(tiny_ckpt), voicechat, steps=100)
+    engine.start()
+    engine.loaded.wait(TIMEOUT)
+
+    async def scenario():
+        assert engine.transcriptions.try_admit(1)
+        job, _ = engine.submit_transcription(np.zeros(16_000, np.float32))
+        await asyncio.sleep(0.05)
+        await engine.submit("close", "nobody")  # any command: answered mid-job
+        steps_before_reply = len(engine.log)
+        assert not job.done()
+        assert await job == "finished"
+        return steps_before_reply
+
+    try:
+        before = asyncio.run(scenario())
+        assert 0 < before < 100
+        assert engine.transcriptions.in_flight == 0
+    finally:
+        engine.stop()
+
+
+def test_a_cancelled_transcription_stops_at_its_next_step(tiny_ckpt, voicechat):
+    import asyncio
+
+    engine = SteppedEngine(str(tiny_ckpt), voicechat, steps=1000)
+    engine.start()
+    engine.loaded.wait(TIMEOUT)
+
+    async def scenario():
+        assert engine.transcriptions.try_admit(1)
+        job, cancel = engine.submit_transcription(np.zeros(16_000, np.float32))
+        await asyncio.sleep(0.05)
+        cancel.set()
+        with pytest.raises(RuntimeError, match="cancelled"):
+            await job
+
+    try:
+        asyncio.run(scenario())
+        assert len(engine.log) < 1000
+        assert engine.transcriptions.in_flight == 0
+    finally:
+        engine.stop()

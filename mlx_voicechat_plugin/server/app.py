@@ -151,7 +151,8 @@ def create_app(
 
     served = tuple(dict.fromkeys((model_id, served_model_id(str(model_path)))))
     add_transcription_routes(app, engine, prefix, served, limits,
-                             lambda header: bearer_ok(header, api_key))
+                             lambda header: bearer_ok(header, api_key),
+                             lambda origin: origin_allowed(origin, origins))
 
     async def deny(websocket: WebSocket, status: int, message: str) -> None:
         logger.info("rejected upgrade: %s", message)

@@ -200,8 +200,14 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 def add_transcription_routes(app: FastAPI, engine: Engine, prefix: str,
                              served: tuple[str, ...], limits: ServerLimits,
-                             authorized: Callable[[str | None], bool]) -> None:
-    """Mount ``/v1/audio/transcriptions`` and the ``/v1/audio/translations`` refusal."""
+                             authorized: Callable[[str | None], bool],
+                             origin_ok: Callable[[str | None], bool] = lambda _: True) -> None:
+    """Mount ``/v1/audio/transcriptions`` and the ``/v1/audio/translations`` refusal.
+
+    ``authorized`` checks the ``Authorization`` header, ``origin_ok`` a
+    browser's ``Origin`` (a foreign page may post a multipart form without a
+    CORS preflight; it is refused before any work, as on ``/v1/realtime``).
+    """
 
     def respond(result: Any, request: TranscriptionRequest, language: str) -> Response:
         if request.response_format == "text":
@@ -248,6 +254,8 @@ def add_transcription_routes(app: FastAPI, engine: Engine, prefix: str,
         if not authorized(request.headers.get("authorization")):
             return RequestError(401, "missing or invalid API key", None,
                                 "invalid_api_key").response()
+        if not origin_ok(request.headers.get("origin")):
+            return RequestError(403, "origin not allowed", None, "origin_not_allowed").response()
         if not engine.ready:
             message = ("the model failed to load" if engine.load_error is not None
                        else "the model is not loaded yet")
