@@ -189,3 +189,26 @@ def test_transcript_bytes_are_bounded(transcriber):
 def test_stream_budgets_must_be_positive_integers(transcriber, name):
     with pytest.raises(ValueError, match=name):
         transcriber.create_stream(**{name: 0})
+
+
+def test_only_perception_and_the_rnnt_run(transcriber, wav, monkeypatch):
+    """No timeline (LLM + TTS), language model, speech decoder or codec work at all."""
+    from mlx_voicechat_plugin.models.codec import Codec, CodecDecoder
+    from mlx_voicechat_plugin.models.duplex import DuplexSTT
+    from mlx_voicechat_plugin.runtime import timeline
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a transcription ran more than perception and the RNNT")
+
+    monkeypatch.setattr(timeline.Timeline, "__init__", boom)
+    monkeypatch.setattr(DuplexSTT, "__call__", boom)
+    monkeypatch.setattr(DuplexSTT, "step", boom)
+    monkeypatch.setattr(DuplexSTT, "fuse", boom)
+    monkeypatch.setattr(CodecDecoder, "__call__", boom)
+    for name in ("decode", "decode_step", "make_state"):
+        monkeypatch.setattr(Codec, name, boom)
+    assert transcriber.transcribe(str(wav)).text
+    stream = transcriber.create_stream()
+    stream.push_audio(question_signal(1.0))
+    stream.flush()
+    assert stream.transcript
