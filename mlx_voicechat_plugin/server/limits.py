@@ -29,16 +29,24 @@ class ServerLimits:
     max_connections: int = 128  # open sockets in all, before any authentication
     max_connections_per_client: int = 64  # open sockets from one address
     header_timeout: float = 10.0  # a new connection's request headers must arrive by then
+    max_sessions: int = 1  # realtime sessions served at once (engine slots)
+    max_state_bytes: int | None = None  # measured session state in all, before refusing more
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_cache_bytes, bool) or not isinstance(self.prompt_cache_bytes, int) \
                 or self.prompt_cache_bytes < 0:
             raise ValueError(f"prompt_cache_bytes must be >= 0, got {self.prompt_cache_bytes!r}")
         for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
-                     "max_prompt_tokens", "max_connections", "max_connections_per_client"):
+                     "max_prompt_tokens", "max_connections", "max_connections_per_client",
+                     "max_sessions"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_state_bytes is not None and (
+                isinstance(self.max_state_bytes, bool) or not isinstance(self.max_state_bytes, int)
+                or self.max_state_bytes <= 0):
+            raise ValueError(f"max_state_bytes must be a positive integer, got "
+                             f"{self.max_state_bytes!r}")
         for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout",
                      "max_session_wall_seconds", "header_timeout"):
             value = getattr(self, name)
