@@ -46,6 +46,8 @@ clean:
 
 .PHONY: soak
 SOAK_SESSIONS ?= 200
-# 200 sequential sessions on the tiny fixture: resident memory, threads, fds.
+# 200 sessions on the tiny fixture, one at a time and then 4 at a time
+# (--max-sessions 4): resident memory, threads, fds at start, middle, end.
 soak: $(VENV)/.installed
 	$(PY) -m bench.soak --sessions $(SOAK_SESSIONS)
+	$(PY) -m bench.soak --sessions $(SOAK_SESSIONS) --concurrency 4

@@ -1,7 +1,9 @@
-"""Soak: many sequential realtime sessions on the tiny fixture via the real server.
+"""Soak: many realtime sessions on the tiny fixture via the real server.
 
 Reports resident memory, thread count and open file descriptors at the start,
-the middle and the end. ``python -m bench.soak --sessions 200``.
+the middle and the end. ``python -m bench.soak --sessions 200`` runs them one
+after another; ``--concurrency 4`` runs them 4 at a time on a server started
+with ``--max-sessions 4``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ def resources() -> dict[str, float]:
             "fds": len(os.listdir("/proc/self/fd"))}
 
 
-def one_session(server, frames: int = FRAMES_PER_SESSION) -> int:
+def one_session(server, frames: int = FRAMES_PER_SESSION, wait_idle: bool = True) -> int:
     from server_support import FRAME, append_message, configure, connect, send, until_closed
 
-    server.wait_idle()
+    if wait_idle:
+        server.wait_idle()
     with connect(server.ws()) as ws:
         configure(ws)
         send(ws, append_message(np.zeros(frames * FRAME, np.float32)))
@@ -46,26 +49,39 @@ def one_session(server, frames: int = FRAMES_PER_SESSION) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="sessions at a time (the server gets --max-sessions this)")
     args = parser.parse_args(argv)
+    from concurrent.futures import ThreadPoolExecutor
+
     from server_support import LiveServer
 
     from mlx_voicechat_plugin.server.app import create_app
+    from mlx_voicechat_plugin.server.limits import ServerLimits
     from mlx_voicechat_plugin.testing.fixtures import make_checkpoint
 
+    at_once = args.concurrency
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = make_checkpoint(Path(tmp) / "tiny", "tiny")
-        server = LiveServer(create_app(ckpt))
+        server = LiveServer(create_app(ckpt, limits=ServerLimits(max_sessions=at_once)))
         try:
             marks = {0: "start", args.sessions // 2: "middle", args.sessions: "end"}
             one_session(server)  # warm-up: first-use allocations are not a leak
-            for done in range(args.sessions + 1):
-                if done in marks:
-                    figures = resources()
-                    print(f"{marks[done]:>6} after {done:4d} sessions: "
-                          f"rss {figures['rss_mib']:.1f} MiB, threads {figures['threads']}, "
-                          f"fds {figures['fds']}", flush=True)
-                if done < args.sessions:
-                    one_session(server)
+            done = 0
+            with ThreadPoolExecutor(at_once) as workers:
+                while True:
+                    for mark in [m for m in sorted(marks) if m <= done]:
+                        figures = resources()
+                        print(f"{marks.pop(mark):>6} after {done:4d} sessions "
+                              f"({at_once} at a time): rss {figures['rss_mib']:.1f} MiB, "
+                              f"threads {figures['threads']}, fds {figures['fds']}", flush=True)
+                    if done >= args.sessions:
+                        break
+                    batch = min(at_once, args.sessions - done)
+                    # Each wave fills every slot; the next starts once all have left.
+                    list(workers.map(lambda _: one_session(server, wait_idle=False), range(batch)))
+                    server.wait_idle()
+                    done += batch
         finally:
             server.stop()
     return 0

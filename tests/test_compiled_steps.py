@@ -131,7 +131,7 @@ def _two_perception_streams(small):
     left = model.stt_model.perception.att_context[0]
     audio = np.resize(question_signal(4.0), (left + 12) * frame)
     session = model.create_session(small[1])
-    first, second = (session.create_streaming_session()._perception for _ in range(2))
+    first, second = (session.create_streaming_session().perception for _ in range(2))
     return first, second, audio, frame
 
 
@@ -153,7 +153,7 @@ def test_encoder_stream_compiled_frames_equal_the_plain_blocks(small):
             x, enc.attention[index], enc.conv[index] = enc._block(
                 index, x, cached, enc.conv[index], enc._pos(index, length, x.dtype)
             )
-        mx.eval(x, *enc.state())
+        mx.eval(x, *enc.state)
         assert _equal(got, x)
     assert steady >= 10
 
@@ -183,11 +183,11 @@ def test_rnnt_first_try_then_rest_equals_the_whole_frame(small):
             frame = encoded[:, t : t + 1]
             expected = whole.advance(frame)
             first = split.advance_first(frame)
-            mx.eval(expected, first, *whole.arrays(), *split.arrays())
+            mx.eval(expected, first, *whole.state, *split.state)
             got = split.advance_rest(first)
-            mx.eval(got, *split.arrays())
+            mx.eval(got, *split.state)
             assert whole.commit(expected) == split.commit(got)
-            assert all(_equal(a, b) for a, b in zip(whole.arrays(), split.arrays()))
+            assert all(_equal(a, b) for a, b in zip(whole.state, split.state))
             if int(first.item()) == config.rnnt_blank_id:
                 assert got is first  # a blank first try skips the rest
         assert whole.text == split.text

@@ -143,8 +143,8 @@ def test_any_rate_and_channel_count_is_resampled_to_16k_mono(tiny_ckpt, tmp_path
 
 
 def test_model_level_streaming_entry_point(tiny_ckpt):
-    from mlx_voicechat_plugin.runtime.streaming import StreamingOptions
+    from mlx_voicechat_plugin.runtime.options import SessionOptions
 
     (model, processor), _ = loaded(tiny_ckpt)
-    stream = model.create_streaming_session(processor, StreamingOptions(seed=2))
+    stream = model.create_streaming_session(processor, SessionOptions(seed=2))
     assert stream.options.seed == 2 and not stream.closed

@@ -5,14 +5,12 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlx_voicechat_plugin.runtime.rng import RandomStream
-from mlx_voicechat_plugin.runtime.timeline import tts_warmup_inputs
 
 
 def test_tts_steps_give_identical_codes_for_the_same_seed(loaded_pair):
     (ours, processor), (ref, ref_processor) = loaded_pair
-    ours.create_session(processor)  # sets the character vocabulary
-    ref.create_session(ref_processor)
-    codes, ids, id_mask, audio_mask, latents = tts_warmup_inputs(ours)
+    ref.create_session(ref_processor)  # sets the reference's character vocabulary
+    codes, ids, id_mask, audio_mask, latents = ours.tts_model.warmup_inputs(ours.config.pad_token_id)
     ref_prompt = ref.create_session(ref_processor)._tts_prompt()
     assert mx.array_equal(codes, ref_prompt[0])
     _, cache = ours.tts_model.tts_model.warmup(codes, ids, id_mask, audio_mask, latents)

@@ -100,7 +100,7 @@ def test_streaming_encoder_within_1e5_of_reference(pair):
     frame = ours.config.frame_samples
     for start in range(0, len(audio) - frame + 1, frame):
         chunk = audio[start : start + frame]
-        _, encoded = stream._perception.step(chunk)
+        _, encoded = stream.perception.step(chunk)
         _, ref_encoded = ref_stream._perception_step(mx.array(chunk))
         assert float(mx.max(mx.abs(encoded - ref_encoded))) <= 1e-5
 

@@ -23,13 +23,13 @@ def short_tool_prompt(monkeypatch) -> None:
     The rendered text is pinned in test_tools.py; prefilling its hundreds of
     positions in every session test would only cost time.
     """
-    from mlx_voicechat_plugin.runtime import tool_calls, tools
+    from mlx_voicechat_plugin.runtime import prompt, tools
 
     def render(system_message, toolset):
         tools.render_system_prompt(system_message, toolset)
         return system_message + " [tools]"
 
-    monkeypatch.setattr(tool_calls, "render_system_prompt", render)
+    monkeypatch.setattr(prompt, "render_system_prompt", render)
 
 
 class Script:

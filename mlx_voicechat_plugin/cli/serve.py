@@ -72,6 +72,12 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="open connections from one client address")
     limits.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
                         help="seconds a new connection has to send its request headers")
+    limits.add_argument("--max-sessions", type=int, default=defaults.max_sessions,
+                        help="realtime sessions served at once on the one loaded model "
+                             "(default %(default)s; size it with python -m bench.load)")
+    limits.add_argument("--max-state-bytes", type=int, default=defaults.max_state_bytes,
+                        help="measured bytes of all sessions' state (caches) before new "
+                             "sessions are refused with server_busy (default: no budget)")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading')")
@@ -107,6 +113,8 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
                                    max_connections=args.max_connections,
                                    max_connections_per_client=args.max_connections_per_client,
                                    header_timeout=args.header_timeout,
+                                   max_sessions=args.max_sessions,
+                                   max_state_bytes=args.max_state_bytes,
                                    max_transcript_bytes=args.max_transcript_bytes,
                                    max_upload_bytes=args.max_upload_bytes,
                                    max_transcription_seconds=args.max_transcription_seconds,

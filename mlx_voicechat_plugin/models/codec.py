@@ -266,7 +266,7 @@ class Codec(nn.Module):
         ``T_new * samples_per_frame - stream_lag`` samples, later calls
         ``T_new * samples_per_frame``, and ``flush`` the final ``stream_lag``.
         The output and the state come back evaluated; with ``evaluate=False``
-        the caller evaluates both (``state.arrays()``) with the rest of its work.
+        the caller evaluates both (``state.state``) with the rest of its work.
         """
         state.check_open()
         if codes.shape[-1] == 0:
@@ -281,7 +281,7 @@ class Codec(nn.Module):
         # Evaluate the carried state with the output, or every step's graph
         # would hang off the previous one for the life of the stream.
         if evaluate:
-            mx.eval(waveform, *state.arrays())
+            mx.eval(waveform, *state.state)
         return waveform
 
     def _stream_step(

@@ -55,7 +55,8 @@ class CodecState:
     spectra: int = 0
     closed: bool = False
 
-    def arrays(self) -> list[mx.array]:
+    @property
+    def state(self) -> list[mx.array]:
         return [*self.block_context, self.frames, self.weights]
 
     def check_open(self) -> None:

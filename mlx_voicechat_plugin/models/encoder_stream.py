@@ -108,7 +108,9 @@ class EncoderStream:
         self._enter_c = [mx.compile(partial(self._enter, i)) for i in range(layers)]
         self._leave_c = [mx.compile(partial(self._leave, i)) for i in range(layers)]
 
+    @property
     def state(self) -> list[mx.array]:
+        """The carried caches (attention rows, conv contexts, subsampling tail)."""
         arrays = [a for a in (*self.attention, *self.conv) if a is not None]
         if self.subsampling.cache is not None:
             arrays.append(self.subsampling.cache)

@@ -87,7 +87,7 @@ class PerceptionStream:
     def push(self, frame: np.ndarray, clock: Any = None) -> tuple[mx.array, mx.array]:
         """``(frame_samples,)`` float32 audio -> lazy ``(projected, encoded)``, each ``(1, 1, D)``.
 
-        Evaluate them together with :meth:`arrays` (the carried caches), or
+        Evaluate them together with :attr:`state` (the carried caches), or
         every frame's graph would hang off the previous one. ``clock`` (a
         profiling ``FrameClock``) times the sub-stages when given.
         """
@@ -109,12 +109,13 @@ class PerceptionStream:
             raise RuntimeError("perception returned fewer than two frames for one input frame")
         return projected[:, -2:-1], encoded[:, -2:-1]
 
-    def arrays(self) -> list[mx.array]:
+    @property
+    def state(self) -> list[mx.array]:
         """The carried state to evaluate with each frame's outputs."""
-        return self._encoder.state() if self.use_cache else [self._window]
+        return self._encoder.state if self.use_cache else [self._window]
 
     def step(self, frame: np.ndarray, clock: Any = None) -> tuple[mx.array, mx.array]:
         """:meth:`push` with its own evaluation: evaluated ``(projected, encoded)``."""
         projected, encoded = self.push(frame, clock)
-        mx.eval(projected, encoded, *self.arrays())
+        mx.eval(projected, encoded, *self.state)
         return projected, encoded

@@ -181,9 +181,14 @@ class RNNTState:
         rest, self._carry = self.greedy.rest(self._encoded, self._carry)
         return mx.concatenate([first, rest])
 
-    def arrays(self) -> list[mx.array]:
+    @property
+    def state(self) -> list[mx.array]:
         """The carried state, to evaluate with the symbols."""
         return [] if self._carry is None else list(self._carry)
+
+    def release(self) -> None:
+        """Drop the device carry (the transcript stays readable)."""
+        self._carry = self._encoded = None
 
     def commit(self, symbols: mx.array | None) -> str | None:
         """Read evaluated symbols into the transcript; return the new text delta.
@@ -220,7 +225,7 @@ def transcribe(encoded: mx.array, state: RNNTState, chunk: int = 25) -> str | No
     for t in range(encoded.shape[1]):
         pending.append(state.advance(encoded[:, t : t + 1]))
         if len(pending) == chunk or t == encoded.shape[1] - 1:
-            mx.eval(*pending, *state.arrays())
+            mx.eval(*pending, *state.state)
             for symbols in pending:
                 state.commit(symbols)
             pending = []

@@ -166,23 +166,61 @@ Event = Union[
 
 
 class TokenText:
-    """Cumulative detokenization of one channel's visible tokens."""
+    """Cumulative detokenization of one channel's visible tokens, in time linear in its length.
+
+    ``text`` is the decode of every visible token so far, as one
+    ``tokenizer.decode`` call would give it; each visible token's ``delta`` is
+    the new suffix of ``text`` when it extends the previous one, else the
+    token's own decode (the reference's rule).
+
+    Re-decoding the whole channel per token is quadratic over a long session,
+    so tokens are decoded in a window (mlx-lm's streaming detokenizers, the
+    prefix/read offsets of vLLM and TGI): the tokens up to ``_read`` are
+    settled, their text is ``_settled``; a new token decodes
+    ``tokens[_prefix:]``, where ``tokens[_prefix:_read]`` is left context that
+    lets the tokenizer join spaces and multi-byte characters across the
+    boundary exactly as a full decode does. The window's context must decode
+    to a prefix of the window's text, else (a tokenizer whose decode is not
+    local) the channel is decoded whole for that token. The settled point
+    only advances where the text does not end inside a character.
+    """
+
+    CONTEXT_TOKENS = 8
 
     def __init__(self, tokenizer: Any, hidden_ids: frozenset[int]):
         self.tokenizer = tokenizer
         self.hidden_ids = hidden_ids
         self.tokens: list[int] = []
         self.text = ""
+        self._prefix = 0
+        self._read = 0
+        self._settled = ""
+        self._context = ""  # decode(tokens[_prefix:_read])
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
     def append(self, token_id: int) -> tuple[str, str] | None:
         """Add a token; ``(delta, text)`` if it is visible, else ``None``."""
         if token_id in self.hidden_ids:
             return None
         self.tokens.append(token_id)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=False)
+        window = self._decode(self.tokens[self._prefix :])
+        if window.startswith(self._context):
+            text = self._settled + window[len(self._context) :]
+        else:
+            text = self._decode(self.tokens)
         if text.startswith(self.text):
             delta = text[len(self.text) :]
         else:
-            delta = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            delta = self._decode([token_id])
         self.text = text
+        if not text.endswith("\ufffd"):
+            self._settle()
         return delta, text
+
+    def _settle(self) -> None:
+        self._read = len(self.tokens)
+        self._prefix = max(0, self._read - self.CONTEXT_TOKENS)
+        self._settled = self.text
+        self._context = self._decode(self.tokens[self._prefix : self._read])

@@ -114,3 +114,8 @@ class PromptCache:
         with self._lock:
             self._entries.clear()
             self.bytes = 0
+
+
+def prompt_cache_of(model: Any) -> "PromptCache | None":
+    """The model's prompt cache: ``model.prompt_cache``, set by ``load`` (or a server's budget)."""
+    return getattr(model, "prompt_cache", None)

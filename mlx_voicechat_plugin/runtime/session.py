@@ -1,25 +1,32 @@
-"""Offline voice chat: one whole user turn in, one whole answer out."""
+"""Offline voice chat: one whole user turn in, one whole answer out.
+
+The layering is mlx-lm's: :meth:`VoiceChatSession.stream_generate` runs the
+conversation one frame at a time and yields each frame's events (the same
+:class:`~.conversation.Conversation` a streaming session drives, over the
+whole-signal perception instead of the streaming encoder);
+:meth:`VoiceChatSession.generate` collects them into a
+:class:`VoiceChatResult`.
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 import numpy as np
 
 from ..models.model import Model
-from ..models.rnnt import GreedyRNNT, RNNTState, transcribe
+from ..models.perception import log_mel
+from ..models.rnnt import GreedyRNNT, RNNTState
 from .audio import AudioInput, load_waveform
-from .events import TokenText, ToolCall, ToolCallInvalid
-from .timeline import Timeline, replace_control_codes
-from .tool_calls import ToolChannel, tool_prompt
+from .conversation import Conversation, joined_audio
+from .events import Done, Event, FunctionDelta, ToolCall, ToolCallInvalid, UserTranscriptDelta
+from .frame import FrameOutput, WholeSignal
+from .options import MAX_INPUT_SECONDS, SessionOptions, check_extra_decoding_seconds
 
 logger = logging.getLogger(__name__)
-
-MAX_INPUT_SECONDS = 20 * 60.0
-MAX_EXTRA_DECODING_SECONDS = 600.0
 
 
 @dataclass
@@ -34,6 +41,17 @@ class VoiceChatResult:
     audio_codes: np.ndarray  # (frames, Q) int32, control codes replaced
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_errors: list[ToolCallInvalid] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)  # as a streaming session emits them
+
+
+@dataclass
+class FrameResult:
+    """One frame of an offline turn: its outputs and events (``output`` is ``None``
+    for the closing item, whose events end the turn: the last audio, then ``Done``)."""
+
+    frame_index: int
+    output: FrameOutput | None
+    events: list[Event]
 
 
 def _tokenizer_of(processor: Any) -> Any:
@@ -44,15 +62,30 @@ def _tokenizer_of(processor: Any) -> Any:
     return tokenizer
 
 
+def _options(options: SessionOptions | None, kwargs: dict[str, Any]) -> SessionOptions:
+    if options is None:
+        return SessionOptions(**kwargs)
+    if kwargs:
+        raise TypeError("pass either SessionOptions or keyword options, not both")
+    return options
+
+
 class VoiceChatSession:
-    """Binds a model to its tokenizer; makes offline turns and streaming sessions."""
+    """Binds a loaded model to its tokenizer; makes offline turns and streaming sessions.
+
+    The model is only read: its one-time setup (the TTS's subword spellings,
+    codebook tables, warm start, prompt cache) is done by ``load``.
+    """
 
     def __init__(self, model: Model, processor: Any):
         self.model = model
         self.config = model.config
         self.tokenizer = _tokenizer_of(processor)
         if getattr(model, "prepared_for", None) is not self.tokenizer:
-            model.prepare(self.tokenizer)  # a model not made by ``load``
+            raise ValueError(
+                "processor: the model was not prepared for this tokenizer; load both with "
+                "mlx_voicechat_plugin.load(path), or call model.prepare(tokenizer) once"
+            )
         stt = model.stt_model
         self._rnnt = GreedyRNNT(
             stt.rnnt_decoder,
@@ -69,45 +102,19 @@ class VoiceChatSession:
     def new_rnnt_state(self) -> RNNTState:
         return RNNTState(self._rnnt, list(self.config.rnnt_vocabulary))
 
-    def create_streaming_session(self, options: Any = None, **kwargs: Any):
-        from .streaming import StreamingOptions, StreamingSession
+    def create_streaming_session(self, options: SessionOptions | None = None, **kwargs: Any):
+        from .streaming import StreamingSession
 
-        if options is None:
-            options = StreamingOptions(**kwargs)
-        elif kwargs:
-            raise TypeError("pass either StreamingOptions or keyword options, not both")
-        return StreamingSession(self, options)
+        return StreamingSession(self, _options(options, kwargs))
 
-    def generate(
-        self,
-        audio: AudioInput,
-        *,
-        system_prompt: str | None = None,
-        extra_decoding_seconds: float = 3.0,
-        seed: int = 0,
-        use_language_cache: bool = True,
-        sample_rate: int | None = None,
-        tools: list[dict] | None = None,
-        tool_response: str | list[str] | None = None,
-    ) -> VoiceChatResult:
-        """Answer one user turn. The same inputs and seed give identical output.
+    # --- offline ---------------------------------------------------------------
 
-        With ``tools`` the system prompt carries the tool block and calls are
-        parsed from the function channel. ``tool_response`` is the second pass
-        of the offline flow: rerun the same turn (same seed) and each result,
-        in order, is injected right after the corresponding valid call.
-        """
+    def _whole_signal(self, audio: AudioInput, sample_rate: int | None,
+                      extra_decoding_seconds: float) -> tuple[WholeSignal, int]:
+        """The turn's perception over the whole (padded) signal, and its frame count."""
         config = self.config
-        responses = [tool_response] if isinstance(tool_response, str) else list(tool_response or [])
-        if responses and tools is None:
-            raise ValueError("tool_response needs tools (tools_not_set)")
-        prompt, toolset = tool_prompt(self.tokenizer, self.model, system_prompt, tools)
         rate = config.input_sample_rate
-        if not 0 <= extra_decoding_seconds <= MAX_EXTRA_DECODING_SECONDS:
-            raise ValueError(
-                "extra_decoding_seconds must be within "
-                f"[0, {MAX_EXTRA_DECODING_SECONDS:g}] s, got {extra_decoding_seconds}"
-            )
+        check_extra_decoding_seconds(extra_decoding_seconds)
         waveform = load_waveform(audio, rate, sample_rate)
         seconds = waveform.shape[0] / rate
         if seconds > MAX_INPUT_SECONDS:
@@ -117,59 +124,77 @@ class VoiceChatSession:
             )
         if extra_decoding_seconds:
             waveform = mx.pad(waveform, (0, round(extra_decoding_seconds * rate)))
-
-        stt = self.model.stt_model
-        from ..models.perception import log_mel
-
         mel = log_mel(waveform, config.audio_config)
-        projected, lengths, encoded = stt.perception(mel)
-        mx.eval(projected, encoded)
+        projected, lengths, encoded = self.model.stt_model.perception(mel)
+        mx.eval(projected, encoded, lengths)
         frames = int(lengths[0])
         logger.info("offline turn: %.2f s input, %d frames", seconds, frames)
+        return WholeSignal(projected, encoded), frames
 
-        timeline = Timeline(self.model, seed=seed, use_language_cache=use_language_cache)
-        timeline.prefill(prompt)
-        channel = None if toolset is None else ToolChannel(toolset, self.tokenizer)
-        visible = TokenText(self.tokenizer, config.special_text_ids)
-        calls: list[ToolCall] = []
-        errors: list[ToolCallInvalid] = []
+    def stream_generate(
+        self,
+        audio: AudioInput,
+        options: SessionOptions | None = None,
+        *,
+        extra_decoding_seconds: float = 3.0,
+        sample_rate: int | None = None,
+        tool_response: str | list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[FrameResult]:
+        """Answer one user turn frame by frame: one :class:`FrameResult` per frame, then
+        the closing one. Keyword options are :class:`SessionOptions` fields.
 
-        text_ids, function_ids, codes = [], [], []
-        for t in range(frames):
-            forced = None if channel is None else channel.next_forced()
-            step = timeline.step(projected[:, t : t + 1], force_function=forced)
-            text_ids.append(step.text_id)
-            function_ids.append(step.function_id)
-            codes.append(step.codes)
-            if channel is None:
-                continue
-            if step.function_forced:
-                channel.forced(t)
-            elif visible.append(step.function_id) is not None:
-                for event in channel.observe(visible.text, t):
-                    if isinstance(event, ToolCall):
-                        calls.append(event)
-                        if responses:
-                            channel.submit(event.call_id, responses.pop(0))
-                    else:
-                        errors.append(event)
-        if channel is not None:
-            errors += channel.finish(visible.text, frames - 1)
-        answer = replace_control_codes(self.model, mx.concatenate(codes, axis=1))
-        waveform_out = self.model.tts_model.audio_codec.decode(answer.transpose(0, 2, 1))
-        mx.eval(waveform_out)
+        ``tool_response`` is the second pass of the offline flow: rerun the
+        same turn (same seed) and each result, in order, is injected right
+        after the corresponding valid call.
+        """
+        options = _options(options, kwargs)
+        responses = [tool_response] if isinstance(tool_response, str) else list(tool_response or [])
+        if responses and options.tools is None:
+            raise ValueError("tool_response needs tools (tools_not_set)")
+        signal, frames = self._whole_signal(audio, sample_rate, extra_decoding_seconds)
+        conversation = Conversation(self, options, signal)
+        try:
+            for t in range(frames):
+                events = conversation.frame(t)
+                for event in events:
+                    if isinstance(event, ToolCall) and responses:
+                        conversation.submit_tool_result(event.call_id, responses.pop(0))
+                yield FrameResult(t, conversation.last_output, events)
+            yield FrameResult(frames, None, [*conversation.end(), Done(frames)])
+        finally:
+            conversation.close()
 
-        rnnt = self.new_rnnt_state()
-        transcript = transcribe(encoded, rnnt)
+    def generate(self, audio: AudioInput, options: SessionOptions | None = None,
+                 **kwargs: Any) -> VoiceChatResult:
+        """Answer one user turn. The same inputs and seed give identical output.
+
+        Takes :meth:`stream_generate`'s arguments. With ``tools`` the system
+        prompt carries the tool block and calls are parsed from the function
+        channel; ``result.events`` holds every event a streaming session of
+        the same turn emits.
+        """
+        text_ids: list[int] = []
+        function_ids: list[int] = []
+        events: list[Event] = []
+        for item in self.stream_generate(audio, options, **kwargs):
+            if item.output is not None:
+                text_ids.append(item.output.text_id)
+                function_ids.append(item.output.function_id)
+            events.extend(item.events)
+        samples, codes = joined_audio(events)
+        transcript = next((e.text for e in reversed(events) if isinstance(e, UserTranscriptDelta)), "")
+        function = next((e.text for e in reversed(events) if isinstance(e, FunctionDelta)), "")
         return VoiceChatResult(
             text=self.decode_text(text_ids),
-            function_text=self.decode_text(function_ids) if channel is None else visible.text,
+            function_text=function,
             user_transcript=transcript,
-            audio=np.array(waveform_out[0, 0], dtype=np.float32),
-            sample_rate=config.output_sample_rate,
+            audio=samples,
+            sample_rate=self.config.output_sample_rate,
             text_tokens=np.array(text_ids, dtype=np.int32),
             function_tokens=np.array(function_ids, dtype=np.int32),
-            audio_codes=np.array(answer[0], dtype=np.int32),
-            tool_calls=calls,
-            tool_errors=errors,
+            audio_codes=codes,
+            tool_calls=[e for e in events if isinstance(e, ToolCall)],
+            tool_errors=[e for e in events if isinstance(e, ToolCallInvalid)],
+            events=events,
         )

@@ -10,9 +10,8 @@ One position of the timeline is one 80 ms frame:
    EOS) and the current text token, and samples this frame's codes.
 
 The first position has no TTS step; its codes are the codec's silence codes.
-Everything here is one timeline; callers decide where audio embeddings come
-from (offline encoder output or the streaming encoder) and what to do with
-the tokens and codes.
+Everything here is one timeline; :func:`~.frame.advance` drives it one frame
+at a time for offline and streaming conversations alike.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import mlx.core as mx
 
 from ..models.model import Model
 from .profile import FrameClock
-from .prompt_cache import clone_state
+from .prompt_cache import clone_state, state_arrays
 from .rng import RandomStream
 
 _NO_CLOCK = FrameClock(enabled=False)
@@ -54,31 +53,6 @@ class TimelineStep:
     function_forced: bool = False  # ``function_id`` was forced, not predicted
 
 
-def tts_warmup_inputs(model: Model) -> tuple[mx.array, ...]:
-    """The EAR-TTS warm-up: the Aria prompt latents over codec-encoded silence.
-
-    Returns ``(codes, subword_ids, subword_mask, audio_mask, latents)`` for one
-    stream. The frame after the prompt and the first prompt frame carry the
-    mask code (one past the codebook); text is pad with the last two
-    positions marked valid, and only the last position is audio.
-    """
-    speech = model.tts_model
-    tts = model.config.tts_config
-    frames = speech.audio_prompt_latents.Aria.shape[1]
-    samples = (frames + 1) * model.config.codec_config.samples_per_frame
-    codes = speech.audio_codec.encode(mx.zeros((1, 1, samples), dtype=mx.float32))
-    codes = codes.transpose(0, 2, 1)[:, :frames].astype(mx.int32)  # (1, frames, Q)
-    is_masked = mx.zeros((1, frames, 1), dtype=mx.bool_)
-    is_masked[:, 0] = True
-    is_masked[:, frames - 1] = True
-    codes = mx.where(is_masked, mx.array(tts.mask_code, mx.int32), codes)
-    subword_ids = mx.full((1, frames), model.config.pad_token_id, dtype=mx.int32)
-    positions = mx.arange(frames)[None]
-    subword_mask = positions >= frames - 2
-    audio_mask = positions >= frames - 1
-    return codes, subword_ids, subword_mask, audio_mask, speech.audio_prompt_latents.Aria[:1]
-
-
 @dataclass(frozen=True)
 class WarmStart:
     """What every session starts from: the EAR-TTS caches after the speaker-prompt
@@ -98,7 +72,9 @@ def warm_start(model: Model) -> WarmStart:
     """The model's :class:`WarmStart`, computed (and evaluated) on first use."""
     start = getattr(model, "warm_start", None)
     if start is None:
-        codes, ids, id_mask, audio_mask, latents = tts_warmup_inputs(model)
+        codes, ids, id_mask, audio_mask, latents = model.tts_model.warmup_inputs(
+            model.config.pad_token_id
+        )
         hidden, cache = model.tts_model.tts_model.warmup(codes, ids, id_mask, audio_mask, latents)
         start = WarmStart(cache, codes[:, -1:])
         # Evaluating the warm-up output materializes the backbone KV caches too.
@@ -141,6 +117,11 @@ class Timeline:
         self.tts_cache = start.fresh_cache()
         self._prev_codes = start.prev_codes
 
+    @property
+    def state(self) -> list[mx.array]:
+        """Every array the recurrence carries (language and TTS caches, key, previous tokens)."""
+        return state_arrays(self.snapshot())
+
     def snapshot(self) -> dict[str, Any]:
         """The whole recurrence state (shares arrays: clone it before keeping it)."""
         return {
@@ -149,6 +130,12 @@ class Timeline:
             "prev_text": self._prev_text, "prev_function": self._prev_function,
             "prev_codes": self._prev_codes,
         }
+
+    def release(self) -> None:
+        """Drop every array the recurrence carries; the timeline is unusable afterwards."""
+        self.language.cache, self.language.history = None, []
+        self.tts_cache, self.rng._key = [], None
+        self._prev_text = self._prev_function = self._prev_codes = None
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`snapshot` (a private copy: this timeline will write to it)."""
@@ -253,21 +240,3 @@ class Timeline:
         mx.eval(step.codes)
         clock.stage("tts")
         return step
-
-
-def replace_control_codes(model: Model, codes: mx.array) -> mx.array:
-    """Control codes become the per-codebook silence code. ``codes`` is ``(..., Q)``."""
-    speech = model.tts_model
-    control = speech.control_codes.astype(codes.dtype)
-    is_control = (codes[..., None] == control).any(axis=-1)
-    silence = speech.codec_silence_tokens.astype(codes.dtype)
-    return mx.where(is_control, silence, codes)
-
-
-def prompt_token_ids(tokenizer: Any, model: Model, system_prompt: str | None) -> list[int]:
-    """``[BOS] + tokens + [EOS]`` of a non-blank system prompt, else nothing."""
-    text = model.config.default_system_prompt if system_prompt is None else system_prompt
-    if not text.strip():
-        return []
-    tokens = tokenizer.encode(text, add_special_tokens=False)
-    return [model.config.bos_token_id, *tokens, model.config.eos_token_id]

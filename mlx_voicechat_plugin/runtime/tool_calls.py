@@ -1,9 +1,11 @@
 """Tool calls on the live timeline: parse the function channel, feed results back.
 
-:class:`ToolCallParser` assembles the function channel's cumulative text into
-``<TOOLCALL>[...]</TOOLCALL>`` blocks and turns each element into a
-:class:`ToolCall` or a :class:`ToolCallInvalid`. :class:`ToolChannel` adds the
-call registry and the result queue: a submitted result is tokenized as
+:class:`ToolCallParser` is the cursor over the function channel's cumulative
+text: it finds each completed ``<TOOLCALL>[...]</TOOLCALL>`` block, has
+:func:`~.tools.parse_call_block` parse it, and turns each element into a
+:class:`ToolCall` or a :class:`ToolCallInvalid` within the per-turn budget.
+:class:`ToolChannel` adds the call registry and the result queue: a submitted
+result is tokenized as
 ``<TOOL_RESPONSE>[...]</TOOL_RESPONSE>`` and forced onto the function channel
 one token per frame (``Timeline.listen(force_function=...)``), so each token is
 the function channel's previous-token input of the frame after it, while audio
@@ -24,36 +26,20 @@ from typing import Any, Callable
 
 from .events import ToolCall, ToolCallInvalid, ToolResultInjected
 from .quoting import brief
-from .timeline import prompt_token_ids
 from .tools import (
-    DEFAULT_MAX_TOOLS,
     TOOLCALL_END,
     TOOLCALL_START,
+    CallError,
     ToolError,
     ToolSet,
-    coerce_arguments,
-    render_system_prompt,
+    parse_call_block,
     render_tool_response,
-    schema_errors,
 )
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CALLS_PER_TURN = 4
 MAX_CALL_CHARS = 8192
-
-
-def tool_prompt(
-    tokenizer: Any, model: Any, system_prompt: str | None, tools: list[dict] | None,
-    max_tools: int = DEFAULT_MAX_TOOLS,
-) -> tuple[list[int], ToolSet | None]:
-    """Prompt ids with the tool block rendered in, and the validated tools (or ``None``)."""
-    if tools is None:
-        return prompt_token_ids(tokenizer, model, system_prompt), None
-    toolset = ToolSet(tools, max_tools)
-    base = model.config.default_system_prompt if system_prompt is None else system_prompt
-    rendered = render_system_prompt(base, toolset)
-    return prompt_token_ids(tokenizer, model, rendered), toolset
 
 
 def new_call_id() -> str:
@@ -124,47 +110,21 @@ class ToolCallParser:
         return ToolCallInvalid(frame_index, reason, message, raw)
 
     def _parse_block(self, body: str, frame_index: int) -> list[ToolCall | ToolCallInvalid]:
-        text = body.strip()
-        # Like NeMo's parser, tolerate a block whose list brackets were dropped.
-        candidate = text if text.startswith("[") else "[" + text
-        candidate = candidate if candidate.endswith("]") else candidate + "]"
-        try:
-            items = json.loads(candidate)
-        except ValueError as exc:
-            return [self._invalid(frame_index, "malformed", f"not JSON: {exc}", body)]
-        if isinstance(items, dict):
-            items = [items]
-        if not isinstance(items, list):
-            return [self._invalid(frame_index, "malformed", "expected a list of calls", body)]
-        return [self._parse_call(item, frame_index) for item in items]
-
-    def _parse_call(self, item: Any, frame_index: int) -> ToolCall | ToolCallInvalid:
-        raw = json.dumps(item)
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            return self._invalid(frame_index, "malformed", "a call needs a string 'name'", raw)
-        name = item["name"]
-        if name not in self.tools:
-            return self._invalid(frame_index, "unknown_tool", f"no tool named {name!r}", raw)
-        arguments = item.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
-                return self._invalid(frame_index, "malformed", "arguments are not JSON", raw)
-        if not isinstance(arguments, dict):
-            return self._invalid(frame_index, "malformed", "arguments must be a JSON object", raw)
-        schema = self.tools[name].parameters
-        arguments = coerce_arguments(arguments, schema)
-        errors = schema_errors(arguments, schema)
-        if errors:
-            return self._invalid(frame_index, "schema", "; ".join(errors), raw)
-        if self.calls_this_turn >= self.max_calls_per_turn:
-            return self._invalid(
-                frame_index, "limit",
-                f"more than {self.max_calls_per_turn} tool calls in one user turn", raw,
-            )
-        self.calls_this_turn += 1
-        return ToolCall(frame_index, self._call_id(), name, json.dumps(arguments))
+        """The block's calls, within this turn's budget."""
+        events: list[ToolCall | ToolCallInvalid] = []
+        for call in parse_call_block(body, self.tools):
+            if isinstance(call, CallError):
+                events.append(self._invalid(frame_index, call.reason, call.message, call.raw))
+            elif self.calls_this_turn >= self.max_calls_per_turn:
+                events.append(self._invalid(
+                    frame_index, "limit",
+                    f"more than {self.max_calls_per_turn} tool calls in one user turn", call.raw,
+                ))
+            else:
+                self.calls_this_turn += 1
+                events.append(ToolCall(frame_index, self._call_id(), call.name,
+                                       json.dumps(call.arguments)))
+        return events
 
 
 class ToolChannel:

@@ -1,4 +1,5 @@
-"""Tool definitions: validation, the system-prompt rendering and argument schemas.
+"""Tool definitions and the call format: validation, the system-prompt rendering,
+parsing a call block and checking its arguments against the tool's schema.
 
 The checkpoint learned tool calling from system prompts rendered by NeMo's
 voicechat tool-calling chat template: the plain system message, then (when
@@ -292,3 +293,65 @@ def coerce_arguments(arguments: dict[str, Any], schema: dict[str, Any]) -> dict[
         elif kind == "number" and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", text):
             out[key] = float(text)
     return out
+
+
+# --- one call block ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """A schema-valid call: the tool's name and its (coerced) arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+    raw: str
+
+
+@dataclass(frozen=True)
+class CallError:
+    """An element of a block that is not a valid call (``reason``: see ``ToolCallInvalid``)."""
+
+    reason: str
+    message: str
+    raw: str
+
+
+def parse_call_block(body: str, tools: ToolSet) -> list[ParsedCall | CallError]:
+    """The calls of one ``<TOOLCALL>...</TOOLCALL>`` body, each parsed and checked."""
+    text = body.strip()
+    # Like NeMo's parser, tolerate a block whose list brackets were dropped.
+    candidate = text if text.startswith("[") else "[" + text
+    candidate = candidate if candidate.endswith("]") else candidate + "]"
+    try:
+        items = json.loads(candidate)
+    except ValueError as exc:
+        return [CallError("malformed", f"not JSON: {exc}", body)]
+    if isinstance(items, dict):
+        items = [items]
+    if not isinstance(items, list):
+        return [CallError("malformed", "expected a list of calls", body)]
+    return [parse_call(item, tools) for item in items]
+
+
+def parse_call(item: Any, tools: ToolSet) -> ParsedCall | CallError:
+    """One decoded call element: a known tool, JSON-object arguments valid under its schema."""
+    raw = json.dumps(item)
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return CallError("malformed", "a call needs a string 'name'", raw)
+    name = item["name"]
+    if name not in tools:
+        return CallError("unknown_tool", f"no tool named {name!r}", raw)
+    arguments = item.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return CallError("malformed", "arguments are not JSON", raw)
+    if not isinstance(arguments, dict):
+        return CallError("malformed", "arguments must be a JSON object", raw)
+    schema = tools[name].parameters
+    arguments = coerce_arguments(arguments, schema)
+    errors = schema_errors(arguments, schema)
+    if errors:
+        return CallError("schema", "; ".join(errors), raw)
+    return ParsedCall(name, arguments, raw)

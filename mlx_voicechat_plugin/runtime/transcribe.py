@@ -134,7 +134,7 @@ class Transcriber:
             waveform = mx.pad(waveform, (0, round(tail_seconds * rate)))
         _, lengths, encoded = self.model.stt_model.perception(log_mel(waveform, self.config.audio_config))
         mx.eval(encoded, lengths)  # the projection to the LLM is never evaluated
-        frames = encoded.shape[1]
+        frames = int(lengths[0])
         logger.info("transcription: %.2f s input, %d frames", duration, frames)
         state = self.voicechat.new_rnnt_state()
         limited = _Limited(state, max_new_tokens)
@@ -143,7 +143,7 @@ class Transcriber:
         while t < frames and state.enabled and not limited.full:
             stop = min(t + RNNT_CHUNK_FRAMES, frames)
             pending = [state.advance(encoded[:, i : i + 1]) for i in range(t, stop)]
-            mx.eval(*pending, *state.arrays())
+            mx.eval(*pending, *state.state)
             deltas = []
             for offset, symbols in enumerate(pending):
                 delta = limited.commit(symbols)
@@ -221,7 +221,7 @@ class TranscriptionStream:
             None if options.max_streaming_seconds is None
             else int(options.max_streaming_seconds / config.frame_duration)
         )
-        self._perception = PerceptionStream(
+        self._perception: PerceptionStream | None = PerceptionStream(
             transcriber.model.stt_model.perception, config, options.use_perception_cache
         )
         self._rnnt = transcriber.voicechat.new_rnnt_state()
@@ -232,6 +232,16 @@ class TranscriptionStream:
     @property
     def transcript(self) -> str:
         return self._rnnt.text
+
+    @property
+    def state(self) -> list[mx.array]:
+        """The carried arrays: the streaming encoder's caches and the RNNT carry."""
+        return [] if self.closed else [*self._perception.state, *self._rnnt.state]
+
+    @property
+    def nbytes(self) -> int:
+        """Measured bytes of :attr:`state` (what a session pool budgets)."""
+        return sum(a.nbytes for a in self.state)
 
     def _check_limits(self) -> None:
         if self.max_frames is not None and self.frame_index >= self.max_frames:
@@ -249,11 +259,11 @@ class TranscriptionStream:
         perception, rnnt = self._perception, self._rnnt
         _, encoded = perception.push(frame)
         first = rnnt.advance_first(encoded)
-        listening = [] if first is None else [first, *rnnt.arrays()]
-        mx.eval(encoded, *perception.arrays(), *listening)
+        listening = [] if first is None else [first, *rnnt.state]
+        mx.eval(encoded, *perception.state, *listening)
         symbols = rnnt.advance_rest(first)
         if symbols is not None and symbols is not first:
-            mx.eval(symbols, *rnnt.arrays())
+            mx.eval(symbols, *rnnt.state)
         events: list[Event] = []
         delta = rnnt.commit(symbols)
         if delta is not None:
@@ -326,3 +336,5 @@ class TranscriptionStream:
     def _close(self) -> None:
         self.closed = True
         self._pending = np.zeros((0,), dtype=np.float32)
+        self._rnnt.release()  # the transcript stays readable
+        self._perception = None

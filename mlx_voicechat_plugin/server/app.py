@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-from fastapi import FastAPI, WebSocket
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from .connection import Connection
@@ -97,7 +97,8 @@ def create_app(
     """The realtime server for one checkpoint; the engine starts with the app."""
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
-                              warm_up=warm_up)
+                              warm_up=warm_up, max_sessions=limits.max_sessions,
+                              max_state_bytes=limits.max_state_bytes)
     model_id = served_model_id(str(model_path), alias)
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)
@@ -127,7 +128,19 @@ def create_app(
             return JSONResponse({"status": "error", "error": str(engine.load_error)}, 500)
         if not engine.ready:
             return JSONResponse({"status": "loading"}, 503)
-        return JSONResponse({"status": "ok", "model": model_id, "session_active": engine.busy})
+        return JSONResponse({
+            "status": "ok", "model": model_id, "session_active": engine.sessions_in_use > 0,
+            "sessions": engine.sessions_in_use, "max_sessions": engine.max_sessions,
+            "state_bytes": engine.state_bytes, "max_state_bytes": engine.max_state_bytes,
+        })
+
+    @app.get(prefix + "/metrics")
+    async def metrics(request: Request) -> Response:
+        """Prometheus text format; behind the API key when one is set."""
+        if not bearer_ok(request.headers.get("authorization"), api_key):
+            return JSONResponse({"error": {"code": "invalid_api_key",
+                                           "message": "missing or invalid API key"}}, 401)
+        return Response(engine.metrics.render(), media_type=engine.metrics.content_type)
 
     @app.get("/", include_in_schema=False)
     async def browser_page() -> Any:

@@ -120,8 +120,7 @@ class Connection:
                 await self.finish(CloseCode.TRY_AGAIN_LATER)
                 return
             if not self.engine.try_reserve(self.session_id):
-                await self.send_error(ErrorCode.SERVER_BUSY,
-                                      "another realtime VoiceChat session is already active")
+                await self.send_error(ErrorCode.SERVER_BUSY, self.engine.refusal)
                 await self.finish(CloseCode.TRY_AGAIN_LATER)
                 return
             logger.info("%s connected", self.session_id)

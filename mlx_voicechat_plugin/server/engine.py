@@ -3,11 +3,23 @@
 Socket tasks send ``open``/``push``/``flush``/``cancel``/``close`` commands over
 a queue (``submit`` queues one at once) and await a one-shot reply (an asyncio future the engine resolves via
 ``loop.call_soon_threadsafe``). Events come back already serialized to JSON
-text, base64 audio included, so the event loop only forwards strings. The
-engine holds at most one streaming session (a full one, or a text-only
-transcription stream); a reservation keeps a second connection from starting
-one. File transcriptions are jobs stepped between commands
-(:mod:`.transcription_jobs`), their count in flight bounded by the caller.
+text, base64 audio included, so the event loop only forwards strings.
+
+The engine holds up to ``max_sessions`` streaming sessions in a
+:class:`~..runtime.pool.SessionPool`; a connection reserves a slot when it
+is accepted, so admission beyond ``max_sessions`` (or beyond
+``max_state_bytes`` of measured session state) is refused at once, and the
+reservation is released on every exit path. Each turn of the thread takes
+every command queued so far and runs the audio frames among them as one
+pool step (at most one frame per session: a connection sends one frame per
+command and awaits it), so N clients share steps fairly. A session is a full
+conversation or a text-only transcription stream (perception + RNNT only);
+both kinds share the pool and its steps.
+
+File transcriptions are jobs (:mod:`.transcription_jobs`): the oldest takes
+one step (the file's perception, then 25 RNNT frames) after every turn and
+whenever no command waits, so neither realtime frames nor files starve; the
+caller bounds their count in flight.
 """
 
 from __future__ import annotations
@@ -23,8 +35,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ..runtime.events import Audio, Cancelled
+from ..runtime.pool import SessionPool
 from ..runtime.prompt_cache import PromptCache
 from . import protocol
+from .metrics import EngineMetrics
 from .transcription_jobs import DeltaSink, JobCounter, JobQueue, TranscriptionJob
 
 logger = logging.getLogger(__name__)
@@ -67,10 +81,16 @@ class _Command:
 
 
 class Engine:
-    """One long-lived worker thread owning the model and the streaming session."""
+    """One long-lived worker thread owning the model and its streaming sessions."""
 
     def __init__(self, model_path: str, loader: Loader | None = None,
-                 prompt_cache_bytes: int | None = None, warm_up: bool = False):
+                 prompt_cache_bytes: int | None = None, warm_up: bool = False,
+                 max_sessions: int = 1, max_state_bytes: int | None = None):
+        SessionPool(None, max_sessions, max_state_bytes)  # validates the two budgets
+        self.max_sessions = max_sessions
+        self.max_state_bytes = max_state_bytes
+        self.pool: SessionPool | None = None
+        self.metrics = EngineMetrics(max_sessions)
         self.model_path = model_path
         self.loader = loader or load_voicechat
         self.warm_up = warm_up  # run a silent stream at start-up (compiles kernels)
@@ -81,7 +101,8 @@ class Engine:
         self._commands: queue.Queue[_Command | None] = queue.Queue()
         self._aborts: dict[str, threading.Event] = {}  # session -> stop its prefill
         self._reservation = threading.Lock()
-        self._reserved: str | None = None
+        self._reserved: set[str] = set()
+        self.refusal = ""  # why the last reservation was refused
         self._jobs = JobQueue()  # engine thread only
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
         self._transcriber: Any = None
@@ -116,23 +137,43 @@ class Engine:
 
         return checkpoint_language(self.config)
 
-    # --- the one-session reservation -----------------------------------
+    # --- slot reservations ------------------------------------------------
 
     def try_reserve(self, session_id: str) -> bool:
+        """Hold a slot for ``session_id``; ``False`` (see :attr:`refusal`) when none is left."""
         with self._reservation:
-            if self._reserved is not None:
+            reason = None
+            if len(self._reserved) >= self.max_sessions:
+                reason = ("another realtime VoiceChat session is already active"
+                          if self.max_sessions == 1 else
+                          f"all {self.max_sessions} realtime session slots are in use "
+                          f"(--max-sessions {self.max_sessions})")
+            elif self.max_state_bytes is not None and self.state_bytes >= self.max_state_bytes:
+                reason = (f"session state uses {self.state_bytes} bytes, at the "
+                          f"--max-state-bytes {self.max_state_bytes} budget")
+            if reason is not None:
+                self.refusal = reason
+                self.metrics.refused.inc()
                 return False
-            self._reserved = session_id
+            self._reserved.add(session_id)
             return True
 
     def release(self, session_id: str) -> None:
         with self._reservation:
-            if self._reserved == session_id:
-                self._reserved = None
+            self._reserved.discard(session_id)
 
     @property
     def busy(self) -> bool:
-        return self._reserved is not None
+        return len(self._reserved) >= self.max_sessions
+
+    @property
+    def sessions_in_use(self) -> int:
+        return len(self._reserved)
+
+    @property
+    def state_bytes(self) -> int:
+        """Measured bytes of the open sessions' state (updated by the engine thread)."""
+        return 0 if self.pool is None else self.pool.state_bytes
 
     # --- commands (awaited from the event loop) ------------------------
 
@@ -196,6 +237,7 @@ class Engine:
         try:
             logger.info("loading %s", self.model_path)
             self.voicechat = self.loader(self.model_path)
+            self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes)
             if self.prompt_cache_bytes is not None:
                 self.voicechat.model.prompt_cache = PromptCache(self.prompt_cache_bytes)
             logger.info("model loaded")
@@ -224,6 +266,22 @@ class Engine:
         if path is not None:  # later short CLI runs of this model may compile
             compile_policy.mark_warm(compile_policy.model_key(read_config(path)))
 
+    def _serve(self) -> None:
+        while True:
+            commands = [self._next_command()]
+            while True:  # everything queued so far is one turn
+                try:
+                    commands.append(self._commands.get_nowait())
+                except queue.Empty:
+                    break
+            if not self._turn(commands):
+                break
+            if self._jobs:  # a file advances at least once per turn
+                self._jobs.step()
+        self._jobs.fail_all(RuntimeError("the server is stopping"))
+        if self.pool is not None:
+            self.pool.close_all()
+
     def _next_command(self) -> _Command | None:
         """The next command; while transcription jobs wait, step them when none is queued."""
         while self._jobs:
@@ -234,100 +292,137 @@ class Engine:
         return self._commands.get()
 
     def _add_job(self, command: _Command) -> None:
+        """Queue a file transcription; it replies when it ends (or at once if it cannot start)."""
         payload = command.payload
         try:
+            if self.pool is None:
+                raise RuntimeError(f"model failed to load: {self.load_error}")
             steps = self.transcriber().steps(payload["audio"], **payload["options"])
-        except BaseException:
+        except Exception as exc:
             self.transcriptions.release()
-            raise
+            command.reply(error=exc)
+            return
         self._jobs.add(TranscriptionJob(
             steps, command.reply, payload["on_delta"],
             lambda e: protocol.dumps(protocol.model_event(e)), payload["cancel"],
             self.transcriptions.release))
 
-    def _open(self, payload: dict[str, Any]) -> Any:
-        if payload.pop("text_only", False):
-            return self.transcriber().create_stream(**payload)
-        return self.voicechat.create_streaming_session(**payload)
+    def _turn(self, commands: list[_Command | None]) -> bool:
+        """Run one turn's commands in order, audio frames of distinct sessions as one step.
 
-    def _serve(self) -> None:
-        session_id: str | None = None
-        stream: Any = None
-        while True:
-            command = self._next_command()
+        Returns ``False`` at the stop sentinel.
+        """
+        frames: list[_Command] = []
+        for command in commands:
             if command is None:
-                break
-            try:
-                if self.voicechat is None:
-                    if command.kind == "transcribe":
-                        self.transcriptions.release()
-                    raise RuntimeError(f"model failed to load: {self.load_error}")
-                if command.kind == "transcribe":
-                    self._add_job(command)  # replies when the job ends
-                    continue
-                if command.kind == "open":
-                    if stream is not None:
-                        raise RuntimeError("a realtime session is already active")
-                    try:
-                        stream = self._open(dict(command.payload))
-                    except BaseException:
-                        _clear_cache()  # what a stopped or failed prefill allocated
-                        raise
-                    finally:
-                        self._aborts.pop(command.session_id, None)
-                    session_id = command.session_id
-                    value: Any = {
-                        "input_sample_rate": stream.sample_rate,
-                        "output_sample_rate": self.config.output_sample_rate,
-                        "frame_samples": stream.frame_samples,
-                        "max_streaming_seconds": stream.options.max_streaming_seconds,
-                        "text_only": getattr(stream, "text_only", False),
-                    }
-                elif command.kind == "close":
-                    if stream is not None and session_id == command.session_id:
-                        if not stream.closed:
-                            stream.cancel()
-                        stream, session_id = None, None
-                        _clear_cache()
-                    value = None
-                else:
-                    if stream is None or session_id != command.session_id:
-                        raise RuntimeError("realtime session is not active")
-                    if command.kind == "push":
-                        events = stream.push_audio(command.payload["samples"],
-                                                   sample_rate=command.payload["sample_rate"])
-                    elif command.kind == "flush":
-                        before = stream.frame_index
-                        events = stream.flush(pad_partial=command.payload["pad_partial"])
-                        # Events of frames run before the commit (the last such
-                        # frame's audio) go out before ``committed``.
-                        lead = 0
-                        while lead < len(events) and events[lead].frame_index < before \
-                                and isinstance(events[lead], Audio):
-                            lead += 1
-                    elif command.kind == "cancel":
-                        # A client that cancels always hears response.cancelled,
-                        # also after a failed commit closed the stream.
-                        events = stream.cancel() or [Cancelled(stream.frame_index)]
-                    elif command.kind == "tool_result":
-                        stream.submit_tool_result(command.payload["call_id"],
-                                                  command.payload["output"])
-                        events = []
-                    else:
-                        raise ValueError(f"unknown engine command {command.kind!r}")
-                    value = [protocol.dumps(protocol.model_event(e)) for e in events]
-                    if command.kind == "flush":
-                        value = (value[:lead], value[lead:])
-            except Exception as exc:
-                # Reported to the client, and logged once there (send_error).
-                logger.debug("engine %s failed for %s: %s", command.kind,
-                             command.session_id, exc, exc_info=True)
-                command.reply(error=exc)
+                self._step(frames)
+                return False
+            if command.kind == "push" and all(c.session_id != command.session_id for c in frames):
+                frames.append(command)
+                continue
+            self._step(frames)  # per-session order: earlier frames first
+            frames = [command] if command.kind == "push" else []
+            if command.kind == "transcribe":
+                self._add_job(command)
+            elif command.kind != "push":
+                self._run_command(command)
+        self._step(frames)
+        return True
+
+    def _step(self, frames: list[_Command]) -> None:
+        """One pool step over the given push commands; each gets its events or its error."""
+        if not frames:
+            return
+        if self.pool is None:
+            for command in frames:
+                command.reply(error=RuntimeError(f"model failed to load: {self.load_error}"))
+            return
+        known = [c for c in frames if c.session_id in self.pool]
+        for command in frames:
+            if command.session_id not in self.pool:
+                command.reply(error=RuntimeError("realtime session is not active"))
+        result = self.pool.step({c.session_id: (c.payload["samples"], c.payload["sample_rate"])
+                                 for c in known})
+        self.metrics.step(result.frames, result.seconds, self.config.frame_duration)
+        self.metrics.sessions(len(self.pool), self.pool.state_bytes)
+        for command in known:
+            error = result.errors.get(command.session_id)
+            if error is not None:
+                logger.debug("engine push failed for %s: %s", command.session_id, error,
+                             exc_info=error)
+                command.reply(error=error)
             else:
-                command.reply(value)
-        self._jobs.fail_all(RuntimeError("the server is stopping"))
-        if stream is not None and not stream.closed:
-            stream.cancel()
+                command.reply([protocol.dumps(protocol.model_event(e))
+                               for e in result.events[command.session_id]])
+
+    def _run_command(self, command: _Command) -> None:
+        try:
+            if self.pool is None:
+                raise RuntimeError(f"model failed to load: {self.load_error}")
+            value = self._command(self.pool, command)
+        except Exception as exc:
+            # Reported to the client, and logged once there (send_error).
+            logger.debug("engine %s failed for %s: %s", command.kind,
+                         command.session_id, exc, exc_info=True)
+            command.reply(error=exc)
+        else:
+            command.reply(value)
+
+    def _command(self, pool: SessionPool, command: _Command) -> Any:
+        session_id = command.session_id
+        if command.kind == "open":
+            options = dict(command.payload)
+            factory = self.transcriber().create_stream if options.pop("text_only", False) \
+                else None
+            try:
+                stream = pool.open(session_id, factory=factory, **options)
+            except BaseException:
+                _clear_cache()  # what a stopped or failed prefill allocated
+                raise
+            finally:
+                self._aborts.pop(session_id, None)
+            self.metrics.sessions(len(pool), pool.state_bytes)
+            return {
+                "input_sample_rate": stream.sample_rate,
+                "output_sample_rate": self.config.output_sample_rate,
+                "frame_samples": stream.frame_samples,
+                "max_streaming_seconds": stream.options.max_streaming_seconds,
+                "text_only": getattr(stream, "text_only", False),
+            }
+        if command.kind == "close":
+            if session_id in pool:
+                pool.close(session_id)
+                self.metrics.sessions(len(pool), pool.state_bytes)
+                if not len(pool):
+                    _clear_cache()
+            return None
+        if session_id not in pool:
+            raise RuntimeError("realtime session is not active")
+        stream = pool.get(session_id)
+        if command.kind == "flush":
+            before, started = stream.frame_index, time.perf_counter()
+            events = pool.flush(session_id, pad_partial=command.payload["pad_partial"])
+            self.metrics.step(stream.frame_index - before, time.perf_counter() - started,
+                              self.config.frame_duration)
+            self.metrics.sessions(len(pool), pool.state_bytes)
+            # Events of frames run before the commit (the last such frame's
+            # audio) go out before ``committed``.
+            lead = 0
+            while lead < len(events) and events[lead].frame_index < before \
+                    and isinstance(events[lead], Audio):
+                lead += 1
+            value = [protocol.dumps(protocol.model_event(e)) for e in events]
+            return value[:lead], value[lead:]
+        if command.kind == "cancel":
+            # A client that cancels always hears response.cancelled, also
+            # after a failed commit closed the stream.
+            events = pool.cancel(session_id) or [Cancelled(stream.frame_index)]
+        elif command.kind == "tool_result":
+            stream.submit_tool_result(command.payload["call_id"], command.payload["output"])
+            events = []
+        else:
+            raise ValueError(f"unknown engine command {command.kind!r}")
+        return [protocol.dumps(protocol.model_event(e)) for e in events]
 
 
 def _clear_cache() -> None:

@@ -29,6 +29,8 @@ class ServerLimits:
     max_connections: int = 128  # open sockets in all, before any authentication
     max_connections_per_client: int = 64  # open sockets from one address
     header_timeout: float = 10.0  # a new connection's request headers must arrive by then
+    max_sessions: int = 1  # realtime sessions served at once (engine slots)
+    max_state_bytes: int | None = None  # measured session state in all, before refusing more
     max_transcript_bytes: int = 64 * 1024  # a text-only session's transcript (UTF-8)
     max_upload_bytes: int = 25 * MIB  # one /v1/audio/transcriptions file
     max_transcription_seconds: float = 600.0  # audio one file may hold
@@ -40,10 +42,16 @@ class ServerLimits:
             raise ValueError(f"prompt_cache_bytes must be >= 0, got {self.prompt_cache_bytes!r}")
         for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
                      "max_prompt_tokens", "max_connections", "max_connections_per_client",
-                     "max_transcript_bytes", "max_upload_bytes", "max_transcriptions_in_flight"):
+                     "max_sessions", "max_transcript_bytes", "max_upload_bytes",
+                     "max_transcriptions_in_flight"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_state_bytes is not None and (
+                isinstance(self.max_state_bytes, bool) or not isinstance(self.max_state_bytes, int)
+                or self.max_state_bytes <= 0):
+            raise ValueError(f"max_state_bytes must be a positive integer, got "
+                             f"{self.max_state_bytes!r}")
         for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout",
                      "max_session_wall_seconds", "header_timeout", "max_transcription_seconds"):
             value = getattr(self, name)

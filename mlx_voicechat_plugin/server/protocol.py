@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import secrets
 from dataclasses import dataclass
 from typing import Any, Union
@@ -19,6 +18,7 @@ import numpy as np
 
 from ..runtime.audio import to_pcm16
 from ..runtime.quoting import brief
+from ..runtime.options import check_positive_seconds
 from ..runtime.rng import check_seed
 from ..runtime.events import (
     AssistantTextDelta,
@@ -150,10 +150,10 @@ def parse_session(payload: Any) -> SessionUpdate:
         raise _init_failed(str(exc)) from None
     limit = payload.get("max_streaming_seconds")
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) \
-                or not math.isfinite(limit) or limit <= 0:
-            raise _init_failed(f"session.max_streaming_seconds must be > 0, got {brief(limit)}")
-        limit = float(limit)
+        try:
+            limit = check_positive_seconds(limit, "session.max_streaming_seconds")
+        except ValueError as exc:
+            raise _init_failed(str(exc)) from None
     tools = payload.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise _init_failed("session.tools must be a list of tool definitions")

@@ -1,0 +1,192 @@
+"""One conversation's books: frame outputs in, events out, the same offline and streaming.
+
+A :class:`Conversation` owns what is per conversation but not compute: the
+prompt it started from, the visible text of the text and function channels,
+the tool channel (calls, per-turn budget, result injection), the warnings,
+the user transcript and the per-frame audio framing. Each :meth:`frame`
+advances the compute by one frame (:func:`~.frame.advance`, a function of the
+model, the conversation's :class:`~.frame.ConversationState` and the frame's
+input) and turns the :class:`~.frame.FrameOutput` into events.
+
+Offline :meth:`~.session.VoiceChatSession.generate` and
+:class:`~.streaming.StreamingSession` differ only in where a frame's input
+comes from (a slice of the whole-signal perception, or PCM through the
+streaming encoder) and in how they hand the events out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .events import (
+    AssistantTextDelta,
+    AudioFrames,
+    Event,
+    FunctionDelta,
+    TokenText,
+    ToolsWarning,
+    UserTranscriptDelta,
+)
+from .frame import ConversationState, FrameOutput, PerceptionSource, advance, finish_audio
+from .options import SessionOptions
+from .profile import FrameClock, Profile, profile_env
+from .prompt import session_prompt
+from .prompt_cache import prompt_cache_of
+from .timeline import TimelineStep
+from .tool_calls import ToolChannel
+from .tools import ToolError
+
+if TYPE_CHECKING:
+    from .session import VoiceChatSession
+
+
+class Conversation:
+    def __init__(self, parent: "VoiceChatSession", options: SessionOptions,
+                 perception: PerceptionSource):
+        model, config = parent.model, parent.config
+        self.model = model
+        self.options = options
+        prompt, toolset = session_prompt(parent.tokenizer, model, options)
+        self.compute = ConversationState(
+            model, perception, parent.new_rnnt_state(),
+            seed=options.seed, use_language_cache=options.use_language_cache,
+        )
+        hidden = config.special_text_ids
+        self.text = TokenText(parent.tokenizer, hidden)
+        self.function = TokenText(parent.tokenizer, hidden)
+        codec = model.tts_model.audio_codec
+        self.audio = AudioFrames(codec.samples_per_frame, config.output_sample_rate)
+        self.tools: ToolChannel | None = None
+        self._notices: list[Event] = []
+        if toolset is not None:
+            self.tools = ToolChannel(
+                toolset, parent.tokenizer, max_calls_per_turn=options.max_tool_calls_per_turn
+            )
+            self._notices = [ToolsWarning(0, message) for message in toolset.warnings]
+        sub_stages, self._frames_path = profile_env()
+        self.clock = FrameClock(options.profile, sub_stages)
+        self.profile = Profile(frame_duration_ms=config.frame_duration * 1000.0)
+        self.frame_index = 0
+        self._updates: tuple | None = None
+        self.last_output: FrameOutput | None = None
+        # The system prompt advances the timeline but emits nothing.
+        self.prompt_cache_hit = self._start(prompt)
+
+    def _start(self, prompt: list[int]) -> bool:
+        """Prefill the prompt, or continue from the model's cached state for it."""
+        timeline, options = self.compute.timeline, self.options
+        cache = prompt_cache_of(self.model)
+        if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
+            timeline.prefill(prompt, options.stop_prefill)
+            return False
+        key = (tuple(prompt), options.seed)
+        state = cache.get(key)
+        if state is not None:
+            timeline.restore(state)
+            return True
+        timeline.prefill(prompt, options.stop_prefill)
+        cache.put(key, timeline.snapshot())
+        return False
+
+    # --- one frame ---------------------------------------------------------
+
+    def frame(self, frame_input: object) -> list[Event]:
+        """Advance one frame (PCM, or a frame index of a whole signal); its events."""
+        index = self.frame_index
+        self.clock.start(index)
+        try:
+            forced = None if self.tools is None else self.tools.next_forced()
+            out = advance(self.model, self.compute, frame_input, forced=forced,
+                          clock=self.clock, on_tokens=self._decode_tokens)
+            events = self._events(index, out)
+            self.last_output = out
+        except BaseException:
+            self.clock.abandon()  # stop counting syncs for a frame that failed
+            raise
+        timing = self.clock.finish()
+        if timing is not None:
+            self.profile.frames.append(timing)
+        self.frame_index += 1
+        return events
+
+    def _decode_tokens(self, step: TimelineStep) -> None:
+        """Host text work, done while the frame's speech half computes."""
+        function = None if step.function_forced else self.function.append(step.function_id)
+        self._updates = (self.text.append(step.text_id), function)
+
+    def _events(self, index: int, out: FrameOutput) -> list[Event]:
+        """The frame's events in the reference's order: audio, transcript, text, function."""
+        text_update, function_update = self._updates or (None, None)
+        self._updates = None
+        events, self._notices = self._notices, []
+        finished = self.audio.push(index, out.codes, out.samples)
+        if finished is not None:
+            events.append(finished)
+        rnnt = self.compute.rnnt
+        delta = rnnt.commit(out.symbols)
+        if delta is not None:
+            events.append(UserTranscriptDelta(index, delta, rnnt.text))
+            if self.tools is not None:
+                self.tools.parser.new_turn()
+        if text_update is not None:
+            events.append(AssistantTextDelta(index, out.text_id, *text_update))
+        if out.function_forced:
+            assert self.tools is not None  # only tool results are forced
+            events.extend(self.tools.forced(index))
+        elif function_update is not None:
+            events.append(FunctionDelta(index, out.function_id, *function_update))
+            if self.tools is not None:
+                events.extend(self.tools.observe(self.function.text, index))
+        return events
+
+    # --- the end -------------------------------------------------------------
+
+    def end(self) -> list[Event]:
+        """The input ended: the last frame's audio, then an open tool block as unterminated."""
+        events = self.finish_audio()
+        if self.tools is not None:
+            events.extend(self.tools.finish(self.function.text, max(self.frame_index - 1, 0)))
+        return events
+
+    def finish_audio(self) -> list[Event]:
+        """The last frame's ``Audio``, completed with the codec's held tail."""
+        if not self.frame_index:
+            return []
+        audio = self.audio.finish(finish_audio(self.model, self.compute))
+        return [] if audio is None else [audio]
+
+    def close(self) -> None:
+        """Release the compute state; write the profile's frames when asked to."""
+        self.compute.release()
+        if self._frames_path and self.profile.frames:
+            self.profile.write_frames(self._frames_path)
+
+    # --- tools -----------------------------------------------------------------
+
+    def submit_tool_result(self, call_id: str, output: str) -> int:
+        """Queue a call's result: its tokens enter the next frames' function input.
+
+        Returns the number of tokens queued. :class:`ToolError` when no tools
+        are registered, for an unknown or already answered ``call_id``, and for
+        non-ASCII output.
+        """
+        if self.tools is None:
+            raise ToolError("no tools are registered for this session (tools_not_set)")
+        return self.tools.submit(call_id, output)
+
+    @property
+    def transcript(self) -> str:
+        return self.compute.rnnt.text
+
+
+def joined_audio(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
+    """The samples and codes of a conversation's ``Audio`` events, in frame order."""
+    from .events import Audio
+
+    frames = [e for e in events if isinstance(e, Audio)]
+    if not frames:
+        return np.zeros((0,), np.float32), np.zeros((0, 0), np.int32)
+    return (np.concatenate([a.samples for a in frames]),
+            np.stack([a.audio_codes for a in frames]))

@@ -1,0 +1,159 @@
+"""One frame of compute: a conversation's state and one frame of input in, host values out.
+
+:func:`advance` moves every network of one conversation forward by one 80 ms
+frame (perception, the RNNT's tries, the LLM position, the EAR-TTS frame, the
+codec) and returns what the frame produced as host values
+(:class:`FrameOutput`). It keeps no books: turning outputs into events (text
+deltas, tool calls, transcripts, audio framing) is
+:class:`~.conversation.Conversation`'s job, the same for offline and
+streaming conversations.
+
+The frame takes two evaluations, the listening half then the speaking half.
+The first evaluates the encoder step, the RNNT's first try and the token ids
+(the TTS spells the text token on the host); the second the RNNT's other
+tries, the TTS codes and the codec samples. Work is started as soon as its
+graph is built (``async_eval``), so MLX computes one part while this thread
+builds the next and ``on_tokens`` decodes the token texts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import mlx.core as mx
+import numpy as np
+
+from ..models.model import Model
+from ..models.rnnt import RNNTState
+from .profile import FrameClock
+from .timeline import Timeline, TimelineStep
+
+_NO_CLOCK = FrameClock(enabled=False)
+
+
+class PerceptionSource(Protocol):
+    """Where a frame's audio embeddings come from: the streaming encoder, or a whole signal."""
+
+    @property
+    def state(self) -> list[mx.array]: ...
+
+    def push(self, frame: Any, clock: Any = None) -> tuple[mx.array, mx.array]: ...
+
+
+class WholeSignal:
+    """Perception already run over the whole signal (offline turns): frame ``t`` is a slice."""
+
+    def __init__(self, projected: mx.array, encoded: mx.array):
+        self.projected, self.encoded = projected, encoded
+        self.frames = projected.shape[1]
+
+    @property
+    def state(self) -> list[mx.array]:
+        return []
+
+    def push(self, frame: int, clock: Any = None) -> tuple[mx.array, mx.array]:
+        return self.projected[:, frame : frame + 1], self.encoded[:, frame : frame + 1]
+
+
+@dataclass
+class FrameOutput:
+    """What one frame produced, on the host."""
+
+    text_id: int
+    function_id: int
+    function_forced: bool
+    codes: np.ndarray  # (Q,) int32, control codes replaced by silence
+    samples: np.ndarray  # float32: what the codec released this frame
+    symbols: mx.array | None  # the RNNT's evaluated symbols (for ``RNNTState.commit``)
+
+
+class ConversationState:
+    """Everything one conversation carries between frames, as one list of arrays.
+
+    Perception source, Nemotron-H and EAR-TTS caches (in the :class:`Timeline`),
+    the RNNT carry and the codec stream. ``state`` lists them (mlx-lm's cache
+    convention), ``nbytes`` sizes them, ``release`` drops them.
+    """
+
+    def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
+                 *, seed: int, use_language_cache: bool):
+        self.perception = perception
+        self.timeline = Timeline(model, seed=seed, use_language_cache=use_language_cache)
+        self.rnnt = rnnt
+        self.codec: Any = model.tts_model.audio_codec.make_state()
+
+    @property
+    def state(self) -> list[mx.array]:
+        if self.codec is None:  # released
+            return []
+        return [*self.perception.state, *self.timeline.state, *self.rnnt.state, *self.codec.state]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state)
+
+    def release(self) -> None:
+        """Drop every array reference (``state`` is then empty and the state unusable)."""
+        self.perception = WholeSignal(mx.zeros((1, 0, 1)), mx.zeros((1, 0, 1)))
+        self.timeline.release()
+        self.rnnt.release()
+        self.codec = None
+
+
+def advance(
+    model: Model,
+    state: ConversationState,
+    frame: Any,
+    *,
+    forced: int | None = None,
+    clock: FrameClock = _NO_CLOCK,
+    on_tokens: Callable[[TimelineStep], None] | None = None,
+) -> FrameOutput:
+    """Advance ``state`` by one frame of input (``frame``: PCM, or a frame index offline).
+
+    ``forced`` replaces the function head's prediction (an injected tool
+    result token). ``on_tokens`` is called with the frame's ids while the
+    speaking half computes. Profiling (``clock``) adds its own stage barriers.
+    """
+    perception, rnnt, timeline = state.perception, state.rnnt, state.timeline
+    projected, encoded = perception.push(frame, clock)
+    clock.stage("perception", projected, encoded, *perception.state)
+    mx.async_eval(projected, encoded, *perception.state)
+    # The RNNT's first try joins the first evaluation; a blank (most frames
+    # of real speech) ends the frame's transcript work there.
+    first = rnnt.advance_first(encoded)
+    listening = [] if first is None else [first, *rnnt.state]
+    tokens = timeline.listen(projected, force_function=forced, clock=clock)
+    mx.eval(tokens.ids, *perception.state, *listening)
+
+    # The user transcript does not feed the timeline: the RNNT's other tries
+    # (after an emission) compute while the speech half is built.
+    symbols = rnnt.advance_rest(first)
+    speaking = [] if symbols is None or symbols is first else [symbols, *rnnt.state]
+    if speaking:
+        mx.async_eval(*speaking)
+    clock.stage("rnnt", *speaking)
+    step = timeline.speak(tokens, clock)
+    clock.stage("tts", step.codes)
+    speech = model.tts_model
+    codes = speech.replace_control_codes(step.codes)
+    samples = speech.audio_codec.decode_step(codes.transpose(0, 2, 1), state.codec, evaluate=False)
+    frame_samples, frame_codes = samples[0, 0], codes[0, 0].astype(mx.int32)
+    speaking += [step.codes, frame_samples, frame_codes, *state.codec.state]
+    mx.async_eval(*speaking)
+    if on_tokens is not None:
+        on_tokens(step)
+    mx.eval(*speaking)
+    clock.sub_stage("codec.decoder_istft")
+    clock.stage("codec")
+    return FrameOutput(
+        step.text_id, step.function_id, step.function_forced,
+        np.array(frame_codes), np.array(frame_samples), symbols,
+    )
+
+
+def finish_audio(model: Model, state: ConversationState) -> np.ndarray:
+    """The codec's held tail: the last samples of the stream's last frame."""
+    tail = model.tts_model.audio_codec.flush(state.codec)
+    return np.array(tail[0, 0])

@@ -1,0 +1,85 @@
+"""What one conversation is started with, offline or streaming: validated once, here.
+
+The rules live in small ``check_*`` functions so that the server's protocol
+layer applies the same ones to ``session.update`` fields (with its own field
+names in the messages).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from .quoting import brief
+from .rng import check_seed
+from .tool_calls import DEFAULT_MAX_CALLS_PER_TURN
+from .tools import DEFAULT_MAX_TOOLS
+
+# An offline turn takes at most this much input, and this much silence after it.
+MAX_INPUT_SECONDS = 20 * 60.0
+MAX_EXTRA_DECODING_SECONDS = 600.0
+
+
+def check_positive_seconds(value: object, what: str) -> float:
+    """A finite number of seconds above zero."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be > 0, got {brief(value)}")
+    return float(value)
+
+
+def check_positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {brief(value)}")
+    return value
+
+
+@dataclass
+class SessionOptions:
+    """Options of one conversation (``VoiceChatSession.generate`` and streaming sessions).
+
+    ``use_perception_cache`` and ``max_streaming_seconds`` only concern the
+    streaming front end; offline turns run the whole-signal perception.
+    """
+
+    system_prompt: str | None = None
+    seed: int = 0
+    tools: list[dict] | None = None
+    max_tools: int = DEFAULT_MAX_TOOLS
+    max_tool_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN
+    # System prompt + rendered tools, in tokens; checked before any work.
+    max_prompt_tokens: int | None = None
+    use_language_cache: bool = True
+    use_perception_cache: bool = True
+    max_streaming_seconds: float | None = None
+    profile: bool = False
+    # Asked before each prefill position; True stops it (PrefillCancelled).
+    stop_prefill: Callable[[], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise TypeError(f"system_prompt must be a string, got {type(self.system_prompt).__name__}")
+        check_seed(self.seed)
+        if self.max_streaming_seconds is not None:
+            self.max_streaming_seconds = check_positive_seconds(
+                self.max_streaming_seconds, "max_streaming_seconds"
+            )
+        check_positive_int(self.max_tools, "max_tools")
+        check_positive_int(self.max_tool_calls_per_turn, "max_tool_calls_per_turn")
+        if self.max_prompt_tokens is not None:
+            check_positive_int(self.max_prompt_tokens, "max_prompt_tokens")
+
+
+# The streaming API's historical name for the same options.
+StreamingOptions = SessionOptions
+
+
+def check_extra_decoding_seconds(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value <= MAX_EXTRA_DECODING_SECONDS:
+        raise ValueError(
+            "extra_decoding_seconds must be within "
+            f"[0, {MAX_EXTRA_DECODING_SECONDS:g}] s, got {brief(value)}"
+        )
+    return float(value)

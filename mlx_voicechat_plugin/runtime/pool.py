@@ -1,0 +1,171 @@
+"""Many conversations on one loaded model: sessions leased from a bounded pool, stepped together.
+
+:class:`SessionPool` is the in-process API (the server's engine thread, the
+tests and the benchmarks use it): ``open`` a session under an id, ``step``
+every session that has a frame ready by one frame, ``flush`` / ``cancel`` /
+``close`` it. Admission is bounded by the number of open sessions and by the
+measured bytes of their state arrays (:attr:`state_bytes`, summed from each
+session's ``nbytes``, not estimated); a refused ``open`` raises
+:class:`PoolFull`, and a closed session's slot and state are free at once.
+
+Fairness: one ``step`` advances each given session by at most one frame, so
+a client that sends faster than real time cannot take a second frame while
+another waits; a session with no frame ready costs nothing. Failure
+isolation: a session whose frame raises is reported (its exception in the
+step's result) and the others' frames still run.
+
+A step advances its sessions one after another with the same per-frame
+compute a lone session runs (:func:`~.frame.advance`), so every session's
+ids, codes and transcript equal those of that session run alone. Fusing the
+step into one batched compute per stage is the next stage of this module (see
+the README's "Serving many sessions").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .events import Event
+from .streaming import StreamingSession
+
+logger = logging.getLogger(__name__)
+
+
+class PoolFull(RuntimeError):
+    """No slot (``max_sessions``) or no state budget (``max_state_bytes``) is left."""
+
+
+@dataclass
+class StepResult:
+    """One :meth:`SessionPool.step`: each session's events or its exception, and timing."""
+
+    events: dict[str, list[Event]] = field(default_factory=dict)
+    errors: dict[str, BaseException] = field(default_factory=dict)
+    frames: int = 0  # frames the sessions ran (a chunk shorter than a frame runs none)
+    seconds: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return len(self.events) + len(self.errors)
+
+
+class SessionPool:
+    """Streaming sessions of one :class:`~.session.VoiceChatSession`, by id, within budgets."""
+
+    def __init__(self, voicechat: Any, max_sessions: int = 1,
+                 max_state_bytes: int | None = None):
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+            raise ValueError(f"max_sessions must be a positive integer, got {max_sessions!r}")
+        if max_state_bytes is not None and (isinstance(max_state_bytes, bool)
+                                            or not isinstance(max_state_bytes, int)
+                                            or max_state_bytes < 1):
+            raise ValueError(f"max_state_bytes must be a positive integer, got {max_state_bytes!r}")
+        self.voicechat = voicechat
+        self.max_sessions = max_sessions
+        self.max_state_bytes = max_state_bytes
+        self.sessions: dict[str, StreamingSession] = {}
+        self.state_bytes = 0  # measured after every change (read from any thread)
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self.sessions
+
+    def admission_error(self, pending: int = 0) -> str | None:
+        """Why one more session would be refused now (``pending``: slots promised elsewhere)."""
+        if len(self.sessions) + pending >= self.max_sessions:
+            return (f"all {self.max_sessions} realtime session slots are in use "
+                    f"(--max-sessions {self.max_sessions})")
+        if self.max_state_bytes is not None and self.state_bytes >= self.max_state_bytes:
+            return (f"session state uses {self.state_bytes} bytes, at the "
+                    f"--max-state-bytes {self.max_state_bytes} budget")
+        return None
+
+    def _measure(self) -> None:
+        self.state_bytes = sum(s.nbytes for s in self.sessions.values())
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def open(self, session_id: str, factory: Callable[..., Any] | None = None,
+             **options: Any) -> StreamingSession:
+        """A new session under ``session_id`` (its prompt prefilled); :class:`PoolFull` if none fits.
+
+        ``factory`` makes another kind of session with the same surface
+        (``push_audio``, ``flush``, ``cancel``, ``nbytes``; e.g. a text-only
+        transcription stream); by default a full streaming session.
+        """
+        if session_id in self.sessions:
+            raise ValueError(f"session {session_id!r} is already open")
+        reason = self.admission_error()
+        if reason is not None:
+            raise PoolFull(reason)
+        stream = (factory or self.voicechat.create_streaming_session)(**options)
+        self.sessions[session_id] = stream
+        self._measure()
+        if self.max_state_bytes is not None and self.state_bytes > self.max_state_bytes:
+            self.close(session_id)
+            raise PoolFull(f"a new session's state would take the total to more than "
+                           f"--max-state-bytes {self.max_state_bytes}")
+        return stream
+
+    def get(self, session_id: str) -> StreamingSession:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise KeyError(f"session {session_id!r} is not open") from None
+
+    def close(self, session_id: str) -> None:
+        """Cancel the session if it is still running and free its slot and state."""
+        stream = self.sessions.pop(session_id, None)
+        if stream is not None and not stream.closed:
+            stream.cancel()
+        self._measure()
+
+    def close_all(self) -> None:
+        for session_id in list(self.sessions):
+            self.close(session_id)
+
+    # --- frames ---------------------------------------------------------------
+
+    def step(self, frames: dict[str, tuple[np.ndarray, int | None]],
+             on_error: Callable[[str, BaseException], None] | None = None) -> StepResult:
+        """Advance each session in ``frames`` (id -> ``(pcm, sample_rate)``) by its chunk.
+
+        Callers give each session at most one frame of PCM per step (the
+        server does); a failing session's exception is in ``errors`` and does
+        not stop the others.
+        """
+        result = StepResult()
+        started = time.perf_counter()
+        for session_id, (samples, rate) in frames.items():
+            stream = self.sessions.get(session_id)
+            before = 0 if stream is None else stream.frame_index
+            try:
+                result.events[session_id] = self.get(session_id).push_audio(samples, rate)
+            except Exception as exc:  # this session only
+                result.errors[session_id] = exc
+                if on_error is not None:
+                    on_error(session_id, exc)
+            if stream is not None:
+                result.frames += stream.frame_index - before
+        result.seconds = time.perf_counter() - started
+        self._measure()
+        return result
+
+    def flush(self, session_id: str, pad_partial: bool = True) -> list[Event]:
+        try:
+            return self.get(session_id).flush(pad_partial)
+        finally:
+            self._measure()
+
+    def cancel(self, session_id: str) -> list[Event]:
+        try:
+            return self.get(session_id).cancel()
+        finally:
+            self._measure()

@@ -1,0 +1,56 @@
+"""What the engine did, in Prometheus text format (``/metrics``).
+
+Every figure is counted where it happens: frames are the frames the sessions
+ran (``SessionPool.step``), steps are timed around the step, state bytes are
+the measured ``nbytes`` of the open sessions. Each engine has its own
+registry, so several servers in one process (the tests) do not share counts.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+
+
+class EngineMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, max_sessions: int):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.active = Gauge("voicechat_active_sessions", "Open realtime sessions", registry=r)
+        self.capacity = Gauge("voicechat_max_sessions", "Session slots (--max-sessions)",
+                              registry=r)
+        self.capacity.set(max_sessions)
+        self.state = Gauge("voicechat_session_state_bytes",
+                           "Measured bytes of the open sessions' state arrays", registry=r)
+        self.frames = Counter("voicechat_frames", "80 ms frames run, all sessions", registry=r)
+        self.late = Counter("voicechat_late_frames",
+                            "Frames of steps slower than one frame of wall time", registry=r)
+        self.refused = Counter("voicechat_admissions_refused",
+                               "Connections refused with server_busy (no slot or state budget)",
+                               registry=r)
+        self.batch = Histogram("voicechat_step_batch_size", "Frames per engine step",
+                               buckets=BATCH_BUCKETS, registry=r)
+        self.step_seconds = Histogram("voicechat_step_seconds", "Wall time of one engine step",
+                                      buckets=STEP_BUCKETS, registry=r)
+
+    def step(self, frames: int, seconds: float, frame_duration: float) -> None:
+        """A step ran ``frames`` frames (one per session) in ``seconds``."""
+        if not frames:
+            return
+        self.frames.inc(frames)
+        self.batch.observe(frames)
+        self.step_seconds.observe(seconds)
+        if seconds > frame_duration:
+            self.late.inc(frames)
+
+    def sessions(self, active: int, state_bytes: int) -> None:
+        self.active.set(active)
+        self.state.set(state_bytes)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,251 @@
+"""Many sessions on one loaded model: exact per-session outputs, budgets, fairness,
+failure isolation, the server's slots and its metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from server_support import (
+    FRAME,
+    LiveServer,
+    append_message,
+    configure,
+    connect,
+    recv,
+    running,
+    send,
+    until_closed,
+)
+
+from mlx_voicechat_plugin.runtime.events import (
+    AssistantTextDelta,
+    Audio,
+    FunctionDelta,
+    UserTranscriptDelta,
+)
+from mlx_voicechat_plugin.runtime.pool import PoolFull, SessionPool
+from mlx_voicechat_plugin.server.app import create_app
+from mlx_voicechat_plugin.server.limits import ServerLimits
+from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+
+@pytest.fixture(scope="module")
+def voicechat(tiny_ckpt):
+    from mlx_voicechat_plugin import load
+
+    model, processor = load(tiny_ckpt)
+    return model.create_session(processor)
+
+
+def _outputs(events) -> dict:
+    return {
+        "text": [e.token_id for e in events if isinstance(e, AssistantTextDelta)],
+        "function": [e.token_id for e in events if isinstance(e, FunctionDelta)],
+        "transcript": "".join(e.delta for e in events if isinstance(e, UserTranscriptDelta)),
+        "codes": [e.audio_codes.tolist() for e in events if isinstance(e, Audio)],
+    }
+
+
+def _alone(voicechat, audio, **options) -> dict:
+    stream = voicechat.create_streaming_session(**options)
+    events = []
+    for start in range(0, len(audio), FRAME):
+        events += stream.push_audio(audio[start : start + FRAME])
+    return _outputs(events + stream.flush())
+
+
+SESSIONS = {  # id -> (first step, seconds of audio, options)
+    "a": (0, 1.2, dict(seed=1)),
+    "b": (3, 0.8, dict(seed=2, system_prompt="Be brief.")),
+    "c": (5, 1.6, dict(seed=3, system_prompt="You are a pirate.")),
+}
+
+
+def test_each_session_of_a_shared_run_equals_that_session_alone(voicechat):
+    audio = {k: question_signal(s, seed=i) for i, (k, (_, s, _)) in enumerate(SESSIONS.items())}
+    pool = SessionPool(voicechat, max_sessions=3)
+    events: dict[str, list] = {k: [] for k in SESSIONS}
+    cursor = dict.fromkeys(SESSIONS, 0)
+    step = 0
+    while any(cursor[k] < len(audio[k]) for k in SESSIONS) or len(pool):
+        for k, (first, _, options) in SESSIONS.items():
+            if step == first:
+                pool.open(k, **options)
+        frames = {}
+        for k in SESSIONS:
+            if k in pool and cursor[k] < len(audio[k]):
+                frames[k] = (audio[k][cursor[k] : cursor[k] + FRAME], None)
+                cursor[k] += FRAME
+            elif k in pool:  # its input ended: it leaves at this step
+                events[k] += pool.flush(k)
+                pool.close(k)
+        result = pool.step(frames)
+        assert not result.errors and result.size == len(frames)
+        for k, chunk in result.events.items():
+            events[k] += chunk
+        step += 1
+    for k, (_, _, options) in SESSIONS.items():
+        assert _outputs(events[k]) == _alone(voicechat, audio[k], **options), k
+
+
+def test_a_step_runs_at_most_the_one_frame_each_session_was_given(voicechat):
+    pool = SessionPool(voicechat, max_sessions=2)
+    pool.open("fast")
+    pool.open("idle")
+    result = pool.step({"fast": (np.zeros(FRAME, np.float32), None)})
+    assert result.frames == 1 and set(result.events) == {"fast"}
+    assert pool.get("idle").frame_index == 0  # a session that sends nothing costs nothing
+    pool.close_all()
+
+
+def test_one_sessions_bad_input_fails_only_that_session(voicechat):
+    pool = SessionPool(voicechat, max_sessions=2)
+    pool.open("good")
+    pool.open("bad")
+    result = pool.step({"good": (question_signal(0.08), None),
+                        "bad": (np.zeros(FRAME, np.float32), 8000)})
+    assert set(result.errors) == {"bad"} and "sample_rate" in str(result.errors["bad"])
+    assert result.events["good"] and pool.get("good").frame_index == 1
+    again = pool.step({"bad": (np.zeros(FRAME, np.float32), None)})  # still usable
+    assert not again.errors and pool.get("bad").frame_index == 1
+    pool.close_all()
+
+
+def test_slots_and_state_budget_refuse_clearly_and_free_on_close(voicechat):
+    pool = SessionPool(voicechat, max_sessions=2)
+    pool.open("one")
+    one = pool.state_bytes
+    assert one == pool.get("one").nbytes > 0  # measured from the session's arrays
+    pool.open("two")
+    with pytest.raises(PoolFull, match="--max-sessions 2"):
+        pool.open("three")
+    pool.close("one")
+    assert pool.state_bytes == pool.get("two").nbytes
+    pool.open("three")
+    pool.close_all()
+    assert pool.state_bytes == 0 and not len(pool)
+
+    budget = SessionPool(voicechat, max_sessions=8, max_state_bytes=one + one // 2)
+    budget.open("first")
+    with pytest.raises(PoolFull, match="--max-state-bytes"):
+        budget.open("second")
+    assert len(budget) == 1  # the refused session's state is gone
+    budget.close_all()
+
+
+@pytest.mark.parametrize("bad", [dict(max_sessions=0), dict(max_sessions=True),
+                                 dict(max_state_bytes=0)])
+def test_pool_budgets_are_validated(voicechat, bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SessionPool(voicechat, **bad)
+
+
+# --- the server ------------------------------------------------------------------
+
+MAX = 4
+CLIENTS = 50
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt):
+    limits = ServerLimits(update_timeout=5, idle_timeout=5, max_sessions=MAX)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits)))
+
+
+def test_a_fifty_way_connect_storm_admits_exactly_max_sessions(server):
+    server.wait_idle()
+    start = threading.Barrier(CLIENTS)
+    release = threading.Event()
+    results: list[tuple[str, int | None]] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        start.wait(10)
+        with connect(server.ws()) as ws:
+            first = recv(ws)
+            if first["type"] == "session.created":
+                with lock:
+                    results.append(("created", None))
+                release.wait(20)
+                send(ws, {"type": "session.cancel"})
+                until_closed(ws)
+                return
+            _, code = until_closed(ws)
+            with lock:
+                results.append((first["error"]["code"], code))
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(results) < CLIENTS and time.monotonic() < deadline:
+        if results.count(("server_busy", 1013)) == CLIENTS - MAX:
+            release.set()
+        time.sleep(0.02)
+    release.set()
+    for thread in threads:
+        thread.join(20)
+    assert results.count(("created", None)) == MAX
+    assert results.count(("server_busy", 1013)) == CLIENTS - MAX
+    metrics = server.http("/metrics")
+    import httpx
+
+    text = httpx.get(metrics).text
+    assert f"voicechat_admissions_refused_total {float(CLIENTS - MAX)}" in text
+
+
+def _server_stream(server, audio, seed, leave_after=None) -> dict:
+    events = []
+    with connect(server.ws()) as ws:
+        configure(ws, seed=seed)
+        for i, start in enumerate(range(0, len(audio), FRAME)):
+            if leave_after is not None and i == leave_after:
+                return {}  # disconnects mid-stream
+            send(ws, append_message(audio[start : start + FRAME]))
+        send(ws, {"type": "input_audio_buffer.commit"})
+        events, code = until_closed(ws)
+        assert code == 1000
+    return {
+        "text": [e["delta"] for e in events if e["type"] == "response.text.delta"],
+        "transcript": "".join(e["delta"] for e in events
+                              if e["type"].endswith("input_audio_transcription.delta")),
+        "audio": [e["delta"] for e in events if e["type"] == "response.audio.delta"],
+    }
+
+
+def test_concurrent_sessions_stream_what_each_streams_alone_and_a_leaver_frees_its_slot(server):
+    server.wait_idle()
+    audio = [question_signal(1.0, seed=i) for i in range(3)]
+    alone = [_server_stream(server, a, seed=i) for i, a in enumerate(audio)]
+    results: dict[int, dict] = {}
+
+    def run(i: int) -> None:
+        results[i] = _server_stream(server, audio[i], seed=i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    leaver = threading.Thread(target=_server_stream, args=(server, audio[0], 9, 4))
+    for thread in [*threads, leaver]:
+        thread.start()
+    for thread in [*threads, leaver]:
+        thread.join(60)
+    assert [results[i] for i in range(3)] == alone
+    server.wait_idle()
+    health = server.health().json()
+    assert health["sessions"] == 0 and health["max_sessions"] == MAX and health["state_bytes"] == 0
+
+
+def test_metrics_count_the_frames_that_ran(server):
+    import httpx
+
+    def frames() -> float:
+        text = httpx.get(server.http("/metrics")).text
+        line = next(l for l in text.splitlines() if l.startswith("voicechat_frames_total"))
+        return float(line.split()[-1])
+
+    server.wait_idle()
+    before = frames()
+    _server_stream(server, np.zeros(5 * FRAME, np.float32), seed=0)
+    assert frames() - before == 5  # five whole frames; the commit pads nothing
