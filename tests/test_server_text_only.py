@@ -156,3 +156,29 @@ def test_the_transcript_budget_is_an_error_and_the_session_still_commits(tiny_ck
         assert code == 1000
     finally:
         live.stop()
+
+
+def test_a_text_only_and_a_full_session_run_side_by_side(tiny_ckpt, full_transcript):
+    # The engine loads its own model: a full session's lazy warm-start arrays
+    # belong to the thread that made them.
+    live = LiveServer(create_app(tiny_ckpt, limits=ServerLimits(update_timeout=5, idle_timeout=5,
+                                                                max_sessions=2)))
+    try:
+        with connect(live.ws()) as text_ws, connect(live.ws()) as full_ws:
+            _text_only(text_ws)
+            configure(full_ws)
+            for start in range(0, len(AUDIO), 4 * FRAME):
+                for ws in (text_ws, full_ws):
+                    send(ws, append_message(AUDIO[start : start + 4 * FRAME]))
+            for ws in (text_ws, full_ws):
+                send(ws, {"type": "input_audio_buffer.commit"})
+            text_events, _ = until_closed(text_ws)
+            full_events, _ = until_closed(full_ws)
+        completed = [e for e in text_events if e["type"] == COMPLETED]
+        assert [e["transcript"] for e in completed] == [full_transcript]
+        full_deltas = [e for e in full_events if e["type"] == DELTA]
+        assert full_deltas[-1]["transcript"] == full_transcript
+        assert "response.audio.delta" in {e["type"] for e in full_events}
+        assert "response.audio.delta" not in {e["type"] for e in text_events}
+    finally:
+        live.stop()

@@ -212,3 +212,37 @@ def test_only_perception_and_the_rnnt_run(transcriber, wav, monkeypatch):
     stream.push_audio(question_signal(1.0))
     stream.flush()
     assert stream.transcript
+
+
+def test_text_only_streams_share_a_pool_step_with_full_sessions(session, transcriber):
+    """In one pool, each kind's transcript equals that stream run alone."""
+    from mlx_voicechat_plugin.runtime.pool import SessionPool
+
+    audio = {"full": question_signal(1.2, seed=1), "text": question_signal(1.6, seed=2)}
+    alone = transcriber.create_stream()
+    _stream_events(alone, audio["text"], 1280)
+    solo_full = session.create_streaming_session(seed=1)
+    _stream_events(solo_full, audio["full"], 1280)
+
+    pool = SessionPool(session, max_sessions=2)
+    pool.open("full", seed=1)
+    stream = pool.open("text", factory=transcriber.create_stream)
+    for start in range(0, 1280 * 20, 1280):
+        frames = {k: (a[start : start + 1280], None) for k, a in audio.items() if start < len(a)}
+        result = pool.step(frames)
+        assert not result.errors
+    assert stream.nbytes > 0 and pool.state_bytes > stream.nbytes  # measured, as full sessions
+    finals = {k: pool.flush(k) for k in audio}
+    assert pool.get("text").transcript == alone.transcript
+    assert pool.get("full").transcript == solo_full.transcript
+    assert [e.text for e in finals["text"] if isinstance(e, TranscriptDone)] == [alone.transcript]
+    pool.close_all()
+    assert pool.state_bytes == 0
+
+
+def test_a_closed_stream_holds_no_state(transcriber):
+    stream = transcriber.create_stream()
+    stream.push_audio(question_signal(0.5))
+    assert stream.nbytes > 0
+    stream.flush()
+    assert stream.state == [] and stream.nbytes == 0
