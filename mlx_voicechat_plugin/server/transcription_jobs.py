@@ -1,9 +1,10 @@
 """File transcriptions as engine jobs: stepped on the engine thread between commands.
 
 A job is :meth:`Transcriber.steps` over one uploaded file. The engine runs one
-step of the oldest job whenever its command queue is empty, so a realtime
-session's frames are never queued behind a whole file: its commands go first,
-a step (the file's perception, then 25 RNNT frames at a time) in between.
+step of the oldest job (the file's perception, then 25 RNNT frames at a time)
+after every turn of commands and whenever none waits, so realtime sessions'
+frames are never queued behind a whole file, and a file still advances while
+sessions keep the queue busy.
 Each step's transcript deltas go to the job's ``on_delta`` (called on the
 engine thread; it posts to the event loop). The count of jobs admitted and
 not yet finished is bounded by the caller (:meth:`JobCounter.try_admit`).
