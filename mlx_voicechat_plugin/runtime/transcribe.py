@@ -240,8 +240,8 @@ class TranscriptionStream:
 
     @property
     def nbytes(self) -> int:
-        """Measured bytes of :attr:`state` (what a session pool budgets)."""
-        return sum(a.nbytes for a in self.state)
+        """Measured bytes of :attr:`state` and the buffered PCM (what a session pool budgets)."""
+        return sum(a.nbytes for a in self.state) + self._pending.nbytes
 
     def _check_limits(self) -> None:
         if self.max_frames is not None and self.frame_index >= self.max_frames:
