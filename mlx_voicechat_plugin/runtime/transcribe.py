@@ -132,7 +132,8 @@ class Transcriber:
         duration = waveform.shape[0] / rate
         if tail_seconds:
             waveform = mx.pad(waveform, (0, round(tail_seconds * rate)))
-        _, lengths, encoded = self.model.stt_model.perception(log_mel(waveform, self.config.audio_config))
+        mel = log_mel(waveform, self.config.audio_config)
+        _, lengths, encoded = self.model.stt_model.perception(mel)
         mx.eval(encoded, lengths)  # the projection to the LLM is never evaluated
         frames = int(lengths[0])
         logger.info("transcription: %.2f s input, %d frames", duration, frames)
