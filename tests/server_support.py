@@ -164,3 +164,42 @@ def as_received(samples: np.ndarray) -> np.ndarray:
 
 def decode_audio(event: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(event["delta"]), dtype="<i2")
+
+
+def connect_storm(live: "LiveServer", clients: int, slots: int) -> list[tuple[str, int | None]]:
+    """``clients`` connect at once; the admitted hold their sessions until every other
+    client has been answered, then cancel. Returns each client's outcome:
+    ``("created", None)`` or ``(error code, close code)``."""
+    start = threading.Barrier(clients)
+    release = threading.Event()
+    results: list[tuple[str, int | None]] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        start.wait(10)
+        with connect(live.ws()) as ws:
+            first = recv(ws)
+            if first["type"] == "session.created":
+                with lock:
+                    results.append(("created", None))
+                release.wait(20)
+                send(ws, {"type": "session.cancel"})
+                until_closed(ws)
+                return
+            _, code = until_closed(ws)
+            with lock:
+                results.append((first["error"]["code"], code))
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(results) < clients and time.monotonic() < deadline:
+        refused = sum(1 for r in results if r[0] != "created")
+        if refused >= clients - slots or results.count(("created", None)) > slots:
+            release.set()  # everyone else has been answered: let the holders go
+        time.sleep(0.02)
+    release.set()
+    for thread in threads:
+        thread.join(20)
+    return results

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from server_support import (
     append_message,
     configure,
     connect,
-    recv,
+    connect_storm,
     running,
     send,
     until_closed,
@@ -42,37 +40,7 @@ def _admitted(server) -> None:
 
 def test_fifty_simultaneous_clients_get_one_session_and_49_busy_closes(server):
     server.wait_idle()
-    start = threading.Barrier(CLIENTS)
-    release = threading.Event()
-    results: list[tuple[str, int | None]] = []
-    lock = threading.Lock()
-
-    def client() -> None:
-        start.wait(10)
-        with connect(server.ws()) as ws:
-            first = recv(ws)
-            if first["type"] == "session.created":
-                with lock:
-                    results.append(("created", None))
-                release.wait(20)
-                send(ws, {"type": "session.cancel"})
-                until_closed(ws)
-                return
-            events, code = until_closed(ws)
-            with lock:
-                results.append((first["error"]["code"], code))
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 30
-    while len(results) < CLIENTS and time.monotonic() < deadline:
-        if len(results) == CLIENTS - 1 or results.count(("created", None)) > 1:
-            release.set()  # everyone else has been answered: let the holder go
-        time.sleep(0.02)
-    release.set()
-    for thread in threads:
-        thread.join(20)
+    results = connect_storm(server, CLIENTS, 1)
     assert len(results) == CLIENTS
     assert results.count(("created", None)) == 1
     assert results.count(("server_busy", 1013)) == CLIENTS - 1

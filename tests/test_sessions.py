@@ -4,7 +4,6 @@ failure isolation, the server's slots and its metrics."""
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from server_support import (
     append_message,
     configure,
     connect,
-    recv,
+    connect_storm,
     running,
     send,
     until_closed,
@@ -156,44 +155,13 @@ def server(tiny_ckpt):
 
 
 def test_a_fifty_way_connect_storm_admits_exactly_max_sessions(server):
-    server.wait_idle()
-    start = threading.Barrier(CLIENTS)
-    release = threading.Event()
-    results: list[tuple[str, int | None]] = []
-    lock = threading.Lock()
-
-    def client() -> None:
-        start.wait(10)
-        with connect(server.ws()) as ws:
-            first = recv(ws)
-            if first["type"] == "session.created":
-                with lock:
-                    results.append(("created", None))
-                release.wait(20)
-                send(ws, {"type": "session.cancel"})
-                until_closed(ws)
-                return
-            _, code = until_closed(ws)
-            with lock:
-                results.append((first["error"]["code"], code))
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 30
-    while len(results) < CLIENTS and time.monotonic() < deadline:
-        if results.count(("server_busy", 1013)) == CLIENTS - MAX:
-            release.set()
-        time.sleep(0.02)
-    release.set()
-    for thread in threads:
-        thread.join(20)
-    assert results.count(("created", None)) == MAX
-    assert results.count(("server_busy", 1013)) == CLIENTS - MAX
-    metrics = server.http("/metrics")
     import httpx
 
-    text = httpx.get(metrics).text
+    server.wait_idle()
+    results = connect_storm(server, CLIENTS, MAX)
+    assert results.count(("created", None)) == MAX
+    assert results.count(("server_busy", 1013)) == CLIENTS - MAX
+    text = httpx.get(server.http("/metrics")).text
     assert f"voicechat_admissions_refused_total {float(CLIENTS - MAX)}" in text
 
 

@@ -1,0 +1,117 @@
+"""Aggregate frames/s of N sessions on one model: stepped together vs one after another.
+
+    python -m bench.sessions [--size small] [--sessions 1 2 4 8] [--seconds 2]
+                             [--json out.json] [--png out.png]
+
+For each N, N sessions (different seeds) each take ``--seconds`` of speech:
+"together" opens them in one :class:`~mlx_voicechat_plugin.runtime.pool.SessionPool`
+and steps all of them one frame per step; "one after another" runs the same N
+sessions alone in turn. Both are timed in this process, after a warm-up
+session, and reported as aggregate frames per second and as the ratio to one
+session. Every session's codes are checked equal between the two runs.
+A benchmark script, never a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _together(voicechat, audios: list[np.ndarray], frame: int) -> tuple[float, list]:
+    from mlx_voicechat_plugin.runtime.events import Audio
+    from mlx_voicechat_plugin.runtime.pool import SessionPool
+
+    pool = SessionPool(voicechat, max_sessions=len(audios))
+    codes: list[list] = [[] for _ in audios]
+    for i in range(len(audios)):
+        pool.open(str(i), seed=i)
+    started = time.perf_counter()
+    for start in range(0, len(audios[0]), frame):
+        result = pool.step({str(i): (a[start : start + frame], None) for i, a in enumerate(audios)})
+        for key, events in result.events.items():
+            codes[int(key)] += [e.audio_codes.tolist() for e in events if isinstance(e, Audio)]
+    seconds = time.perf_counter() - started
+    pool.close_all()
+    return seconds, codes
+
+
+def _one_after_another(voicechat, audios: list[np.ndarray], frame: int) -> tuple[float, list]:
+    from mlx_voicechat_plugin.runtime.events import Audio
+
+    codes: list[list] = []
+    seconds = 0.0
+    for i, audio in enumerate(audios):
+        stream = voicechat.create_streaming_session(seed=i)
+        started = time.perf_counter()
+        events = []
+        for start in range(0, len(audio), frame):
+            events += stream.push_audio(audio[start : start + frame])
+        seconds += time.perf_counter() - started
+        stream.cancel()
+        codes.append([e.audio_codes.tolist() for e in events if isinstance(e, Audio)])
+    return seconds, codes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sessions", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--png", default=None)
+    args = parser.parse_args(argv)
+
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.testing.fixtures import make_checkpoint, question_signal
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model, processor = load(make_checkpoint(Path(tmp) / args.size, args.size))
+    voicechat = model.create_session(processor)
+    frame = model.config.frame_samples
+    _one_after_another(voicechat, [question_signal(1.0)], frame)  # warm-up: compiles
+    rows = []
+    for n in args.sessions:
+        audios = [question_signal(args.seconds, seed=i) for i in range(n)]
+        frames = n * (len(audios[0]) // frame)
+        t_together, codes_together = _together(voicechat, audios, frame)
+        t_serial, codes_serial = _one_after_another(voicechat, audios, frame)
+        rows.append({"sessions": n, "frames": frames,
+                     "together_fps": frames / t_together, "serial_fps": frames / t_serial,
+                     "exact": codes_together == codes_serial})
+    base = rows[0]["serial_fps"] if rows and rows[0]["sessions"] == 1 else None
+    print(f"{args.size} fixture, {args.seconds:g} s a session")
+    print(f"{'N':>3s} {'together f/s':>13s} {'serial f/s':>11s} {'x one':>6s} {'exact':>6s}")
+    for row in rows:
+        ratio = row["together_fps"] / base if base else float("nan")
+        row["together_vs_one_session"] = ratio
+        print(f"{row['sessions']:3d} {row['together_fps']:13.1f} {row['serial_fps']:11.1f} "
+              f"{ratio:6.2f} {str(row['exact']):>6s}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"size": args.size, "rows": rows}, indent=2))
+    if args.png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        n = [r["sessions"] for r in rows]
+        plt.plot(n, [r["together_fps"] for r in rows], "o-", label="stepped together")
+        plt.plot(n, [r["serial_fps"] for r in rows], "s--", label="one after another")
+        plt.xlabel("sessions")
+        plt.ylabel("aggregate frames / s")
+        plt.title(f"{args.size} fixture")
+        plt.legend()
+        plt.savefig(args.png, dpi=120)
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
