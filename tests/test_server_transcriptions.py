@@ -13,6 +13,7 @@ import pytest
 from httpx_sse import connect_sse
 from server_support import LiveServer, running
 
+from mlx_voicechat_plugin.runtime.transcribe import Transcription
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.engine import Engine, load_voicechat
 from mlx_voicechat_plugin.server.limits import ServerLimits
@@ -261,6 +262,9 @@ def test_requests_past_the_in_flight_limit_are_429(tiny_ckpt, voicechat):
         error = error_of(second, 429)
         assert "--max-transcriptions-in-flight" in error["message"]
         assert second.headers["retry-after"] == "1"
+        metrics = httpx.get(live.http("/metrics"), timeout=TIMEOUT).text
+        assert "voicechat_transcriptions_refused_total 1.0" in metrics
+        assert "voicechat_transcriptions_in_flight 1.0" in metrics
         gate.set()
         thread.join(TIMEOUT)
         assert first["r"].status_code == 200
@@ -356,7 +360,7 @@ class SteppedEngine(Engine):
                     threading.Event().wait(0.01)
                     engine.log.append(index)
                     yield []
-                return "finished"
+                return Transcription("finished", [], 1.0, 0, False)
 
         return Slow()
 
@@ -375,7 +379,7 @@ def test_engine_commands_run_between_transcription_steps(tiny_ckpt, voicechat):
         await engine.submit("close", "nobody")  # any command: answered mid-job
         steps_before_reply = len(engine.log)
         assert not job.done()
-        assert await job == "finished"
+        assert (await job).text == "finished"
         return steps_before_reply
 
     try:
@@ -407,3 +411,18 @@ def test_a_cancelled_transcription_stops_at_its_next_step(tiny_ckpt, voicechat):
         assert engine.transcriptions.in_flight == 0
     finally:
         engine.stop()
+
+
+def test_metrics_count_finished_and_refused_transcriptions(server):
+    def value(text: str, name: str) -> float:
+        return next(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith(name + " "))
+
+    before = httpx.get(server.http("/metrics"), headers=AUTH).text
+    assert post(server).status_code == 200
+    after = httpx.get(server.http("/metrics"), headers=AUTH).text
+    assert value(after, "voicechat_transcriptions_total") == \
+        value(before, "voicechat_transcriptions_total") + 1
+    assert value(after, "voicechat_transcribed_audio_seconds_total") == pytest.approx(
+        value(before, "voicechat_transcribed_audio_seconds_total") + 2.0)
+    assert value(after, "voicechat_transcriptions_in_flight") == 0

@@ -105,6 +105,7 @@ class Engine:
         self.refusal = ""  # why the last reservation was refused
         self._jobs = JobQueue()  # engine thread only
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
+        self.metrics.transcriptions_in_flight.set_function(lambda: self.transcriptions.in_flight)
         self._transcriber: Any = None
         self._thread = threading.Thread(target=self._run, name="mlx-voicechat-engine",
                                         daemon=True)
@@ -302,8 +303,13 @@ class Engine:
             self.transcriptions.release()
             command.reply(error=exc)
             return
+        def reply(value: Any = None, error: BaseException | None = None) -> None:
+            if error is None:
+                self.metrics.transcribed(value.duration)
+            command.reply(value, error=error)
+
         self._jobs.add(TranscriptionJob(
-            steps, command.reply, payload["on_delta"],
+            steps, reply, payload["on_delta"],
             lambda e: protocol.dumps(protocol.model_event(e)), payload["cancel"],
             self.transcriptions.release))
 

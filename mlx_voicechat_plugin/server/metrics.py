@@ -38,6 +38,23 @@ class EngineMetrics:
         self.step_seconds = Histogram("voicechat_step_seconds", "Wall time of one engine step",
                                       buckets=STEP_BUCKETS, registry=r)
 
+        self.transcriptions = Counter("voicechat_transcriptions",
+                                      "File transcriptions finished (/v1/audio/transcriptions)",
+                                      registry=r)
+        self.transcribed_seconds = Counter("voicechat_transcribed_audio_seconds",
+                                           "Seconds of audio in finished file transcriptions",
+                                           registry=r)
+        self.transcriptions_refused = Counter(
+            "voicechat_transcriptions_refused",
+            "File transcriptions refused with 429 (--max-transcriptions-in-flight)", registry=r)
+        self.transcriptions_in_flight = Gauge(
+            "voicechat_transcriptions_in_flight", "File transcriptions admitted, not finished",
+            registry=r)
+
+    def transcribed(self, seconds: float) -> None:
+        self.transcriptions.inc()
+        self.transcribed_seconds.inc(seconds)
+
     def step(self, frames: int, seconds: float, frame_duration: float) -> None:
         """A step ran ``frames`` frames (one per session) in ``seconds``."""
         if not frames:

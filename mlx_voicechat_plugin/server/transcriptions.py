@@ -261,6 +261,7 @@ def add_transcription_routes(app: FastAPI, engine: Engine, prefix: str,
                        else "the model is not loaded yet")
             return RequestError(503, message, None, "server_busy").response()
         if not engine.transcriptions.try_admit(limits.max_transcriptions_in_flight):
+            engine.metrics.transcriptions_refused.inc()
             return RequestError(429, f"{limits.max_transcriptions_in_flight} transcriptions "
                                      "are already in flight (--max-transcriptions-in-flight); "
                                      "retry later", None, "rate_limit_exceeded").response()
