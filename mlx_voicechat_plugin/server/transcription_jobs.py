@@ -96,5 +96,7 @@ class JobQueue:
         self._jobs.popleft()
         try:
             job.reply(value, error=error)
+        except Exception:  # never take the engine thread down with one job
+            logger.exception("replying to a finished transcription failed")
         finally:
             job.done()
