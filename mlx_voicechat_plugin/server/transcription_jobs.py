@@ -94,9 +94,10 @@ class JobQueue:
     def _finish(self, job: TranscriptionJob, value: Any = None,
                 error: BaseException | None = None) -> None:
         self._jobs.popleft()
+        # The slot is free before the reply leaves, so a client that sends
+        # its next request on the reply is admitted.
+        job.done()
         try:
             job.reply(value, error=error)
         except Exception:  # never take the engine thread down with one job
             logger.exception("replying to a finished transcription failed")
-        finally:
-            job.done()
