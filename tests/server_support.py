@@ -98,14 +98,14 @@ class FailingVoiceChat:
 
     def create_streaming_session(self, **options: Any) -> Any:
         stream = self.inner.create_streaming_session(**options)
-        push = stream.push_audio
+        take = stream.take_frames
 
-        def failing_push(samples: Any, sample_rate: Any = None) -> Any:
+        def failing_take(samples: Any, sample_rate: Any = None) -> Any:
             if self.fails(stream):
                 raise RuntimeError("model exploded")
-            return push(samples, sample_rate=sample_rate)
+            return take(samples, sample_rate)
 
-        stream.push_audio = failing_push
+        stream.take_frames = failing_take
         return stream
 
 

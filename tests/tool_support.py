@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from mlx_voicechat_plugin.runtime.timeline import Timeline
 
 WEATHER = {
     "name": "get_weather",
@@ -51,22 +50,23 @@ class Script:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def install(self, monkeypatch):
-        original = Timeline.listen
+        from mlx_voicechat_plugin.runtime import frame
+
+        original = frame.listen_batch
         script = self
 
-        def listen(timeline, audio, *, generate=True, force_function=None, **kwargs):
-            if not generate:
-                return original(timeline, audio, generate=False, **kwargs)
-            frame = len(script.inputs)
+        def listen_batch(timelines, audio, forced, clock=None, **kwargs):
+            (timeline,) = timelines  # one scripted conversation
+            index = len(script.inputs)
             script.inputs.append(int(timeline._prev_function.item()))
-            script.forced.append(force_function)
-            if force_function is not None:
-                return original(timeline, audio, force_function=force_function, **kwargs)
-            at = frame - script.start
+            script.forced.append(forced[0])
+            if forced[0] is not None:
+                return original(timelines, audio, forced, clock, **kwargs)
+            at = index - script.start
             token = script.tokens[at] if 0 <= at < len(script.tokens) else script.pad
-            result = original(timeline, audio, force_function=token, **kwargs)
-            result.forced = False  # the head "predicted" it
-            return result
+            (tokens,) = original(timelines, audio, [token], clock, **kwargs)
+            tokens.forced = False  # the head "predicted" it
+            return [tokens]
 
-        monkeypatch.setattr(Timeline, "listen", listen)
+        monkeypatch.setattr(frame, "listen_batch", listen_batch)
         return self

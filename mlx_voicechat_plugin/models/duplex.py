@@ -66,6 +66,21 @@ class DuplexSTT(nn.Module):
         text, function = self._segments(inputs_embeds, cache)
         return text, function
 
+    def step_batch(self, inputs_embeds: mx.array, caches: list[list[Any]]
+                   ) -> tuple[mx.array, mx.array]:
+        """One cached position of many sessions (row ``b`` with ``caches[b]``) in one call.
+
+        Each row's logits equal :meth:`step` on that row alone. Sessions whose
+        Mamba states do not exist yet (their first position) run alone.
+        """
+        if self._segments is None:
+            self._segments = SegmentedStep(self.llm.layers, self._head)
+        rows = [inputs_embeds[b : b + 1] for b in range(len(caches))]
+        if all(self._segments.ready(r, c) for r, c in zip(rows, caches)):
+            return self._segments.batch(inputs_embeds, caches)
+        outs = [self.step(r, c) for r, c in zip(rows, caches)]
+        return (mx.concatenate([t for t, _ in outs]), mx.concatenate([f for _, f in outs]))
+
     def make_cache(self) -> list[Any]:
         """Mamba2 state for ``M`` layers and a growing KV cache for ``*`` layers."""
         caches: list[Any] = []

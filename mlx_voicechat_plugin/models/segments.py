@@ -51,12 +51,27 @@ class _Run:
         return (*outputs, *new_state)
 
     def __call__(self, x: mx.array, caches: list[Any]) -> tuple[mx.array, ...]:
+        return self.batch(x, [caches])
+
+    def batch(self, x: mx.array, sessions: list[list[Any]]) -> tuple[mx.array, ...]:
+        """Row ``b`` of ``x`` with the states of ``sessions[b]``: one call for all rows.
+
+        Each session's Mamba states (batch 1) are stacked along the batch axis
+        and split back after the run; every op of the run is row-independent,
+        so a row equals its session's own step.
+        """
         slots = self.slots
-        state = [a for s in slots for a in (caches[s][0], caches[s][1])]
+        if len(sessions) == 1:
+            state = [a for s in slots for a in (sessions[0][s][0], sessions[0][s][1])]
+        else:
+            state = [mx.concatenate([c[s][j] for c in sessions]) for s in slots for j in (0, 1)]
         result = self._compiled(x, *state)
         outputs = len(result) - len(state)
         for i, s in enumerate(slots):
-            caches[s][0], caches[s][1] = result[outputs + 2 * i], result[outputs + 2 * i + 1]
+            conv, ssm = result[outputs + 2 * i], result[outputs + 2 * i + 1]
+            for b, caches in enumerate(sessions):
+                caches[s][0], caches[s][1] = (conv, ssm) if len(sessions) == 1 else \
+                    (conv[b : b + 1], ssm[b : b + 1])
         return result[:outputs]
 
 
@@ -100,14 +115,29 @@ class SegmentedStep:
         )
 
     def __call__(self, x: mx.array, caches: list[Any]) -> tuple[mx.array, ...]:
+        return self.batch(x, [caches])
+
+    def batch(self, x: mx.array, sessions: list[list[Any]]) -> tuple[mx.array, ...]:
+        """One position of many sessions: row ``b`` of ``x`` (``(B, 1, H)``) reads ``sessions[b]``.
+
+        The attention-free runs (Mamba2, MLP, head) take all rows at once; an
+        attention layer runs each row against its own KV cache, since the
+        sessions sit at different positions (rows are never padded to a common
+        length, so each row's attention is its session's own). Every session
+        must be :meth:`ready`.
+        """
         for part in self.plan:
             if isinstance(part, _Run):
-                x = part(x, caches)
+                x = part.batch(x, sessions)
                 if part.head is None:
                     x = x[0]
             else:
                 layer, slot = part
-                x = layer(x, mask=None, cache=caches[slot])
+                if len(sessions) == 1:
+                    x = layer(x, mask=None, cache=sessions[0][slot])
+                else:
+                    x = mx.concatenate([layer(x[b : b + 1], mask=None, cache=caches[slot])
+                                        for b, caches in enumerate(sessions)])
         return x
 
 

@@ -29,7 +29,14 @@ from .events import (
     ToolsWarning,
     UserTranscriptDelta,
 )
-from .frame import ConversationState, FrameOutput, PerceptionSource, advance, finish_audio
+from .frame import (
+    ConversationState,
+    FrameOutput,
+    PerceptionSource,
+    advance,
+    advance_batch,
+    finish_audio,
+)
 from .options import SessionOptions
 from .profile import FrameClock, Profile, profile_env
 from .prompt import session_prompt
@@ -69,7 +76,7 @@ class Conversation:
         self.clock = FrameClock(options.profile, sub_stages)
         self.profile = Profile(frame_duration_ms=config.frame_duration * 1000.0)
         self.frame_index = 0
-        self._updates: tuple | None = None
+        self._updates: tuple | Exception | None = None
         self.last_output: FrameOutput | None = None
         # The system prompt advances the timeline but emits nothing.
         self.prompt_cache_hit = self._start(prompt)
@@ -94,32 +101,48 @@ class Conversation:
 
     def frame(self, frame_input: object) -> list[Event]:
         """Advance one frame (PCM, or a frame index of a whole signal); its events."""
-        index = self.frame_index
-        self.clock.start(index)
+        self.clock.start(self.frame_index)
         try:
-            forced = None if self.tools is None else self.tools.next_forced()
-            out = advance(self.model, self.compute, frame_input, forced=forced,
+            out = advance(self.model, self.compute, frame_input, forced=self.next_forced(),
                           clock=self.clock, on_tokens=self._decode_tokens)
-            events = self._events(index, out)
-            self.last_output = out
+            events = self.finish_frame(out)
         except BaseException:
             self.clock.abandon()  # stop counting syncs for a frame that failed
             raise
         timing = self.clock.finish()
         if timing is not None:
             self.profile.frames.append(timing)
+        return events
+
+    def next_forced(self) -> int | None:
+        """The function token this frame is forced to (a queued tool result's next token)."""
+        return None if self.tools is None else self.tools.next_forced()
+
+    def _decode_tokens(self, step: TimelineStep) -> None:
+        """Host text work, done while the frame's speech half computes.
+
+        A failure is kept for :meth:`finish_frame` to raise, so that in a
+        batch it fails this conversation only.
+        """
+        try:
+            function = None if step.function_forced else self.function.append(step.function_id)
+            self._updates = (self.text.append(step.text_id), function)
+        except Exception as exc:
+            self._updates = exc
+
+    def finish_frame(self, out: FrameOutput) -> list[Event]:
+        """Turn a computed frame into its events and move to the next frame."""
+        updates, self._updates = self._updates, None
+        if isinstance(updates, Exception):
+            raise updates
+        events = self._events(self.frame_index, out, updates)
+        self.last_output = out
         self.frame_index += 1
         return events
 
-    def _decode_tokens(self, step: TimelineStep) -> None:
-        """Host text work, done while the frame's speech half computes."""
-        function = None if step.function_forced else self.function.append(step.function_id)
-        self._updates = (self.text.append(step.text_id), function)
-
-    def _events(self, index: int, out: FrameOutput) -> list[Event]:
+    def _events(self, index: int, out: FrameOutput, updates: tuple | None) -> list[Event]:
         """The frame's events in the reference's order: audio, transcript, text, function."""
-        text_update, function_update = self._updates or (None, None)
-        self._updates = None
+        text_update, function_update = updates or (None, None)
         events, self._notices = self._notices, []
         finished = self.audio.push(index, out.codes, out.samples)
         if finished is not None:
@@ -179,6 +202,27 @@ class Conversation:
     @property
     def transcript(self) -> str:
         return self.compute.rnnt.text
+
+
+def frame_batch(conversations: list[Conversation], inputs: list[object]
+                ) -> list[list[Event] | Exception]:
+    """One frame of many conversations of one model: one batched compute, then each one's books.
+
+    Each conversation gets its events, or the exception its own bookkeeping
+    raised (the others' frames are unaffected); each equals
+    :meth:`Conversation.frame` run alone. Not profiled per conversation.
+    """
+    model = conversations[0].model
+    outs = advance_batch(model, [c.compute for c in conversations], inputs,
+                         [c.next_forced() for c in conversations],
+                         on_tokens=[c._decode_tokens for c in conversations])
+    results: list[list[Event] | Exception] = []
+    for conversation, out in zip(conversations, outs):
+        try:
+            results.append(conversation.finish_frame(out))
+        except Exception as exc:  # this conversation only
+            results.append(exc)
+    return results
 
 
 def joined_audio(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ import numpy as np
 from ..models.model import Model
 from ..models.rnnt import RNNTState
 from .profile import FrameClock
-from .timeline import Timeline, TimelineStep
+from .timeline import Timeline, TimelineStep, listen_batch
 
 _NO_CLOCK = FrameClock(enabled=False)
 
@@ -116,41 +116,79 @@ def advance(
     result token). ``on_tokens`` is called with the frame's ids while the
     speaking half computes. Profiling (``clock``) adds its own stage barriers.
     """
-    perception, rnnt, timeline = state.perception, state.rnnt, state.timeline
-    projected, encoded = perception.push(frame, clock)
-    clock.stage("perception", projected, encoded, *perception.state)
-    mx.async_eval(projected, encoded, *perception.state)
+    return advance_batch(model, [state], [frame], [forced], clock,
+                         None if on_tokens is None else [on_tokens])[0]
+
+
+def advance_batch(
+    model: Model,
+    states: list[ConversationState],
+    frames: list[Any],
+    forced: list[int | None],
+    clock: FrameClock = _NO_CLOCK,
+    on_tokens: list[Callable[[TimelineStep], None]] | None = None,
+) -> list[FrameOutput]:
+    """Advance many conversations by one frame each, in one compute per stage where it batches.
+
+    Row ``b`` is ``states[b]`` with input ``frames[b]``; each conversation's
+    outputs equal :func:`advance` on it alone (the language model's
+    attention-free runs and heads take all rows at once; every row keeps its
+    own caches). ``advance`` is this with one row.
+    """
+    listening: list[mx.array] = []
+    projected, encoded = [], []
+    for state, frame in zip(states, frames):
+        p, e = state.perception.push(frame, clock)
+        projected.append(p)
+        encoded.append(e)
+        listening += [p, e, *state.perception.state]
+    clock.stage("perception", *listening)
+    mx.async_eval(*listening)
     # The RNNT's first try joins the first evaluation; a blank (most frames
     # of real speech) ends the frame's transcript work there.
-    first = rnnt.advance_first(encoded)
-    listening = [] if first is None else [first, *rnnt.state]
-    tokens = timeline.listen(projected, force_function=forced, clock=clock)
-    mx.eval(tokens.ids, *perception.state, *listening)
+    firsts = []
+    for state, e in zip(states, encoded):
+        first = state.rnnt.advance_first(e)
+        firsts.append(first)
+        if first is not None:
+            listening += [first, *state.rnnt.state]
+    audio = projected[0] if len(states) == 1 else mx.concatenate(projected)
+    tokens = listen_batch([s.timeline for s in states], audio, forced, clock)
+    mx.eval(*[t.ids for t in tokens], *listening)
 
     # The user transcript does not feed the timeline: the RNNT's other tries
     # (after an emission) compute while the speech half is built.
-    symbols = rnnt.advance_rest(first)
-    speaking = [] if symbols is None or symbols is first else [symbols, *rnnt.state]
+    symbols, speaking = [], []
+    for state, first in zip(states, firsts):
+        rest = state.rnnt.advance_rest(first)
+        symbols.append(rest)
+        if rest is not None and rest is not first:
+            speaking += [rest, *state.rnnt.state]
     if speaking:
         mx.async_eval(*speaking)
     clock.stage("rnnt", *speaking)
-    step = timeline.speak(tokens, clock)
-    clock.stage("tts", step.codes)
+    steps = [s.timeline.speak(t, clock) for s, t in zip(states, tokens)]
+    clock.stage("tts", *[step.codes for step in steps])
     speech = model.tts_model
-    codes = speech.replace_control_codes(step.codes)
-    samples = speech.audio_codec.decode_step(codes.transpose(0, 2, 1), state.codec, evaluate=False)
-    frame_samples, frame_codes = samples[0, 0], codes[0, 0].astype(mx.int32)
-    speaking += [step.codes, frame_samples, frame_codes, *state.codec.state]
+    outputs = []
+    for state, step in zip(states, steps):
+        codes = speech.replace_control_codes(step.codes)
+        samples = speech.audio_codec.decode_step(codes.transpose(0, 2, 1), state.codec,
+                                                 evaluate=False)
+        outputs.append((samples[0, 0], codes[0, 0].astype(mx.int32)))
+        speaking += [step.codes, *outputs[-1], *state.codec.state]
     mx.async_eval(*speaking)
     if on_tokens is not None:
-        on_tokens(step)
+        for callback, step in zip(on_tokens, steps):
+            callback(step)
     mx.eval(*speaking)
     clock.sub_stage("codec.decoder_istft")
     clock.stage("codec")
-    return FrameOutput(
-        step.text_id, step.function_id, step.function_forced,
-        np.array(frame_codes), np.array(frame_samples), symbols,
-    )
+    return [
+        FrameOutput(step.text_id, step.function_id, step.function_forced,
+                    np.array(codes), np.array(samples), rest)
+        for step, (samples, codes), rest in zip(steps, outputs, symbols)
+    ]
 
 
 def finish_audio(model: Model, state: ConversationState) -> np.ndarray:

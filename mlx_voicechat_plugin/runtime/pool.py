@@ -14,11 +14,10 @@ another waits; a session with no frame ready costs nothing. Failure
 isolation: a session whose frame raises is reported (its exception in the
 step's result) and the others' frames still run.
 
-A step advances its sessions one after another with the same per-frame
-compute a lone session runs (:func:`~.frame.advance`), so every session's
-ids, codes and transcript equal those of that session run alone. Fusing the
-step into one batched compute per stage is the next stage of this module (see
-the README's "Serving many sessions").
+A step runs its sessions' frames as one batched frame
+(:func:`~.frame.advance_batch`: stages whose rows are independent take every
+session at once, and each session keeps its own caches), so every session's
+ids, codes and transcript equal those of that session run alone.
 """
 
 from __future__ import annotations
@@ -30,8 +29,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .conversation import frame_batch
 from .events import Event
-from .streaming import StreamingSession
+from .streaming import ContextLimit, StreamingSession
 
 logger = logging.getLogger(__name__)
 
@@ -137,26 +137,55 @@ class SessionPool:
              on_error: Callable[[str, BaseException], None] | None = None) -> StepResult:
         """Advance each session in ``frames`` (id -> ``(pcm, sample_rate)``) by its chunk.
 
-        Callers give each session at most one frame of PCM per step (the
-        server does); a failing session's exception is in ``errors`` and does
-        not stop the others.
+        The sessions' frames run as batched frames of all of them
+        (:func:`~.conversation.frame_batch`); callers give each session at
+        most one frame of PCM per step (the server does). A session whose
+        input is refused, that reached its length limit or whose books
+        failed has its exception in ``errors``; the others go on.
         """
         result = StepResult()
         started = time.perf_counter()
+        queued: dict[str, list[np.ndarray]] = {}
         for session_id, (samples, rate) in frames.items():
-            stream = self.sessions.get(session_id)
-            before = 0 if stream is None else stream.frame_index
             try:
-                result.events[session_id] = self.get(session_id).push_audio(samples, rate)
-            except Exception as exc:  # this session only
-                result.errors[session_id] = exc
-                if on_error is not None:
-                    on_error(session_id, exc)
-            if stream is not None:
-                result.frames += stream.frame_index - before
+                queued[session_id] = self.get(session_id).take_frames(samples, rate)
+                result.events[session_id] = []
+            except Exception as exc:  # bad input: this session only
+                self._fail(result, session_id, exc, on_error)
+        while True:
+            ready = [k for k, q in queued.items() if q and k not in result.errors]
+            for session_id in list(ready):
+                stream = self.sessions[session_id]
+                try:
+                    stream.check_limit()
+                except ContextLimit as exc:
+                    stream.drop_pending()
+                    exc.events = result.events.pop(session_id)
+                    self._fail(result, session_id, exc, on_error)
+                    ready.remove(session_id)
+            if not ready:
+                break
+            streams = [self.sessions[k] for k in ready]
+            outcomes = frame_batch([s.conversation for s in streams],
+                                   [queued[k].pop(0) for k in ready])
+            result.frames += len(ready)
+            for session_id, outcome in zip(ready, outcomes):
+                if isinstance(outcome, Exception):
+                    result.events.pop(session_id, None)
+                    self._fail(result, session_id, outcome, on_error)
+                else:
+                    result.events[session_id] += outcome
         result.seconds = time.perf_counter() - started
         self._measure()
         return result
+
+    @staticmethod
+    def _fail(result: StepResult, session_id: str, exc: BaseException,
+              on_error: Callable[[str, BaseException], None] | None) -> None:
+        result.events.pop(session_id, None)
+        result.errors[session_id] = exc
+        if on_error is not None:
+            on_error(session_id, exc)
 
     def flush(self, session_id: str, pad_partial: bool = True) -> list[Event]:
         try:

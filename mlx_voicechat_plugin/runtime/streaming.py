@@ -107,12 +107,37 @@ class StreamingSession:
         return self.conversation.compute.nbytes + self._pending.nbytes
 
     def _frame(self, frame: np.ndarray) -> list[Event]:
+        self.check_limit()
+        return self.conversation.frame(frame)
+
+    def check_limit(self) -> None:
+        """:class:`ContextLimit` once the stream has run ``max_streaming_seconds`` of frames."""
         if self._at_limit():
             raise ContextLimit(
                 f"stream reached max_streaming_seconds={self.options.max_streaming_seconds:g} "
                 f"({self.max_frames} frames)"
             )
-        return self.conversation.frame(frame)
+
+    def take_frames(self, samples: Any, sample_rate: int | None = None) -> list[np.ndarray]:
+        """Buffer a PCM chunk; return the complete frames it makes, to run in order.
+
+        Bad input (rate, dtype, shape, non-finite samples) raises before
+        anything is buffered, and the session stays usable.
+        """
+        self._check_open()
+        rate = self.sample_rate if sample_rate is None else sample_rate
+        if rate != self.sample_rate:
+            raise ValueError(f"sample_rate must be {self.sample_rate} Hz, got {rate}")
+        self._pending = np.concatenate([self._pending, _as_chunk(samples)])
+        count = self._pending.shape[0] // self.frame_samples
+        frames = [self._pending[i * self.frame_samples : (i + 1) * self.frame_samples]
+                  for i in range(count)]
+        self._pending = self._pending[count * self.frame_samples :]
+        return frames
+
+    def drop_pending(self) -> None:
+        """Forget buffered PCM (after :class:`ContextLimit`)."""
+        self._pending = np.zeros((0,), dtype=np.float32)
 
     # --- the API --------------------------------------------------------
 
@@ -126,20 +151,12 @@ class StreamingSession:
         Bad input (rate, dtype, shape, non-finite samples) raises before anything
         is consumed, and the session stays usable.
         """
-        self._check_open()
-        rate = self.sample_rate if sample_rate is None else sample_rate
-        if rate != self.sample_rate:
-            raise ValueError(f"sample_rate must be {self.sample_rate} Hz, got {rate}")
-        chunk = _as_chunk(samples)
-        self._pending = np.concatenate([self._pending, chunk])
         events: list[Event] = []
-        while self._pending.shape[0] >= self.frame_samples:
-            frame = self._pending[: self.frame_samples]
-            self._pending = self._pending[self.frame_samples :]
+        for frame in self.take_frames(samples, sample_rate):
             try:
                 events.extend(self._frame(frame))
             except ContextLimit as exc:
-                self._pending = np.zeros((0,), dtype=np.float32)
+                self.drop_pending()
                 exc.events = events
                 raise
         return events

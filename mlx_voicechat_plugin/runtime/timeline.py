@@ -100,6 +100,17 @@ class LanguageState:
         return text[:, -1], function[:, -1]
 
 
+def language_batch(states: list[LanguageState], fused: mx.array) -> tuple[mx.array, mx.array]:
+    """Row ``b`` of ``fused`` through ``states[b]``: cached sessions in one batched step."""
+    if len(states) == 1:
+        return states[0](fused)
+    if all(s.cache is not None for s in states):
+        text, function = states[0].stt.step_batch(fused, [s.cache for s in states])
+        return text[:, -1], function[:, -1]
+    outs = [s(fused[b : b + 1]) for b, s in enumerate(states)]  # full recompute: alone
+    return mx.concatenate([t for t, _ in outs]), mx.concatenate([f for _, f in outs])
+
+
 class Timeline:
     def __init__(self, model: Model, *, seed: int = 0, use_language_cache: bool = True):
         self.model = model
@@ -180,19 +191,12 @@ class Timeline:
         Evaluate ``Tokens.ids`` (with any other work of the frame), then call
         :meth:`speak`.
         """
-        stt = self.model.stt_model
-        fused = stt.fuse(self._prev_text, audio, self._prev_function)
-        text_logits, function_logits = self.language(fused)
-        forced = generate and force_function is not None
-        if generate:
-            text = mx.argmax(text_logits, axis=-1).astype(mx.int32)
-            if forced:
-                function = mx.array([force_function], dtype=mx.int32)
-            else:
-                function = mx.argmax(function_logits, axis=-1).astype(mx.int32)
-        else:
-            text, function = self._pad, self._pad
-        clock.stage("language", text, function)
+        if not generate:
+            return listen_prompt(self, audio, clock)
+        return listen_batch([self], audio, [force_function], clock)[0]
+
+    def _take(self, text: mx.array, function: mx.array, forced: bool) -> Tokens:
+        """This position's tokens (``(1,)`` each) become the next position's inputs."""
         self._prev_text = text[:, None]
         self._prev_function = function[:, None]
         return Tokens(text, mx.concatenate([text, function]), forced)
@@ -240,3 +244,45 @@ class Timeline:
         mx.eval(step.codes)
         clock.stage("tts")
         return step
+
+
+def listen_prompt(timeline: Timeline, audio: mx.array, clock: FrameClock = _NO_CLOCK) -> Tokens:
+    """A prompt position: the LLM reads it, its heads are muted (pad on both channels)."""
+    stt = timeline.model.stt_model
+    fused = stt.fuse(timeline._prev_text, audio, timeline._prev_function)
+    timeline.language(fused)
+    clock.stage("language", timeline._pad)
+    return timeline._take(timeline._pad, timeline._pad, False)
+
+
+def listen_batch(timelines: list[Timeline], audio: mx.array, forced: list[int | None],
+                 clock: FrameClock = _NO_CLOCK) -> list[Tokens]:
+    """The language half of one position of many timelines, lazily.
+
+    Row ``b`` of ``audio`` (``(B, 1, H)``) is timeline ``b``'s; ``forced[b]``
+    replaces its function head's prediction (teacher forcing, used to inject
+    tool results). Every row's tokens equal that timeline's own
+    :meth:`Timeline.listen`: the fused inputs, the Mamba2/MLP runs and the
+    heads take all rows at once, and each row attends over its own KV cache.
+    Evaluate the tokens' ``ids``, then :meth:`Timeline.speak` each timeline.
+    """
+    stt = timelines[0].model.stt_model
+    if len(timelines) == 1:
+        prev_text, prev_function = timelines[0]._prev_text, timelines[0]._prev_function
+    else:
+        prev_text = mx.concatenate([t._prev_text for t in timelines])
+        prev_function = mx.concatenate([t._prev_function for t in timelines])
+    fused = stt.fuse(prev_text, audio, prev_function)
+    text_logits, function_logits = language_batch([t.language for t in timelines], fused)
+    text = mx.argmax(text_logits, axis=-1).astype(mx.int32)
+    predicted = mx.argmax(function_logits, axis=-1).astype(mx.int32)
+    if len(timelines) == 1:
+        function = predicted if forced[0] is None else mx.array([forced[0]], dtype=mx.int32)
+        clock.stage("language", text, function)
+        return [timelines[0]._take(text, function, forced[0] is not None)]
+    tokens = []
+    for b, (timeline, force) in enumerate(zip(timelines, forced)):
+        function = predicted[b : b + 1] if force is None else mx.array([force], dtype=mx.int32)
+        tokens.append(timeline._take(text[b : b + 1], function, force is not None))
+    clock.stage("language", *[t.ids for t in tokens])
+    return tokens
