@@ -45,6 +45,7 @@ def _outputs(events) -> dict:
         "function": [e.token_id for e in events if isinstance(e, FunctionDelta)],
         "transcript": "".join(e.delta for e in events if isinstance(e, UserTranscriptDelta)),
         "codes": [e.audio_codes.tolist() for e in events if isinstance(e, Audio)],
+        "samples": b"".join(e.samples.tobytes() for e in events if isinstance(e, Audio)),
     }
 
 

@@ -284,6 +284,39 @@ class Codec(nn.Module):
             mx.eval(waveform, *state.state)
         return waveform
 
+    def decode_step_batch(self, codes: mx.array, states: list[CodecState]) -> list[mx.array]:
+        """:meth:`decode_step` of many one-utterance streams at once, lazily (``evaluate=False``).
+
+        Row ``b`` of ``codes`` (``[B, Q, T_new]``) continues ``states[b]``;
+        each returned ``[1, 1, n]`` waveform and each state equal that
+        stream's own ``decode_step``. Streams past their first step share the
+        synthesis weights and have nothing left to trim, so they run as one
+        batch (every decoder op is row-independent); the others run alone.
+        """
+        rows = [codes[b : b + 1] for b in range(len(states))]
+        full = self._synthesis.overlap - 1  # spectra after which the weights are constant
+        steady = [b for b, s in enumerate(states)
+                  if s.spectra >= full and not s.skip and not s.closed]
+        out: list[mx.array | None] = [None] * len(states)
+        if len(steady) > 1 and codes.shape[-1]:
+            if self._compiled_step is None:
+                self._compiled_step = mx.compile(self._stream_step)
+            group = [states[b] for b in steady]
+            samples, frames, weights, *contexts = self._compiled_step(
+                mx.concatenate([rows[b] for b in steady]),
+                mx.concatenate([s.frames for s in group]), group[0].weights,
+                *[mx.concatenate([s.block_context[i] for s in group])
+                  for i in range(len(group[0].block_context))],
+            )
+            for j, (b, state) in enumerate(zip(steady, group)):
+                state.frames, state.weights = frames[j : j + 1], weights
+                state.block_context = [c[j : j + 1] for c in contexts]
+                out[b] = self._synthesis.trim(samples[j : j + 1], state)[:, None, :]
+        for b, state in enumerate(states):
+            if out[b] is None:
+                out[b] = self.decode_step(rows[b], state, evaluate=False)
+        return out  # type: ignore[return-value]
+
     def _stream_step(
         self, codes: mx.array, frames: mx.array, weights: mx.array, *contexts: mx.array
     ) -> tuple[mx.array, ...]:

@@ -170,12 +170,16 @@ def advance_batch(
     steps = [s.timeline.speak(t, clock) for s, t in zip(states, tokens)]
     clock.stage("tts", *[step.codes for step in steps])
     speech = model.tts_model
+    codes = [speech.replace_control_codes(step.codes) for step in steps]
+    if len(states) == 1:
+        waveforms = [speech.audio_codec.decode_step(codes[0].transpose(0, 2, 1), states[0].codec,
+                                                    evaluate=False)]
+    else:
+        waveforms = speech.audio_codec.decode_step_batch(
+            mx.concatenate(codes).transpose(0, 2, 1), [s.codec for s in states])
     outputs = []
-    for state, step in zip(states, steps):
-        codes = speech.replace_control_codes(step.codes)
-        samples = speech.audio_codec.decode_step(codes.transpose(0, 2, 1), state.codec,
-                                                 evaluate=False)
-        outputs.append((samples[0, 0], codes[0, 0].astype(mx.int32)))
+    for state, step, code, samples in zip(states, steps, codes, waveforms):
+        outputs.append((samples[0, 0], code[0, 0].astype(mx.int32)))
         speaking += [step.codes, *outputs[-1], *state.codec.state]
     mx.async_eval(*speaking)
     if on_tokens is not None:
