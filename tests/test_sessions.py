@@ -57,16 +57,25 @@ def _alone(voicechat, audio, **options) -> dict:
     return _outputs(events + stream.flush())
 
 
-SESSIONS = {  # id -> (first step, seconds of audio, options)
-    "a": (0, 1.2, dict(seed=1)),
-    "b": (3, 0.8, dict(seed=2, system_prompt="Be brief.")),
-    "c": (5, 1.6, dict(seed=3, system_prompt="You are a pirate.")),
+SCENARIOS = {  # id -> (first step, seconds of audio, options)
+    "different prompts, seeds, starts and ends": {
+        "a": (0, 1.2, dict(seed=1)),
+        "b": (3, 0.8, dict(seed=2, system_prompt="Be brief.")),
+        "c": (5, 1.6, dict(seed=3, system_prompt="You are a pirate.")),
+    },
+    # Past 70 frames every encoder window is full: the steady stack runs batched.
+    "past the encoder's full windows": {
+        "a": (0, 6.4, dict(seed=4)),
+        "b": (2, 6.2, dict(seed=5)),
+    },
 }
 
 
-def test_each_session_of_a_shared_run_equals_that_session_alone(voicechat):
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_each_session_of_a_shared_run_equals_that_session_alone(voicechat, scenario):
+    SESSIONS = SCENARIOS[scenario]
     audio = {k: question_signal(s, seed=i) for i, (k, (_, s, _)) in enumerate(SESSIONS.items())}
-    pool = SessionPool(voicechat, max_sessions=3)
+    pool = SessionPool(voicechat, max_sessions=len(SESSIONS))
     events: dict[str, list] = {k: [] for k in SESSIONS}
     cursor = dict.fromkeys(SESSIONS, 0)
     step = 0

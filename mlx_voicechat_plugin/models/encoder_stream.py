@@ -189,15 +189,51 @@ class EncoderStream:
 
     def push(self, mel: mx.array) -> mx.array:
         """``(1, n, F)`` mel -> ``(1, k, d_model)`` newly encoded frames."""
-        x = self.subsampling.push(mel)
+        return self._encode(self.subsampling.push(mel))
+
+    def _steady_positions(self, dtype: mx.Dtype) -> list[mx.array]:
+        if self._steady_pos is None:
+            length = self.left_context + 1
+            self._steady_pos = [self._pos(i, length, dtype) for i in range(len(self.encoder.layers))]
+        return self._steady_pos
+
+    @staticmethod
+    def push_batch(streams: list["EncoderStream"], mels: list[mx.array]) -> list[mx.array]:
+        """:meth:`push` of many streams of one encoder; each result equals its own ``push``.
+
+        Streams whose windows are full run the compiled stack as one batch
+        (every window has the same length, so each row's attention is its
+        own); the others run alone.
+        """
+        xs = [s.subsampling.push(mel) for s, mel in zip(streams, mels)]
+        steady = [b for b, (s, x) in enumerate(zip(streams, xs)) if s._is_steady(x)]
+        out: list[mx.array | None] = [None] * len(streams)
+        if len(steady) > 1:
+            lead = streams[steady[0]]
+            group = [streams[b] for b in steady]
+            layers = len(lead.encoder.layers)
+            result = lead._steady(
+                mx.concatenate([xs[b] for b in steady]),
+                *[mx.concatenate([s.attention[i] for s in group]) for i in range(layers)],
+                *[mx.concatenate([s.conv[i] for s in group]) for i in range(layers)],
+                *lead._steady_positions(xs[steady[0]].dtype),
+            )
+            for j, (b, stream) in enumerate(zip(steady, group)):
+                stream.attention = [a[j : j + 1] for a in result[1 : 1 + layers]]
+                stream.conv = [c[j : j + 1] for c in result[1 + layers :]]
+                out[b] = result[0][j : j + 1]
+        for b, (stream, x) in enumerate(zip(streams, xs)):
+            if out[b] is None:
+                out[b] = stream._encode(x)
+        return out  # type: ignore[return-value]
+
+    def _encode(self, x: mx.array) -> mx.array:
+        """The conformer blocks on new encoder-rate frames ``x``, from the caches."""
         if x.shape[1] == 0:
             return x
         layers = len(self.encoder.layers)
         if self._is_steady(x):
-            if self._steady_pos is None:
-                length = self.left_context + 1
-                self._steady_pos = [self._pos(i, length, x.dtype) for i in range(layers)]
-            out = self._steady(x, *self.attention, *self.conv, *self._steady_pos)
+            out = self._steady(x, *self.attention, *self.conv, *self._steady_positions(x.dtype))
             self.attention = list(out[1 : 1 + layers])
             self.conv = list(out[1 + layers :])
             return out[0]

@@ -109,6 +109,23 @@ class PerceptionStream:
             raise RuntimeError("perception returned fewer than two frames for one input frame")
         return projected[:, -2:-1], encoded[:, -2:-1]
 
+    @staticmethod
+    def push_batch(streams: list["PerceptionStream"], frames: list[np.ndarray]
+                   ) -> list[tuple[mx.array, mx.array]]:
+        """:meth:`push` of many streams of one perception, each result equal to its own.
+
+        The mel frontends run per stream (host work); the encoder stack of
+        streams with full windows and the projection take all rows at once.
+        """
+        if not all(s.use_cache for s in streams) or len(streams) == 1:
+            return [s.push(f) for s, f in zip(streams, frames)]
+        mels = [s._mel.push(f) for s, f in zip(streams, frames)]
+        encoded = EncoderStream.push_batch([s._encoder for s in streams], mels)
+        if any(e.shape[1] != 1 for e in encoded):
+            raise RuntimeError("streaming encoder emitted other than one frame for one frame")
+        projected = streams[0].perception.proj(mx.concatenate(encoded))
+        return [(projected[b : b + 1], e) for b, e in enumerate(encoded)]
+
     @property
     def state(self) -> list[mx.array]:
         """The carried state to evaluate with each frame's outputs."""

@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..models.model import Model
+from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from .profile import FrameClock
 from .timeline import Timeline, TimelineStep, listen_batch
@@ -135,13 +136,15 @@ def advance_batch(
     attention-free runs and heads take all rows at once; every row keeps its
     own caches). ``advance`` is this with one row.
     """
-    listening: list[mx.array] = []
-    projected, encoded = [], []
-    for state, frame in zip(states, frames):
-        p, e = state.perception.push(frame, clock)
-        projected.append(p)
-        encoded.append(e)
-        listening += [p, e, *state.perception.state]
+    sources = [s.perception for s in states]
+    if len(states) > 1 and all(isinstance(s, PerceptionStream) for s in sources):
+        pairs = PerceptionStream.push_batch(sources, frames)
+    else:
+        pairs = [source.push(frame, clock) for source, frame in zip(sources, frames)]
+    projected, encoded = [p for p, _ in pairs], [e for _, e in pairs]
+    listening: list[mx.array] = [*projected, *encoded]
+    for state in states:
+        listening += state.perception.state
     clock.stage("perception", *listening)
     mx.async_eval(*listening)
     # The RNNT's first try joins the first evaluation; a blank (most frames
