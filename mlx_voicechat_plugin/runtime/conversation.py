@@ -16,7 +16,7 @@ streaming encoder) and in how they hand the events out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 class Conversation:
     def __init__(self, parent: "VoiceChatSession", options: SessionOptions,
-                 perception: PerceptionSource):
+                 perception: PerceptionSource, defer_start: bool = False):
         model, config = parent.model, parent.config
         self.model = model
         self.options = options
@@ -78,24 +78,34 @@ class Conversation:
         self.frame_index = 0
         self._updates: tuple | Exception | None = None
         self.last_output: FrameOutput | None = None
-        # The system prompt advances the timeline but emits nothing.
-        self.prompt_cache_hit = self._start(prompt)
+        # The system prompt advances the timeline but emits nothing; with
+        # ``defer_start`` the caller runs :meth:`start` step by step.
+        self.prompt_cache_hit = False
+        self._start = self.start(prompt)
+        if not defer_start:
+            for _ in self._start:
+                pass
 
-    def _start(self, prompt: list[int]) -> bool:
-        """Prefill the prompt, or continue from the model's cached state for it."""
+    def start(self, prompt: list[int]) -> Iterator[int]:
+        """Prefill the prompt (yielding the positions left), or continue from the
+        model's cached state for it."""
         timeline, options = self.compute.timeline, self.options
         cache = prompt_cache_of(self.model)
         if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
-            timeline.prefill(prompt, options.stop_prefill)
-            return False
+            yield from timeline.prefill_steps(prompt, options.stop_prefill)
+            return
         key = (tuple(prompt), options.seed)
         state = cache.get(key)
         if state is not None:
             timeline.restore(state)
-            return True
-        timeline.prefill(prompt, options.stop_prefill)
+            self.prompt_cache_hit = True
+            return
+        yield from timeline.prefill_steps(prompt, options.stop_prefill)
         cache.put(key, timeline.snapshot())
-        return False
+
+    def start_steps(self) -> Iterator[int]:
+        """The deferred start (see ``defer_start``)."""
+        return self._start
 
     # --- one frame ---------------------------------------------------------
 

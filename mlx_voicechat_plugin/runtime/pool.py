@@ -25,13 +25,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import numpy as np
 
 from .conversation import frame_batch
 from .events import Event
 from .streaming import ContextLimit, StreamingSession
+from .timeline import PrefillCancelled
 
 logger = logging.getLogger(__name__)
 
@@ -100,13 +101,39 @@ class SessionPool:
         (``push_audio``, ``flush``, ``cancel``, ``nbytes``; e.g. a text-only
         transcription stream); by default a full streaming session.
         """
+        steps = self.open_steps(session_id, factory, **options)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as opened:
+                return opened.value
+
+    def open_steps(self, session_id: str, factory: Callable[..., Any] | None = None,
+                   **options: Any) -> Generator[int, None, Any]:
+        """:meth:`open` with the prompt prefill one position per step (yields the
+        positions left; returns the session), so a caller can run other sessions'
+        frames between the positions. The slot is held from the first step; a
+        prefill that fails or is stopped frees it."""
         if session_id in self.sessions:
             raise ValueError(f"session {session_id!r} is already open")
         reason = self.admission_error()
         if reason is not None:
             raise PoolFull(reason)
-        stream = (factory or self.voicechat.create_streaming_session)(**options)
+        if factory is None:
+            stream = self.voicechat.create_streaming_session(defer_start=True, **options)
+        else:
+            stream = factory(**options)
         self.sessions[session_id] = stream
+        try:
+            if isinstance(stream, StreamingSession):
+                for left in stream.start_steps():
+                    if self.sessions.get(session_id) is not stream:
+                        raise PrefillCancelled("the session was closed during its prefill")
+                    yield left
+        except BaseException:
+            if self.sessions.get(session_id) is stream:
+                self.close(session_id)
+            raise
         self._measure()
         if self.max_state_bytes is not None and self.state_bytes > self.max_state_bytes:
             self.close(session_id)
@@ -148,8 +175,14 @@ class SessionPool:
         queued: dict[str, list[np.ndarray]] = {}
         for session_id, (samples, rate) in frames.items():
             try:
-                queued[session_id] = self.get(session_id).take_frames(samples, rate)
-                result.events[session_id] = []
+                stream = self.get(session_id)
+                if isinstance(stream, StreamingSession):
+                    queued[session_id] = stream.take_frames(samples, rate)
+                    result.events[session_id] = []
+                else:  # another kind of session (a text-only stream) runs alone
+                    before = stream.frame_index
+                    result.events[session_id] = stream.push_audio(samples, rate)
+                    result.frames += stream.frame_index - before
             except Exception as exc:  # bad input: this session only
                 self._fail(result, session_id, exc, on_error)
         while True:

@@ -102,10 +102,13 @@ class VoiceChatSession:
     def new_rnnt_state(self) -> RNNTState:
         return RNNTState(self._rnnt, list(self.config.rnnt_vocabulary))
 
-    def create_streaming_session(self, options: SessionOptions | None = None, **kwargs: Any):
+    def create_streaming_session(self, options: SessionOptions | None = None,
+                                 defer_start: bool = False, **kwargs: Any):
+        """A streaming session; ``defer_start``: its prompt prefill is left to
+        :meth:`~.streaming.StreamingSession.start_steps`."""
         from .streaming import StreamingSession
 
-        return StreamingSession(self, _options(options, kwargs))
+        return StreamingSession(self, _options(options, kwargs), defer_start)
 
     # --- offline ---------------------------------------------------------------
 

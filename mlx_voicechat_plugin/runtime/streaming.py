@@ -9,7 +9,7 @@ are the ones offline generation runs. A session is driven from one thread.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -64,7 +64,8 @@ class StreamingSession:
     :class:`~.conversation.Conversation` an offline turn runs.
     """
 
-    def __init__(self, parent: "VoiceChatSession", options: SessionOptions):
+    def __init__(self, parent: "VoiceChatSession", options: SessionOptions,
+                 defer_start: bool = False):
         config = parent.config
         self.parent = parent
         self.model = parent.model
@@ -80,10 +81,18 @@ class StreamingSession:
         perception = PerceptionStream(
             parent.model.stt_model.perception, config, options.use_perception_cache
         )
-        self.conversation = Conversation(parent, options, perception)
-        self.prompt_cache_hit = self.conversation.prompt_cache_hit
+        self.conversation = Conversation(parent, options, perception, defer_start)
         self._pending = np.zeros((0,), dtype=np.float32)
         self.closed = False
+
+    @property
+    def prompt_cache_hit(self) -> bool:
+        return self.conversation.prompt_cache_hit
+
+    def start_steps(self) -> Iterator[int]:
+        """With ``defer_start``: the system-prompt prefill, one position per step
+        (yields the positions left); run it to the end before the first frame."""
+        return self.conversation.start_steps()
 
     @property
     def frame_index(self) -> int:

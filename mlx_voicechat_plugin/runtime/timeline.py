@@ -17,7 +17,7 @@ at a time for offline and streaming conversations alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
@@ -166,6 +166,18 @@ class Timeline:
         asked before every position; when it says so, :class:`PrefillCancelled`
         is raised (the timeline is then unusable).
         """
+        for _ in self.prefill_steps(prompt_ids, should_stop):
+            pass
+
+    def prefill_steps(
+        self, prompt_ids: list[int], should_stop: Callable[[], bool] | None = None
+    ) -> Iterator[int]:
+        """:meth:`prefill` one position at a time: yields the positions still to read.
+
+        A caller that serves other sessions between positions (the server's
+        engine) bounds how long a prefill holds them up; every position is
+        evaluated on its own either way, so the state is the same.
+        """
         if not prompt_ids:
             return
         ids = mx.array([prompt_ids], dtype=mx.int32)
@@ -174,6 +186,7 @@ class Timeline:
             if should_stop is not None and should_stop():
                 raise PrefillCancelled(f"prefill stopped at position {p} of {len(prompt_ids)}")
             self.step(prompt[:, p : p + 1], generate=False)
+            yield len(prompt_ids) - p - 1
 
     def listen(
         self,

@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import numpy as np
 
@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 # Enough frames for the encoder's attention windows to fill on the released
 # checkpoint (70 frames of left context), so the steady shapes are compiled too.
 WARM_UP_FRAMES = 80
+# Longest a new session's prefill runs before the other sessions' frames do.
+PREFILL_SLICE_SECONDS = 0.02
 
 Loader = Callable[[str], Any]  # checkpoint path -> VoiceChatSession
 
@@ -330,6 +332,8 @@ class Engine:
             frames = [command] if command.kind == "push" else []
             if command.kind == "transcribe":
                 self._add_job(command)
+            elif command.kind == "open":
+                self._add_open(command)
             elif command.kind != "push":
                 self._run_command(command)
         self._step(frames)
@@ -374,27 +378,48 @@ class Engine:
         else:
             command.reply(value)
 
+    def _add_open(self, command: _Command) -> None:
+        """Open a session as a job: its prompt prefill runs in slices of at most
+        ``PREFILL_SLICE_SECONDS`` between the other sessions' steps, so a new
+        session's prefill holds them up by one slice at a time."""
+        if self.pool is None:
+            command.reply(error=RuntimeError(f"model failed to load: {self.load_error}"))
+            return
+        self._jobs.add(TranscriptionJob(self._open_steps(self.pool, command), command.reply))
+
+    def _open_steps(self, pool: SessionPool, command: _Command) -> Generator[list, None, Any]:
+        session_id = command.session_id
+        options = dict(command.payload)
+        factory = self.transcriber().create_stream if options.pop("text_only", False) \
+            else None
+        try:
+            opening = pool.open_steps(session_id, factory=factory, **options)
+            slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
+            while True:
+                try:
+                    next(opening)
+                except StopIteration as opened:
+                    stream = opened.value
+                    break
+                if time.perf_counter() >= slice_end:
+                    yield []  # the others' frames run now
+                    slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
+        except BaseException:
+            _clear_cache()  # what a stopped or failed prefill allocated
+            raise
+        finally:
+            self._aborts.pop(session_id, None)
+            self.metrics.sessions(len(pool), pool.state_bytes)
+        return {
+            "input_sample_rate": stream.sample_rate,
+            "output_sample_rate": self.config.output_sample_rate,
+            "frame_samples": stream.frame_samples,
+            "max_streaming_seconds": stream.options.max_streaming_seconds,
+            "text_only": getattr(stream, "text_only", False),
+        }
+
     def _command(self, pool: SessionPool, command: _Command) -> Any:
         session_id = command.session_id
-        if command.kind == "open":
-            options = dict(command.payload)
-            factory = self.transcriber().create_stream if options.pop("text_only", False) \
-                else None
-            try:
-                stream = pool.open(session_id, factory=factory, **options)
-            except BaseException:
-                _clear_cache()  # what a stopped or failed prefill allocated
-                raise
-            finally:
-                self._aborts.pop(session_id, None)
-            self.metrics.sessions(len(pool), pool.state_bytes)
-            return {
-                "input_sample_rate": stream.sample_rate,
-                "output_sample_rate": self.config.output_sample_rate,
-                "frame_samples": stream.frame_samples,
-                "max_streaming_seconds": stream.options.max_streaming_seconds,
-                "text_only": getattr(stream, "text_only", False),
-            }
         if command.kind == "close":
             if session_id in pool:
                 pool.close(session_id)

@@ -70,7 +70,9 @@ class JobQueue:
         self._jobs.append(job)
 
     def step(self) -> None:
-        """Advance the oldest job by one step; finish it when it ends, fails or is cancelled."""
+        """Advance the next job by one step (round robin, so a long file does not hold
+        up a session's prefill); finish it when it ends, fails or is cancelled."""
+        self._jobs.rotate(-1)
         job = self._jobs[0]
         try:
             if job.cancelled.is_set():

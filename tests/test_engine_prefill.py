@@ -1,0 +1,37 @@
+"""A new session's prompt prefill runs in slices: the other sessions' frames go on meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from tool_support import WEATHER
+
+from mlx_voicechat_plugin.server.engine import Engine
+
+
+def test_frames_of_open_sessions_run_while_a_new_session_prefills(tiny_ckpt):
+    engine = Engine(str(tiny_ckpt), max_sessions=2)
+    engine.start()
+    engine.loaded.wait(120)
+
+    async def scenario() -> tuple[int, int]:
+        await engine.submit_open("a")
+        frame = np.zeros(engine.config.frame_samples, np.float32)
+        # The rendered tool block is hundreds of prefill positions.
+        opening = engine.submit_open("b", tools=[WEATHER])
+        during = 0
+        while not opening.done():
+            await engine.push("a", frame, engine.config.input_sample_rate)
+            during += 1
+        details = await opening
+        after = await engine.push("b", frame, engine.config.input_sample_rate)
+        return during, details["frame_samples"], len(after) >= 0
+
+    try:
+        during, frame_samples, _ = asyncio.run(scenario())
+    finally:
+        engine.stop()
+    assert frame_samples == engine.config.frame_samples
+    # Unsliced, "a"'s first push would wait for the whole prefill (during == 1).
+    assert during >= 5
