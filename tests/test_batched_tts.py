@@ -206,7 +206,7 @@ def test_mismatched_batch_shapes_are_refused_naming_the_field(model):
 
 
 def test_per_row_keys_draw_what_each_key_draws_alone():
-    keys = [mx.random.key(s) for s in (0, 1, 2)]
+    keys = mx.stack([mx.random.key(s) for s in (0, 1, 2)])
     for sampler in (mx.random.uniform, mx.random.normal):
         rows = draw(sampler, (3, 1, 8), keys)
         for b, key in enumerate(keys):

@@ -41,14 +41,14 @@ GUIDED_ROWS = 2  # [cond; uncond] rows per session
 
 class KeyRows:
     """Per-session keys drawn in advance, ``[B, count, 2]``: each ``next`` hands
-    out the next key of every session, as a list (one key per batch row)."""
+    out the next key of every session, ``[B, 2]`` (one key per batch row)."""
 
     def __init__(self, keys: mx.array):
         self.keys = keys
         self.index = 0
 
-    def next(self) -> list[mx.array]:
-        keys = [self.keys[b, self.index] for b in range(self.keys.shape[0])]
+    def next(self) -> mx.array:
+        keys = self.keys[:, self.index]
         self.index += 1
         return keys
 

@@ -4,13 +4,13 @@ One call samples a mixture component per position (Gumbel-max over top-p
 filtered logits) and returns that component's mean in latent space plus the
 shared log-std. Random draws: exactly one ``mx.random.uniform`` of the logits'
 shape per call (from ``key`` if given, else MLX's global state). Several
-independent streams batched as rows pass one key per row instead (see
+independent streams batched as rows pass keys ``[B, 2]``, one per row, instead (see
 :func:`draw`): each row then gets exactly the draw it would get alone.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import Callable, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -21,23 +21,24 @@ from .layers import GatedMLP, OffsetRMSNorm
 # Guards of the Gumbel transform ``-log(-log(u))`` against log(0).
 _GUMBEL_EPS = 1e-8
 
-# A key, one key per batch row (independent streams), or None (global state).
-Keys = Union[mx.array, Sequence[mx.array], None]
+# A key ``[2]``, one key per batch row ``[B, 2]`` (independent streams), or
+# None (MLX's global random state).
+Keys = Union[mx.array, None]
 
 
 def draw(sampler: Callable[..., mx.array], shape: tuple[int, ...], key: Keys) -> mx.array:
-    """``sampler(shape=shape, key=key)``, or with one key per row of ``shape[0]``:
-    one draw of ``(1, *shape[1:])`` per row from its own key, concatenated.
+    """``sampler(shape=shape, key=key)``, or with keys ``[shape[0], 2]``: one draw
+    of ``(1, *shape[1:])`` per row from that row's key (one vmapped draw).
 
     Row ``b`` of a per-row draw is bit-identical to drawing ``(1, *shape[1:])``
     alone with ``key[b]``: the same key, shape and dtype give the same bits.
     """
-    if key is None or isinstance(key, mx.array):
+    if key is None or key.ndim == 1:
         return sampler(shape=shape, key=key)
-    if len(key) != shape[0]:
-        raise ValueError(f"per-row keys: got {len(key)} keys for {shape[0]} rows")
+    if key.shape[0] != shape[0]:
+        raise ValueError(f"per-row keys: got {key.shape[0]} keys for {shape[0]} rows")
     row = (1, *shape[1:])
-    return mx.concatenate([sampler(shape=row, key=k) for k in key], axis=0)
+    return mx.vmap(lambda k: sampler(shape=row, key=k))(key).reshape(shape)
 
 
 def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
@@ -136,7 +137,7 @@ class MoGHead(nn.Module):
         """``x`` [B, T, dims] (``[cond; uncond]`` when guided) -> (mu, logs).
 
         ``key`` seeds the Gumbel draw; ``None`` uses MLX's global random state;
-        a list of keys, one per output row (per cond row when guided), draws
+        keys ``[B, 2]``, one per output row (per cond row when guided), draw
         each row from its own key.
         """
         batch, length, dims = x.shape
