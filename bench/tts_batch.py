@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'B':>3s} {'single ms/frame':>16s} {'batched ms/frame':>17s} "
           f"{'batched ms/session':>19s} {'speed-up':>9s} {'exact':>6s}")
     for r in rows:
-        print(f"{r['sessions']:3d} {r['single_ms_per_frame']:16.2f} {r['batched_ms_per_frame']:17.2f} "
+        print(f"{r['sessions']:3d} {r['single_ms_per_frame']:16.2f} "
+              f"{r['batched_ms_per_frame']:17.2f} "
               f"{r['batched_ms_per_frame'] / r['sessions']:19.2f} {r['speedup']:9.2f} "
               f"{str(r['exact']):>6s}")
     if args.json:

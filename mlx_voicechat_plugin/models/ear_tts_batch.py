@@ -64,7 +64,9 @@ def take_keys(rng: "KeyStream", count: int) -> mx.array:
     return take(count) if take is not None else mx.stack([rng.next() for _ in range(count)])
 
 
-def _check_batch(previous: mx.array, text: mx.array, caches: Sequence[Any], text_ids: Sequence[int]) -> int:
+def _check_batch(
+    previous: mx.array, text: mx.array, caches: Sequence[Any], text_ids: Sequence[int]
+) -> int:
     sessions = len(caches)
     if sessions == 0:
         raise ValueError("backbone_step_batch: caches is empty (need one per session)")
@@ -73,7 +75,9 @@ def _check_batch(previous: mx.array, text: mx.array, caches: Sequence[Any], text
             f"backbone_step_batch: previous must be [{sessions}, 1, Q], got {list(previous.shape)}"
         )
     if text.shape != (sessions, 1):
-        raise ValueError(f"backbone_step_batch: text must be [{sessions}, 1], got {list(text.shape)}")
+        raise ValueError(
+            f"backbone_step_batch: text must be [{sessions}, 1], got {list(text.shape)}"
+        )
     if len(text_ids) != sessions:
         raise ValueError(
             f"backbone_step_batch: text_ids has {len(text_ids)} ids for {sessions} sessions"

@@ -10,7 +10,9 @@ elementwise work; attention layers run as usual between them. The layers'
 own ``__call__`` does the arithmetic, so the outputs are the uncompiled
 step's. :class:`GemmaStep` does the same for a Gemma-3 stack, whose every
 layer attends: it compiles the spans between the attention cores. On CPU, where per-op dispatch dominates small frames, this is the
-largest saving of the frame.
+largest saving of the frame. :meth:`GemmaStep.batch` runs one position of
+many independent streams (each with its own caches, at its own offset): the
+compiled spans once over all their rows, the attention cores per stream.
 """
 
 from __future__ import annotations
