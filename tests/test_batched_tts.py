@@ -12,6 +12,7 @@ batched frames can follow each other in any order. No tolerance anywhere:
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -46,19 +47,22 @@ def _quantize_tts(model) -> None:
     del model.warm_start  # computed with the float weights at load
 
 
-def _load(path: Path, quantize_tts: bool = False):
-    model, processor = load(path)
+def _load(path: Path, quantize_tts: bool = False, hold_f32: bool = True):
+    model, processor = load(path, hold_f32=hold_f32)
     model.create_session(processor)  # spells the vocabulary for the TTS
     if quantize_tts:
         _quantize_tts(model)
     return model
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-q4", "tiny-tts-q4", "small"])
+@pytest.fixture(scope="module",
+                params=["tiny", "tiny-q4", "tiny-tts-q4", "tiny-bf16", "small"])
 def model(request, tiny_ckpt, tiny_q4_ckpt, small_ckpt):
+    """Float32 (as loaded), the 4-bit checkpoint, a 4-bit TTS, bf16 as stored, small."""
     path = {"tiny": tiny_ckpt, "tiny-q4": tiny_q4_ckpt, "tiny-tts-q4": tiny_ckpt,
-            "small": small_ckpt}[request.param]
-    return _load(path, quantize_tts=request.param == "tiny-tts-q4")
+            "tiny-bf16": tiny_ckpt, "small": small_ckpt}[request.param]
+    return _load(path, quantize_tts=request.param == "tiny-tts-q4",
+                 hold_f32=request.param != "tiny-bf16")
 
 
 class Speaker:
@@ -213,3 +217,18 @@ def test_per_row_keys_draw_what_each_key_draws_alone():
             assert _equal(rows[b : b + 1], sampler(shape=(1, 1, 8), key=key))
     with pytest.raises(ValueError, match="2 keys for 3 rows"):
         draw(mx.random.uniform, (3, 1, 8), keys[:2])
+
+
+def test_key_streams_without_take_are_drawn_key_by_key(model):
+    speakers = _speakers(model, prior=(2, 6), seeds=(4, 9))
+    alone = [s.copy() for s in speakers]
+    tts = speakers[0].tts
+    previous = mx.concatenate([s.prev for s in speakers], axis=0)
+    ids = [s.text_id() for s in speakers]
+    hidden = tts.backbone_step_batch(previous, mx.array(ids, dtype=mx.int32)[:, None],
+                                     [s.cache for s in speakers], ids)
+    codes = tts.generate_codes_batch(hidden, [SimpleNamespace(next=s.rng.next) for s in speakers])
+    for b, twin in enumerate(alone):
+        _, want_codes = twin.single()
+        assert _equal(codes[b : b + 1], want_codes)
+        assert _equal(speakers[b].rng._key, twin.rng._key)
