@@ -12,12 +12,15 @@ Random draws per pass, in order: one ``uniform`` (Gumbel, shape
 both float32. Passes that decide no codebook (the schedule's leading zeros)
 are skipped and draw nothing. Draws use MLX's global random state, or one key
 each from an explicit :class:`KeyStream`, taken in the same order.
+
+Many sessions' frames run as one batch with :meth:`EarTTS.backbone_step_batch`
+and :meth:`EarTTS.generate_codes_batch` (``ear_tts_batch``), exact per session.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,7 +29,8 @@ from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfi
 
 from ..config import TTSConfig
 from .layers import OffsetRMSNorm
-from .mog_head import MoGHead
+from . import ear_tts_batch
+from .mog_head import Keys, MoGHead, draw
 from .segments import GemmaStep
 from .subword import CharAwareSubwordEncoder
 
@@ -56,7 +60,7 @@ class _KeyList:
         return key
 
 
-def _key(rng: KeyStream | None) -> mx.array | None:
+def _key(rng: Any) -> Keys:
     return None if rng is None else rng.next()
 
 
@@ -180,6 +184,7 @@ class EarTTS(nn.Module):
             config.num_quantizers, config.num_iterations, config.exponent
         )
         self._compiled_depth = None
+        self._compiled_depth_batch: Callable[..., mx.array] | None = None
         self._codebooks: _CodebookTables | None = None
         self._backbone_step: GemmaStep | None = None
 
@@ -270,9 +275,7 @@ class EarTTS(nn.Module):
         """
         if rng is None:
             return self._depth_loop(hidden, None)
-        count = 2 * self.depth_passes
-        take = getattr(rng, "take", None)
-        keys = take(count) if take is not None else mx.stack([rng.next() for _ in range(count)])
+        keys = ear_tts_batch.take_keys(rng, 2 * self.depth_passes)
         if self._compiled_depth is None:
             # The module state is an input, so later weight updates are seen.
             self._compiled_depth = mx.compile(self._compiled_loop, inputs=self.state)
@@ -283,6 +286,31 @@ class EarTTS(nn.Module):
         self, hidden: mx.array, keys: mx.array, tables: list[mx.array], norms: list[mx.array]
     ) -> mx.array:
         return self._depth_loop(hidden, _KeyList(keys), (tables, norms))
+
+    def generate_codes_batch(self, hidden: mx.array, rngs: Sequence[KeyStream]) -> mx.array:
+        """:meth:`generate_codes` for many sessions, each with its own key stream.
+
+        ``hidden`` [2B, 1, dims] as :meth:`backbone_step_batch` lays it out;
+        row ``b`` of the codes [B, 1, Q] and ``rngs[b]`` end bit-identical to
+        ``generate_codes`` on session ``b`` alone (see ``ear_tts_batch``).
+        """
+        return ear_tts_batch.generate_codes_batch(self, hidden, rngs)
+
+    def compiled_depth_batch(self) -> Callable[..., mx.array]:
+        """The depth loop over per-session keys ``[B, count, 2]``, compiled (traced per B)."""
+        if self._compiled_depth_batch is None:
+            self._compiled_depth_batch = mx.compile(self._compiled_batch_loop, inputs=self.state)
+        return self._compiled_depth_batch
+
+    def _compiled_batch_loop(
+        self, hidden: mx.array, keys: mx.array, tables: list[mx.array], norms: list[mx.array]
+    ) -> mx.array:
+        return self._depth_loop(hidden, ear_tts_batch.KeyRows(keys), (tables, norms))
+
+    def codebook_arrays(self) -> tuple[list[mx.array], list[mx.array]]:
+        """Per-codebook tables and norms, as the compiled depth loops take them."""
+        books = self._codebook_tables()
+        return books.tables, books.norms
 
     def _codebook_tables(self) -> _CodebookTables:
         # Built once (``prepare``, at load) and again after ``update``; not
@@ -328,7 +356,7 @@ class EarTTS(nn.Module):
                 top_p=config.top_p,
                 key=_key(rng),
             )
-            noise = mx.random.normal(mu.shape, key=_key(rng))
+            noise = draw(mx.random.normal, mu.shape, _key(rng))
             latent = mu + mx.exp(logs) * noise * config.noise_scale
             rows = latent.reshape(-1, latent.shape[-1])  # 2-D matmuls, no reshapes
             if codebooks is None:
@@ -373,11 +401,31 @@ class EarTTS(nn.Module):
             text = self._with_uncond(self.embed_subword.token(token_id))
         else:
             text = self._text(subword_ids, mx.ones(subword_ids.shape, dtype=mx.bool_))
+        step = self.gemma_step()
+        if step.ready(prev_codes, cache):
+            return step(cache, prev_codes, text)
+        return self._run_backbone(self.embed_code(self.embed_codes(prev_codes)), text, cache)
+
+    def backbone_step_batch(
+        self,
+        previous: mx.array,
+        text: mx.array,
+        caches: Sequence[Cache],
+        text_ids: Sequence[int],
+    ) -> mx.array:
+        """:meth:`backbone_step` for ``B`` sessions at any positions: hidden [2B, 1, dims].
+
+        Rows ``b`` and ``B + b`` (``ear_tts_batch.session_rows``) are
+        bit-identical to ``backbone_step(previous[b:b+1], text[b:b+1],
+        caches[b], text_ids[b])``, and ``caches[b]`` ends as that call leaves it.
+        """
+        return ear_tts_batch.backbone_step_batch(self, previous, text, caches, text_ids)
+
+    def gemma_step(self) -> GemmaStep:
+        """The compiled one-position backbone step (built on first use)."""
         if self._backbone_step is None:
             self._backbone_step = GemmaStep(self.backbone, self._step_inputs)
-        if self._backbone_step.ready(prev_codes, cache):
-            return self._backbone_step(cache, prev_codes, text)
-        return self._run_backbone(self.embed_code(self.embed_codes(prev_codes)), text, cache)
+        return self._backbone_step
 
     def _step_inputs(self, prev_codes: mx.array, text: mx.array) -> mx.array:
         """Fused backbone input of one step (the part of ``_run_backbone`` before the stack)."""

@@ -3,10 +3,14 @@
 One call samples a mixture component per position (Gumbel-max over top-p
 filtered logits) and returns that component's mean in latent space plus the
 shared log-std. Random draws: exactly one ``mx.random.uniform`` of the logits'
-shape per call (from ``key`` if given, else MLX's global state).
+shape per call (from ``key`` if given, else MLX's global state). Several
+independent streams batched as rows pass keys ``[B, 2]``, one per row, instead (see
+:func:`draw`): each row then gets exactly the draw it would get alone.
 """
 
 from __future__ import annotations
+
+from typing import Callable, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -16,6 +20,25 @@ from .layers import GatedMLP, OffsetRMSNorm
 
 # Guards of the Gumbel transform ``-log(-log(u))`` against log(0).
 _GUMBEL_EPS = 1e-8
+
+# A key ``[2]``, one key per batch row ``[B, 2]`` (independent streams), or
+# None (MLX's global random state).
+Keys = Union[mx.array, None]
+
+
+def draw(sampler: Callable[..., mx.array], shape: tuple[int, ...], key: Keys) -> mx.array:
+    """``sampler(shape=shape, key=key)``, or with keys ``[shape[0], 2]``: one draw
+    of ``(1, *shape[1:])`` per row from that row's key (one vmapped draw).
+
+    Row ``b`` of a per-row draw is bit-identical to drawing ``(1, *shape[1:])``
+    alone with ``key[b]``: the same key, shape and dtype give the same bits.
+    """
+    if key is None or key.ndim == 1:
+        return sampler(shape=shape, key=key)
+    if key.shape[0] != shape[0]:
+        raise ValueError(f"per-row keys: got {key.shape[0]} keys for {shape[0]} rows")
+    row = (1, *shape[1:])
+    return mx.vmap(lambda k: sampler(shape=row, key=k))(key).reshape(shape)
 
 
 def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
@@ -40,13 +63,14 @@ def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
 
 
 def gumbel_argmax(
-    logits: mx.array, key: mx.array | None = None, draw_shape: tuple[int, ...] | None = None
+    logits: mx.array, key: Keys = None, draw_shape: tuple[int, ...] | None = None
 ) -> mx.array:
     """Sample one index per row of ``logits``; draws one uniform of their shape.
 
-    ``draw_shape`` (same size as ``logits``) is the shape the uniform is drawn in.
+    ``draw_shape`` (same size as ``logits``) is the shape the uniform is drawn in;
+    ``key`` may be one key per leading row of it (:func:`draw`).
     """
-    u = mx.random.uniform(shape=draw_shape or logits.shape, key=key).reshape(logits.shape)
+    u = draw(mx.random.uniform, draw_shape or logits.shape, key).reshape(logits.shape)
     gumbel = -mx.log(-mx.log(u + _GUMBEL_EPS) + _GUMBEL_EPS)
     log_probs = mx.log(mx.softmax(logits.astype(mx.float32), axis=-1))
     return mx.argmax(log_probs + gumbel, axis=-1)
@@ -108,11 +132,13 @@ class MoGHead(nn.Module):
         x: mx.array,
         guidance_scale: float = 0.0,
         top_p: float = 1.0,
-        key: mx.array | None = None,
+        key: Keys = None,
     ) -> tuple[mx.array, mx.array]:
         """``x`` [B, T, dims] (``[cond; uncond]`` when guided) -> (mu, logs).
 
-        ``key`` seeds the Gumbel draw; ``None`` uses MLX's global random state.
+        ``key`` seeds the Gumbel draw; ``None`` uses MLX's global random state;
+        keys ``[B, 2]``, one per output row (per cond row when guided), draw
+        each row from its own key.
         """
         batch, length, dims = x.shape
         # Rows [B * T, dims] throughout: the same arithmetic without a

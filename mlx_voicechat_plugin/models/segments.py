@@ -10,7 +10,9 @@ elementwise work; attention layers run as usual between them. The layers'
 own ``__call__`` does the arithmetic, so the outputs are the uncompiled
 step's. :class:`GemmaStep` does the same for a Gemma-3 stack, whose every
 layer attends: it compiles the spans between the attention cores. On CPU, where per-op dispatch dominates small frames, this is the
-largest saving of the frame.
+largest saving of the frame. :meth:`GemmaStep.batch` runs one position of
+many independent streams (each with its own caches, at its own offset): the
+compiled spans once over all their rows, the attention cores per stream.
 """
 
 from __future__ import annotations
@@ -202,6 +204,48 @@ class GemmaStep:
                 or create_attention_mask(x, caches[0], window_size=model.window_size) is None
             )
         )
+
+    def batch(self, caches: Sequence[list[Any]], group: int, *inputs: mx.array) -> mx.array:
+        """One position of ``len(caches)`` independent streams in one batch.
+
+        Stream ``s`` owns the rows ``s, s + S, ..., s + (group - 1) S`` of the
+        batch (``S`` streams; e.g. ``[cond; uncond]`` with ``group=2``), and its
+        own caches ``caches[s]``, which may sit at any offset. The fixed-shape
+        spans run once over all rows (RoPE with one offset per row); the
+        attention core runs per stream on its rows and its own cache objects,
+        never a padded common cache. Every stream's rows are bit-identical to
+        ``self(caches[s], ...)`` on its rows alone, and its caches end in the
+        same state, provided the spans' row-wise ops are (they are on MLX's CPU
+        backend: matmuls, norms, elementwise). Each stream must be :meth:`ready`.
+        """
+        if len(caches) == 1:
+            return self(caches[0], *inputs)
+
+        def offset(i: int) -> mx.array:
+            per_stream = [c[i].offset for c in caches]
+            return mx.array(per_stream * group, dtype=mx.int32)
+
+        x, q, k, v = self._enter(offset(0), *inputs)
+        for i, layer in enumerate(self.layers):
+            out = self._stream_cores(layer.self_attn, q, k, v, [c[i] for c in caches])
+            if i + 1 < len(self.layers):
+                x, q, k, v = self._between[i](x, out, offset(i + 1))
+            else:
+                return self._exit(x, out)
+        raise ValueError("empty Gemma-3 stack")
+
+    def _stream_cores(
+        self, attn: Any, q: mx.array, k: mx.array, v: mx.array, caches: list[Any]
+    ) -> mx.array:
+        """The attention core of each stream on its strided rows, re-interleaved."""
+        streams = len(caches)
+        outs = [
+            self._core(attn, q[s::streams], k[s::streams], v[s::streams], cache)
+            for s, cache in enumerate(caches)
+        ]
+        # outs[s] is [group, ...]: row j of stream s goes back to row j * S + s.
+        stacked = mx.stack(outs, axis=1)
+        return stacked.reshape(-1, *stacked.shape[2:])
 
     def __call__(self, caches: list[Any], *inputs: mx.array) -> mx.array:
         def offset(i: int) -> mx.array:
