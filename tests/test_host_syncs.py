@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from mlx_voicechat_plugin.runtime.syncs import HostSyncCounter
-from mlx_voicechat_plugin.runtime.timeline import Timeline
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 WARMUP_FRAMES = 6  # the tiny encoder's windows are full by then
@@ -51,13 +50,15 @@ def test_a_steady_frame_makes_two_host_syncs(session):
 
 
 def test_an_added_item_inside_the_frame_is_counted(session, monkeypatch):
-    speak = Timeline.speak
+    from mlx_voicechat_plugin.runtime import frame
 
-    def speak_and_read(self, tokens, clock):
-        tokens.text[0].item()  # a read-back the frame does not need
-        return speak(self, tokens, clock)
+    speak = frame.speak_batch
 
-    monkeypatch.setattr(Timeline, "speak", speak_and_read)
+    def speak_and_read(timelines, tokens, clock):
+        tokens[0].text[0].item()  # a read-back the frame does not need
+        return speak(timelines, tokens, clock)
+
+    monkeypatch.setattr(frame, "speak_batch", speak_and_read)
     steady = _profiled_frames(session, 0.6)[WARMUP_FRAMES:]
     assert steady and all(f.host_syncs == 3 and "item" in f.sync_calls for f in steady)
 

@@ -28,7 +28,7 @@ from ..models.model import Model
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from .profile import FrameClock
-from .timeline import Timeline, TimelineStep, listen_batch
+from .timeline import Timeline, TimelineStep, listen_batch, speak_batch
 
 _NO_CLOCK = FrameClock(enabled=False)
 
@@ -170,7 +170,7 @@ def advance_batch(
     if speaking:
         mx.async_eval(*speaking)
     clock.stage("rnnt", *speaking)
-    steps = [s.timeline.speak(t, clock) for s, t in zip(states, tokens)]
+    steps = speak_batch([s.timeline for s in states], tokens, clock)
     clock.stage("tts", *[step.codes for step in steps])
     speech = model.tts_model
     codes = [speech.replace_control_codes(step.codes) for step in steps]

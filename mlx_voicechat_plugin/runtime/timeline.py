@@ -220,23 +220,12 @@ class Timeline:
         The TTS text conditioning spells the text token on the host, which is
         why the language half is evaluated first. Evaluate ``step.codes`` next.
         """
-        text_id, function_id = tokens.ids.tolist()
-        if self.index == 0:
-            codes = self._silence
-        else:
-            text = tokens.text
-            is_eos = (text == self.config.eos_token_id).reshape(1, 1, 1)
-            previous = mx.where(is_eos, self._silence, self._prev_codes)
-            tts = self.model.tts_model.tts_model
-            hidden = tts.backbone_step(previous, text[:, None], self.tts_cache, text_id)
-            mx.async_eval(hidden)  # computes while the depth loop is built
-            clock.sub_stage("tts.backbone", hidden)
-            codes = tts.generate_codes(hidden, self.rng)
-            clock.sub_stage("tts.mog_head", codes)
-            self._prev_codes = codes
-        index = self.index
-        self.index += 1
-        return TimelineStep(index, text_id, function_id, codes, tokens.forced)
+        return speak_batch([self], [tokens], clock)[0]
+
+    def _previous_codes(self, tokens: Tokens) -> mx.array:
+        """The TTS's previous-frame input: the last codes, or silence after EOS."""
+        is_eos = (tokens.text == self.config.eos_token_id).reshape(1, 1, 1)
+        return mx.where(is_eos, self._silence, self._prev_codes)
 
     def step(
         self,
@@ -299,3 +288,46 @@ def listen_batch(timelines: list[Timeline], audio: mx.array, forced: list[int | 
         tokens.append(timeline._take(text[b : b + 1], function, force is not None))
     clock.stage("language", *[t.ids for t in tokens])
     return tokens
+
+
+def speak_batch(timelines: list[Timeline], tokens: list[Tokens],
+                clock: FrameClock = _NO_CLOCK) -> list[TimelineStep]:
+    """The speech half of one position of many timelines, after their ids were evaluated.
+
+    Every timeline past its first position advances EAR-TTS by one frame; with
+    more than one, the backbone and the depth head take all of them at once
+    (:meth:`~..models.ear_tts.EarTTS.backbone_step_batch`, each session's own
+    caches and key stream; every row equals that timeline's own step). A
+    first position's codes are the codec's silence codes. Evaluate the steps'
+    ``codes`` next.
+    """
+    ids = [t.ids.tolist() for t in tokens]
+    codes: list[mx.array] = [t._silence for t in timelines]
+    talking = [b for b, t in enumerate(timelines) if t.index > 0]
+    if talking:
+        tts = timelines[0].model.tts_model.tts_model
+        previous = [timelines[b]._previous_codes(tokens[b]) for b in talking]
+        if len(talking) == 1:
+            (b,) = talking
+            hidden = tts.backbone_step(previous[0], tokens[b].text[:, None],
+                                       timelines[b].tts_cache, ids[b][0])
+        else:
+            hidden = tts.backbone_step_batch(
+                mx.concatenate(previous),
+                mx.concatenate([tokens[b].text for b in talking])[:, None],
+                [timelines[b].tts_cache for b in talking], [ids[b][0] for b in talking])
+        mx.async_eval(hidden)  # computes while the depth loop is built
+        clock.sub_stage("tts.backbone", hidden)
+        if len(talking) == 1:
+            made = [tts.generate_codes(hidden, timelines[talking[0]].rng)]
+        else:
+            out = tts.generate_codes_batch(hidden, [timelines[b].rng for b in talking])
+            made = [out[j : j + 1] for j in range(len(talking))]
+        clock.sub_stage("tts.mog_head", *made)
+        for b, frame_codes in zip(talking, made):
+            codes[b] = timelines[b]._prev_codes = frame_codes
+    steps = []
+    for timeline, (text_id, function_id), frame_codes, token in zip(timelines, ids, codes, tokens):
+        steps.append(TimelineStep(timeline.index, text_id, function_id, frame_codes, token.forced))
+        timeline.index += 1
+    return steps

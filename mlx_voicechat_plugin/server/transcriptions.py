@@ -275,12 +275,12 @@ def add_transcription_routes(app: FastAPI, engine: Engine, prefix: str,
                                             limits.max_transcription_seconds)
             loop = asyncio.get_running_loop()
             deltas: asyncio.Queue = asyncio.Queue()
-            on_delta = None
-            if parsed.stream:
-                def on_delta(texts: list[str]) -> None:  # engine thread
-                    loop.call_soon_threadsafe(deltas.put_nowait, texts)
+            def post_deltas(texts: list[str]) -> None:  # engine thread
+                loop.call_soon_threadsafe(deltas.put_nowait, texts)
+
             future, cancel = engine.submit_transcription(
-                audio, on_delta=on_delta, max_new_tokens=parsed.max_new_tokens)
+                audio, on_delta=post_deltas if parsed.stream else None,
+                max_new_tokens=parsed.max_new_tokens)
             submitted = True  # the engine releases the slot when the job ends
             if parsed.stream:
                 return stream_response(future, cancel, deltas)
