@@ -1,8 +1,10 @@
-"""The FastAPI application: ``/v1/realtime``, ``GET /health`` and 501 routes.
+"""The FastAPI application: the realtime routes, ``GET /health`` and 501 routes.
 
-One connection (:class:`~.connection.Connection`) holds the engine's single
-session at a time, after the API key and Origin checks here. The API key is
-never logged.
+``/v1/realtime`` speaks the mlx-vlm dialect (:class:`~.connection.Connection`),
+``/openai/v1/realtime`` OpenAI Realtime GA (:class:`~.connection_ga.GAConnection`);
+both share the engine's single session, after the API key, Origin and
+``?model=`` checks here. The API key is never logged; ``?model=`` is only
+compared with the served names, never loaded.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from . import dialect_ga
 from .connection import Connection
+from .connection_ga import GAConnection
 from .engine import Engine
 from .limits import ServerLimits
 from .protocol import CloseCode
@@ -98,6 +102,7 @@ def create_app(
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
                               warm_up=warm_up)
     model_id = served_model_id(str(model_path), alias)
+    served_names = {model_id, served_model_id(str(model_path))}
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)
 
@@ -154,15 +159,19 @@ def create_app(
         else:
             await websocket.close(code=CloseCode.POLICY_VIOLATION)
 
-    @app.websocket(prefix + REALTIME_PATH)
-    async def realtime(websocket: WebSocket) -> None:
+    async def serve(websocket: WebSocket, dialect: type[Connection]) -> None:
         if not bearer_ok(websocket.headers.get("authorization"), api_key):
             await deny(websocket, 401, "missing or invalid API key")
             return
         if not origin_allowed(websocket.headers.get("origin"), origins):
             await deny(websocket, 403, "origin not allowed")
             return
-        connection = Connection(websocket, engine, model_id, limits)
+        asked = websocket.query_params.get("model")
+        if asked is not None and asked not in served_names:
+            await deny(websocket, 404, f"model {asked[:64]!r} is not served here; this server "
+                       f"serves {model_id!r}")
+            return
+        connection = dialect(websocket, engine, model_id, limits)
         try:
             await connection.run()
         except WebSocketDisconnect:
@@ -172,5 +181,13 @@ def create_app(
                 logger.info("%s ended: client gone (%s)", connection.session_id, exc)
             else:
                 logger.exception("%s failed", connection.session_id)
+
+    @app.websocket(prefix + REALTIME_PATH)
+    async def realtime(websocket: WebSocket) -> None:
+        await serve(websocket, Connection)
+
+    @app.websocket(prefix + dialect_ga.REALTIME_PATH)
+    async def realtime_ga(websocket: WebSocket) -> None:
+        await serve(websocket, GAConnection)
 
     return app

@@ -31,6 +31,12 @@ logger = logging.getLogger(__name__)
 WARM_UP_FRAMES = 80
 
 Loader = Callable[[str], Any]  # checkpoint path -> VoiceChatSession
+Serializer = Callable[[list], list]  # one command's runtime events -> JSON texts
+
+
+def serialize_vlm(events: list) -> list[str]:
+    """The mlx-vlm dialect's events (``protocol.model_event``), the default serializer."""
+    return [protocol.dumps(protocol.model_event(e)) for e in events]
 
 
 def load_voicechat(path: str) -> Any:
@@ -134,7 +140,11 @@ class Engine:
         return await self.submit(kind, session_id, **payload)
 
     def submit_open(self, session_id: str, **options: Any) -> asyncio.Future:
-        """Queue ``open``; :meth:`abort` stops its prefill between positions."""
+        """Queue ``open``; :meth:`abort` stops its prefill between positions.
+
+        ``serializer`` (optional) turns the session's events into the texts
+        sent; it runs on this thread (default :func:`serialize_vlm`).
+        """
         abort = self._aborts.setdefault(session_id, threading.Event())
         return self.submit("open", session_id, stop_prefill=abort.is_set, **options)
 
@@ -194,6 +204,7 @@ class Engine:
     def _serve(self) -> None:
         session_id: str | None = None
         stream: Any = None
+        serialize: Serializer = serialize_vlm
         while True:
             command = self._commands.get()
             if command is None:
@@ -204,14 +215,16 @@ class Engine:
                 if command.kind == "open":
                     if stream is not None:
                         raise RuntimeError("a realtime session is already active")
+                    options = dict(command.payload)
+                    serializer = options.pop("serializer", None) or serialize_vlm
                     try:
-                        stream = self.voicechat.create_streaming_session(**command.payload)
+                        stream = self.voicechat.create_streaming_session(**options)
                     except BaseException:
                         _clear_cache()  # what a stopped or failed prefill allocated
                         raise
                     finally:
                         self._aborts.pop(command.session_id, None)
-                    session_id = command.session_id
+                    session_id, serialize = command.session_id, serializer
                     value: Any = {
                         "input_sample_rate": stream.sample_rate,
                         "output_sample_rate": self.config.output_sample_rate,
@@ -250,9 +263,10 @@ class Engine:
                         events = []
                     else:
                         raise ValueError(f"unknown engine command {command.kind!r}")
-                    value = [protocol.dumps(protocol.model_event(e)) for e in events]
                     if command.kind == "flush":
-                        value = (value[:lead], value[lead:])
+                        value = (serialize(events[:lead]), serialize(events[lead:]))
+                    else:
+                        value = serialize(events)
             except Exception as exc:
                 # Reported to the client, and logged once there (send_error).
                 logger.debug("engine %s failed for %s: %s", command.kind,
