@@ -5,10 +5,11 @@ results as :class:`~.connection.Connection`; what differs is the language:
 
 - ``session.update`` may come any number of times and merges (GA clients
   send partial ones). The engine session opens at the first ``session.update``
-  or the first audio; until audio has reached the model, a change of
-  ``instructions`` / ``tools`` / ``tool_choice`` reopens it (a new prefill);
-  after that such a change is refused with an error and the session goes on.
-  Audio formats and output modalities may change at any time.
+  or the first audio. A change of ``instructions`` / ``tools`` /
+  ``tool_choice`` reopens it (a new prefill); once audio has reached the
+  model this restarts its timeline: the open response ends as ``cancelled``
+  and what it heard before is forgotten. Audio formats and output modalities
+  may change at any time.
 - Audio arrives in the session's input format, resampled to 16 kHz;
   ``commit`` commits the user's item so far, ``clear`` drops the audio not yet
   resampled; neither ends the session. The model keeps listening until the
@@ -105,9 +106,14 @@ class GAConnection(Connection):
         config = ga.merge_session(self.config, payload)
         if self.opened_with != config.engine_options():
             if self.heard:
-                raise ProtocolError(ErrorCode.INVALID_REQUEST,
-                                    "session.instructions, tools and tool_choice cannot change "
-                                    "once audio has reached the model; reconnect instead")
+                # The prompt and tools are prefilled: a new timeline starts, and
+                # what the model heard so far is forgotten (GA clients often send
+                # their tools while audio already flows).
+                logger.warning("%s instructions/tools changed after %.2f s of audio: the "
+                               "model's timeline restarts", self.session_id,
+                               self.heard / MODEL_INPUT_RATE)
+                await self.send_all(self.responses.restart())
+                self.heard = 0
             await self.open_engine(config)
         if config.input_format != self.config.input_format:
             self.input = InputAudio(config.input_format, MODEL_INPUT_RATE)
@@ -178,7 +184,8 @@ class GAConnection(Connection):
             if not self.configured:
                 raise ProtocolError(ErrorCode.TOOLS_NOT_SET, "function_call_output needs tools "
                                     "registered in session.update")
-            await self.tool_output(output)
+            await self.tool_output(protocol.ToolOutput(
+                self.responses.runtime_call_id(output.call_id), output.output))
             await self.send_all(self.responses.item_added(tool_output_item(item)))
             return
         if not isinstance(item, dict) or item.get("type") not in ("message", "function_call"):

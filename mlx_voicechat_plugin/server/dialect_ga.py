@@ -92,7 +92,7 @@ def merge_session(config: GAConfig, payload: Any) -> GAConfig:
         if tools is not None and not isinstance(tools, list):
             raise _failed("session.tools must be a list of function tools")
         changes["tools"] = list(tools or [])
-    if "tool_choice" in payload:
+    if payload.get("tool_choice") is not None:
         choice = payload["tool_choice"]
         if choice not in TOOL_CHOICES:
             raise _failed(f"session.tool_choice must be one of {', '.join(TOOL_CHOICES)} (the "

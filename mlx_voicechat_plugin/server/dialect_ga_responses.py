@@ -59,6 +59,7 @@ from .dialect_ga import GAConfig, error_event, new_id
 logger = logging.getLogger(__name__)
 
 RESPONSE_GAP_SECONDS = 0.8  # a response ends after this long without a text token
+MAX_CALL_ID_CHARS = 32  # GA's cap on call_id (clients shorten longer ones by hashing)
 
 
 @dataclass
@@ -101,6 +102,7 @@ class GAResponses:
         self.user: _UserItem | None = None
         self.last_item_id: str | None = None
         self.items: set[str] = set()
+        self.calls: dict[str, str] = {}  # GA call_id -> the runtime's call_id
         self.metadata: Any = None  # from the latest response.create
         self.muted_since: int | None = None  # a cancelled utterance's last text frame
         self.frame = 0  # the latest frame seen
@@ -206,11 +208,13 @@ class GAResponses:
         self._close_message(out)
         item_id = new_id("item")
         index = len(response.output)
+        call_id = "call_" + event.call_id.removeprefix("call_")[: MAX_CALL_ID_CHARS - 5]
+        self.calls[call_id] = event.call_id
         item = {"id": item_id, "object": "realtime.item", "type": "function_call",
-                "status": "in_progress", "call_id": event.call_id, "name": event.name,
+                "status": "in_progress", "call_id": call_id, "name": event.name,
                 "arguments": ""}
         where = {"response_id": response.id, "item_id": item_id, "output_index": index,
-                 "call_id": event.call_id}
+                 "call_id": call_id}
         out.append({"type": "response.output_item.added", "response_id": response.id,
                     "output_index": index, "item": item})
         self._add_item(item, out, "conversation.item.added")
@@ -382,6 +386,21 @@ class GAResponses:
         if speaking:
             return self.cancel() or []
         return []
+
+    def restart(self) -> list[dict[str, Any]]:
+        """A new engine timeline: the open response and user item end, frames count anew."""
+        with self.lock:
+            out: list[dict[str, Any]] = []
+            if self.response is not None:
+                self._finish(out, "cancelled")
+            self._close_user(out, stopped=False)
+            self.frame, self.muted_since, self.ended = 0, None, False
+            return out
+
+    def runtime_call_id(self, call_id: str) -> str:
+        """The runtime's id of a call announced as ``call_id`` (unknown ids pass through)."""
+        with self.lock:
+            return self.calls.get(call_id, call_id)
 
     def request(self, response: Any) -> None:
         """``response.create``: the next response carries its ``metadata``."""
