@@ -237,7 +237,7 @@ class GAResponses:
                 out.append({"type": "input_audio_buffer.speech_started",
                             "audio_start_ms": self._ms(frame), "item_id": self.user.id})
         self.user.last_frame = frame
-        self.user.text = event.text
+        self.user.text += event.delta  # event.text is the whole session's transcript
         out.append({"type": "conversation.item.input_audio_transcription.delta",
                     "item_id": self.user.id, "content_index": 0, "delta": event.delta})
 
