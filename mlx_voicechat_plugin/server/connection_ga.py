@@ -64,7 +64,11 @@ class GAConnection(Connection):
 
     async def handle(self, raw: dict[str, Any]) -> bool:
         self.event_id = None
-        event = ga.parse_client_event(self.text_of(raw))
+        try:
+            event = ga.parse_client_event(self.text_of(raw))
+        except ProtocolError as exc:
+            self.event_id = getattr(exc, "event_id", None)
+            raise
         self.event_id = event.event_id
         message = event.message
         if event.kind == "session.update":

@@ -222,9 +222,7 @@ def parse_client_event(text: str) -> ClientEvent:
     event_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
     kind = message.get("type")
     if kind not in CLIENT_EVENTS:
-        raise ProtocolError(ErrorCode.INVALID_REQUEST, f"unsupported event type {brief(kind)}")
+        error = ProtocolError(ErrorCode.INVALID_REQUEST, f"unsupported event type {brief(kind)}")
+        error.event_id = event_id  # the error event names the event it answers
+        raise error
     return ClientEvent(kind, message, event_id)
-
-
-def parse_tool_output(item: dict[str, Any]) -> protocol.ToolOutput:
-    return protocol.parse_item(item)
