@@ -27,6 +27,7 @@ from openai import AsyncOpenAI
 
 GA_RATE = 24_000
 CHUNK_MS = 100
+QUIET_SECONDS = 1.0  # the conversation is over once all audio is sent and no event came for this
 WEATHER = {"paris": {"condition": "sunny", "temperature_c": 21}}
 TOOLS = [{
     "type": "function",
@@ -76,7 +77,13 @@ async def converse(args: argparse.Namespace) -> int:
             await connection.input_audio_buffer.commit()
 
         sender = asyncio.ensure_future(stream())
-        async for event in connection:
+        while True:
+            try:
+                event = await asyncio.wait_for(connection.recv(), QUIET_SECONDS)
+            except asyncio.TimeoutError:
+                if sender.done():
+                    break  # everything was sent and the server has gone quiet
+                continue
             if event.type == "response.output_audio.delta":
                 answer.append(base64.b64decode(event.delta))
             elif event.type == "response.output_audio_transcript.done":
@@ -91,8 +98,6 @@ async def converse(args: argparse.Namespace) -> int:
                     "output": output})
             elif event.type == "error":
                 print(f"[error] {event.error.code}: {event.error.message}", file=sys.stderr)
-            elif event.type == "input_audio_buffer.committed" and sender.done():
-                break  # our final commit: everything we sent has been heard
         await sender
     with wave.open(args.answer, "wb") as out:
         out.setnchannels(1)

@@ -192,3 +192,25 @@ def test_a_wrong_api_key_is_refused(server):
     with pytest.raises(Exception) as failure:
         asyncio.run(attempt())
     assert "401" in str(failure.value)
+
+
+def test_the_example_client_runs_the_tool_and_writes_the_answer(server, monkeypatch, tmp_path,
+                                                                 capsys):
+    import importlib.util
+    import wave
+    from pathlib import Path
+
+    script = scripted_call(server, monkeypatch)
+    path = Path(__file__).resolve().parent.parent / "examples" / "openai_sdk_client.py"
+    spec = importlib.util.spec_from_file_location("openai_sdk_client", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    wav = question_wav_24k(tmp_path / "q.wav", call_frames(script) * 0.08)
+    server.wait_idle()
+    answer = tmp_path / "a.wav"
+    assert example.main([base_url(server), str(wav), str(answer), "--api-key", API_KEY,
+                         "--model", MODEL, "--extra-seconds", "1.5"]) == 0
+    out = capsys.readouterr().out
+    assert '[tool] get_weather({"city": "Paris"}) -> {"condition": "sunny"' in out
+    with wave.open(str(answer)) as written:
+        assert written.getframerate() == 24000 and written.getnframes() > 0
