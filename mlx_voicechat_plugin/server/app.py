@@ -1,9 +1,11 @@
-"""The FastAPI application: ``/v1/realtime``, ``/v1/audio/transcriptions``, ``GET /health``
-and 501 routes.
+"""The FastAPI application: the realtime routes (mlx-vlm and OpenAI GA dialects),
+``/v1/audio/transcriptions``, ``GET /health``, ``GET /metrics`` and 501 routes.
 
-One connection (:class:`~.connection.Connection`) holds the engine's single
-session at a time, after the API key and Origin checks here. The API key is
-never logged.
+``/v1/realtime`` speaks the mlx-vlm dialect (:class:`~.connection.Connection`),
+``/openai/v1/realtime`` OpenAI Realtime GA (:class:`~.connection_ga.GAConnection`);
+both share the engine's single session, after the API key, Origin and
+``?model=`` checks here. The API key is never logged; ``?model=`` is only
+compared with the served names, never loaded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from . import dialect_ga
 from .connection import Connection
+from .connection_ga import GAConnection
 from .engine import Engine
 from .limits import ServerLimits
 from .protocol import CloseCode
@@ -100,6 +104,7 @@ def create_app(
                               warm_up=warm_up, max_sessions=limits.max_sessions,
                               max_state_bytes=limits.max_state_bytes)
     model_id = served_model_id(str(model_path), alias)
+    served_names = {model_id, served_model_id(str(model_path))}
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)
 
@@ -175,15 +180,19 @@ def create_app(
         else:
             await websocket.close(code=CloseCode.POLICY_VIOLATION)
 
-    @app.websocket(prefix + REALTIME_PATH)
-    async def realtime(websocket: WebSocket) -> None:
+    async def serve(websocket: WebSocket, dialect: type[Connection]) -> None:
         if not bearer_ok(websocket.headers.get("authorization"), api_key):
             await deny(websocket, 401, "missing or invalid API key")
             return
         if not origin_allowed(websocket.headers.get("origin"), origins):
             await deny(websocket, 403, "origin not allowed")
             return
-        connection = Connection(websocket, engine, model_id, limits)
+        asked = websocket.query_params.get("model")
+        if asked is not None and asked not in served_names:
+            await deny(websocket, 404, f"model {asked[:64]!r} is not served here; this server "
+                       f"serves {model_id!r}")
+            return
+        connection = dialect(websocket, engine, model_id, limits)
         try:
             await connection.run()
         except WebSocketDisconnect:
@@ -193,5 +202,13 @@ def create_app(
                 logger.info("%s ended: client gone (%s)", connection.session_id, exc)
             else:
                 logger.exception("%s failed", connection.session_id)
+
+    @app.websocket(prefix + REALTIME_PATH)
+    async def realtime(websocket: WebSocket) -> None:
+        await serve(websocket, Connection)
+
+    @app.websocket(prefix + dialect_ga.REALTIME_PATH)
+    async def realtime_ga(websocket: WebSocket) -> None:
+        await serve(websocket, GAConnection)
 
     return app

@@ -56,7 +56,16 @@ class Connection:
 
     async def send_error(self, code: str, message: str) -> None:
         logger.info("%s error %s: %s", self.session_id, code, message)
-        await self.send(protocol.error_event(code, message))
+        await self.send(self.error_payload(code, message))
+
+    # --- what a dialect says differently (see connection_ga.GAConnection) ----
+
+    def error_payload(self, code: str, message: str) -> dict[str, Any]:
+        return protocol.error_event(code, message)
+
+    def greeting(self) -> dict[str, Any]:
+        """``session.created``, sent once the connection is admitted."""
+        return protocol.session_created(self.session_id, INPUT_RATE, OUTPUT_RATE)
 
     async def release(self) -> None:
         """Close the engine's session (cancelling unflushed audio) and free the slot.
@@ -124,7 +133,7 @@ class Connection:
                 await self.finish(CloseCode.TRY_AGAIN_LATER)
                 return
             logger.info("%s connected", self.session_id)
-            await self.send(protocol.session_created(self.session_id, INPUT_RATE, OUTPUT_RATE))
+            await self.send(self.greeting())
             await self.loop()
         except WebSocketDisconnect:
             logger.info("%s disconnected", self.session_id)

@@ -50,6 +50,12 @@ WARM_UP_FRAMES = 80
 PREFILL_SLICE_SECONDS = 0.02
 
 Loader = Callable[[str], Any]  # checkpoint path -> VoiceChatSession
+Serializer = Callable[[list], list]  # one command's runtime events -> JSON texts
+
+
+def serialize_vlm(events: list) -> list[str]:
+    """The mlx-vlm dialect's events (``protocol.model_event``), the default serializer."""
+    return [protocol.dumps(protocol.model_event(e)) for e in events]
 
 
 def load_voicechat(path: str) -> Any:
@@ -106,6 +112,7 @@ class Engine:
         self._reserved: set[str] = set()
         self.refusal = ""  # why the last reservation was refused
         self._jobs = JobQueue()  # engine thread only
+        self._serializers: dict[str, Serializer] = {}  # session -> its dialect (engine thread)
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
         self.metrics.transcriptions_in_flight.set_function(lambda: self.transcriptions.in_flight)
         self._transcriber: Any = None
@@ -191,7 +198,11 @@ class Engine:
         return await self.submit(kind, session_id, **payload)
 
     def submit_open(self, session_id: str, **options: Any) -> asyncio.Future:
-        """Queue ``open``; :meth:`abort` stops its prefill between positions."""
+        """Queue ``open``; :meth:`abort` stops its prefill between positions.
+
+        ``serializer`` (optional) turns the session's events into the texts
+        sent; it runs on the engine thread (default :func:`serialize_vlm`).
+        """
         abort = self._aborts.setdefault(session_id, threading.Event())
         return self.submit("open", session_id, stop_prefill=abort.is_set, **options)
 
@@ -362,8 +373,8 @@ class Engine:
                              exc_info=error)
                 command.reply(error=error)
             else:
-                command.reply([protocol.dumps(protocol.model_event(e))
-                               for e in result.events[command.session_id]])
+                command.reply(self._serializer(command.session_id)(
+                    result.events[command.session_id]))
 
     def _run_command(self, command: _Command) -> None:
         try:
@@ -390,6 +401,7 @@ class Engine:
     def _open_steps(self, pool: SessionPool, command: _Command) -> Generator[list, None, Any]:
         session_id = command.session_id
         options = dict(command.payload)
+        serializer = options.pop("serializer", None) or serialize_vlm
         factory = self.transcriber().create_stream if options.pop("text_only", False) \
             else None
         try:
@@ -410,6 +422,7 @@ class Engine:
         finally:
             self._aborts.pop(session_id, None)
             self.metrics.sessions(len(pool), pool.state_bytes)
+        self._serializers[session_id] = serializer
         return {
             "input_sample_rate": stream.sample_rate,
             "output_sample_rate": self.config.output_sample_rate,
@@ -420,7 +433,9 @@ class Engine:
 
     def _command(self, pool: SessionPool, command: _Command) -> Any:
         session_id = command.session_id
+        serialize = self._serializer(session_id)
         if command.kind == "close":
+            self._serializers.pop(session_id, None)
             if session_id in pool:
                 pool.close(session_id)
                 self.metrics.sessions(len(pool), pool.state_bytes)
@@ -442,8 +457,7 @@ class Engine:
             while lead < len(events) and events[lead].frame_index < before \
                     and isinstance(events[lead], Audio):
                 lead += 1
-            value = [protocol.dumps(protocol.model_event(e)) for e in events]
-            return value[:lead], value[lead:]
+            return serialize(events[:lead]), serialize(events[lead:])
         if command.kind == "cancel":
             # A client that cancels always hears response.cancelled, also
             # after a failed commit closed the stream.
@@ -453,7 +467,10 @@ class Engine:
             events = []
         else:
             raise ValueError(f"unknown engine command {command.kind!r}")
-        return [protocol.dumps(protocol.model_event(e)) for e in events]
+        return serialize(events)
+
+    def _serializer(self, session_id: str) -> Serializer:
+        return self._serializers.get(session_id, serialize_vlm)
 
 
 def _clear_cache() -> None:

@@ -1,0 +1,127 @@
+"""Audio formats of the OpenAI Realtime GA dialect, converted on the fly.
+
+GA clients send and expect ``audio/pcm`` (PCM16 little-endian mono at
+24 kHz) or G.711 ``audio/pcmu`` / ``audio/pcma`` at 8 kHz. The model listens
+at 16 kHz and its codec speaks at 22.05 kHz, so each direction goes through a
+streaming resampler (``soxr.ResampleStream``: its filter state is kept from
+one chunk to the next, so chunked output equals whole-signal output) and the
+G.711 codec of ``audioop`` (the standard library's up to Python 3.12, the
+maintained ``audioop-lts`` port from 3.13).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import soxr
+
+with warnings.catch_warnings():  # deprecated in the standard library of 3.11/3.12 only
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
+
+PCM = "audio/pcm"
+PCMU = "audio/pcmu"
+PCMA = "audio/pcma"
+RATES = {PCM: 24_000, PCMU: 8_000, PCMA: 8_000}
+PCM16_SCALE = 32768.0  # decode: int16 / 32768; encode: round(clip(x) * 32767)
+PCM16_OUTPUT_SCALE = 32767.0
+RESAMPLER_QUALITY = "HQ"
+
+
+class FormatError(ValueError):
+    """A client's audio format or audio payload is not usable."""
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    type: str = PCM
+    rate: int = RATES[PCM]
+
+    def describe(self) -> dict[str, Any]:
+        """The GA ``audio.*.format`` object (G.711 formats carry no rate)."""
+        return {"type": self.type, "rate": self.rate} if self.type == PCM else {"type": self.type}
+
+
+def parse_format(value: Any, where: str) -> AudioFormat:
+    """A GA format object: ``{"type": "audio/pcm", "rate": 24000}`` or a G.711 type."""
+    if not isinstance(value, dict):
+        raise FormatError(f"{where} must be an object with a type")
+    kind = value.get("type")
+    if kind not in RATES:
+        raise FormatError(f"{where}.type must be one of {', '.join(RATES)}, got {kind!r}"[:200])
+    rate = value.get("rate", RATES[kind])
+    if isinstance(rate, bool) or rate != RATES[kind]:
+        raise FormatError(f"{where}.rate must be {RATES[kind]} for {kind}, got {rate!r}"[:200])
+    return AudioFormat(kind, RATES[kind])
+
+
+def decode(fmt: AudioFormat, data: bytes) -> np.ndarray:
+    """Client bytes in ``fmt`` -> float32 samples in [-1, 1) at ``fmt.rate``."""
+    if fmt.type == PCMU:
+        data = audioop.ulaw2lin(data, 2)
+    elif fmt.type == PCMA:
+        data = audioop.alaw2lin(data, 2)
+    elif len(data) % 2:
+        raise FormatError("audio/pcm audio must contain an even number of bytes")
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / PCM16_SCALE
+
+
+def encode(fmt: AudioFormat, samples: np.ndarray) -> bytes:
+    """Float samples at ``fmt.rate`` -> bytes in ``fmt``."""
+    pcm = np.round(np.clip(samples, -1.0, 1.0) * PCM16_OUTPUT_SCALE).astype("<i2").tobytes()
+    if fmt.type == PCMU:
+        return audioop.lin2ulaw(pcm, 2)
+    if fmt.type == PCMA:
+        return audioop.lin2alaw(pcm, 2)
+    return pcm
+
+
+def decode_base64(text: Any) -> bytes:
+    if not isinstance(text, str):
+        raise FormatError("audio must be base64 text")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise FormatError("audio must be valid base64") from None
+
+
+class Resampler:
+    """A streaming resampler; the identity when the rates match."""
+
+    def __init__(self, in_rate: int, out_rate: int):
+        self.in_rate, self.out_rate = in_rate, out_rate
+        self._stream = None if in_rate == out_rate else soxr.ResampleStream(
+            in_rate, out_rate, 1, dtype="float32", quality=RESAMPLER_QUALITY)
+
+    def __call__(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
+        samples = np.ascontiguousarray(samples, dtype=np.float32)
+        if self._stream is None:
+            return samples
+        return self._stream.resample_chunk(samples, last=last)
+
+
+class InputAudio:
+    """Client audio (``fmt``) -> model samples at ``model_rate``."""
+
+    def __init__(self, fmt: AudioFormat, model_rate: int):
+        self.format = fmt
+        self.resample = Resampler(fmt.rate, model_rate)
+
+    def __call__(self, audio: Any) -> np.ndarray:
+        return self.resample(decode(self.format, decode_base64(audio)))
+
+
+class OutputAudio:
+    """Model samples at ``model_rate`` -> base64 audio in ``fmt``."""
+
+    def __init__(self, fmt: AudioFormat, model_rate: int):
+        self.format = fmt
+        self.resample = Resampler(model_rate, fmt.rate)
+
+    def __call__(self, samples: np.ndarray, last: bool = False) -> str:
+        return base64.b64encode(encode(self.format, self.resample(samples, last))).decode("ascii")

@@ -1,0 +1,229 @@
+"""A GA client's conversation: the shared connection loop, spoken as OpenAI Realtime GA.
+
+Same admission, limits, timeouts, origin policy, outbox backpressure and tool
+results as :class:`~.connection.Connection`; what differs is the language:
+
+- ``session.update`` may come any number of times and merges (GA clients
+  send partial ones). The engine session opens at the first ``session.update``
+  or the first audio. A change of ``instructions`` / ``tools`` /
+  ``tool_choice`` reopens it (a new prefill); once audio has reached the
+  model this restarts its timeline: the open response ends as ``cancelled``
+  and what it heard before is forgotten. Audio formats and output modalities
+  may change at any time.
+- Audio arrives in the session's input format, resampled to 16 kHz;
+  ``commit`` commits the user's item so far, ``clear`` drops the audio not yet
+  resampled; neither ends the session. The model keeps listening until the
+  client leaves (close 1000 is never needed).
+- ``response.create`` / ``response.cancel`` / ``conversation.item.truncate``
+  are accepted as described in :mod:`.dialect_ga_responses`;
+  ``conversation.item.create`` answers a tool call with a
+  ``function_call_output``; other items (a framework replaying its chat
+  history) are acknowledged, not injected: the model hears only audio, and
+  its text context is ``instructions``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import WebSocket
+
+from . import dialect_ga as ga
+from . import protocol
+from .audio_formats import FormatError, InputAudio
+from .connection import Connection
+from .dialect_ga_responses import GAResponses, tool_output_item
+from .engine import Engine
+from .limits import ServerLimits
+from .protocol import CloseCode, ErrorCode, ProtocolError
+
+logger = logging.getLogger(__name__)
+
+MODEL_INPUT_RATE = 16_000
+
+
+class GAConnection(Connection):
+    """One OpenAI Realtime GA client's conversation with the engine."""
+
+    def __init__(self, websocket: WebSocket, engine: Engine, model_id: str,
+                 limits: ServerLimits):
+        super().__init__(websocket, engine, model_id, limits)
+        self.config = ga.GAConfig()
+        self.responses = GAResponses(self.config)
+        self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
+        self.opened_with: tuple[Any, ...] | None = None  # engine_options of the open session
+        self.heard = 0  # samples the model has been given since it opened
+        self.event_id: str | None = None  # of the client event being handled
+
+    def greeting(self) -> dict[str, Any]:
+        return ga.session_event("session.created", self.session_id, self.model_id, self.config)
+
+    def error_payload(self, code: str, message: str) -> dict[str, Any]:
+        return ga.error_event(code, message, self.event_id)
+
+    async def handle(self, raw: dict[str, Any]) -> bool:
+        self.event_id = None
+        try:
+            event = ga.parse_client_event(self.text_of(raw))
+        except ProtocolError as exc:
+            self.event_id = getattr(exc, "event_id", None)
+            raise
+        self.event_id = event.event_id
+        message = event.message
+        if event.kind == "session.update":
+            await self.update(message.get("session"))
+        elif event.kind == "input_audio_buffer.append":
+            await self.append_audio(message.get("audio"))
+        elif event.kind == "input_audio_buffer.commit":
+            await self.send_all(self.responses.commit())
+        elif event.kind == "input_audio_buffer.clear":
+            self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
+            await self.send({"type": "input_audio_buffer.cleared"})
+        elif event.kind == "conversation.item.create":
+            await self.create_item(message.get("item"))
+        elif event.kind == "conversation.item.truncate":
+            await self.truncate(message)
+        elif event.kind == "conversation.item.delete":
+            item_id = message.get("item_id")
+            if not isinstance(item_id, str):
+                raise ProtocolError(ErrorCode.INVALID_REQUEST, "item_id must be a string")
+            await self.send({"type": "conversation.item.deleted", "item_id": item_id})
+        elif event.kind == "response.create":
+            self.responses.request(message.get("response"))
+        elif event.kind == "response.cancel":
+            events = self.responses.cancel()
+            if events is None:
+                raise ProtocolError("response_cancel_not_active",
+                                    "there is no active response to cancel")
+            await self.send_all(events)
+        self.active()
+        return False
+
+    async def send_all(self, payloads: list[dict[str, Any]]) -> None:
+        for payload in payloads:
+            await self.send(payload)
+
+    # --- session ----------------------------------------------------------
+
+    async def update(self, payload: Any) -> None:
+        config = ga.merge_session(self.config, payload)
+        if self.opened_with != config.engine_options():
+            if self.heard:
+                # The prompt and tools are prefilled: a new timeline starts, and
+                # what the model heard so far is forgotten (GA clients often send
+                # their tools while audio already flows).
+                logger.warning("%s instructions/tools changed after %.2f s of audio: the "
+                               "model's timeline restarts", self.session_id,
+                               self.heard / MODEL_INPUT_RATE)
+                await self.send_all(self.responses.restart())
+                self.heard = 0
+            await self.open_engine(config)
+        if config.input_format != self.config.input_format:
+            self.input = InputAudio(config.input_format, MODEL_INPUT_RATE)
+        self.config = config
+        self.responses.configure(config)
+        await self.send(ga.session_event("session.updated", self.session_id, self.model_id,
+                                         config))
+
+    async def open_engine(self, config: ga.GAConfig) -> None:
+        """Open (or reopen, before any audio) the engine session for ``config``."""
+        if self.open:
+            self.open = False
+            await self.engine.submit("close", self.session_id)
+        self.configured = False
+        seconds = self.limits.clamp_streaming_seconds(config.max_streaming_seconds)
+        tools = config.engine_tools()
+        opening = self.engine.submit_open(
+            self.session_id, system_prompt=config.instructions or None, seed=config.seed,
+            max_streaming_seconds=seconds, tools=tools,
+            max_prompt_tokens=self.limits.max_prompt_tokens,
+            serializer=self.responses.translate)
+        self.open = True
+        await self.watch(opening)
+        try:
+            details = opening.result()
+        except Exception as exc:
+            self.opened_with = None
+            raise ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED, str(exc)) from None
+        self.configured = True
+        self.tools_set = tools is not None
+        self.frame_samples = details["frame_samples"]
+        self.opened_with = config.engine_options()
+        self.responses.configure(config, details["output_sample_rate"],
+                                 self.frame_samples / details["input_sample_rate"])
+        logger.info("%s configured (GA, seed %d, max %.1f s)", self.session_id, config.seed,
+                    seconds)
+
+    # --- audio ------------------------------------------------------------
+
+    async def append_audio(self, audio: Any) -> None:
+        if not self.configured:
+            await self.open_engine(self.config)
+        try:
+            samples = self.input(audio)
+        except FormatError as exc:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        if not samples.shape[0]:
+            return
+        for start in range(0, samples.shape[0], self.frame_samples):
+            chunk = samples[start : start + self.frame_samples]
+            try:
+                events = await self.engine_call(self.engine.push(
+                    self.session_id, chunk, MODEL_INPUT_RATE))
+            except ProtocolError as exc:
+                if "max_streaming_seconds" in exc.message:  # the stream is full: it ends
+                    await self.send_error(exc.code, exc.message)
+                    await self.finish(CloseCode.NORMAL)
+                    raise _Finished() from None
+                raise
+            self.heard += chunk.shape[0]
+            await self.forward(events)
+
+    # --- items ------------------------------------------------------------
+
+    async def create_item(self, item: Any) -> None:
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
+            output = protocol.parse_item(item)
+            if not self.configured:
+                raise ProtocolError(ErrorCode.TOOLS_NOT_SET, "function_call_output needs tools "
+                                    "registered in session.update")
+            await self.tool_output(protocol.ToolOutput(
+                self.responses.runtime_call_id(output.call_id), output.output))
+            await self.send_all(self.responses.item_added(tool_output_item(item)))
+            return
+        if not isinstance(item, dict) or item.get("type") not in ("message", "function_call"):
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, "conversation.item.create supports "
+                                "items of type message, function_call and function_call_output")
+        logger.info("%s %s item acknowledged, not injected (the model hears only audio)",
+                    self.session_id, item.get("type"))
+        known = {key: item[key] for key in ("type", "role", "content", "call_id", "name",
+                                            "arguments") if key in item}
+        added = {"id": item["id"] if isinstance(item.get("id"), str) else ga.new_id("item"),
+                 "object": "realtime.item", "status": "completed", **known}
+        await self.send_all(self.responses.item_added(added))
+
+    async def truncate(self, message: dict[str, Any]) -> None:
+        item_id, index, end = (message.get("item_id"), message.get("content_index", 0),
+                               message.get("audio_end_ms"))
+        if not isinstance(item_id, str):
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, "item_id must be a string")
+        if isinstance(end, bool) or not isinstance(end, int) or end < 0:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST,
+                                "audio_end_ms must be a non-negative integer")
+        events = self.responses.truncate(item_id)
+        if events is None:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, f"unknown item_id {item_id[:64]!r}")
+        await self.send_all(events)
+        await self.send({"type": "conversation.item.truncated", "item_id": item_id,
+                         "content_index": index, "audio_end_ms": end})
+
+    async def loop(self) -> None:
+        try:
+            await super().loop()
+        except _Finished:
+            return
+
+
+class _Finished(Exception):
+    """The connection has been finished from inside a handler."""

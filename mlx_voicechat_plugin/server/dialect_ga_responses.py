@@ -1,0 +1,422 @@
+"""A full-duplex timeline as OpenAI Realtime GA responses and conversation items.
+
+The model listens and speaks in every 80 ms frame; GA clients think in
+responses. The mapping, one frame's runtime events at a time:
+
+- Assistant: one utterance is one response. The first visible text token
+  opens it (``response.created`` -> ``response.output_item.added`` ->
+  ``conversation.item.added`` -> ``response.content_part.added``); its text
+  tokens are ``response.output_audio_transcript.delta`` (``output_text`` with
+  ``output_modalities: ["text"]``) and its frames' audio, resampled to the
+  client's format, ``response.output_audio.delta``. It ends when no text token
+  came for :data:`RESPONSE_GAP_SECONDS` (the model's end-of-turn token is not
+  visible text, so silence is what closes it), at a tool call, or when the
+  stream ends: the ``.done`` events, then ``response.done`` with ``usage``
+  (text tokens and audio frames, measured). Audio between responses is the
+  model's silence and is not sent.
+- A tool call is a ``function_call`` output item of the response it ends:
+  ``response.output_item.added`` -> ``conversation.item.added`` ->
+  ``response.function_call_arguments.delta``/``done`` ->
+  ``conversation.item.done`` -> ``response.output_item.done``.
+- User: the transcript channel's tokens are one user item's
+  ``conversation.item.input_audio_transcription.delta``; with turn detection
+  on, its first token is ``input_audio_buffer.speech_started`` and a pause of
+  ``silence_duration_ms`` ``speech_stopped`` -> ``committed`` -> the item ->
+  ``...transcription.completed`` (without it, the client's commit ends the item).
+- ``response.cancel`` ends the current response as ``cancelled`` and drops the
+  rest of that utterance; ``response.create`` cannot make the model speak: its
+  ``metadata`` is carried by the next response the model starts.
+
+:meth:`GAResponses.translate` runs on the engine thread (the engine's
+per-session serializer); the other methods on the connection's. A lock keeps
+them apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..runtime.events import (
+    AssistantTextDelta,
+    Audio,
+    Cancelled,
+    Done,
+    Event,
+    ToolCall,
+    ToolCallInvalid,
+    UserTranscriptDelta,
+)
+from . import protocol
+from .audio_formats import OutputAudio
+from .dialect_ga import GAConfig, error_event, new_id
+
+logger = logging.getLogger(__name__)
+
+RESPONSE_GAP_SECONDS = 0.8  # a response ends after this long without a text token
+MAX_CALL_ID_CHARS = 32  # GA's cap on call_id (clients shorten longer ones by hashing)
+
+
+@dataclass
+class _Message:
+    id: str
+    output_index: int
+    text: str = ""
+
+
+@dataclass
+class _Response:
+    id: str
+    first_frame: int
+    last_text_frame: int
+    metadata: Any = None
+    message: _Message | None = None
+    output: list[dict[str, Any]] = field(default_factory=list)
+    text_tokens: int = 0
+    audio_frames: int = 0
+    audio: OutputAudio | None = None
+
+
+@dataclass
+class _UserItem:
+    id: str
+    first_frame: int
+    last_frame: int
+    text: str = ""
+
+
+class GAResponses:
+    """The state of one GA session's conversation: its open response and user item."""
+
+    def __init__(self, config: GAConfig, model_rate: int = 22_050,
+                 frame_seconds: float = 0.08):
+        self.lock = threading.Lock()
+        self.config = config
+        self.model_rate, self.frame_seconds = model_rate, frame_seconds
+        self.response: _Response | None = None
+        self.user: _UserItem | None = None
+        self.last_item_id: str | None = None
+        self.items: set[str] = set()
+        self.calls: dict[str, str] = {}  # GA call_id -> the runtime's call_id
+        self.metadata: Any = None  # from the latest response.create
+        self.muted_since: int | None = None  # a cancelled utterance's last text frame
+        self.frame = 0  # the latest frame seen
+        self.ended = False  # the stream ended (Done / Cancelled)
+
+    def configure(self, config: GAConfig, model_rate: int | None = None,
+                  frame_seconds: float | None = None) -> None:
+        with self.lock:
+            self.config = config
+            self.model_rate = model_rate or self.model_rate
+            self.frame_seconds = frame_seconds or self.frame_seconds
+
+    # --- helpers ----------------------------------------------------------
+
+    def _frames(self, seconds: float) -> int:
+        return max(1, math.ceil(seconds / self.frame_seconds - 1e-9))
+
+    def _ms(self, frame: int) -> int:
+        return int(round(frame * self.frame_seconds * 1000))
+
+    @property
+    def _audio_out(self) -> bool:
+        return "audio" in self.config.output_modalities
+
+    def _add_item(self, item: dict[str, Any], out: list[dict[str, Any]], kind: str) -> None:
+        out.append({"type": kind, "previous_item_id": self.last_item_id, "item": item})
+        if kind == "conversation.item.added":
+            self.last_item_id = item["id"]
+            self.items.add(item["id"])
+
+    # --- the engine thread: one frame's events -----------------------------
+
+    def translate(self, events: list[Event]) -> list[str]:
+        with self.lock:
+            out: list[dict[str, Any]] = []
+            for event in events:
+                self._event(event, out)
+            return [protocol.dumps(payload) for payload in out]
+
+    def _event(self, event: Event, out: list[dict[str, Any]]) -> None:
+        self.frame = max(self.frame, int(event.frame_index))
+        if isinstance(event, Audio):
+            self._audio(event, out)
+        elif isinstance(event, AssistantTextDelta):
+            self._text(event, out)
+        elif isinstance(event, UserTranscriptDelta):
+            self._user(event, out)
+        elif isinstance(event, ToolCall):
+            self._tool_call(event, out)
+        elif isinstance(event, ToolCallInvalid):
+            out.append(error_event(event.code, event.message))
+        elif isinstance(event, (Done, Cancelled)):
+            self._close_user(out, stopped=True)
+            if self.response is not None:
+                self._finish(out, "completed" if isinstance(event, Done) else "cancelled")
+            self.ended = True
+        # FunctionDelta, ToolResultInjected, ToolsWarning: no GA counterpart.
+
+    def _audio(self, event: Audio, out: list[dict[str, Any]]) -> None:
+        frame = int(event.frame_index)
+        user = self.user
+        if user is not None and self.config.turn_detection is not None and \
+                frame - user.last_frame >= self._frames(self.config.silence_ms / 1000):
+            self._close_user(out, stopped=True)
+        gap = self._frames(RESPONSE_GAP_SECONDS)
+        if self.muted_since is not None and frame - self.muted_since >= gap:
+            self.muted_since = None
+        response = self.response
+        if response is None:
+            return
+        if frame - response.last_text_frame >= gap:
+            self._finish(out, "completed")
+            return
+        if not self._audio_out or response.message is None:
+            return
+        response.audio_frames += 1
+        delta = response.audio(event.samples)
+        if delta:
+            out.append({"type": "response.output_audio.delta", **self._part(response),
+                        "delta": delta})
+
+    def _text(self, event: AssistantTextDelta, out: list[dict[str, Any]]) -> None:
+        frame = int(event.frame_index)
+        if self.muted_since is not None:
+            self.muted_since = frame
+            return
+        if self.response is None:
+            self._start(out, frame)
+        response = self.response
+        if response.message is None:
+            self._start_message(out)
+        response.last_text_frame = frame
+        response.text_tokens += 1
+        response.message.text += event.delta
+        kind = "response.output_audio_transcript.delta" if self._audio_out \
+            else "response.output_text.delta"
+        out.append({"type": kind, **self._part(response), "delta": event.delta})
+
+    def _tool_call(self, event: ToolCall, out: list[dict[str, Any]]) -> None:
+        if self.response is None:
+            self._start(out, int(event.frame_index))
+        response = self.response
+        self._close_message(out)
+        item_id = new_id("item")
+        index = len(response.output)
+        call_id = "call_" + event.call_id.removeprefix("call_")[: MAX_CALL_ID_CHARS - 5]
+        self.calls[call_id] = event.call_id
+        item = {"id": item_id, "object": "realtime.item", "type": "function_call",
+                "status": "in_progress", "call_id": call_id, "name": event.name,
+                "arguments": ""}
+        where = {"response_id": response.id, "item_id": item_id, "output_index": index,
+                 "call_id": call_id}
+        out.append({"type": "response.output_item.added", "response_id": response.id,
+                    "output_index": index, "item": item})
+        self._add_item(item, out, "conversation.item.added")
+        out.append({"type": "response.function_call_arguments.delta", **where,
+                    "delta": event.arguments})
+        out.append({"type": "response.function_call_arguments.done", **where,
+                    "name": event.name, "arguments": event.arguments})
+        done = {**item, "status": "completed", "arguments": event.arguments}
+        self._add_item(done, out, "conversation.item.done")
+        out.append({"type": "response.output_item.done", "response_id": response.id,
+                    "output_index": index, "item": done})
+        response.output.append(done)
+        self._finish(out, "completed")  # the client runs the tool now
+
+    def _user(self, event: UserTranscriptDelta, out: list[dict[str, Any]]) -> None:
+        frame = int(event.frame_index)
+        if self.user is None:
+            self.user = _UserItem(new_id("item"), frame, frame)
+            if self.config.turn_detection is not None:
+                out.append({"type": "input_audio_buffer.speech_started",
+                            "audio_start_ms": self._ms(frame), "item_id": self.user.id})
+        self.user.last_frame = frame
+        self.user.text += event.delta  # event.text is the whole session's transcript
+        out.append({"type": "conversation.item.input_audio_transcription.delta",
+                    "item_id": self.user.id, "content_index": 0, "delta": event.delta})
+
+    # --- responses -------------------------------------------------------
+
+    def _start(self, out: list[dict[str, Any]], frame: int) -> None:
+        response = _Response(new_id("resp"), frame, frame, metadata=self.metadata)
+        response.audio = OutputAudio(self.config.output_format, self.model_rate)
+        self.metadata = None
+        self.response = response
+        out.append({"type": "response.created", "response": self._response_object(response)})
+
+    def _start_message(self, out: list[dict[str, Any]]) -> None:
+        response = self.response
+        message = _Message(new_id("item"), len(response.output))
+        response.message = message
+        item = {"id": message.id, "object": "realtime.item", "type": "message",
+                "status": "in_progress", "role": "assistant", "content": []}
+        out.append({"type": "response.output_item.added", "response_id": response.id,
+                    "output_index": message.output_index, "item": item})
+        self._add_item(item, out, "conversation.item.added")
+        part = {"type": "audio", "transcript": ""} if self._audio_out \
+            else {"type": "text", "text": ""}
+        out.append({"type": "response.content_part.added", **self._part(response),
+                    "part": part})
+
+    def _part(self, response: _Response) -> dict[str, Any]:
+        return {"response_id": response.id, "item_id": response.message.id,
+                "output_index": response.message.output_index, "content_index": 0}
+
+    def _close_message(self, out: list[dict[str, Any]], status: str = "completed") -> None:
+        response = self.response
+        message = response.message if response is not None else None
+        if message is None:
+            return
+        where = self._part(response)
+        if self._audio_out:
+            tail = response.audio(np.zeros(0, np.float32), last=True)  # the resampler's tail
+            if tail:
+                out.append({"type": "response.output_audio.delta", **where, "delta": tail})
+            out.append({"type": "response.output_audio.done", **where})
+            out.append({"type": "response.output_audio_transcript.done", **where,
+                        "transcript": message.text})
+            part = {"type": "audio", "transcript": message.text}
+            content = {"type": "output_audio", "transcript": message.text}
+        else:
+            out.append({"type": "response.output_text.done", **where, "text": message.text})
+            part = {"type": "text", "text": message.text}
+            content = {"type": "output_text", "text": message.text}
+        out.append({"type": "response.content_part.done", **where, "part": part})
+        item = {"id": message.id, "object": "realtime.item", "type": "message",
+                "status": "completed" if status == "completed" else "incomplete",
+                "role": "assistant", "content": [content]}
+        self._add_item(item, out, "conversation.item.done")
+        out.append({"type": "response.output_item.done", "response_id": response.id,
+                    "output_index": message.output_index, "item": item})
+        response.output.insert(message.output_index, item)
+        response.message = None
+
+    def _finish(self, out: list[dict[str, Any]], status: str) -> None:
+        self._close_message(out, status)
+        response = self.response
+        self.response = None
+        body = self._response_object(response, status)
+        out.append({"type": "response.done", "response": body})
+
+    def _response_object(self, response: _Response, status: str = "in_progress") -> dict:
+        body: dict[str, Any] = {
+            "id": response.id, "object": "realtime.response", "status": status,
+            "status_details": None, "output": list(response.output),
+            "conversation_id": None, "output_modalities": list(self.config.output_modalities),
+            "max_output_tokens": "inf",
+            "audio": {"output": {"format": self.config.output_format.describe(),
+                                 "voice": self.config.voice}},
+            "usage": None, "metadata": response.metadata,
+        }
+        if status == "cancelled":
+            body["status_details"] = {"type": "cancelled", "reason": "client_cancelled"}
+        if status != "in_progress":
+            heard = max(self.frame - response.first_frame + 1, 0)
+            spoken = response.text_tokens + response.audio_frames
+            body["usage"] = {
+                "total_tokens": heard + spoken, "input_tokens": heard, "output_tokens": spoken,
+                "input_token_details": {"text_tokens": 0, "audio_tokens": heard,
+                                        "cached_tokens": 0},
+                "output_token_details": {"text_tokens": response.text_tokens,
+                                         "audio_tokens": response.audio_frames},
+            }
+        return body
+
+    # --- the user item -------------------------------------------------------
+
+    def _close_user(self, out: list[dict[str, Any]], stopped: bool) -> str:
+        """End the user's item (``committed`` and the item); its id, or a new one if none."""
+        user = self.user
+        self.user = None
+        if user is None:
+            return new_id("item")
+        if stopped and self.config.turn_detection is not None:
+            out.append({"type": "input_audio_buffer.speech_stopped",
+                        "audio_end_ms": self._ms(user.last_frame + 1), "item_id": user.id})
+        out.append({"type": "input_audio_buffer.committed",
+                    "previous_item_id": self.last_item_id, "item_id": user.id})
+        item = {"id": user.id, "object": "realtime.item", "type": "message",
+                "status": "completed", "role": "user",
+                "content": [{"type": "input_audio", "transcript": user.text}]}
+        self._add_item(item, out, "conversation.item.added")
+        self._add_item(item, out, "conversation.item.done")
+        out.append({"type": "conversation.item.input_audio_transcription.completed",
+                    "item_id": user.id, "content_index": 0, "transcript": user.text})
+        return user.id
+
+    # --- the connection's thread: client requests ----------------------------
+
+    def commit(self) -> list[dict[str, Any]]:
+        """``input_audio_buffer.commit``: the user item so far is committed."""
+        with self.lock:
+            out: list[dict[str, Any]] = []
+            if self.user is None:
+                item_id = new_id("item")
+                out.append({"type": "input_audio_buffer.committed",
+                            "previous_item_id": self.last_item_id, "item_id": item_id})
+            else:
+                self._close_user(out, stopped=False)
+            return out
+
+    def cancel(self) -> list[dict[str, Any]] | None:
+        """``response.cancel``: the response's events, or ``None`` when none is active."""
+        with self.lock:
+            if self.response is None:
+                return None
+            out: list[dict[str, Any]] = []
+            self.muted_since = self.response.last_text_frame
+            self._finish(out, "cancelled")
+            return out
+
+    def truncate(self, item_id: str) -> list[dict[str, Any]] | None:
+        """``conversation.item.truncate``: cancels the response still speaking ``item_id``;
+        ``None`` for an unknown item."""
+        with self.lock:
+            response = self.response
+            speaking = response is not None and response.message is not None \
+                and response.message.id == item_id
+            if not speaking and item_id not in self.items:
+                return None
+        if speaking:
+            return self.cancel() or []
+        return []
+
+    def restart(self) -> list[dict[str, Any]]:
+        """A new engine timeline: the open response and user item end, frames count anew."""
+        with self.lock:
+            out: list[dict[str, Any]] = []
+            if self.response is not None:
+                self._finish(out, "cancelled")
+            self._close_user(out, stopped=False)
+            self.frame, self.muted_since, self.ended = 0, None, False
+            return out
+
+    def runtime_call_id(self, call_id: str) -> str:
+        """The runtime's id of a call announced as ``call_id`` (unknown ids pass through)."""
+        with self.lock:
+            return self.calls.get(call_id, call_id)
+
+    def request(self, response: Any) -> None:
+        """``response.create``: the next response carries its ``metadata``."""
+        with self.lock:
+            self.metadata = response.get("metadata") if isinstance(response, dict) else None
+
+    def item_added(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """A client-created item (a tool result): ``conversation.item.added`` / ``done``."""
+        with self.lock:
+            out: list[dict[str, Any]] = []
+            self._add_item(item, out, "conversation.item.added")
+            self._add_item(item, out, "conversation.item.done")
+            return out
+
+
+def tool_output_item(item: dict[str, Any]) -> dict[str, Any]:
+    return {"id": item.get("id") if isinstance(item.get("id"), str) else new_id("item"),
+            "object": "realtime.item", "type": "function_call_output", "status": "completed",
+            "call_id": item["call_id"], "output": item["output"]}

@@ -1,0 +1,149 @@
+"""The GA dialect's rules over a raw WebSocket: errors, formats, limits, admission.
+
+The client libraries' own tests are test_server_ga_{openai,pipecat,livekit}.py;
+these pin what they do not exercise.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+import soxr
+from ga_support import API_KEY, MODEL
+from server_support import LiveServer, connect, recv, running, send, until_closed
+
+from mlx_voicechat_plugin.server.app import create_app
+from mlx_voicechat_plugin.server.limits import ServerLimits
+from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+GA_PATH = f"/openai/v1/realtime?model={MODEL}"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt):
+    limits = ServerLimits(update_timeout=5, idle_timeout=5, max_message_bytes=64 * 1024)
+    yield from running(LiveServer(create_app(tiny_ckpt, api_key=API_KEY, limits=limits)))
+
+
+@pytest.fixture
+def ws(server):
+    server.wait_idle()
+    with connect(server.ws(GA_PATH), additional_headers=AUTH) as client:
+        assert recv(client)["type"] == "session.created"
+        yield client
+
+
+def _update(ws, **session) -> dict:
+    send(ws, {"type": "session.update", "session": {"type": "realtime", **session}})
+    return recv(ws)
+
+
+def _append(samples_or_bytes) -> dict:
+    data = samples_or_bytes if isinstance(samples_or_bytes, bytes) else \
+        np.round(np.asarray(samples_or_bytes) * 32767).astype("<i2").tobytes()
+    return {"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()}
+
+
+def _ping(ws) -> list[dict]:
+    """Everything up to the answer of a harmless delete: the server answers in order."""
+    send(ws, {"type": "conversation.item.delete", "item_id": "item_ping"})
+    events = []
+    while (event := recv(ws))["type"] != "conversation.item.deleted":
+        events.append(event)
+    return events
+
+
+def test_clear_is_acknowledged(ws):
+    send(ws, {"type": "input_audio_buffer.clear"})
+    assert recv(ws)["type"] == "input_audio_buffer.cleared"
+
+
+def test_errors_have_the_ga_shape_and_echo_the_client_event_id(ws):
+    send(ws, {"type": "no.such.event", "event_id": "evt_1"})
+    error = recv(ws)["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request"
+    assert error["event_id"] == "evt_1" and "no.such.event" in error["message"]
+    assert "param" in error
+
+
+def test_a_bad_session_field_is_named_and_the_session_lives(ws):
+    error = _update(ws, output_modalities=["audio", "text"])["error"]
+    assert "session.output_modalities" in error["message"]
+    assert _update(ws, instructions="Be brief.")["type"] == "session.updated"
+
+
+def test_a_bad_audio_format_is_named(ws):
+    error = _update(ws, audio={"input": {"format": {"type": "audio/pcm", "rate": 16000}}})
+    assert "session.audio.input.format.rate must be 24000" in error["error"]["message"]
+
+
+def test_partial_updates_merge(ws):
+    _update(ws, instructions="Be brief.")
+    session = _update(ws, tools=[])["session"]
+    assert session["instructions"] == "Be brief." and session["tools"] == []
+
+
+def test_cancel_without_a_response_is_a_non_fatal_error(ws):
+    send(ws, {"type": "response.cancel"})
+    assert recv(ws)["error"]["code"] == "response_cancel_not_active"
+    assert _ping(ws) == []
+
+
+def test_response_create_is_accepted_silently(ws):
+    send(ws, {"type": "response.create", "response": {"metadata": {"k": "v"}}})
+    assert _ping(ws) == []
+
+
+def test_g711_audio_goes_in_and_comes_out_as_g711(ws):
+    updated = _update(ws, audio={"input": {"format": {"type": "audio/pcmu"}},
+                                 "output": {"format": {"type": "audio/pcma"}}})
+    assert updated["session"]["audio"]["output"]["format"] == {"type": "audio/pcma"}
+    ulaw = _encode_ulaw(soxr.resample(question_signal(3.0), 16_000, 8_000))
+    events = []
+    for start in range(0, len(ulaw), 800):  # 100 ms at 8 kHz, one byte a sample
+        send(ws, _append(ulaw[start : start + 800]))
+        events += _ping(ws)
+    deltas = [e for e in events if e["type"] == "response.output_audio.delta"]
+    assert deltas, [e["type"] for e in events]
+    sizes = [len(base64.b64decode(d["delta"])) for d in deltas]
+    assert abs(np.mean(sizes) - 640) < 80  # an 80 ms frame at 8 kHz, one byte a sample
+
+
+def _encode_ulaw(samples) -> bytes:
+    from mlx_voicechat_plugin.server.audio_formats import PCMU, AudioFormat, encode
+
+    return encode(AudioFormat(PCMU, 8_000), samples)
+
+
+def test_bad_audio_is_an_error_and_the_session_lives(ws):
+    send(ws, {"type": "input_audio_buffer.append", "audio": "%%%"})
+    assert "base64" in recv(ws)["error"]["message"]
+    send(ws, _append(np.zeros(1920, np.float32)))
+    assert [e for e in _ping(ws) if e["type"] == "error"] == []
+
+
+def test_an_oversized_message_is_refused_as_in_the_other_dialect(ws):
+    send(ws, {"type": "input_audio_buffer.append", "audio": "A" * (70 * 1024)})
+    assert "exceeds the 65536-byte limit" in recv(ws)["error"]["message"]
+
+
+def test_one_session_at_a_time_across_both_dialects(server, ws):
+    send(ws, _append(np.zeros(1920, np.float32)))  # the GA session holds the engine
+    _ping(ws)
+    with connect(server.ws("/v1/realtime"), additional_headers=AUTH) as other:
+        assert recv(other)["error"]["code"] == "server_busy"
+        assert until_closed(other)[1] == 1013
+    with connect(server.ws(GA_PATH), additional_headers=AUTH) as other:
+        error = recv(other)["error"]
+        assert (error["type"], error["code"]) == ("server_error", "server_busy")
+
+
+def test_the_model_query_is_checked_on_the_mlx_vlm_route_too(server):
+    from websockets.exceptions import InvalidStatus
+
+    with pytest.raises(InvalidStatus) as refused:
+        connect(server.ws("/v1/realtime?model=other"), additional_headers=AUTH)
+    assert refused.value.response.status_code == 404

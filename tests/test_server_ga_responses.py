@@ -1,0 +1,207 @@
+"""How the GA dialect turns a full-duplex timeline into responses and items.
+
+Synthetic runtime events, one 80 ms frame at a time, through
+:class:`GAResponses`; each rule of the mapping is one test.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+
+from mlx_voicechat_plugin.runtime.events import (
+    AssistantTextDelta,
+    Audio,
+    Done,
+    ToolCall,
+    UserTranscriptDelta,
+)
+from mlx_voicechat_plugin.server.dialect_ga import GAConfig
+from mlx_voicechat_plugin.server.dialect_ga_responses import RESPONSE_GAP_SECONDS, GAResponses
+
+FRAME_SECONDS = 0.08
+GAP = round(RESPONSE_GAP_SECONDS / FRAME_SECONDS)
+SILENCE = round(0.8 / FRAME_SECONDS)  # the default silence_duration_ms
+
+
+class Timeline:
+    """Feeds frames to a :class:`GAResponses`; keeps every GA event it produced."""
+
+    def __init__(self, config: GAConfig | None = None):
+        self.responses = GAResponses(config or GAConfig())
+        self.frame = 0
+        self.events: list[dict] = []
+
+    def step(self, text: str | None = None, user: str | None = None, call: bool = False):
+        frame, events = self.frame, []
+        if frame:  # a frame's audio leaves with the next frame
+            events.append(Audio(frame - 1, np.zeros(1764, np.float32), 22_050,
+                                np.zeros(31, np.int32)))
+        if user is not None:
+            events.append(UserTranscriptDelta(frame, user, user))
+        if text is not None:
+            events.append(AssistantTextDelta(frame, 7, text, text))
+        if call:
+            events.append(ToolCall(frame, "call_" + "ab" * 16, "get_weather",
+                                   '{"city": "Paris"}'))
+        self.frame += 1
+        out = [json.loads(t) for t in self.responses.translate(events)]
+        self.events += out
+        return out
+
+    def idle(self, frames: int):
+        return [e for _ in range(frames) for e in self.step()]
+
+    def kinds(self, events=None):
+        return [e["type"] for e in (self.events if events is None else events)]
+
+
+def test_audio_before_any_text_is_not_sent():
+    timeline = Timeline()
+    assert timeline.idle(5) == []
+
+
+def test_the_first_text_token_opens_a_response_before_its_audio():
+    timeline = Timeline()
+    timeline.idle(2)
+    opened = timeline.step(text="Hi")
+    assert timeline.kinds(opened) == [
+        "response.created", "response.output_item.added", "conversation.item.added",
+        "response.content_part.added", "response.output_audio_transcript.delta"]
+    assert opened[0]["response"]["status"] == "in_progress"
+    assert opened[1]["item"]["role"] == "assistant"
+    audio = timeline.step()
+    assert timeline.kinds(audio) == ["response.output_audio.delta"]
+    assert audio[0]["item_id"] == opened[1]["item"]["id"]
+    assert audio[0]["response_id"] == opened[0]["response"]["id"]
+
+
+def test_a_pause_without_text_ends_the_response_with_its_transcript_and_usage():
+    timeline = Timeline()
+    timeline.step(text="Hel")
+    timeline.step(text="lo")
+    closing = timeline.idle(GAP + 1)
+    kinds = timeline.kinds(closing)
+    tail = kinds[kinds.index("response.output_audio.done"):]
+    assert tail == ["response.output_audio.done", "response.output_audio_transcript.done",
+                    "response.content_part.done", "conversation.item.done",
+                    "response.output_item.done", "response.done"]
+    by_kind = {e["type"]: e for e in closing}
+    assert by_kind["response.output_audio_transcript.done"]["transcript"] == "Hello"
+    done = by_kind["response.done"]["response"]
+    assert done["status"] == "completed"
+    assert done["output"][0]["content"] == [{"type": "output_audio", "transcript": "Hello"}]
+    usage = done["usage"]
+    # frames 0..GAP spoke (frame GAP + 1 is the first past the pause); one audio token a frame
+    assert usage["output_token_details"] == {"text_tokens": 2, "audio_tokens": GAP + 1}
+    assert usage["output_tokens"] == 2 + GAP + 1
+    assert usage["input_tokens"] == GAP + 2  # the frames heard while it was open
+
+
+def test_a_tool_call_is_a_function_call_item_that_ends_the_response():
+    timeline = Timeline()
+    timeline.step(text="Let me check")
+    out = timeline.step(call=True)
+    kinds = timeline.kinds(out)
+    start = kinds.index("response.output_item.added")
+    assert kinds[start:] == [
+        "response.output_item.added", "conversation.item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "conversation.item.done", "response.output_item.done", "response.done"]
+    done = out[-1]["response"]
+    assert [item["type"] for item in done["output"]] == ["message", "function_call"]
+    call = done["output"][1]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+    assert len(call["call_id"]) <= 32
+    assert timeline.responses.runtime_call_id(call["call_id"]) == "call_" + "ab" * 16
+
+
+def test_a_tool_call_without_speech_is_a_response_of_its_own():
+    timeline = Timeline()
+    out = timeline.step(call=True)
+    assert timeline.kinds(out)[0] == "response.created"
+    assert [i["type"] for i in out[-1]["response"]["output"]] == ["function_call"]
+
+
+def test_user_speech_is_one_item_between_speech_started_and_stopped():
+    timeline = Timeline()
+    started = timeline.step(user="what")
+    assert timeline.kinds(started) == ["input_audio_buffer.speech_started",
+                                       "conversation.item.input_audio_transcription.delta"]
+    item_id = started[0]["item_id"]
+    timeline.step(user=" time")
+    stopped = timeline.idle(SILENCE + 1)
+    assert timeline.kinds(stopped) == [
+        "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+        "conversation.item.added", "conversation.item.done",
+        "conversation.item.input_audio_transcription.completed"]
+    assert all(e.get("item_id", e.get("item", {}).get("id")) == item_id for e in stopped)
+    assert stopped[-1]["transcript"] == "what time"
+    assert stopped[0]["audio_end_ms"] == 160
+
+
+def test_without_turn_detection_the_client_commit_ends_the_user_item():
+    timeline = Timeline(GAConfig(turn_detection=None))
+    assert timeline.kinds(timeline.step(user="hi")) == [
+        "conversation.item.input_audio_transcription.delta"]
+    assert timeline.idle(SILENCE + 2) == []
+    committed = timeline.responses.commit()
+    assert [e["type"] for e in committed][0] == "input_audio_buffer.committed"
+    assert committed[-1]["transcript"] == "hi"
+
+
+def test_commit_without_speech_is_acknowledged_with_a_new_item():
+    (committed,) = Timeline().responses.commit()
+    assert committed["type"] == "input_audio_buffer.committed"
+    assert committed["item_id"].startswith("item_")
+
+
+def test_cancel_ends_the_response_and_mutes_the_rest_of_the_utterance():
+    timeline = Timeline()
+    timeline.step(text="Long")
+    cancelled = timeline.responses.cancel()
+    assert cancelled[-1]["response"]["status"] == "cancelled"
+    assert cancelled[-1]["response"]["status_details"]["reason"] == "client_cancelled"
+    assert timeline.step(text=" story") == []  # the same utterance goes on, unheard
+    timeline.idle(GAP)
+    again = timeline.step(text="Next")
+    assert timeline.kinds(again)[0] == "response.created"
+
+
+def test_cancel_without_a_response_is_refused():
+    assert Timeline().responses.cancel() is None
+
+
+def test_response_create_metadata_rides_on_the_next_response():
+    timeline = Timeline()
+    timeline.responses.request({"metadata": {"client_event_id": "abc"}})
+    created = timeline.step(text="Hi")[0]
+    assert created["response"]["metadata"] == {"client_event_id": "abc"}
+
+
+def test_text_modality_sends_output_text_and_no_audio():
+    timeline = Timeline(replace(GAConfig(), output_modalities=("text",)))
+    timeline.step(text="Hi")
+    timeline.idle(GAP + 1)
+    kinds = timeline.kinds()
+    assert "response.output_text.delta" in kinds and "response.output_text.done" in kinds
+    assert not [k for k in kinds if k.startswith("response.output_audio")]
+
+
+def test_the_end_of_the_stream_ends_the_open_response():
+    timeline = Timeline()
+    timeline.step(text="Bye")
+    out = [json.loads(t) for t in timeline.responses.translate([Done(1)])]
+    assert out[-1]["type"] == "response.done" and out[-1]["response"]["status"] == "completed"
+    assert timeline.responses.ended
+
+
+def test_truncating_the_speaking_item_cancels_it_and_unknown_items_are_refused():
+    timeline = Timeline()
+    item_id = timeline.step(text="Hi")[1]["item"]["id"]
+    assert timeline.responses.truncate("item_unknown") is None
+    out = timeline.responses.truncate(item_id)
+    assert out[-1]["response"]["status"] == "cancelled"
+    assert timeline.responses.truncate(item_id) == []  # known, no longer speaking
