@@ -30,6 +30,7 @@ from server_support import (
     send,
     until_closed,
 )
+from tool_support import short_tool_prompt
 from websockets.exceptions import InvalidStatus
 
 from mlx_voicechat_plugin.server import protocol
@@ -83,8 +84,12 @@ def test_json_depth_counts_without_recursion():
 # --- 4: echoes and repeated failures ------------------------------------
 
 
-def test_errors_quote_at_most_a_short_prefix_of_client_input(ws):
+def test_errors_quote_at_most_a_short_prefix_of_client_input(ws, monkeypatch):
     """Finding 4: a 500 KB call_id or tool name came back whole."""
+    # The rendered tool block is ~480 prefill positions: seconds of this
+    # module's 6 s wall-clock cap on a loaded 2-core machine. The rule under
+    # test is the error text, not the prefill.
+    short_tool_prompt(monkeypatch)
     configure(ws, tools=[WEATHER])
     send(ws, {"type": "conversation.item.create",
               "item": {"type": "function_call_output", "call_id": "c" * 500_000, "output": "{}"}})
