@@ -68,6 +68,7 @@ class GreedyRNNT:
         self._frame = mx.compile(partial(self._unrolled, self.max_symbols))
         self._first = mx.compile(partial(self._unrolled, 1))
         self._rest = mx.compile(partial(self._unrolled, self.max_symbols - 1))
+        self._first_rows = mx.compile(partial(self._unrolled_rows, 1))
 
     def initial(self, dtype: mx.Dtype) -> Carry:
         """Prediction for the start symbol (blank: zero embedding, no LSTM state)."""
@@ -104,6 +105,41 @@ class GreedyRNNT:
             symbols.append(mx.where(emit, symbol, self.blank_id))
             active = emit
         return mx.concatenate(symbols), prediction, *h, *c
+
+    def _unrolled_rows(self, tries: int, encoded: mx.array, prediction: mx.array,
+                       *state: mx.array):
+        """:meth:`_unrolled` for ``B`` streams at once: ``encoded`` ``[B, 1, D]``, the
+        carries stacked on the first axis; row ``b`` is stream ``b``'s own try for try
+        (the same arithmetic, each row's emission masking only its row)."""
+        dtype = encoded.dtype
+        joint, layers = self.joint, self.layers
+        embed, lstm = self.decoder.prediction["embed"], self.decoder.prediction["dec_rnn"].lstm
+        h, c = list(state[:layers]), list(state[layers:])
+        enc = joint.enc(encoded.reshape(encoded.shape[0], -1))
+        active = mx.ones((encoded.shape[0], 1), dtype=mx.bool_)
+        symbols = []
+        for _ in range(tries):
+            x = enc + joint.pred(prediction)
+            for layer in joint.joint_net:
+                x = layer(x)
+            symbol = mx.argmax(x, axis=-1).astype(mx.int32)  # [B]
+            emit = active & (symbol != self.blank_id)[:, None]
+            out, new_h, new_c = lstm_step(
+                lstm, embed(symbol), [a.astype(dtype) for a in h], [a.astype(dtype) for a in c]
+            )
+            prediction = mx.where(emit, out.astype(dtype), prediction)
+            h = [mx.where(emit, new, old) for new, old in zip(new_h, h)]
+            c = [mx.where(emit, new, old) for new, old in zip(new_c, c)]
+            symbols.append(mx.where(emit[:, 0], symbol, self.blank_id))
+            active = emit
+        return mx.stack(symbols, axis=1), prediction, *h, *c
+
+    def first_batch(self, encoded: mx.array, carries: list[Carry]) -> tuple[mx.array, list[Carry]]:
+        """:meth:`first` of ``B`` streams in one call: ``[B, 1]`` symbols and each carry."""
+        stacked = [mx.concatenate(parts) for parts in zip(*carries)]
+        symbols, *updated = self._first_rows(encoded, *stacked)
+        rows = [tuple(a[b : b + 1] for a in updated) for b in range(len(carries))]
+        return symbols, rows
 
     def frame(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
         """``(1, 1, d_model)`` frame -> lazy ``(max_symbols,)`` symbols and the new carry."""
@@ -167,6 +203,28 @@ class RNNTState:
         self._encoded = encoded
         first, self._carry = self.greedy.first(encoded, self._carry)
         return first
+
+    @staticmethod
+    def advance_first_batch(states: list["RNNTState"], encoded: list[mx.array]
+                            ) -> list[mx.array | None]:
+        """:meth:`advance_first` of many streams of one model, the enabled ones in one call."""
+        on = [b for b, s in enumerate(states) if s.enabled]
+        if len(on) < 2:
+            return [s.advance_first(e) for s, e in zip(states, encoded)]
+        greedy = states[on[0]].greedy
+        assert greedy is not None
+        for b in on:
+            state = states[b]
+            if state._carry is None:
+                state._carry = greedy.initial(encoded[b].dtype)
+            state._encoded = encoded[b]
+        symbols, carries = greedy.first_batch(mx.concatenate([encoded[b] for b in on]),
+                                              [states[b]._carry for b in on])
+        firsts: list[mx.array | None] = [None] * len(states)
+        for j, b in enumerate(on):
+            states[b]._carry = carries[j]
+            firsts[b] = symbols[j]
+        return firsts
 
     def advance_rest(self, first: mx.array | None) -> mx.array | None:
         """After the evaluated first try: the frame's other tries, if it emitted.

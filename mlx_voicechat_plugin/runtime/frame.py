@@ -149,10 +149,11 @@ def advance_batch(
     mx.async_eval(*listening)
     # The RNNT's first try joins the first evaluation; a blank (most frames
     # of real speech) ends the frame's transcript work there.
-    firsts = []
-    for state, e in zip(states, encoded):
-        first = state.rnnt.advance_first(e)
-        firsts.append(first)
+    if len(states) == 1:
+        firsts = [states[0].rnnt.advance_first(encoded[0])]
+    else:
+        firsts = RNNTState.advance_first_batch([s.rnnt for s in states], encoded)
+    for state, first in zip(states, firsts):
         if first is not None:
             listening += [first, *state.rnnt.state]
     audio = projected[0] if len(states) == 1 else mx.concatenate(projected)
