@@ -3,7 +3,8 @@
     python -m bench.sessions [--size small] [--sessions 1 2 4 8] [--seconds 2]
                              [--json out.json] [--png out.png]
 
-For each N, N sessions (different seeds) each take ``--seconds`` of speech:
+For each N, N sessions (different seeds) each take ``--seconds`` of speech,
+timed after ``--skip-seconds`` (the steady frames of a long conversation):
 "together" opens them in one :class:`~mlx_voicechat_plugin.runtime.pool.SessionPool`
 and steps all of them one frame per step; "one after another" runs the same N
 sessions alone in turn. Both are timed in this process, after a warm-up
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -26,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 
-def _together(voicechat, audios: list[np.ndarray], frame: int) -> tuple[float, list]:
+def _together(voicechat, audios: list[np.ndarray], frame: int, skip: int = 0
+              ) -> tuple[float, int, list]:
     from mlx_voicechat_plugin.runtime.events import Audio
     from mlx_voicechat_plugin.runtime.pool import SessionPool
 
@@ -34,31 +37,37 @@ def _together(voicechat, audios: list[np.ndarray], frame: int) -> tuple[float, l
     codes: list[list] = [[] for _ in audios]
     for i in range(len(audios)):
         pool.open(str(i), seed=i)
-    started = time.perf_counter()
-    for start in range(0, len(audios[0]), frame):
+    seconds, timed = 0.0, 0
+    for index, start in enumerate(range(0, len(audios[0]), frame)):
+        started = time.perf_counter()
         result = pool.step({str(i): (a[start : start + frame], None) for i, a in enumerate(audios)})
+        if index >= skip:
+            seconds += time.perf_counter() - started
+            timed += result.frames
         for key, events in result.events.items():
             codes[int(key)] += [e.audio_codes.tolist() for e in events if isinstance(e, Audio)]
-    seconds = time.perf_counter() - started
     pool.close_all()
-    return seconds, codes
+    return seconds, timed, codes
 
 
-def _one_after_another(voicechat, audios: list[np.ndarray], frame: int) -> tuple[float, list]:
+def _one_after_another(voicechat, audios: list[np.ndarray], frame: int, skip: int = 0
+                       ) -> tuple[float, int, list]:
     from mlx_voicechat_plugin.runtime.events import Audio
 
     codes: list[list] = []
-    seconds = 0.0
+    seconds, timed = 0.0, 0
     for i, audio in enumerate(audios):
         stream = voicechat.create_streaming_session(seed=i)
-        started = time.perf_counter()
         events = []
-        for start in range(0, len(audio), frame):
+        for index, start in enumerate(range(0, len(audio), frame)):
+            started = time.perf_counter()
             events += stream.push_audio(audio[start : start + frame])
-        seconds += time.perf_counter() - started
+            if index >= skip:
+                seconds += time.perf_counter() - started
+                timed += 1
         stream.cancel()
         codes.append([e.audio_codes.tolist() for e in events if isinstance(e, Audio)])
-    return seconds, codes
+    return seconds, timed, codes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--skip-seconds", type=float, default=6.0,
+                        help="untimed start of every session (the encoder's 70-frame windows "
+                             "fill in 5.6 s; after that a frame has its steady cost)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     args = parser.parse_args(argv)
@@ -80,17 +93,30 @@ def main(argv: list[str] | None = None) -> int:
     frame = model.config.frame_samples
     _one_after_another(voicechat, [question_signal(1.0)], frame)  # warm-up: compiles
     rows = []
+    skip = int(args.skip_seconds / model.config.frame_duration)
     for n in args.sessions:
         audios = [question_signal(args.seconds, seed=i) for i in range(n)]
-        frames = n * (len(audios[0]) // frame)
         _together(voicechat, [a[: 4 * frame] for a in audios], frame)  # compiles batch-N kernels
-        t_together, codes_together = _together(voicechat, audios, frame)
-        t_serial, codes_serial = _one_after_another(voicechat, audios, frame)
+        together, serial, exact = [], [], True
+        for r in range(args.rounds):  # interleaved, the order alternating: this machine is noisy
+            runs = [("together", _together), ("serial", _one_after_another)]
+            for name, run in runs if r % 2 == 0 else runs[::-1]:
+                seconds, frames, codes = run(voicechat, audios, frame, skip)
+                (together if name == "together" else serial).append(frames / seconds)
+                if name == "together":
+                    codes_together = codes
+                else:
+                    codes_serial = codes
+            exact = exact and codes_together == codes_serial
         rows.append({"sessions": n, "frames": frames,
-                     "together_fps": frames / t_together, "serial_fps": frames / t_serial,
-                     "exact": codes_together == codes_serial})
-    base = rows[0]["serial_fps"] if rows and rows[0]["sessions"] == 1 else None
-    print(f"{args.size} fixture, {args.seconds:g} s a session")
+                     "together_fps": statistics.median(together),
+                     "serial_fps": statistics.median(serial),
+                     "together_fps_rounds": together, "serial_fps_rounds": serial,
+                     "exact": exact})
+    # One session alone: the median of both modes' N=1 rounds (the same work).
+    base = statistics.median(rows[0]["together_fps_rounds"] + rows[0]["serial_fps_rounds"]) \
+        if rows and rows[0]["sessions"] == 1 else None
+    print(f"{args.size} fixture, {args.seconds:g} s a session, timed after {args.skip_seconds:g} s")
     print(f"{'N':>3s} {'together f/s':>13s} {'serial f/s':>11s} {'x one':>6s} {'exact':>6s}")
     for row in rows:
         ratio = row["together_fps"] / base if base else float("nan")

@@ -69,6 +69,7 @@ class GreedyRNNT:
         self._first = mx.compile(partial(self._unrolled, 1))
         self._rest = mx.compile(partial(self._unrolled, self.max_symbols - 1))
         self._first_rows = mx.compile(partial(self._unrolled_rows, 1))
+        self._rest_rows = mx.compile(partial(self._unrolled_rows, self.max_symbols - 1))
 
     def initial(self, dtype: mx.Dtype) -> Carry:
         """Prediction for the start symbol (blank: zero embedding, no LSTM state)."""
@@ -136,8 +137,16 @@ class GreedyRNNT:
 
     def first_batch(self, encoded: mx.array, carries: list[Carry]) -> tuple[mx.array, list[Carry]]:
         """:meth:`first` of ``B`` streams in one call: ``[B, 1]`` symbols and each carry."""
+        return self._rows(self._first_rows, encoded, carries)
+
+    def rest_batch(self, encoded: mx.array, carries: list[Carry]) -> tuple[mx.array, list[Carry]]:
+        """:meth:`rest` of ``B`` streams in one call: ``[B, max_symbols - 1]`` symbols."""
+        return self._rows(self._rest_rows, encoded, carries)
+
+    @staticmethod
+    def _rows(graph, encoded: mx.array, carries: list[Carry]) -> tuple[mx.array, list[Carry]]:
         stacked = [mx.concatenate(parts) for parts in zip(*carries)]
-        symbols, *updated = self._first_rows(encoded, *stacked)
+        symbols, *updated = graph(encoded, *stacked)
         rows = [tuple(a[b : b + 1] for a in updated) for b in range(len(carries))]
         return symbols, rows
 
@@ -225,6 +234,25 @@ class RNNTState:
             states[b]._carry = carries[j]
             firsts[b] = symbols[j]
         return firsts
+
+    @staticmethod
+    def advance_rest_batch(states: list["RNNTState"], firsts: list[mx.array | None]
+                           ) -> list[mx.array | None]:
+        """:meth:`advance_rest` of many streams; the ones whose first try emitted in one call."""
+        more = [b for b, (s, f) in enumerate(zip(states, firsts))
+                if f is not None and s.greedy is not None and s.greedy.max_symbols > 1
+                and f.item() != s.greedy.blank_id]
+        if len(more) < 2:
+            return [s.advance_rest(f) for s, f in zip(states, firsts)]
+        greedy = states[more[0]].greedy
+        assert greedy is not None
+        rest, carries = greedy.rest_batch(mx.concatenate([states[b]._encoded for b in more]),
+                                          [states[b]._carry for b in more])
+        out = list(firsts)
+        for j, b in enumerate(more):
+            states[b]._carry = carries[j]
+            out[b] = mx.concatenate([firsts[b], rest[j]])
+        return out
 
     def advance_rest(self, first: mx.array | None) -> mx.array | None:
         """After the evaluated first try: the frame's other tries, if it emitted.

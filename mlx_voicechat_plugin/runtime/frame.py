@@ -162,10 +162,12 @@ def advance_batch(
 
     # The user transcript does not feed the timeline: the RNNT's other tries
     # (after an emission) compute while the speech half is built.
-    symbols, speaking = [], []
-    for state, first in zip(states, firsts):
-        rest = state.rnnt.advance_rest(first)
-        symbols.append(rest)
+    if len(states) == 1:
+        symbols = [states[0].rnnt.advance_rest(firsts[0])]
+    else:
+        symbols = RNNTState.advance_rest_batch([s.rnnt for s in states], firsts)
+    speaking = []
+    for state, first, rest in zip(states, firsts, symbols):
         if rest is not None and rest is not first:
             speaking += [rest, *state.rnnt.state]
     if speaking:
