@@ -214,3 +214,35 @@ def test_the_example_client_runs_the_tool_and_writes_the_answer(server, monkeypa
     assert '[tool] get_weather({"city": "Paris"}) -> {"condition": "sunny"' in out
     with wave.open(str(answer)) as written:
         assert written.getframerate() == 24000 and written.getnframes() > 0
+
+
+def test_a_text_only_session_streams_only_the_user_transcript(server, tmp_path):
+    """``output_modalities: ["text"]``: perception and RNNT only, as in the mlx-vlm dialect."""
+    from openai.types.realtime import (
+        ConversationItemInputAudioTranscriptionCompletedEvent as Completed,
+    )
+
+    wav = question_wav_24k(tmp_path / "q24k.wav", 1.5)
+    session = {"type": "realtime", "output_modalities": ["text"],
+               "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}}}
+
+    async def run() -> list:
+        events: list = []
+        async with _client(server).realtime.connect(model=MODEL) as connection:
+            await _until(connection, SessionCreatedEvent, events)
+            await connection.session.update(session=session)
+            await _until(connection, SessionUpdatedEvent, events)
+            await _send_audio(connection, wav_chunks(wav))
+            await _send_audio(connection, silence_chunks(0.5))
+            await connection.input_audio_buffer.commit()
+            await _until(connection, Completed, events)
+        return events
+
+    server.wait_idle()
+    events = asyncio.run(run())
+    deltas = [e for e in events if isinstance(e, ConversationItemInputAudioTranscriptionDeltaEvent)]
+    assert deltas
+    (completed,) = [e for e in events if isinstance(e, Completed)]
+    assert completed.transcript == "".join(d.delta for d in deltas)
+    assert not [e for e in events if isinstance(e, (ResponseAudioDeltaEvent, ResponseCreatedEvent,
+                                                     RealtimeErrorEvent))]

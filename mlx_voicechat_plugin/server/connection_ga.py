@@ -134,11 +134,22 @@ class GAConnection(Connection):
         self.configured = False
         seconds = self.limits.clamp_streaming_seconds(config.max_streaming_seconds)
         tools = config.engine_tools()
-        opening = self.engine.submit_open(
-            self.session_id, system_prompt=config.instructions or None, seed=config.seed,
-            max_streaming_seconds=seconds, tools=tools,
-            max_prompt_tokens=self.limits.max_prompt_tokens,
-            serializer=self.responses.translate)
+        if config.output_modalities == ("text",):
+            # Transcription only (perception + RNNT): the user transcript, no responses.
+            if tools is not None:
+                raise ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED,
+                                    "session.output_modalities ['text'] transcribes the user "
+                                    "only; tools need ['audio']")
+            opening = self.engine.submit(
+                "open", self.session_id, text_only=True, max_streaming_seconds=seconds,
+                max_transcript_bytes=self.limits.max_transcript_bytes,
+                serializer=self.responses.translate)
+        else:
+            opening = self.engine.submit_open(
+                self.session_id, system_prompt=config.instructions or None, seed=config.seed,
+                max_streaming_seconds=seconds, tools=tools,
+                max_prompt_tokens=self.limits.max_prompt_tokens,
+                serializer=self.responses.translate)
         self.open = True
         await self.watch(opening)
         try:

@@ -52,6 +52,7 @@ from ..runtime.events import (
     ToolCallInvalid,
     UserTranscriptDelta,
 )
+from ..runtime.transcribe import TranscriptDone
 from . import protocol
 from .audio_formats import OutputAudio
 from .dialect_ga import GAConfig, error_event, new_id
@@ -154,6 +155,8 @@ class GAResponses:
             self._tool_call(event, out)
         elif isinstance(event, ToolCallInvalid):
             out.append(error_event(event.code, event.message))
+        elif isinstance(event, TranscriptDone):  # a text-only stream's end: its last item
+            self._close_user(out, stopped=True)
         elif isinstance(event, (Done, Cancelled)):
             self._close_user(out, stopped=True)
             if self.response is not None:
