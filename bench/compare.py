@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_vlm.utils import load as reference_load
 
     from mlx_voicechat_plugin import load
-    from mlx_voicechat_plugin.testing.fixtures import make_checkpoint, question_signal
+    from mlx_voicechat_plugin.testing.fixtures import conversation_signal, make_checkpoint
 
     tmp = tempfile.TemporaryDirectory()
     checkpoint = make_checkpoint(Path(tmp.name) / args.size, args.size)
@@ -146,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     rate, frame = model.config.input_sample_rate, model.config.frame_samples
 
     def signal(seconds: float) -> np.ndarray:
-        phrase = np.concatenate([question_signal(4.0), np.zeros(2 * rate, np.float32)])
-        reps = int(np.ceil(seconds * rate / len(phrase)))
-        return np.tile(phrase, reps)[: int(seconds * rate)]
+        return conversation_signal(seconds, rate)
 
     report: dict[str, Any] = {"size": args.size, "backend": str(mx.default_device()),
                               "note": "random fixture weights; CPU figures on this machine"}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+import logging
+from typing import Callable, Sequence
 
 
 def parse_args(
@@ -18,3 +19,15 @@ def parse_args(
         print(f"note: ignoring options this model does not use: {' '.join(unknown)}",
               file=sys.stderr)
     return args
+
+
+def run_main(parse: Callable[..., argparse.Namespace], run: Callable[[argparse.Namespace], int],
+             argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> int:
+    """A command's ``main``: parse, run; bad input (a value or a missing file) is exit 2."""
+    logging.basicConfig(level=logging.WARNING)
+    args = parse(argv, prog, tolerate_unknown)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

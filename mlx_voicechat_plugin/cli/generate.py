@@ -8,12 +8,11 @@ checkpoint (see :mod:`mlx_voicechat_plugin.hosts.pickup`).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from typing import Sequence
 
-from .common import parse_args
+from .common import parse_args, run_main
 
 
 OFFLINE_HINT = "mlx-voicechat generate --model CKPT --audio question.wav --output-audio answer.wav"
@@ -166,10 +165,4 @@ def _read_tool_files(args: argparse.Namespace) -> tuple[list[dict] | None, list[
 
 def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat generate",
          tolerate_unknown: bool = False) -> int:
-    logging.basicConfig(level=logging.WARNING)
-    args = parse(argv, prog, tolerate_unknown)
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_main(parse, run, argv, prog, tolerate_unknown)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-from .common import parse_args
+from .common import parse_args, run_main
 
 FORMATS = ("txt", "json")
 
@@ -118,10 +117,4 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat transcribe",
          tolerate_unknown: bool = False) -> int:
-    logging.basicConfig(level=logging.WARNING)
-    args = parse(argv, prog, tolerate_unknown)
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_main(parse, run, argv, prog, tolerate_unknown)

@@ -22,6 +22,17 @@ def as_mono_float32(samples: np.ndarray, what: str) -> np.ndarray:
     return samples.astype(np.float32, copy=False)
 
 
+def as_pcm_chunk(samples: object) -> np.ndarray:
+    """One streamed PCM chunk, validated: a numpy or mlx array of finite float samples."""
+    if isinstance(samples, mx.array):
+        samples = np.array(samples)
+    if not isinstance(samples, np.ndarray):
+        raise TypeError(f"audio chunk must be a numpy or mlx array, got {type(samples).__name__}")
+    if not np.issubdtype(samples.dtype, np.floating):
+        raise TypeError(f"audio chunk must hold float samples in [-1, 1], got dtype {samples.dtype}")
+    return as_mono_float32(samples, "audio chunk")
+
+
 def load_waveform(audio: AudioInput, sample_rate: int, input_rate: int | None = None) -> mx.array:
     """Mono float32 at ``sample_rate``.
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-import mlx.core as mx
 import numpy as np
 
 from ..models.perception_stream import PerceptionStream
-from .audio import as_mono_float32
+from .audio import as_pcm_chunk
 from .conversation import Conversation
 from .events import Cancelled, Done, Event
 from .options import SessionOptions, StreamingOptions
@@ -43,17 +42,6 @@ class ContextLimit(RuntimeError):
 
 class SessionClosed(RuntimeError):
     """The session has ended (flushed, cancelled or failed)."""
-
-
-def _as_chunk(samples: Any) -> np.ndarray:
-    """Validate one PCM chunk: mono float samples, finite."""
-    if isinstance(samples, mx.array):
-        samples = np.array(samples)
-    if not isinstance(samples, np.ndarray):
-        raise TypeError(f"audio chunk must be a numpy or mlx array, got {type(samples).__name__}")
-    if not np.issubdtype(samples.dtype, np.floating):
-        raise TypeError(f"audio chunk must hold float samples in [-1, 1], got dtype {samples.dtype}")
-    return as_mono_float32(samples, "audio chunk")
 
 
 class StreamingSession:
@@ -137,7 +125,7 @@ class StreamingSession:
         rate = self.sample_rate if sample_rate is None else sample_rate
         if rate != self.sample_rate:
             raise ValueError(f"sample_rate must be {self.sample_rate} Hz, got {rate}")
-        self._pending = np.concatenate([self._pending, _as_chunk(samples)])
+        self._pending = np.concatenate([self._pending, as_pcm_chunk(samples)])
         count = self._pending.shape[0] // self.frame_samples
         frames = [self._pending[i * self.frame_samples : (i + 1) * self.frame_samples]
                   for i in range(count)]

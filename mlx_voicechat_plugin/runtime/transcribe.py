@@ -30,7 +30,7 @@ from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from ..models.perception import log_mel
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
-from .audio import AudioInput, as_mono_float32, load_waveform
+from .audio import AudioInput, as_pcm_chunk, load_waveform
 from .events import Cancelled, Done, Event, UserTranscriptDelta
 from .streaming import ContextLimit, SessionClosed
 
@@ -191,16 +191,6 @@ class TranscriptionOptions:
         _positive_int("max_buffered_samples", self.max_buffered_samples)
 
 
-def _as_chunk(samples: Any) -> np.ndarray:
-    if isinstance(samples, mx.array):
-        samples = np.array(samples)
-    if not isinstance(samples, np.ndarray):
-        raise TypeError(f"audio chunk must be a numpy or mlx array, got {type(samples).__name__}")
-    if not np.issubdtype(samples.dtype, np.floating):
-        raise TypeError(f"audio chunk must hold float samples in [-1, 1], got dtype {samples.dtype}")
-    return as_mono_float32(samples, "audio chunk")
-
-
 class TranscriptionStream:
     """A text-only realtime session: PCM in, the user transcript out.
 
@@ -286,7 +276,7 @@ class TranscriptionStream:
         rate = self.sample_rate if sample_rate is None else sample_rate
         if rate != self.sample_rate:
             raise ValueError(f"sample_rate must be {self.sample_rate} Hz, got {rate}")
-        chunk = _as_chunk(samples)
+        chunk = as_pcm_chunk(samples)
         limit = self.options.max_buffered_samples
         if limit is not None and self._pending.shape[0] + chunk.shape[0] > limit:
             raise ValueError(

@@ -170,6 +170,14 @@ def question_signal(seconds: float = 2.0, seed: int = 0,
     return (signal / max(1.0, np.abs(signal).max() / 0.9)).astype(np.float32)
 
 
+def conversation_signal(seconds: float, sample_rate: int = 16_000) -> np.ndarray:
+    """A long input for benchmarks: 4 s questions with 2 s pauses, cut to ``seconds``."""
+    phrase = np.concatenate([question_signal(4.0, sample_rate=sample_rate),
+                             np.zeros(2 * sample_rate, np.float32)])
+    reps = int(np.ceil(seconds * sample_rate / len(phrase)))
+    return np.tile(phrase, reps)[: int(seconds * sample_rate)]
+
+
 def make_question_wav(path: str | Path, seconds: float = 2.0, seed: int = 0,
                       sample_rate: int = 16_000) -> Path:
     """Write :func:`question_signal` as a 16 kHz mono PCM16 WAV file."""
