@@ -31,6 +31,7 @@ import numpy as np
 
 from .conversation import frame_batch
 from .events import Event
+from .options import check_positive_int
 from .streaming import ContextLimit, StreamingSession
 from .timeline import PrefillCancelled
 
@@ -39,6 +40,26 @@ logger = logging.getLogger(__name__)
 
 class PoolFull(RuntimeError):
     """No slot (``max_sessions``) or no state budget (``max_state_bytes``) is left."""
+
+
+def check_budgets(max_sessions: int, max_state_bytes: int | None) -> None:
+    check_positive_int(max_sessions, "max_sessions")
+    if max_state_bytes is not None:
+        check_positive_int(max_state_bytes, "max_state_bytes")
+
+
+def admission_error(in_use: int, max_sessions: int, state_bytes: int,
+                    max_state_bytes: int | None) -> str | None:
+    """Why one more session would be refused (``in_use`` slots taken), or ``None``."""
+    if in_use >= max_sessions:
+        if max_sessions == 1:
+            return "another realtime VoiceChat session is already active"
+        return (f"all {max_sessions} realtime session slots are in use "
+                f"(--max-sessions {max_sessions})")
+    if max_state_bytes is not None and state_bytes >= max_state_bytes:
+        return (f"session state uses {state_bytes} bytes, at the "
+                f"--max-state-bytes {max_state_bytes} budget")
+    return None
 
 
 @dataclass
@@ -60,12 +81,7 @@ class SessionPool:
 
     def __init__(self, voicechat: Any, max_sessions: int = 1,
                  max_state_bytes: int | None = None):
-        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
-            raise ValueError(f"max_sessions must be a positive integer, got {max_sessions!r}")
-        if max_state_bytes is not None and (isinstance(max_state_bytes, bool)
-                                            or not isinstance(max_state_bytes, int)
-                                            or max_state_bytes < 1):
-            raise ValueError(f"max_state_bytes must be a positive integer, got {max_state_bytes!r}")
+        check_budgets(max_sessions, max_state_bytes)
         self.voicechat = voicechat
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
@@ -78,15 +94,10 @@ class SessionPool:
     def __contains__(self, session_id: object) -> bool:
         return session_id in self.sessions
 
-    def admission_error(self, pending: int = 0) -> str | None:
-        """Why one more session would be refused now (``pending``: slots promised elsewhere)."""
-        if len(self.sessions) + pending >= self.max_sessions:
-            return (f"all {self.max_sessions} realtime session slots are in use "
-                    f"(--max-sessions {self.max_sessions})")
-        if self.max_state_bytes is not None and self.state_bytes >= self.max_state_bytes:
-            return (f"session state uses {self.state_bytes} bytes, at the "
-                    f"--max-state-bytes {self.max_state_bytes} budget")
-        return None
+    def admission_error(self) -> str | None:
+        """Why one more session would be refused now, or ``None``."""
+        return admission_error(len(self.sessions), self.max_sessions, self.state_bytes,
+                               self.max_state_bytes)
 
     def _measure(self) -> None:
         self.state_bytes = sum(s.nbytes for s in self.sessions.values())
@@ -160,8 +171,7 @@ class SessionPool:
 
     # --- frames ---------------------------------------------------------------
 
-    def step(self, frames: dict[str, tuple[np.ndarray, int | None]],
-             on_error: Callable[[str, BaseException], None] | None = None) -> StepResult:
+    def step(self, frames: dict[str, tuple[np.ndarray, int | None]]) -> StepResult:
         """Advance each session in ``frames`` (id -> ``(pcm, sample_rate)``) by its chunk.
 
         The sessions' frames run as batched frames of all of them
@@ -184,7 +194,7 @@ class SessionPool:
                     result.events[session_id] = stream.push_audio(samples, rate)
                     result.frames += stream.frame_index - before
             except Exception as exc:  # bad input: this session only
-                self._fail(result, session_id, exc, on_error)
+                self._fail(result, session_id, exc)
         while True:
             ready = [k for k, q in queued.items() if q and k not in result.errors]
             for session_id in list(ready):
@@ -194,7 +204,7 @@ class SessionPool:
                 except ContextLimit as exc:
                     stream.drop_pending()
                     exc.events = result.events.pop(session_id)
-                    self._fail(result, session_id, exc, on_error)
+                    self._fail(result, session_id, exc)
                     ready.remove(session_id)
             if not ready:
                 break
@@ -205,7 +215,7 @@ class SessionPool:
             for session_id, outcome in zip(ready, outcomes):
                 if isinstance(outcome, Exception):
                     result.events.pop(session_id, None)
-                    self._fail(result, session_id, outcome, on_error)
+                    self._fail(result, session_id, outcome)
                 else:
                     result.events[session_id] += outcome
         result.seconds = time.perf_counter() - started
@@ -213,12 +223,9 @@ class SessionPool:
         return result
 
     @staticmethod
-    def _fail(result: StepResult, session_id: str, exc: BaseException,
-              on_error: Callable[[str, BaseException], None] | None) -> None:
+    def _fail(result: StepResult, session_id: str, exc: BaseException) -> None:
         result.events.pop(session_id, None)
         result.errors[session_id] = exc
-        if on_error is not None:
-            on_error(session_id, exc)
 
     def flush(self, session_id: str, pad_partial: bool = True) -> list[Event]:
         try:

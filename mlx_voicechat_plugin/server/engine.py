@@ -35,7 +35,7 @@ from typing import Any, Callable, Generator
 import numpy as np
 
 from ..runtime.events import Audio, Cancelled
-from ..runtime.pool import SessionPool
+from ..runtime.pool import SessionPool, admission_error, check_budgets
 from ..runtime.prompt_cache import PromptCache
 from . import protocol
 from .metrics import EngineMetrics
@@ -94,7 +94,7 @@ class Engine:
     def __init__(self, model_path: str, loader: Loader | None = None,
                  prompt_cache_bytes: int | None = None, warm_up: bool = False,
                  max_sessions: int = 1, max_state_bytes: int | None = None):
-        SessionPool(None, max_sessions, max_state_bytes)  # validates the two budgets
+        check_budgets(max_sessions, max_state_bytes)
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
         self.pool: SessionPool | None = None
@@ -152,15 +152,8 @@ class Engine:
     def try_reserve(self, session_id: str) -> bool:
         """Hold a slot for ``session_id``; ``False`` (see :attr:`refusal`) when none is left."""
         with self._reservation:
-            reason = None
-            if len(self._reserved) >= self.max_sessions:
-                reason = ("another realtime VoiceChat session is already active"
-                          if self.max_sessions == 1 else
-                          f"all {self.max_sessions} realtime session slots are in use "
-                          f"(--max-sessions {self.max_sessions})")
-            elif self.max_state_bytes is not None and self.state_bytes >= self.max_state_bytes:
-                reason = (f"session state uses {self.state_bytes} bytes, at the "
-                          f"--max-state-bytes {self.max_state_bytes} budget")
+            reason = admission_error(len(self._reserved), self.max_sessions, self.state_bytes,
+                                     self.max_state_bytes)
             if reason is not None:
                 self.refusal = reason
                 self.metrics.refused.inc()
