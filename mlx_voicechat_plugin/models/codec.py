@@ -284,21 +284,20 @@ class Codec(nn.Module):
             mx.eval(waveform, *state.state)
         return waveform
 
-    def decode_step_batch(self, codes: mx.array, states: list[CodecState]) -> list[mx.array]:
+    def decode_step_batch(self, rows: list[mx.array], states: list[CodecState]) -> list[mx.array]:
         """:meth:`decode_step` of many one-utterance streams at once, lazily (``evaluate=False``).
 
-        Row ``b`` of ``codes`` (``[B, Q, T_new]``) continues ``states[b]``;
-        each returned ``[1, 1, n]`` waveform and each state equal that
-        stream's own ``decode_step``. Streams past their first step share the
-        synthesis weights and have nothing left to trim, so they run as one
-        batch (every decoder op is row-independent); the others run alone.
+        ``rows[b]`` (``[1, Q, T_new]``, the same ``T_new`` for all) continues
+        ``states[b]``; each returned ``[1, 1, n]`` waveform and each state
+        equal that stream's own ``decode_step``. Streams past their first step
+        share the synthesis weights and have nothing left to trim, so they run
+        as one batch (every decoder op is row-independent); the others run alone.
         """
-        rows = [codes[b : b + 1] for b in range(len(states))]
         full = self._synthesis.overlap - 1  # spectra after which the weights are constant
         steady = [b for b, s in enumerate(states)
                   if s.spectra >= full and not s.skip and not s.closed]
         out: list[mx.array | None] = [None] * len(states)
-        if len(steady) > 1 and codes.shape[-1]:
+        if len(steady) > 1 and rows[0].shape[-1]:
             if self._compiled_step is None:
                 self._compiled_step = mx.compile(self._stream_step)
             group = [states[b] for b in steady]

@@ -110,15 +110,16 @@ class PerceptionStream:
         return projected[:, -2:-1], encoded[:, -2:-1]
 
     @staticmethod
-    def push_batch(streams: list["PerceptionStream"], frames: list[np.ndarray]
-                   ) -> list[tuple[mx.array, mx.array]]:
+    def push_batch(streams: list["PerceptionStream"], frames: list[np.ndarray],
+                   clock: Any = None) -> list[tuple[mx.array, mx.array]]:
         """:meth:`push` of many streams of one perception, each result equal to its own.
 
         The mel frontends run per stream (host work); the encoder stack of
         streams with full windows and the projection take all rows at once.
+        One stream (or any without the cache) runs its own :meth:`push`.
         """
         if not all(s.use_cache for s in streams) or len(streams) == 1:
-            return [s.push(f) for s, f in zip(streams, frames)]
+            return [s.push(f, clock) for s, f in zip(streams, frames)]
         mels = [s._mel.push(f) for s, f in zip(streams, frames)]
         encoded = EncoderStream.push_batch([s._encoder for s in streams], mels)
         if any(e.shape[1] != 1 for e in encoded):

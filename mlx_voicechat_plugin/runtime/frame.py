@@ -137,9 +137,9 @@ def advance_batch(
     own caches). ``advance`` is this with one row.
     """
     sources = [s.perception for s in states]
-    if len(states) > 1 and all(isinstance(s, PerceptionStream) for s in sources):
-        pairs = PerceptionStream.push_batch(sources, frames)
-    else:
+    if all(isinstance(s, PerceptionStream) for s in sources):
+        pairs = PerceptionStream.push_batch(sources, frames, clock)
+    else:  # offline: slices of the whole-signal perception
         pairs = [source.push(frame, clock) for source, frame in zip(sources, frames)]
     projected, encoded = [p for p, _ in pairs], [e for _, e in pairs]
     listening: list[mx.array] = [*projected, *encoded]
@@ -149,10 +149,7 @@ def advance_batch(
     mx.async_eval(*listening)
     # The RNNT's first try joins the first evaluation; a blank (most frames
     # of real speech) ends the frame's transcript work there.
-    if len(states) == 1:
-        firsts = [states[0].rnnt.advance_first(encoded[0])]
-    else:
-        firsts = RNNTState.advance_first_batch([s.rnnt for s in states], encoded)
+    firsts = RNNTState.advance_first_batch([s.rnnt for s in states], encoded)
     for state, first in zip(states, firsts):
         if first is not None:
             listening += [first, *state.rnnt.state]
@@ -162,10 +159,7 @@ def advance_batch(
 
     # The user transcript does not feed the timeline: the RNNT's other tries
     # (after an emission) compute while the speech half is built.
-    if len(states) == 1:
-        symbols = [states[0].rnnt.advance_rest(firsts[0])]
-    else:
-        symbols = RNNTState.advance_rest_batch([s.rnnt for s in states], firsts)
+    symbols = RNNTState.advance_rest_batch([s.rnnt for s in states], firsts)
     speaking = []
     for state, first, rest in zip(states, firsts, symbols):
         if rest is not None and rest is not first:
@@ -177,12 +171,8 @@ def advance_batch(
     clock.stage("tts", *[step.codes for step in steps])
     speech = model.tts_model
     codes = [speech.replace_control_codes(step.codes) for step in steps]
-    if len(states) == 1:
-        waveforms = [speech.audio_codec.decode_step(codes[0].transpose(0, 2, 1), states[0].codec,
-                                                    evaluate=False)]
-    else:
-        waveforms = speech.audio_codec.decode_step_batch(
-            mx.concatenate(codes).transpose(0, 2, 1), [s.codec for s in states])
+    waveforms = speech.audio_codec.decode_step_batch([c.transpose(0, 2, 1) for c in codes],
+                                                     [s.codec for s in states])
     outputs = []
     for state, step, code, samples in zip(states, steps, codes, waveforms):
         outputs.append((samples[0, 0], code[0, 0].astype(mx.int32)))
