@@ -16,10 +16,11 @@ command and awaits it), so N clients share steps fairly. A session is a full
 conversation or a text-only transcription stream (perception + RNNT only);
 both kinds share the pool and its steps.
 
-File transcriptions are jobs (:mod:`.transcription_jobs`): the oldest takes
-one step (the file's perception, then 25 RNNT frames) after every turn and
-whenever no command waits, so neither realtime frames nor files starve; the
-caller bounds their count in flight.
+File transcriptions and session opens are jobs (:mod:`.transcription_jobs`),
+stepped round robin after every turn and whenever no command waits: a file
+one step at a time (its perception, then 25 RNNT frames), a prefill in
+slices of ``PREFILL_SLICE_SECONDS``, so neither realtime frames, files nor a
+new session starve; the caller bounds the files in flight.
 """
 
 from __future__ import annotations
@@ -302,8 +303,7 @@ class Engine:
         """Queue a file transcription; it replies when it ends (or at once if it cannot start)."""
         payload = command.payload
         try:
-            if self.pool is None:
-                raise RuntimeError(f"model failed to load: {self.load_error}")
+            self._loaded()
             steps = self.transcriber().steps(payload["audio"], **payload["options"])
         except Exception as exc:
             self.transcriptions.release()
@@ -347,18 +347,20 @@ class Engine:
         """One pool step over the given push commands; each gets its events or its error."""
         if not frames:
             return
-        if self.pool is None:
+        try:
+            pool = self._loaded()
+        except RuntimeError as exc:
             for command in frames:
-                command.reply(error=RuntimeError(f"model failed to load: {self.load_error}"))
+                command.reply(error=exc)
             return
-        known = [c for c in frames if c.session_id in self.pool]
+        known = [c for c in frames if c.session_id in pool]
         for command in frames:
-            if command.session_id not in self.pool:
+            if command.session_id not in pool:
                 command.reply(error=RuntimeError("realtime session is not active"))
-        result = self.pool.step({c.session_id: (c.payload["samples"], c.payload["sample_rate"])
-                                 for c in known})
+        result = pool.step({c.session_id: (c.payload["samples"], c.payload["sample_rate"])
+                            for c in known})
         self.metrics.step(result.frames, result.seconds, self.config.frame_duration)
-        self.metrics.sessions(len(self.pool), self.pool.state_bytes)
+        self.metrics.sessions(len(pool), pool.state_bytes)
         for command in known:
             error = result.errors.get(command.session_id)
             if error is not None:
@@ -371,9 +373,7 @@ class Engine:
 
     def _run_command(self, command: _Command) -> None:
         try:
-            if self.pool is None:
-                raise RuntimeError(f"model failed to load: {self.load_error}")
-            value = self._command(self.pool, command)
+            value = self._command(self._loaded(), command)
         except Exception as exc:
             # Reported to the client, and logged once there (send_error).
             logger.debug("engine %s failed for %s: %s", command.kind,
@@ -386,10 +386,18 @@ class Engine:
         """Open a session as a job: its prompt prefill runs in slices of at most
         ``PREFILL_SLICE_SECONDS`` between the other sessions' steps, so a new
         session's prefill holds them up by one slice at a time."""
-        if self.pool is None:
-            command.reply(error=RuntimeError(f"model failed to load: {self.load_error}"))
+        try:
+            pool = self._loaded()
+        except RuntimeError as exc:
+            command.reply(error=exc)
             return
-        self._jobs.add(TranscriptionJob(self._open_steps(self.pool, command), command.reply))
+        self._jobs.add(TranscriptionJob(self._open_steps(pool, command), command.reply))
+
+    def _loaded(self) -> SessionPool:
+        """The session pool; ``RuntimeError`` naming the load error when the model failed."""
+        if self.pool is None:
+            raise RuntimeError(f"model failed to load: {self.load_error}")
+        return self.pool
 
     def _open_steps(self, pool: SessionPool, command: _Command) -> Generator[list, None, Any]:
         session_id = command.session_id
