@@ -79,14 +79,14 @@ class Conversation:
         self._updates: tuple | Exception | None = None
         self.last_output: FrameOutput | None = None
         # The system prompt advances the timeline but emits nothing; with
-        # ``defer_start`` the caller runs :meth:`start` step by step.
+        # ``defer_start`` the caller runs :meth:`start_steps` to the end.
         self.prompt_cache_hit = False
-        self._start = self.start(prompt)
+        self._start = self._starting(prompt)
         if not defer_start:
             for _ in self._start:
                 pass
 
-    def start(self, prompt: list[int]) -> Iterator[int]:
+    def _starting(self, prompt: list[int]) -> Iterator[int]:
         """Prefill the prompt (yielding the positions left), or continue from the
         model's cached state for it."""
         timeline, options = self.compute.timeline, self.options
