@@ -11,7 +11,8 @@ On one fixture checkpoint and one input it times:
   text-only / full;
 - file transcription: audio seconds per wall second of
   :meth:`Transcriber.transcribe` and of a full offline ``generate`` on the same
-  ``--seconds`` of input (the same 3 s tail padding on both), best of
+  ``--seconds`` of input (nothing appended on either: ``generate`` with
+  ``extra_decoding_seconds=0``), best of
   ``--rounds``;
 - that the transcripts agree (text-only stream vs full stream; file vs
   ``generate``).
@@ -113,9 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     # File transcription vs a full offline turn, on the same input.
     audio = signal(args.seconds)
     transcriber.transcribe(signal(1.0))
-    session.generate(signal(1.0))
+    session.generate(signal(1.0), extra_decoding_seconds=0.0)
     file_s, result = _best_seconds(lambda: transcriber.transcribe(audio), args.rounds)
-    offline_s, turn = _best_seconds(lambda: session.generate(audio), args.rounds)
+    offline_s, turn = _best_seconds(
+        lambda: session.generate(audio, extra_decoding_seconds=0.0), args.rounds)
     report["file"] = {
         "seconds_of_audio": args.seconds,
         "transcribe_s": file_s, "generate_s": offline_s,

@@ -21,11 +21,13 @@ def question_wav(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def transcript(tiny_ckpt, question_wav) -> str:
-    """The transcript a full offline ``generate`` reports for the question."""
+    """The transcript a full offline ``generate`` with no extra decoding seconds reports for
+    the question (the command transcribes the file with nothing appended)."""
     from mlx_voicechat_plugin import load
 
     model, processor = load(tiny_ckpt)
-    text = model.create_session(processor).generate(str(question_wav)).user_transcript
+    text = model.create_session(processor).generate(
+        str(question_wav), extra_decoding_seconds=0.0).user_transcript
     assert text
     return text
 

@@ -58,11 +58,13 @@ def server(tiny_ckpt, voicechat):
 
 @pytest.fixture(scope="module")
 def offline_transcript(voicechat):
-    """What a full offline ``generate`` reports for the question as the server reads it."""
+    """What a full offline ``generate`` with no extra decoding seconds reports for the question
+    as the server reads it (a file is transcribed with nothing appended)."""
     from mlx_audio.audio_io import read
 
     samples, _ = read(io.BytesIO(QUESTION_WAV), dtype="float32", sample_rate=16_000, nchannels=1)
-    transcript = voicechat.generate(np.asarray(samples, np.float32)).user_transcript
+    transcript = voicechat.generate(np.asarray(samples, np.float32),
+                                    extra_decoding_seconds=0.0).user_transcript
     assert transcript  # the fixture's RNNT emits tokens
     return transcript
 

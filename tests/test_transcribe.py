@@ -36,7 +36,9 @@ def wav(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def offline(session, wav):
-    return session.generate(str(wav))
+    """The offline turn with no extra decoding seconds: a file is transcribed with nothing
+    appended, so this (not ``generate``'s default 3 s tail) is the equal offline transcript."""
+    return session.generate(str(wav), extra_decoding_seconds=0.0)
 
 
 def _stream_events(stream, audio, chunk):
@@ -46,12 +48,83 @@ def _stream_events(stream, audio, chunk):
     return events + stream.flush()
 
 
-def test_file_transcript_equals_the_offline_generate_transcript(transcriber, wav, offline):
+def test_file_transcript_equals_the_offline_transcript_with_no_extra_decoding(transcriber, wav, offline):
     result = transcriber.transcribe(str(wav))
     assert offline.user_transcript  # the fixture's RNNT emits tokens
     assert result.text == offline.user_transcript
     assert result.duration == pytest.approx(2.0)
     assert not result.truncated
+
+
+FILE_SECONDS = 3.1  # not a whole number of 80 ms frames: the last one is partial
+
+
+@pytest.fixture(scope="module")
+def reference_transcript(tiny_ckpt):
+    """The reference's offline RNNT transcript of the file with no extra decoding seconds."""
+    import mlx.core as mx
+    from mlx_vlm.utils import load as reference_load
+
+    ref, ref_processor = reference_load(str(tiny_ckpt))
+    result = ref.create_session(ref_processor).generate(
+        mx.array(question_signal(FILE_SECONDS)), extra_decoding_seconds=0.0)
+    assert result.user_transcript  # the fixture's RNNT emits tokens
+    return result.user_transcript
+
+
+def test_file_transcript_equals_the_reference_offline_transcript_with_no_extra_decoding(
+        transcriber, reference_transcript):
+    assert transcriber.transcribe(question_signal(FILE_SECONDS)).text == reference_transcript
+
+
+def test_a_file_runs_no_frames_beyond_the_file_and_the_encoder_lookahead(transcriber,
+                                                                        monkeypatch):
+    """Counted: the samples perception reads and the RNNT frames run are the file's own."""
+    import mlx_voicechat_plugin.runtime.transcribe as module
+    from mlx_voicechat_plugin.models.rnnt import RNNTState
+
+    perceived, advanced = [], [0]
+    log_mel, advance = module.log_mel, RNNTState.advance
+
+    def counting_log_mel(waveform, config):
+        perceived.append(int(waveform.shape[0]))
+        return log_mel(waveform, config)
+
+    def counting_advance(self, *args, **kwargs):
+        advanced[0] += 1
+        return advance(self, *args, **kwargs)
+
+    monkeypatch.setattr(module, "log_mel", counting_log_mel)
+    monkeypatch.setattr(RNNTState, "advance", counting_advance)
+    audio = question_signal(FILE_SECONDS)
+    result = transcriber.transcribe(audio)
+    frame = transcriber.config.frame_samples
+    assert perceived == [audio.shape[0]]  # nothing appended to the file
+    # The encoder frames of the file alone: its 80 ms frames, the partial last
+    # one included, and at most one more from the centred STFT's edge frame.
+    assert -(-audio.shape[0] // frame) <= result.frames <= -(-audio.shape[0] // frame) + 1
+    assert advanced[0] == result.frames
+
+
+def test_the_duration_is_the_files_length(transcriber):
+    assert transcriber.transcribe(question_signal(FILE_SECONDS)).duration == pytest.approx(
+        FILE_SECONDS)
+
+
+def test_a_file_ends_with_exactly_one_final_transcript(transcriber):
+    """The steps yield deltas only; the one final is the returned :class:`Transcription`."""
+    steps = transcriber.steps(question_signal(FILE_SECONDS))
+    deltas, finals = [], []
+    while True:
+        try:
+            deltas += next(steps)
+        except StopIteration as done:
+            finals.append(done.value)
+            break
+    assert all(isinstance(d, UserTranscriptDelta) for d in deltas)
+    assert [f.text for f in finals] == [deltas[-1].text]
+    with pytest.raises(StopIteration):
+        next(steps)  # nothing after the final
 
 
 def test_file_transcript_streams_deltas_that_add_up_to_the_text(transcriber, wav, offline):

@@ -5,8 +5,15 @@ user; in a conversation that transcript is a by-product of the full frame.
 Here they run alone, from the same loaded weights:
 
 - :meth:`Transcriber.steps` / :meth:`Transcriber.transcribe`: a whole file,
-  as offline ``generate`` transcribes it (the same tail padding, whole-signal
-  perception and greedy RNNT), so the text equals ``generate(...).user_transcript``.
+  with no appended seconds: whole-signal perception over the file alone and
+  greedy RNNT over its frames, so the text equals the reference's offline
+  transcript with ``extra_decoding_seconds=0`` (and ours,
+  ``generate(..., extra_decoding_seconds=0).user_transcript``). The end of the
+  file is the end of input: the encoder runs over the whole file at once, so
+  its residual window is flushed by construction (the centred STFT's last
+  frame sits on the file's edge, the subsampling keeps a partial last frame;
+  the checkpoint's attention has no right context) and the last real frame's
+  output exists without padding; one :class:`Transcription` is the one final.
   ``steps`` is a generator that yields each chunk's transcript deltas, so a
   caller (the server's engine) can interleave other work and stream them.
 - :class:`TranscriptionStream`: the text-only realtime session. Per 80 ms
@@ -39,10 +46,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Offline ``generate`` pads this much silence after the input by default
-# (``extra_decoding_seconds``); the file path pads the same so its transcript
-# is the one ``generate`` reports.
-DEFAULT_TAIL_SECONDS = 3.0
 RNNT_CHUNK_FRAMES = 25  # frames queued per evaluation (as ``models.rnnt.transcribe``)
 DEFAULT_LANGUAGE = "en"  # the released checkpoint's language when config.json names none
 
@@ -65,8 +68,8 @@ class TranscriptDone:
 class Transcription:
     text: str
     tokens: list[int]
-    duration: float  # input seconds, before the tail padding
-    frames: int  # encoder frames decoded
+    duration: float  # the file's seconds
+    frames: int  # encoder frames of the file (decoded unless ``truncated``)
     truncated: bool  # the output reached ``max_new_tokens``
 
 
@@ -116,22 +119,17 @@ class Transcriber:
         audio: AudioInput,
         *,
         max_new_tokens: int | None = None,
-        tail_seconds: float = DEFAULT_TAIL_SECONDS,
         sample_rate: int | None = None,
     ) -> Generator[list[UserTranscriptDelta], None, Transcription]:
         """Transcribe ``audio`` step by step; yields each step's deltas, returns the result.
 
-        The first step runs perception over the whole (padded) signal; each
-        later one decodes :data:`RNNT_CHUNK_FRAMES` encoder frames.
+        The first step runs perception over the whole file (nothing appended);
+        each later one decodes :data:`RNNT_CHUNK_FRAMES` encoder frames.
         """
         _positive_int("max_new_tokens", max_new_tokens)
-        if not 0 <= tail_seconds <= 60:
-            raise ValueError(f"tail_seconds must be within [0, 60] s, got {tail_seconds}")
         rate = self.sample_rate
         waveform = load_waveform(audio, rate, sample_rate)
         duration = waveform.shape[0] / rate
-        if tail_seconds:
-            waveform = mx.pad(waveform, (0, round(tail_seconds * rate)))
         mel = log_mel(waveform, self.config.audio_config)
         _, lengths, encoded = self.model.stt_model.perception(mel)
         mx.eval(encoded, lengths)  # the projection to the LLM is never evaluated
