@@ -32,8 +32,13 @@ def run_command(command: str, argv: Sequence[str], prog: str | None = None,
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        from .. import __version__
+
+        print(f"mlx-voicechat {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: mlx-voicechat {" + ",".join(COMMANDS) + "} ...")
+        print("usage: mlx-voicechat [--version] {" + ",".join(COMMANDS) + "} ...")
         for name, (_, text) in COMMANDS.items():
             print(f"  {name:10s} {text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2

@@ -44,57 +44,64 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              "warmed at start-up, before /health reports ready)")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-message-bytes", type=int, default=defaults.max_message_bytes,
-                        help=f"largest client message (default {defaults.max_message_bytes // MIB}"
-                             " MiB)")
+                        help="largest client message, checked before decoding (default: "
+                             f"{defaults.max_message_bytes // MIB} MiB)")
     limits.add_argument("--max-session-seconds", type=float,
                         default=defaults.max_session_seconds,
-                        help="most audio one session may stream")
+                        help="seconds of audio one session may stream (default: %(default)s)")
     limits.add_argument("--update-timeout", type=float, default=defaults.update_timeout,
-                        help="seconds a client has to send session.update")
+                        help="seconds a client has to send session.update (default: %(default)s)")
     limits.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout,
-                        help="seconds a configured session may stay silent (pings do not count)")
+                        help="seconds a configured session may stay silent (pings do not count; "
+                             "default: %(default)s)")
     limits.add_argument("--max-session-wall-seconds", type=float,
                         default=defaults.max_session_wall_seconds,
-                        help="longest a connection may stay open, whatever it sends")
+                        help="seconds a connection may stay open, whatever it sends "
+                             "(default: %(default)s)")
     limits.add_argument("--max-failed-updates", type=int, default=defaults.max_failed_updates,
                         help="failed session.update messages before the connection is closed "
-                             "(1008)")
+                             "(1008; default: %(default)s)")
     limits.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens,
                         help="most tokens the system prompt and rendered tools may take "
-                             "(each is one prefill step; default %(default)s)")
+                             "(each is one prefill step; default: %(default)s)")
     limits.add_argument("--prompt-cache-bytes", type=int, default=defaults.prompt_cache_bytes,
                         help="bytes of prefilled states kept so repeated system prompts and "
-                             "tool sets start at once (0 turns the cache off; default 256 MiB)")
+                             "tool sets start at once (0 turns the cache off; default: "
+                             f"{defaults.prompt_cache_bytes // MIB} MiB)")
     limits.add_argument("--max-connections", type=int, default=defaults.max_connections,
-                        help="open connections in all, counted before authentication")
+                        help="open connections in all, counted before authentication (default: %(default)s)")
     limits.add_argument("--max-connections-per-client", type=int,
                         default=defaults.max_connections_per_client,
-                        help="open connections from one client address")
+                        help="open connections from one client address (default: %(default)s)")
     limits.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
-                        help="seconds a new connection has to send its request headers")
+                        help="seconds a new connection has to send its request headers "
+                             "(default: %(default)s)")
     limits.add_argument("--max-sessions", type=int, default=defaults.max_sessions,
                         help="realtime sessions served at once on the one loaded model "
-                             "(default %(default)s; size it with python -m bench.load)")
+                             "(default: %(default)s; size it with python -m bench.load)")
     limits.add_argument("--max-state-bytes", type=int, default=defaults.max_state_bytes,
                         help="measured bytes of all sessions' state (caches) before new "
                              "sessions are refused with server_busy (default: no budget)")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
-                             "(1008, 'client is not reading')")
+                             "(1008, 'client is not reading'; default: %(default)s)")
     limits.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
-                        help="seconds queued events and the close frame may take at the end")
+                        help="seconds queued events and the close frame may take at the end "
+                             "(default: %(default)s)")
     limits.add_argument("--max-transcript-bytes", type=int,
                         default=defaults.max_transcript_bytes,
-                        help="UTF-8 bytes of transcript a text-only session may produce")
+                        help="UTF-8 bytes of transcript a text-only session may produce (default: "
+                             f"{defaults.max_transcript_bytes // 1024} KiB)")
     limits.add_argument("--max-upload-bytes", type=int, default=defaults.max_upload_bytes,
-                        help="largest /v1/audio/transcriptions file (413 past it; default "
+                        help="largest /v1/audio/transcriptions file (413 past it; default: "
                              f"{defaults.max_upload_bytes // MIB} MiB)")
     limits.add_argument("--max-transcription-seconds", type=float,
                         default=defaults.max_transcription_seconds,
-                        help="most audio one transcription file may hold (400 past it)")
+                        help="seconds of audio one transcription file may hold (400 past it; "
+                             "default: %(default)s)")
     limits.add_argument("--max-transcriptions-in-flight", type=int,
                         default=defaults.max_transcriptions_in_flight,
-                        help="file transcriptions admitted at once (429 past it)")
+                        help="file transcriptions admitted at once (429 past it; default: %(default)s)")
     return parser
 
 
