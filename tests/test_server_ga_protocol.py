@@ -92,9 +92,42 @@ def test_cancel_without_a_response_is_a_non_fatal_error(ws):
     assert _ping(ws) == []
 
 
-def test_response_create_is_accepted_silently(ws):
+def _until(ws, kind: str) -> list[dict]:
+    events = []
+    while (event := recv(ws))["type"] != kind:
+        events.append(event)
+    return events + [event]
+
+
+def test_response_create_opens_a_response_that_ends_within_its_bound(ws):
+    _update(ws, max_response_seconds=0.4)
     send(ws, {"type": "response.create", "response": {"metadata": {"k": "v"}}})
-    assert _ping(ws) == []
+    created = recv(ws)
+    assert created["type"] == "response.created"
+    assert created["response"]["metadata"] == {"k": "v"}
+    events = _until(ws, "response.done")
+    done = events[-1]["response"]
+    assert done["id"] == created["response"]["id"]
+    assert done["status"] in ("completed", "incomplete") and done["usage"]["input_tokens"] <= 5
+    assert not [e for e in events if e["type"] == "error"]
+    assert _ping(ws) == []  # the session lives on, and nothing more was owed
+
+
+def test_a_second_response_create_while_one_is_active_is_a_non_fatal_error(ws):
+    _update(ws, max_response_seconds=2)
+    send(ws, {"type": "response.create"})
+    send(ws, {"type": "response.create", "event_id": "evt_again"})
+    events = _until(ws, "error")
+    assert events[-1]["error"]["code"] == "conversation_already_has_active_response", events[-1]
+    assert events[-1]["error"]["event_id"] == "evt_again"
+    assert _until(ws, "response.done")
+
+
+def test_max_response_seconds_is_checked(ws):
+    for bad in (0, "3"):  # a third failed update would close the session
+        error = _update(ws, max_response_seconds=bad)["error"]
+        assert "session.max_response_seconds must be within (0, 600] s" in error["message"]
+    assert _update(ws, max_response_seconds=600)["type"] == "session.updated"
 
 
 def test_g711_audio_goes_in_and_comes_out_as_g711(ws):

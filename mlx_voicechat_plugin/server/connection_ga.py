@@ -242,7 +242,9 @@ class GAConnection(Connection):
             self.active()  # idle time does not count while a response is owed
             if self.early:
                 return self.early.popleft()
-            if self.receiving is not None and self.receiving.done():
+            if self.receiving is None:
+                self.receiving = asyncio.ensure_future(self.ws.receive())
+            if self.receiving.done():
                 message = self.receiving.result()
                 self.receiving = None
                 return message
