@@ -180,3 +180,70 @@ def test_the_model_query_is_checked_on_the_mlx_vlm_route_too(server):
     with pytest.raises(InvalidStatus) as refused:
         connect(server.ws("/v1/realtime?model=other"), additional_headers=AUTH)
     assert refused.value.response.status_code == 404
+
+
+def test_a_browser_sends_the_key_as_a_subprotocol_and_gets_realtime_selected(server):
+    server.wait_idle()
+    offered = ["realtime", f"openai-insecure-api-key.{API_KEY}"]
+    with connect(server.ws(GA_PATH), subprotocols=offered) as client:
+        assert client.subprotocol == "realtime"  # the key is never echoed back
+        assert recv(client)["type"] == "session.created"
+
+
+def test_a_wrong_subprotocol_key_is_refused(server):
+    from websockets.exceptions import InvalidStatus
+
+    for route in (GA_PATH, "/v1/realtime"):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(server.ws(route), subprotocols=["realtime", "openai-insecure-api-key.nope"])
+        assert refused.value.response.status_code == 401
+
+
+def test_models_are_listed_in_openais_shape_under_the_ga_base_url(server):
+    import httpx
+
+    listed = httpx.get(server.http("/openai/v1/models"), headers=AUTH).json()
+    assert listed["object"] == "list"
+    (entry,) = listed["data"]
+    assert set(entry) == {"id", "object", "created", "owned_by"} and entry["id"] == MODEL
+    assert httpx.get(server.http(f"/openai/v1/models/{MODEL}"), headers=AUTH).json() == entry
+    missing = httpx.get(server.http("/openai/v1/models/gpt-4o"), headers=AUTH)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert httpx.get(server.http("/openai/v1/models")).status_code == 401
+
+
+def test_v1_models_has_mlx_vlms_shape(server):
+    import httpx
+
+    listed = httpx.get(server.http("/v1/models"), headers=AUTH).json()
+    assert listed["object"] == "list"
+    assert listed["data"][0].keys() == {"id", "object", "created", "loaded"}
+    assert listed["data"][0]["id"] == MODEL and listed["data"][0]["loaded"] is True
+
+
+def test_the_subprotocol_key_is_compared_in_constant_time_and_never_logged(server, monkeypatch,
+                                                                            caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from mlx_voicechat_plugin.server import app as app_module
+
+    calls = []
+    real = app_module.hmac.compare_digest
+    monkeypatch.setattr(app_module.hmac, "compare_digest",
+                        lambda a, b: calls.append((a, b)) or real(a, b))
+    upgrade = SimpleNamespace(headers={}, scope={"subprotocols": [
+        "realtime", "openai-insecure-api-key.guess"]})
+    assert app_module.websocket_auth(upgrade, "secret") == (False, "realtime")
+    assert calls == [(b"guess", b"secret")]
+    upgrade.scope["subprotocols"] = ["openai-insecure-api-key.secret"]
+    assert app_module.websocket_auth(upgrade, "secret") == (True, None)  # nothing to select
+
+    caplog.set_level(logging.DEBUG)
+    server.wait_idle()
+    with connect(server.ws(GA_PATH), subprotocols=["realtime",
+                                                   f"openai-insecure-api-key.{API_KEY}"]) as ws:
+        recv(ws)
+    text = "\n".join(r.getMessage() for r in caplog.records
+                     if r.name.startswith(("mlx_voicechat_plugin", "uvicorn", "fastapi")))
+    assert "connected" in text and API_KEY not in text
