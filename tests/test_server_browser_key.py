@@ -7,21 +7,14 @@ from its key field as the ``openai-insecure-api-key.<KEY>`` subprotocol beside
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from server_support import LiveServer
 from test_server_browser import (  # noqa: F401  (chromium is a fixture)
-    FLAGS,
     MIN_CHUNKS,
-    TIMEOUT,
     CountingEngine,
-    Page,
+    browser_page,
     chromium,
-    devtools_port,
-    page_target,
 )
-from websockets.sync.client import connect
 
 from mlx_voicechat_plugin.server.app import create_app
 
@@ -39,25 +32,8 @@ def served(tiny_ckpt):
 
 @pytest.fixture
 def page(chromium, served, tmp_path):  # noqa: F811
-    live, _ = served
-    profile = tmp_path / "profile"
-    process = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", live.http("/")],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port = devtools_port(profile / "DevToolsActivePort", process)
-        with connect(page_target(port, live.http("/"))["webSocketDebuggerUrl"], max_size=None,
-                     open_timeout=TIMEOUT) as websocket:
-            client = Page(websocket)
-            client.wait_for("document.readyState === 'complete' && "
-                            "!!document.getElementById('key')")
-            yield client
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with browser_page(chromium, served[0], tmp_path / "profile") as client:
+        yield client
 
 
 def _talk(page) -> dict:

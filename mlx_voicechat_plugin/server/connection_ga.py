@@ -128,9 +128,12 @@ class GAConnection(Connection):
         events = self.responses.request(params)
         if events is None:
             active = self.responses.active_response_id
-            reason = (f"the conversation already has an active response {active}; wait for "
-                      "its response.done" if active else "the conversation has ended")
-            raise ProtocolError("conversation_already_has_active_response", reason)
+            if active is None:
+                raise ProtocolError(ErrorCode.INVALID_REQUEST, "the stream has ended "
+                                    "(max_streaming_seconds): no more responses")
+            raise ProtocolError("conversation_already_has_active_response",
+                                f"the conversation already has an active response {active}; "
+                                "wait for its response.done")
         await self.send_all(events)
 
     async def send_all(self, payloads: list[dict[str, Any]]) -> None:
@@ -233,13 +236,18 @@ class GAConnection(Connection):
     def owed(self) -> bool:
         return self.configured and self.responses.owes
 
+    def deadline(self) -> tuple[float, str]:
+        if self.owed():
+            self.active()  # idle time does not count while a response is owed
+        return super().deadline()
+
     async def next_message(self, timeout: float) -> dict[str, Any]:
         """The next client frame; while a response is owed and the client sends no
         audio, silence frames run meanwhile (the idle clock stands still)."""
         owed = False
         while self.owed():
             owed = True
-            self.active()  # idle time does not count while a response is owed
+            self.active()
             if self.early:
                 return self.early.popleft()
             if self.receiving is None:
