@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -128,8 +129,13 @@ def served(tiny_ckpt):
 
 @pytest.fixture
 def page(chromium, served, tmp_path):
-    live, _ = served
-    profile = tmp_path / "profile"
+    with browser_page(chromium, served[0], tmp_path / "profile") as client:
+        yield client
+
+
+@contextmanager
+def browser_page(chromium: str, live: LiveServer, profile: Path):
+    """Chromium on the page at ``/``, driven over DevTools once the page has loaded."""
     process = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", live.http("/")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

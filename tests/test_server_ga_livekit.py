@@ -99,6 +99,13 @@ async def _run(server, wav, found: dict) -> None:
         for chunk in silence_chunks(1.0):
             session.push_audio(_frame(chunk))
         await asyncio.sleep(1.0)
+        # generate_reply() resolves at the response.created that carries its
+        # event id (LiveKit gives up after 10 s); each generation's streams end
+        # at its response.done.
+        reply = await session.generate_reply()
+        found["reply"] = reply.user_initiated
+        await asyncio.wait_for(asyncio.gather(*drains), 30)
+        found["generations"] = len(drains)
     finally:
         await session.aclose()
         await model.aclose()
@@ -148,3 +155,8 @@ def test_user_transcripts_reach_the_plugin(session):
 
 def test_the_plugin_reported_no_error(session):
     assert session["errors"] == []
+
+
+def test_generate_reply_gets_its_response_and_every_generation_ends(session):
+    assert session["reply"] is True  # the response created for generate_reply()
+    assert session["generations"] >= 2  # the tool call's, the reply's; each one done

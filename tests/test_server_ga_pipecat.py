@@ -47,7 +47,14 @@ def _weather_tool() -> ToolsSchema:
         properties=parameters["properties"], required=parameters["required"])])
 
 
-async def _run(server, wav, parsed: list, failures: list, calls: list, errors: list) -> None:
+def _open_responses(parsed: list) -> set[str]:
+    events = [e for e in parsed if e is not None]
+    return {e.response.id for e in events if e.type == "response.created"} \
+        - {e.response.id for e in events if e.type == "response.done"}
+
+
+async def _run(server, wav, parsed: list, failures: list, calls: list, errors: list,
+               sent: list, state: dict) -> None:
     called = asyncio.Event()
     llm = realtime_llm.OpenAIRealtimeLLMService(
         api_key=API_KEY, base_url=base_url(server).replace("http", "ws", 1) + "/realtime",
@@ -60,6 +67,13 @@ async def _run(server, wav, parsed: list, failures: list, calls: list, errors: l
         called.set()
 
     llm.register_function("get_weather", get_weather)
+    send_client_event = llm.send_client_event
+
+    async def recording_send(event):
+        sent.append(event.type)
+        await send_client_event(event)
+
+    llm.send_client_event = recording_send
     task = PipelineTask(Pipeline([llm]), params=PipelineParams(audio_in_sample_rate=24_000),
                         enable_rtvi=False, check_dangling_tasks=False,
                         cancel_on_idle_timeout=False)
@@ -84,7 +98,13 @@ async def _run(server, wav, parsed: list, failures: list, calls: list, errors: l
     for chunk in silence_chunks(1.0):
         await task.queue_frame(InputAudioRawFrame(audio=chunk, sample_rate=24_000,
                                                   num_channels=1))
-    await asyncio.sleep(1.0)
+    # Pipecat holds each response.create until that response is done: wait until
+    # it holds none and every response the server created is done.
+    for _ in range(600):
+        await asyncio.sleep(0.05)
+        if not llm._response_active and not _open_responses(parsed):
+            break
+    state.update(active=llm._response_active, open=_open_responses(parsed))
     await task.queue_frame(EndFrame())
     await asyncio.wait_for(running, 30)
 
@@ -115,8 +135,11 @@ def session(server, tmp_path_factory):
         server.wait_idle()
         calls: list = []
         errors: list = []
-        asyncio.run(_run(server, wav, parsed, failures, calls, errors))
-        return {"parsed": parsed, "failures": failures, "calls": calls, "errors": errors}
+        sent: list = []
+        state: dict = {}
+        asyncio.run(_run(server, wav, parsed, failures, calls, errors, sent, state))
+        return {"parsed": parsed, "failures": failures, "calls": calls, "errors": errors,
+                "sent": sent, **state}
     finally:
         patch.undo()
 
@@ -157,3 +180,11 @@ def test_the_tool_result_is_accepted_as_a_conversation_item(session):
 def test_no_error_reached_the_pipeline(session):
     assert "error" not in _types(session)
     assert session["errors"] == []
+
+
+def test_every_response_pipecat_asked_for_was_created_and_done(session):
+    kinds = _types(session)
+    assert session["sent"].count("response.create") >= 1
+    assert kinds.count("response.created") >= session["sent"].count("response.create")
+    assert session["open"] == set()  # every response.created has its response.done
+    assert session["active"] is False  # Pipecat holds no response open: it did not hang

@@ -92,9 +92,42 @@ def test_cancel_without_a_response_is_a_non_fatal_error(ws):
     assert _ping(ws) == []
 
 
-def test_response_create_is_accepted_silently(ws):
+def _until(ws, kind: str) -> list[dict]:
+    events = []
+    while (event := recv(ws))["type"] != kind:
+        events.append(event)
+    return events + [event]
+
+
+def test_response_create_opens_a_response_that_ends_within_its_bound(ws):
+    _update(ws, max_response_seconds=0.4)
     send(ws, {"type": "response.create", "response": {"metadata": {"k": "v"}}})
-    assert _ping(ws) == []
+    created = recv(ws)
+    assert created["type"] == "response.created"
+    assert created["response"]["metadata"] == {"k": "v"}
+    events = _until(ws, "response.done")
+    done = events[-1]["response"]
+    assert done["id"] == created["response"]["id"]
+    assert done["status"] in ("completed", "incomplete") and done["usage"]["input_tokens"] <= 5
+    assert not [e for e in events if e["type"] == "error"]
+    assert _ping(ws) == []  # the session lives on, and nothing more was owed
+
+
+def test_a_second_response_create_while_one_is_active_is_a_non_fatal_error(ws):
+    _update(ws, max_response_seconds=2)
+    send(ws, {"type": "response.create"})
+    send(ws, {"type": "response.create", "event_id": "evt_again"})
+    events = _until(ws, "error")
+    assert events[-1]["error"]["code"] == "conversation_already_has_active_response", events[-1]
+    assert events[-1]["error"]["event_id"] == "evt_again"
+    assert _until(ws, "response.done")
+
+
+def test_max_response_seconds_is_checked(ws):
+    for bad in (0, "3"):  # a third failed update would close the session
+        error = _update(ws, max_response_seconds=bad)["error"]
+        assert "session.max_response_seconds must be within (0, 600] s" in error["message"]
+    assert _update(ws, max_response_seconds=600)["type"] == "session.updated"
 
 
 def test_g711_audio_goes_in_and_comes_out_as_g711(ws):
@@ -147,3 +180,70 @@ def test_the_model_query_is_checked_on_the_mlx_vlm_route_too(server):
     with pytest.raises(InvalidStatus) as refused:
         connect(server.ws("/v1/realtime?model=other"), additional_headers=AUTH)
     assert refused.value.response.status_code == 404
+
+
+def test_a_browser_sends_the_key_as_a_subprotocol_and_gets_realtime_selected(server):
+    server.wait_idle()
+    offered = ["realtime", f"openai-insecure-api-key.{API_KEY}"]
+    with connect(server.ws(GA_PATH), subprotocols=offered) as client:
+        assert client.subprotocol == "realtime"  # the key is never echoed back
+        assert recv(client)["type"] == "session.created"
+
+
+def test_a_wrong_subprotocol_key_is_refused(server):
+    from websockets.exceptions import InvalidStatus
+
+    for route in (GA_PATH, "/v1/realtime"):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(server.ws(route), subprotocols=["realtime", "openai-insecure-api-key.nope"])
+        assert refused.value.response.status_code == 401
+
+
+def test_models_are_listed_in_openais_shape_under_the_ga_base_url(server):
+    import httpx
+
+    listed = httpx.get(server.http("/openai/v1/models"), headers=AUTH).json()
+    assert listed["object"] == "list"
+    (entry,) = listed["data"]
+    assert set(entry) == {"id", "object", "created", "owned_by"} and entry["id"] == MODEL
+    assert httpx.get(server.http(f"/openai/v1/models/{MODEL}"), headers=AUTH).json() == entry
+    missing = httpx.get(server.http("/openai/v1/models/gpt-4o"), headers=AUTH)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert httpx.get(server.http("/openai/v1/models")).status_code == 401
+
+
+def test_v1_models_has_mlx_vlms_shape(server):
+    import httpx
+
+    listed = httpx.get(server.http("/v1/models"), headers=AUTH).json()
+    assert listed["object"] == "list"
+    assert listed["data"][0].keys() == {"id", "object", "created", "loaded"}
+    assert listed["data"][0]["id"] == MODEL and listed["data"][0]["loaded"] is True
+
+
+def test_the_subprotocol_key_is_compared_in_constant_time_and_never_logged(server, monkeypatch,
+                                                                            caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from mlx_voicechat_plugin.server import app as app_module
+
+    calls = []
+    real = app_module.hmac.compare_digest
+    monkeypatch.setattr(app_module.hmac, "compare_digest",
+                        lambda a, b: calls.append((a, b)) or real(a, b))
+    upgrade = SimpleNamespace(headers={}, scope={"subprotocols": [
+        "realtime", "openai-insecure-api-key.guess"]})
+    assert app_module.websocket_auth(upgrade, "secret") == (False, "realtime")
+    assert calls == [(b"guess", b"secret")]
+    upgrade.scope["subprotocols"] = ["openai-insecure-api-key.secret"]
+    assert app_module.websocket_auth(upgrade, "secret") == (True, None)  # nothing to select
+
+    caplog.set_level(logging.DEBUG)
+    server.wait_idle()
+    with connect(server.ws(GA_PATH), subprotocols=["realtime",
+                                                   f"openai-insecure-api-key.{API_KEY}"]) as ws:
+        recv(ws)
+    text = "\n".join(r.getMessage() for r in caplog.records
+                     if r.name.startswith(("mlx_voicechat_plugin", "uvicorn", "fastapi")))
+    assert "connected" in text and API_KEY not in text

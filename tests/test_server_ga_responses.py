@@ -16,10 +16,15 @@ from mlx_voicechat_plugin.runtime.events import (
     Audio,
     Done,
     ToolCall,
+    TurnEnded,
     UserTranscriptDelta,
 )
 from mlx_voicechat_plugin.server.dialect_ga import GAConfig
-from mlx_voicechat_plugin.server.dialect_ga_responses import RESPONSE_GAP_SECONDS, GAResponses
+from mlx_voicechat_plugin.server.dialect_ga_responses import (
+    RESPONSE_GAP_SECONDS,
+    TAIL_FRAMES,
+    GAResponses,
+)
 
 FRAME_SECONDS = 0.08
 GAP = round(RESPONSE_GAP_SECONDS / FRAME_SECONDS)
@@ -34,7 +39,8 @@ class Timeline:
         self.frame = 0
         self.events: list[dict] = []
 
-    def step(self, text: str | None = None, user: str | None = None, call: bool = False):
+    def step(self, text: str | None = None, user: str | None = None, call: bool = False,
+             eos: bool = False):
         frame, events = self.frame, []
         if frame:  # a frame's audio leaves with the next frame
             events.append(Audio(frame - 1, np.zeros(1764, np.float32), 22_050,
@@ -43,6 +49,8 @@ class Timeline:
             events.append(UserTranscriptDelta(frame, user, user))
         if text is not None:
             events.append(AssistantTextDelta(frame, 7, text, text))
+        if eos:
+            events.append(TurnEnded(frame))
         if call:
             events.append(ToolCall(frame, "call_" + "ab" * 16, "get_weather",
                                    '{"city": "Paris"}'))
@@ -174,11 +182,94 @@ def test_cancel_without_a_response_is_refused():
     assert Timeline().responses.cancel() is None
 
 
-def test_response_create_metadata_rides_on_the_next_response():
+def test_response_create_opens_a_response_at_once_that_the_next_utterance_fills():
     timeline = Timeline()
-    timeline.responses.request({"metadata": {"client_event_id": "abc"}})
-    created = timeline.step(text="Hi")[0]
+    (created,) = timeline.responses.request({"metadata": {"client_event_id": "abc"}})
+    assert created["type"] == "response.created"
     assert created["response"]["metadata"] == {"client_event_id": "abc"}
+    timeline.idle(GAP + 3)  # the model has not spoken yet: the response waits
+    opened = timeline.step(text="Hi")
+    assert timeline.kinds(opened)[0] == "response.output_item.added"
+    assert opened[0]["response_id"] == created["response"]["id"]
+
+
+def test_response_create_while_one_is_active_is_refused():
+    timeline = Timeline()
+    timeline.step(text="Hi")
+    assert timeline.responses.request({}) is None
+
+
+def test_the_end_of_turn_token_ends_the_response_after_its_audio_tail():
+    timeline = Timeline()
+    timeline.step(text="Hi")
+    timeline.step(eos=True)  # frame 1
+    tail = timeline.idle(TAIL_FRAMES + 1)
+    kinds = timeline.kinds(tail)
+    assert kinds.count("response.output_audio.delta") == 2 + TAIL_FRAMES  # frames 0..1+TAIL
+    assert kinds[-1] == "response.done"
+    assert tail[-1]["response"]["status"] == "completed"
+    assert not timeline.responses.owes
+
+
+def test_text_after_an_end_of_turn_token_goes_on_in_the_same_response():
+    timeline = Timeline()
+    timeline.step(text="Hi")
+    timeline.step(eos=True)
+    timeline.step(text=" there")
+    assert "response.done" not in timeline.kinds()
+    assert timeline.responses.owes
+
+
+def test_commit_without_turn_detection_owes_a_response_announced_when_the_model_speaks():
+    timeline = Timeline(GAConfig(turn_detection=None))
+    timeline.step(user="hi")
+    timeline.responses.commit()
+    assert timeline.responses.owes
+    assert "response.created" not in timeline.kinds(timeline.idle(GAP + 2))
+    opened = timeline.step(text="Hello")
+    assert timeline.kinds(opened)[:2] == ["response.created", "response.output_item.added"]
+
+
+def test_an_owed_response_ends_incomplete_at_its_bound_with_usage():
+    timeline = Timeline(GAConfig(turn_detection=None, max_response_seconds=0.8))
+    timeline.responses.commit()
+    out = timeline.idle(20)
+    kinds = timeline.kinds(out)
+    assert kinds == ["response.created", "response.done"]
+    done = out[-1]["response"]
+    assert done["status"] == "incomplete"
+    assert done["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
+    assert done["output"] == [] and done["usage"]["input_tokens"] == 10
+    assert not timeline.responses.owes
+
+
+def test_a_model_that_keeps_talking_is_cut_at_the_bound():
+    timeline = Timeline(GAConfig(max_response_seconds=0.8))
+    for _ in range(20):
+        timeline.step(text="la")
+    kinds = timeline.kinds()
+    assert kinds.count("response.done") >= 1  # and the client's next frames open the next
+    first_done = next(e for e in timeline.events if e["type"] == "response.done")
+    assert first_done["response"]["status"] == "incomplete"
+    assert first_done["response"]["usage"]["output_token_details"]["audio_tokens"] == 10
+
+
+def test_cancel_before_the_model_spoke_ends_the_requested_response():
+    timeline = Timeline()
+    timeline.responses.request(None)
+    out = timeline.responses.cancel()
+    assert [e["type"] for e in out] == ["response.done"]
+    assert out[0]["response"]["status"] == "cancelled"
+    assert not timeline.responses.owes
+
+
+def test_the_end_of_turn_token_ends_a_cancelled_utterance():
+    timeline = Timeline()
+    timeline.step(text="Long")
+    timeline.responses.cancel()
+    assert timeline.step(text=" story") == []
+    timeline.step(eos=True)
+    assert timeline.kinds(timeline.step(text="Next"))[0] == "response.created"
 
 
 def test_text_modality_sends_output_text_and_no_audio():
@@ -205,3 +296,16 @@ def test_truncating_the_speaking_item_cancels_it_and_unknown_items_are_refused()
     out = timeline.responses.truncate(item_id)
     assert out[-1]["response"]["status"] == "cancelled"
     assert timeline.responses.truncate(item_id) == []  # known, no longer speaking
+
+
+def test_the_servers_silence_frames_open_no_new_response_after_the_owed_one():
+    timeline = Timeline(GAConfig(turn_detection=None))
+    timeline.responses.commit()
+    timeline.responses.server_frames = True
+    timeline.step(text="Hi")
+    timeline.step(eos=True)
+    timeline.idle(TAIL_FRAMES + 1)
+    assert timeline.kinds().count("response.done") == 1
+    assert timeline.step(text="more") == [] and not timeline.responses.owes
+    timeline.responses.server_frames = False  # client audio again
+    assert timeline.kinds(timeline.step(text="again"))[0] == "response.created"

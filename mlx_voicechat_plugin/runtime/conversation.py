@@ -27,6 +27,7 @@ from .events import (
     FunctionDelta,
     TokenText,
     ToolsWarning,
+    TurnEnded,
     UserTranscriptDelta,
 )
 from .frame import (
@@ -65,6 +66,7 @@ class Conversation:
         self.function = TokenText(parent.tokenizer, hidden)
         codec = model.tts_model.audio_codec
         self.audio = AudioFrames(codec.samples_per_frame, config.output_sample_rate)
+        self._turn_end_id = config.eos_token_id if options.turn_events else None
         self.tools: ToolChannel | None = None
         self._notices: list[Event] = []
         if toolset is not None:
@@ -165,6 +167,8 @@ class Conversation:
                 self.tools.parser.new_turn()
         if text_update is not None:
             events.append(AssistantTextDelta(index, out.text_id, *text_update))
+        elif out.text_id == self._turn_end_id:
+            events.append(TurnEnded(index))
         if out.function_forced:
             assert self.tools is not None  # only tool results are forced
             events.extend(self.tools.forced(index))

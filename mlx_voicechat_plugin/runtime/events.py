@@ -111,6 +111,17 @@ class Cancelled:
 
 
 @dataclass(frozen=True)
+class TurnEnded:
+    """The text channel's end-of-turn token (EOS): the model ended its utterance.
+
+    Only for sessions opened with ``SessionOptions.turn_events``; the mlx-vlm
+    events have no counterpart (the reference does not emit one).
+    """
+
+    frame_index: int
+
+
+@dataclass(frozen=True)
 class ToolCall:
     """A complete, schema-valid call parsed from the function channel."""
 
@@ -162,6 +173,7 @@ Event = Union[
     ToolCallInvalid,
     ToolResultInjected,
     ToolsWarning,
+    TurnEnded,
 ]
 
 

@@ -54,6 +54,8 @@ class SessionOptions:
     use_perception_cache: bool = True
     max_streaming_seconds: float | None = None
     profile: bool = False
+    # Emit ``TurnEnded`` at the text channel's EOS (the GA dialect's responses).
+    turn_events: bool = False
     # Asked before each prefill position; True stops it (PrefillCancelled).
     stop_prefill: Callable[[], bool] | None = None
 

@@ -4,7 +4,11 @@
 ``/v1/realtime`` speaks the mlx-vlm dialect (:class:`~.connection.Connection`),
 ``/openai/v1/realtime`` OpenAI Realtime GA (:class:`~.connection_ga.GAConnection`);
 both share the engine's single session, after the API key, Origin and
-``?model=`` checks here. The API key is never logged; ``?model=`` is only
+``?model=`` checks here. ``/openai/v1`` is one base URL for an OpenAI client:
+``realtime``, ``models`` and ``audio/transcriptions`` (the same handler as
+``/v1/audio/transcriptions``); ``/v1/models`` lists the model in mlx-vlm's
+shape. A browser, which cannot set headers on a WebSocket, may send the key as
+the ``openai-insecure-api-key.<KEY>`` subprotocol beside ``realtime``. The API key is never logged; ``?model=`` is only
 compared with the served names, never loaded.
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +37,9 @@ from .protocol import CloseCode
 logger = logging.getLogger(__name__)
 
 REALTIME_PATH = "/v1/realtime"
+OPENAI_BASE = "/openai"  # + /v1/...: the OpenAI client's base URL
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + the API key (OpenAI's browser examples)
+REALTIME_SUBPROTOCOL = "realtime"
 UNSUPPORTED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
@@ -85,6 +93,32 @@ def bearer_ok(header: str | None, api_key: str | None) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+def websocket_auth(websocket: WebSocket, api_key: str | None) -> tuple[bool, str | None]:
+    """Whether an upgrade carries the API key, and the subprotocol to select.
+
+    The key comes as ``Authorization: Bearer <KEY>`` or, from a browser, as the
+    subprotocol ``openai-insecure-api-key.<KEY>`` (compared in constant time,
+    never logged, never echoed: the server selects ``realtime`` when offered).
+    """
+    offered = [str(p) for p in websocket.scope.get("subprotocols") or ()]
+    selected = REALTIME_SUBPROTOCOL if REALTIME_SUBPROTOCOL in offered else None
+    if bearer_ok(websocket.headers.get("authorization"), api_key):
+        return True, selected
+    keys = [p[len(KEY_SUBPROTOCOL):] for p in offered if p.startswith(KEY_SUBPROTOCOL)]
+    ok = any(hmac.compare_digest(key.encode(), api_key.encode()) for key in keys)
+    return ok, selected
+
+
+def model_entry(model_id: str, created: int, openai_shape: bool) -> dict[str, Any]:
+    """One ``/models`` entry: OpenAI's (``owned_by``) or mlx-vlm's (``loaded``)."""
+    entry: dict[str, Any] = {"id": model_id, "object": "model", "created": created}
+    if openai_shape:
+        entry["owned_by"] = "mlx-voicechat"
+    else:
+        entry["loaded"] = True
+    return entry
 
 
 def create_app(
@@ -157,6 +191,36 @@ def create_app(
         page = (Path(__file__).parent / "static" / "index.html").read_text(encoding="utf-8")
         return HTMLResponse(page.replace("__API_PREFIX__", escape(prefix, quote=True)))
 
+    created = int(time.time())
+
+    def add_models_routes(base: str, openai_shape: bool) -> None:
+        """``GET {base}/models`` (a list of the one model) and ``{base}/models/{id}``."""
+        async def list_models(request: Request) -> JSONResponse:
+            if not bearer_ok(request.headers.get("authorization"), api_key):
+                return invalid_key()
+            return JSONResponse({"object": "list",
+                                 "data": [model_entry(model_id, created, openai_shape)]})
+
+        async def retrieve_model(model: str, request: Request) -> JSONResponse:
+            if not bearer_ok(request.headers.get("authorization"), api_key):
+                return invalid_key()
+            if model not in served_names:
+                return JSONResponse({"error": {
+                    "message": f"model {model[:64]!r} is not served here; this server "
+                               f"serves {model_id!r}", "type": "invalid_request_error",
+                    "param": "model", "code": "model_not_found"}}, 404)
+            return JSONResponse(model_entry(model, created, openai_shape))
+
+        app.add_api_route(base + "/models", list_models, methods=["GET"])
+        app.add_api_route(base + "/models/{model:path}", retrieve_model, methods=["GET"])
+
+    def invalid_key() -> JSONResponse:
+        return JSONResponse({"error": {"code": "invalid_api_key", "type": "invalid_request_error",
+                                       "message": "missing or invalid API key"}}, 401)
+
+    add_models_routes(prefix + "/v1", openai_shape=False)
+    add_models_routes(prefix + OPENAI_BASE + "/v1", openai_shape=True)
+
     async def unsupported() -> JSONResponse:
         message = (f"this server runs a speech-to-speech model; connect a WebSocket to "
                    f"{prefix}{REALTIME_PATH} instead")
@@ -168,9 +232,10 @@ def create_app(
     from .transcriptions import add_transcription_routes
 
     served = tuple(dict.fromkeys((model_id, served_model_id(str(model_path)))))
-    add_transcription_routes(app, engine, prefix, served, limits,
-                             lambda header: bearer_ok(header, api_key),
-                             lambda origin: origin_allowed(origin, origins))
+    for base in (prefix, prefix + OPENAI_BASE):  # one handler, mounted under both
+        add_transcription_routes(app, engine, base, served, limits,
+                                 lambda header: bearer_ok(header, api_key),
+                                 lambda origin: origin_allowed(origin, origins))
 
     async def deny(websocket: WebSocket, status: int, message: str) -> None:
         logger.info("rejected upgrade: %s", message)
@@ -181,7 +246,8 @@ def create_app(
             await websocket.close(code=CloseCode.POLICY_VIOLATION)
 
     async def serve(websocket: WebSocket, dialect: type[Connection]) -> None:
-        if not bearer_ok(websocket.headers.get("authorization"), api_key):
+        authorized, subprotocol = websocket_auth(websocket, api_key)
+        if not authorized:
             await deny(websocket, 401, "missing or invalid API key")
             return
         if not origin_allowed(websocket.headers.get("origin"), origins):
@@ -193,6 +259,7 @@ def create_app(
                        f"serves {model_id!r}")
             return
         connection = dialect(websocket, engine, model_id, limits)
+        connection.subprotocol = subprotocol
         try:
             await connection.run()
         except WebSocketDisconnect:

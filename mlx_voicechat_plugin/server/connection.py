@@ -50,6 +50,7 @@ class Connection:
         self.receiving: asyncio.Future | None = None  # a pending ws.receive()
         self.early: deque[dict[str, Any]] = deque()  # frames read while a prefill ran
         self.outbox = Outbox(websocket, limits.max_pending_events)
+        self.subprotocol: str | None = None  # selected at accept (a browser's "realtime")
 
     async def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put(protocol.dumps(payload))
@@ -121,7 +122,7 @@ class Connection:
         self.last_activity = time.monotonic()
 
     async def run(self) -> None:
-        await self.ws.accept()
+        await self.ws.accept(subprotocol=self.subprotocol)
         self.outbox.start()
         try:
             if not self.engine.ready:

@@ -15,8 +15,14 @@ results as :class:`~.connection.Connection`; what differs is the language:
   resampled; neither ends the session. The model keeps listening until the
   client leaves (close 1000 is never needed).
 - ``response.create`` / ``response.cancel`` / ``conversation.item.truncate``
-  are accepted as described in :mod:`.dialect_ga_responses`;
-  ``conversation.item.create`` answers a tool call with a
+  are accepted as described in :mod:`.dialect_ga_responses`.
+- While a response is owed (opened or requested, not yet ``response.done``)
+  and the client has sent no audio for :data:`STREAM_LULL_SECONDS` (at once
+  after a commit with turn detection off), the connection runs the timeline
+  on silence, one ``Engine.push`` per frame, as fast as the engine steps it,
+  so the model can answer; the response's bound (``max_response_seconds``)
+  ends it. The idle timeout does not run while a response is owed.
+- ``conversation.item.create`` answers a tool call with a
   ``function_call_output``; other items (a framework replaying its chat
   history) are acknowledged, not injected: the model hears only audio, and
   its text context is ``instructions``.
@@ -24,8 +30,12 @@ results as :class:`~.connection.Connection`; what differs is the language:
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Any
+
+import numpy as np
 
 from fastapi import WebSocket
 
@@ -41,6 +51,10 @@ from .protocol import CloseCode, ErrorCode, ProtocolError
 logger = logging.getLogger(__name__)
 
 MODEL_INPUT_RATE = 16_000
+# A client that sent no audio for this long is not streaming: while a response is
+# owed the server runs the timeline on silence (real-time clients send a chunk
+# every 20-100 ms).
+STREAM_LULL_SECONDS = 0.3
 
 
 class GAConnection(Connection):
@@ -55,6 +69,7 @@ class GAConnection(Connection):
         self.opened_with: tuple[Any, ...] | None = None  # engine_options of the open session
         self.heard = 0  # samples the model has been given since it opened
         self.event_id: str | None = None  # of the client event being handled
+        self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
 
     def greeting(self) -> dict[str, Any]:
         return ga.session_event("session.created", self.session_id, self.model_id, self.config)
@@ -76,7 +91,11 @@ class GAConnection(Connection):
         elif event.kind == "input_audio_buffer.append":
             await self.append_audio(message.get("audio"))
         elif event.kind == "input_audio_buffer.commit":
+            if not self.configured and self.config.turn_detection is None:
+                await self.open_engine(self.config)  # the response owed needs a timeline
             await self.send_all(self.responses.commit())
+            if self.config.turn_detection is None:
+                self.last_audio = 0.0  # push-to-talk: the user's turn ended, answer now
         elif event.kind == "input_audio_buffer.clear":
             self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
             await self.send({"type": "input_audio_buffer.cleared"})
@@ -90,7 +109,7 @@ class GAConnection(Connection):
                 raise ProtocolError(ErrorCode.INVALID_REQUEST, "item_id must be a string")
             await self.send({"type": "conversation.item.deleted", "item_id": item_id})
         elif event.kind == "response.create":
-            self.responses.request(message.get("response"))
+            await self.create_response(message.get("response"))
         elif event.kind == "response.cancel":
             events = self.responses.cancel()
             if events is None:
@@ -99,6 +118,23 @@ class GAConnection(Connection):
             await self.send_all(events)
         self.active()
         return False
+
+    async def create_response(self, params: Any) -> None:
+        if self.config.output_modalities == ("text",):
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, "a session with output_modalities "
+                                "['text'] transcribes the user only and makes no responses")
+        if not self.configured:
+            await self.open_engine(self.config)
+        events = self.responses.request(params)
+        if events is None:
+            active = self.responses.active_response_id
+            if active is None:
+                raise ProtocolError(ErrorCode.INVALID_REQUEST, "the stream has ended "
+                                    "(max_streaming_seconds): no more responses")
+            raise ProtocolError("conversation_already_has_active_response",
+                                f"the conversation already has an active response {active}; "
+                                "wait for its response.done")
+        await self.send_all(events)
 
     async def send_all(self, payloads: list[dict[str, Any]]) -> None:
         for payload in payloads:
@@ -148,7 +184,7 @@ class GAConnection(Connection):
             opening = self.engine.submit_open(
                 self.session_id, system_prompt=config.instructions or None, seed=config.seed,
                 max_streaming_seconds=seconds, tools=tools,
-                max_prompt_tokens=self.limits.max_prompt_tokens,
+                max_prompt_tokens=self.limits.max_prompt_tokens, turn_events=True,
                 serializer=self.responses.translate)
         self.open = True
         await self.watch(opening)
@@ -177,19 +213,75 @@ class GAConnection(Connection):
             raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
         if not samples.shape[0]:
             return
+        self.last_audio = time.monotonic()
         for start in range(0, samples.shape[0], self.frame_samples):
-            chunk = samples[start : start + self.frame_samples]
+            await self.push_frame(samples[start : start + self.frame_samples])
+
+    async def push_frame(self, chunk: np.ndarray) -> None:
+        """One engine frame (or part of one) of 16 kHz input; its events go out."""
+        try:
+            events = await self.engine_call(self.engine.push(
+                self.session_id, chunk, MODEL_INPUT_RATE))
+        except ProtocolError as exc:
+            if "max_streaming_seconds" in exc.message:  # the stream is full: it ends
+                await self.send_error(exc.code, exc.message)
+                await self.finish(CloseCode.NORMAL)
+                raise _Finished() from None
+            raise
+        self.heard += chunk.shape[0]
+        await self.forward(events)
+
+    # --- owed responses: the timeline runs on silence -------------------------
+
+    def owed(self) -> bool:
+        return self.configured and self.responses.owes
+
+    def deadline(self) -> tuple[float, str]:
+        if self.owed():
+            self.active()  # idle time does not count while a response is owed
+        return super().deadline()
+
+    async def next_message(self, timeout: float) -> dict[str, Any]:
+        """The next client frame; while a response is owed and the client sends no
+        audio, silence frames run meanwhile (the idle clock stands still)."""
+        owed = False
+        while self.owed():
+            owed = True
+            self.active()
+            if self.early:
+                return self.early.popleft()
+            if self.receiving is None:
+                self.receiving = asyncio.ensure_future(self.ws.receive())
+            if self.receiving.done():
+                message = self.receiving.result()
+                self.receiving = None
+                return message
+            wall = self.connected_at + self.limits.max_session_wall_seconds - time.monotonic()
+            if wall <= 0:
+                raise asyncio.TimeoutError
+            lull = self.last_audio + STREAM_LULL_SECONDS - time.monotonic()
+            if lull <= 0:
+                await self.continue_on_silence()
+                continue
             try:
-                events = await self.engine_call(self.engine.push(
-                    self.session_id, chunk, MODEL_INPUT_RATE))
-            except ProtocolError as exc:
-                if "max_streaming_seconds" in exc.message:  # the stream is full: it ends
-                    await self.send_error(exc.code, exc.message)
-                    await self.finish(CloseCode.NORMAL)
-                    raise _Finished() from None
-                raise
-            self.heard += chunk.shape[0]
-            await self.forward(events)
+                return await super().next_message(min(lull, wall))
+            except asyncio.TimeoutError:
+                continue
+        if owed:  # the response just ended: the idle clock starts now
+            timeout = max(self.deadline()[0] - time.monotonic(), 0.0)
+        return await super().next_message(timeout)
+
+    async def continue_on_silence(self) -> None:
+        """One frame of silence for the model to answer in; an engine failure ends
+        the owed response as ``failed`` (the session stays)."""
+        self.responses.server_frames = True
+        try:
+            await self.push_frame(np.zeros(self.frame_samples, np.float32))
+        except ProtocolError as exc:
+            await self.send_error(exc.code, exc.message)
+            await self.send_all(self.responses.fail(exc.message))
+        finally:
+            self.responses.server_frames = False
 
     # --- items ------------------------------------------------------------
 

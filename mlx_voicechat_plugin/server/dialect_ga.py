@@ -29,6 +29,12 @@ DEFAULT_TURN_DETECTION: dict[str, Any] = {
     "silence_duration_ms": DEFAULT_SILENCE_MS, "create_response": True,
     "interrupt_response": False,
 }
+# A response runs at most this long on the timeline (``session.max_response_seconds``):
+# from the request that opened it (commit with turn detection off, response.create)
+# or from the model's first word; the server runs silence meanwhile if the client
+# sends no audio (like offline ``extra_decoding_seconds``).
+DEFAULT_MAX_RESPONSE_SECONDS = 15.0
+MAX_RESPONSE_SECONDS = 600.0
 TOOL_CHOICES = ("auto", "none")
 MODALITIES = (["audio"], ["text"])
 
@@ -54,6 +60,7 @@ class GAConfig:
     speed: float = 1.0
     seed: int = 0  # extension, as in the mlx-vlm dialect
     max_streaming_seconds: float | None = None  # extension, as in the mlx-vlm dialect
+    max_response_seconds: float = DEFAULT_MAX_RESPONSE_SECONDS  # extension, see above
 
     def engine_options(self) -> tuple[Any, ...]:
         """The part only a new engine session can change (prefilled prompt, tools, seed)."""
@@ -111,7 +118,17 @@ def merge_session(config: GAConfig, payload: Any) -> GAConfig:
         changes["seed"] = extras.seed
     if "max_streaming_seconds" in payload:
         changes["max_streaming_seconds"] = extras.max_streaming_seconds
+    if payload.get("max_response_seconds") is not None:
+        changes["max_response_seconds"] = _response_seconds(payload["max_response_seconds"])
     return replace(config, **changes)
+
+
+def _response_seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value <= MAX_RESPONSE_SECONDS:
+        raise _failed(f"session.max_response_seconds must be within (0, "
+                      f"{MAX_RESPONSE_SECONDS:g}] s, got {brief(value)}")
+    return float(value)
 
 
 def _audio_changes(audio: Any) -> dict[str, Any]:

@@ -3,17 +3,30 @@
 The model listens and speaks in every 80 ms frame; GA clients think in
 responses. The mapping, one frame's runtime events at a time:
 
-- Assistant: one utterance is one response. The first visible text token
-  opens it (``response.created`` -> ``response.output_item.added`` ->
-  ``conversation.item.added`` -> ``response.content_part.added``); its text
-  tokens are ``response.output_audio_transcript.delta`` (``output_text`` with
+- Assistant: one utterance is one response. A response opens at a request
+  (``response.create``: ``response.created`` at once; ``commit`` with turn
+  detection off: owed, announced when the model speaks or the bound ends it)
+  or at the model's first visible text token; that token opens its message
+  (``response.output_item.added`` -> ``conversation.item.added`` ->
+  ``response.content_part.added``). Its text tokens are
+  ``response.output_audio_transcript.delta`` (``output_text`` with
   ``output_modalities: ["text"]``) and its frames' audio, resampled to the
-  client's format, ``response.output_audio.delta``. It ends when no text token
-  came for :data:`RESPONSE_GAP_SECONDS` (the model's end-of-turn token is not
-  visible text, so silence is what closes it), at a tool call, or when the
-  stream ends: the ``.done`` events, then ``response.done`` with ``usage``
-  (text tokens and audio frames, measured). Audio between responses is the
-  model's silence and is not sent.
+  client's format, ``response.output_audio.delta``. Audio between responses
+  is the model's silence and is not sent.
+- Every ``response.created`` is followed by its ``response.done`` (the
+  ``.done`` events of what it opened first, then ``usage``: text tokens and
+  audio frames, measured), with status ``completed`` when the model's turn
+  ends: its end-of-turn token (the text channel's EOS, :class:`TurnEnded`),
+  after the audio of that frame and :data:`TAIL_FRAMES` more; or no visible
+  text for :data:`RESPONSE_GAP_SECONDS` once it spoke (a checkpoint that never
+  emits EOS); or a tool call; or the end of the stream. ``incomplete``
+  (reason ``max_output_tokens``) when ``max_response_seconds`` of timeline
+  passed since it opened; ``cancelled`` (``client_cancelled``) at
+  ``response.cancel`` / ``conversation.item.truncate`` or when a new prompt
+  restarts the timeline. While a response is owed (:attr:`GAResponses.owes`)
+  the connection runs the timeline on silence if the client sends no audio;
+  text in those frames after the owed response ended opens no new one (else a
+  model that never stops would keep the server running silence for ever).
 - A tool call is a ``function_call`` output item of the response it ends:
   ``response.output_item.added`` -> ``conversation.item.added`` ->
   ``response.function_call_arguments.delta``/``done`` ->
@@ -24,8 +37,10 @@ responses. The mapping, one frame's runtime events at a time:
   ``silence_duration_ms`` ``speech_stopped`` -> ``committed`` -> the item ->
   ``...transcription.completed`` (without it, the client's commit ends the item).
 - ``response.cancel`` ends the current response as ``cancelled`` and drops the
-  rest of that utterance; ``response.create`` cannot make the model speak: its
-  ``metadata`` is carried by the next response the model starts.
+  rest of that utterance (until its EOS or a pause). ``response.create``
+  cannot make the model speak: it opens a response, with its ``metadata``,
+  that the model's next utterance fills (or that ends empty at the bound);
+  while one is active it is refused (``conversation_already_has_active_response``).
 
 :meth:`GAResponses.translate` runs on the engine thread (the engine's
 per-session serializer); the other methods on the connection's. A lock keeps
@@ -50,6 +65,7 @@ from ..runtime.events import (
     Event,
     ToolCall,
     ToolCallInvalid,
+    TurnEnded,
     UserTranscriptDelta,
 )
 from ..runtime.transcribe import TranscriptDone
@@ -60,6 +76,9 @@ from .dialect_ga import GAConfig, error_event, new_id
 logger = logging.getLogger(__name__)
 
 RESPONSE_GAP_SECONDS = 0.8  # a response ends after this long without a text token
+# Frames of audio a response keeps after its EOS frame: the speech channel
+# lags the text by up to ``num_delay_speech_tokens`` (2) frames.
+TAIL_FRAMES = 2
 MAX_CALL_ID_CHARS = 32  # GA's cap on call_id (clients shorten longer ones by hashing)
 
 
@@ -73,9 +92,13 @@ class _Message:
 @dataclass
 class _Response:
     id: str
-    first_frame: int
+    first_frame: int  # usage and the bound count from here
     last_text_frame: int
+    last_frame: int  # the bound: the response ends (incomplete) past this frame
     metadata: Any = None
+    announced: bool = False  # response.created was sent
+    spoke: bool = False  # a visible text token came
+    end_frame: int | None = None  # the frame of the model's end-of-turn token
     message: _Message | None = None
     output: list[dict[str, Any]] = field(default_factory=list)
     text_tokens: int = 0
@@ -104,7 +127,10 @@ class GAResponses:
         self.last_item_id: str | None = None
         self.items: set[str] = set()
         self.calls: dict[str, str] = {}  # GA call_id -> the runtime's call_id
-        self.metadata: Any = None  # from the latest response.create
+        self.failure: str | None = None  # the message of a response ending as failed
+        # The frames now translated are the server's silence (an owed response's
+        # continuation), not client audio: they open no new response.
+        self.server_frames = False
         self.muted_since: int | None = None  # a cancelled utterance's last text frame
         self.frame = 0  # the latest frame seen
         self.ended = False  # the stream ended (Done / Cancelled)
@@ -157,6 +183,8 @@ class GAResponses:
             out.append(error_event(event.code, event.message))
         elif isinstance(event, TranscriptDone):  # a text-only stream's end: its last item
             self._close_user(out, stopped=True)
+        elif isinstance(event, TurnEnded):
+            self._turn_ended(int(event.frame_index))
         elif isinstance(event, (Done, Cancelled)):
             self._close_user(out, stopped=True)
             if self.response is not None:
@@ -176,16 +204,29 @@ class GAResponses:
         response = self.response
         if response is None:
             return
-        if frame - response.last_text_frame >= gap:
+        if response.spoke and response.end_frame is None \
+                and frame - response.last_text_frame >= gap:
             self._finish(out, "completed")
             return
-        if not self._audio_out or response.message is None:
+        if self._audio_out and response.message is not None:
+            response.audio_frames += 1
+            delta = response.audio(event.samples)
+            if delta:
+                out.append({"type": "response.output_audio.delta", **self._part(response),
+                            "delta": delta})
+        if response.end_frame is not None and frame >= response.end_frame + TAIL_FRAMES:
+            self._finish(out, "completed")
+        elif frame >= response.last_frame:
+            self._finish(out, "incomplete")
+
+    def _turn_ended(self, frame: int) -> None:
+        """The model's end-of-turn token: its response ends after the tail's audio."""
+        if self.muted_since is not None:
+            self.muted_since = None  # the cancelled utterance is over
             return
-        response.audio_frames += 1
-        delta = response.audio(event.samples)
-        if delta:
-            out.append({"type": "response.output_audio.delta", **self._part(response),
-                        "delta": delta})
+        response = self.response
+        if response is not None and response.spoke and response.end_frame is None:
+            response.end_frame = frame
 
     def _text(self, event: AssistantTextDelta, out: list[dict[str, Any]]) -> None:
         frame = int(event.frame_index)
@@ -193,10 +234,15 @@ class GAResponses:
             self.muted_since = frame
             return
         if self.response is None:
+            if self.server_frames:
+                return  # the server's silence was for an answer that has ended
             self._start(out, frame)
         response = self.response
+        self._announce(out)
         if response.message is None:
             self._start_message(out)
+        response.spoke = True
+        response.end_frame = None  # it speaks on after an EOS: the turn goes on
         response.last_text_frame = frame
         response.text_tokens += 1
         response.message.text += event.delta
@@ -208,6 +254,7 @@ class GAResponses:
         if self.response is None:
             self._start(out, int(event.frame_index))
         response = self.response
+        self._announce(out)
         self._close_message(out)
         item_id = new_id("item")
         index = len(response.output)
@@ -246,12 +293,23 @@ class GAResponses:
 
     # --- responses -------------------------------------------------------
 
-    def _start(self, out: list[dict[str, Any]], frame: int) -> None:
-        response = _Response(new_id("resp"), frame, frame, metadata=self.metadata)
+    def _start(self, out: list[dict[str, Any]] | None, frame: int,
+               metadata: Any = None) -> None:
+        """A new response from ``frame``; announced now unless ``out`` is ``None``."""
+        bound = self._frames(self.config.max_response_seconds)
+        response = _Response(new_id("resp"), frame, frame, frame + bound - 1,
+                             metadata=metadata)
         response.audio = OutputAudio(self.config.output_format, self.model_rate)
-        self.metadata = None
         self.response = response
-        out.append({"type": "response.created", "response": self._response_object(response)})
+        if out is not None:
+            self._announce(out)
+
+    def _announce(self, out: list[dict[str, Any]]) -> None:
+        response = self.response
+        if not response.announced:
+            response.announced = True
+            out.append({"type": "response.created",
+                        "response": self._response_object(response)})
 
     def _start_message(self, out: list[dict[str, Any]]) -> None:
         response = self.response
@@ -301,6 +359,7 @@ class GAResponses:
         response.message = None
 
     def _finish(self, out: list[dict[str, Any]], status: str) -> None:
+        self._announce(out)
         self._close_message(out, status)
         response = self.response
         self.response = None
@@ -319,6 +378,11 @@ class GAResponses:
         }
         if status == "cancelled":
             body["status_details"] = {"type": "cancelled", "reason": "client_cancelled"}
+        elif status == "incomplete":  # max_response_seconds of timeline passed
+            body["status_details"] = {"type": "incomplete", "reason": "max_output_tokens"}
+        elif status == "failed":
+            body["status_details"] = {"type": "failed", "error": {
+                "type": "server_error", "code": "inference_error", "message": self.failure}}
         if status != "in_progress":
             heard = max(self.frame - response.first_frame + 1, 0)
             spoken = response.text_tokens + response.audio_frames
@@ -355,8 +419,14 @@ class GAResponses:
 
     # --- the connection's thread: client requests ----------------------------
 
+    @property
+    def owes(self) -> bool:
+        """A response is open or owed: the timeline must run until it ends."""
+        return self.response is not None
+
     def commit(self) -> list[dict[str, Any]]:
-        """``input_audio_buffer.commit``: the user item so far is committed."""
+        """``input_audio_buffer.commit``: the user item so far is committed; with
+        turn detection off a response is owed (announced when the model speaks)."""
         with self.lock:
             out: list[dict[str, Any]] = []
             if self.user is None:
@@ -365,15 +435,19 @@ class GAResponses:
                             "previous_item_id": self.last_item_id, "item_id": item_id})
             else:
                 self._close_user(out, stopped=False)
+            if self.config.turn_detection is None and self.response is None \
+                    and self._audio_out and not self.ended:
+                self._start(None, self.frame + 1)
             return out
 
     def cancel(self) -> list[dict[str, Any]] | None:
-        """``response.cancel``: the response's events, or ``None`` when none is active."""
+        """``response.cancel``: the response's events, or ``None`` when none is active.
+        The rest of the utterance (until its EOS or a pause) is not sent."""
         with self.lock:
             if self.response is None:
                 return None
             out: list[dict[str, Any]] = []
-            self.muted_since = self.response.last_text_frame
+            self.muted_since = max(self.response.last_text_frame, self.frame)
             self._finish(out, "cancelled")
             return out
 
@@ -390,6 +464,16 @@ class GAResponses:
             return self.cancel() or []
         return []
 
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        """The timeline could not run: the owed response ends as ``failed``."""
+        with self.lock:
+            out: list[dict[str, Any]] = []
+            if self.response is not None:
+                self.failure = message
+                self._finish(out, "failed")
+                self.failure = None
+            return out
+
     def restart(self) -> list[dict[str, Any]]:
         """A new engine timeline: the open response and user item end, frames count anew."""
         with self.lock:
@@ -405,10 +489,26 @@ class GAResponses:
         with self.lock:
             return self.calls.get(call_id, call_id)
 
-    def request(self, response: Any) -> None:
-        """``response.create``: the next response carries its ``metadata``."""
+    def request(self, response: Any) -> list[dict[str, Any]] | None:
+        """``response.create``: ``response.created`` now (the model's next utterance fills
+        it), or for an owed, unannounced one; ``None`` while one is already active."""
+        metadata = response.get("metadata") if isinstance(response, dict) else None
         with self.lock:
-            self.metadata = response.get("metadata") if isinstance(response, dict) else None
+            out: list[dict[str, Any]] = []
+            if self.response is None:
+                if self.ended:
+                    return None
+                self._start(None, self.frame + 1)
+            elif self.response.announced:
+                return None
+            self.response.metadata = metadata
+            self._announce(out)
+            return out
+
+    @property
+    def active_response_id(self) -> str | None:
+        with self.lock:
+            return None if self.response is None else self.response.id
 
     def item_added(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         """A client-created item (a tool result): ``conversation.item.added`` / ``done``."""
