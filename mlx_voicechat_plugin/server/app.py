@@ -6,6 +6,10 @@
 both share the engine's single session, after the API key, Origin and
 ``?model=`` checks here. The API key is never logged; ``?model=`` is only
 compared with the served names, never loaded.
+
+The key is ``api_key`` (``--api-key``) when given; otherwise, as mlx-vlm's
+own server does, ``MLX_VLM_SERVER_API_KEY`` read on every request, so a key
+set in the environment always guards the server, and an empty one is none.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +37,7 @@ from .protocol import CloseCode
 logger = logging.getLogger(__name__)
 
 REALTIME_PATH = "/v1/realtime"
+API_KEY_ENV = "MLX_VLM_SERVER_API_KEY"  # mlx-vlm's key variable, read per request
 UNSUPPORTED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
@@ -97,16 +103,27 @@ def create_app(
     limits: ServerLimits | None = None,
     engine: Engine | None = None,
     warm_up: bool = False,
+    api_key_env: str | None = API_KEY_ENV,
 ) -> FastAPI:
-    """The realtime server for one checkpoint; the engine starts with the app."""
+    """The realtime server for one checkpoint; the engine starts with the app.
+
+    Without ``api_key``, the key is the ``api_key_env`` variable's value at
+    each request (none while it is unset or empty).
+    """
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
                               warm_up=warm_up, max_sessions=limits.max_sessions,
                               max_state_bytes=limits.max_state_bytes)
     model_id = served_model_id(str(model_path), alias)
-    served_names = {model_id, served_model_id(str(model_path))}
+    # A client may name the model as the server was started with it (the
+    # hosts' servers' convention: the path or hub id given), or by its id.
+    served_names = {model_id, served_model_id(str(model_path)), str(model_path)}
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)
+
+    def authorized(header: str | None) -> bool:
+        key = api_key or (os.environ.get(api_key_env) if api_key_env else None)
+        return bearer_ok(header, key or None)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -142,7 +159,7 @@ def create_app(
     @app.get(prefix + "/metrics")
     async def metrics(request: Request) -> Response:
         """Prometheus text format; behind the API key when one is set."""
-        if not bearer_ok(request.headers.get("authorization"), api_key):
+        if not authorized(request.headers.get("authorization")):
             return JSONResponse({"error": {"code": "invalid_api_key",
                                            "message": "missing or invalid API key"}}, 401)
         return Response(engine.metrics.render(), media_type=engine.metrics.content_type)
@@ -167,9 +184,9 @@ def create_app(
 
     from .transcriptions import add_transcription_routes
 
-    served = tuple(dict.fromkeys((model_id, served_model_id(str(model_path)))))
+    served = tuple(dict.fromkeys((model_id, served_model_id(str(model_path)), str(model_path))))
     add_transcription_routes(app, engine, prefix, served, limits,
-                             lambda header: bearer_ok(header, api_key),
+                             authorized,
                              lambda origin: origin_allowed(origin, origins))
 
     async def deny(websocket: WebSocket, status: int, message: str) -> None:
@@ -181,7 +198,7 @@ def create_app(
             await websocket.close(code=CloseCode.POLICY_VIOLATION)
 
     async def serve(websocket: WebSocket, dialect: type[Connection]) -> None:
-        if not bearer_ok(websocket.headers.get("authorization"), api_key):
+        if not authorized(websocket.headers.get("authorization")):
             await deny(websocket, 401, "missing or invalid API key")
             return
         if not origin_allowed(websocket.headers.get("origin"), origins):
