@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -73,6 +77,55 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(TIMEOUT)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """``python -m MODULE ARGS --host 127.0.0.1 --port FREE`` run as a user would, until
+    :meth:`stop`; its output goes to ``log`` (a file, readable while it runs)."""
+
+    def __init__(self, module: str, args: list[str], log: Path, env: dict | None = None,
+                 startup_seconds: float = 120):
+        self.port = free_port()
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", module, *args, "--host", "127.0.0.1",
+                 "--port", str(self.port)],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + startup_seconds
+        while True:
+            try:
+                if httpx.get(self.http("/health"), timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server never became healthy:\n{self.output()}")
+            time.sleep(0.1)
+
+    def http(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def ws(self, path: str = "/v1/realtime") -> str:
+        return f"ws://127.0.0.1:{self.port}{path}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
 
 
 def running(live: "LiveServer"):

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import subprocess
-import sys
 import threading
-import time
 
 import httpx
 import numpy as np
@@ -16,6 +11,7 @@ import pytest
 from server_support import (
     FRAME,
     LiveServer,
+    ServerProcess,
     append_message,
     configure,
     connect,
@@ -160,37 +156,16 @@ def test_serve_tolerates_host_flags_only_when_asked():
         serve.parse(["-m", "ckpt", "--trust-remote-code"], "serve", False)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("command", [["mlx_voicechat_plugin.cli.main", "serve"],
                                      ["mlx_vlm.server", "--trust-remote-code"]],
                          ids=["mlx-voicechat-serve", "mlx_vlm.server"])
-def test_the_serve_command_runs_a_real_server(tiny_ckpt, command):
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", *command, "-m", str(tiny_ckpt),
-         "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+def test_the_serve_command_runs_a_real_server(tiny_ckpt, command, tmp_path):
+    server = ServerProcess(command[0], [*command[1:], "-m", str(tiny_ckpt),
+                                        "--log-level", "warning"], tmp_path / "server.log")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                response = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                if response.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, process.stdout.read().decode()
-            assert time.monotonic() < deadline, "server never became healthy"
-            time.sleep(0.1)
-        with connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
+        with connect(server.ws()) as ws:
             configure(ws)
             send(ws, {"type": "input_audio_buffer.commit"})
             assert until_closed(ws)[1] == 1000
     finally:
-        process.terminate()
-        process.wait(10)
+        server.stop()

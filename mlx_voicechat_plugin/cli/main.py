@@ -1,15 +1,15 @@
 """``mlx-voicechat``: the plugin's command line, and the one command registry.
 
 The hosts' commands (``python -m mlx_vlm.generate`` / ``mlx_vlm.server`` /
-``mlx_audio.sts.generate`` / ``mlx_audio.stt.generate``, see :mod:`..hosts.pickup`) run the
-same registry.
+``mlx_audio.server`` / ``mlx_audio.sts.generate`` / ``mlx_audio.stt.generate``, see
+:mod:`..hosts.pickup`) run the same registry.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 # name -> (module in this package with ``main(argv, prog, tolerate_unknown)``, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -21,13 +21,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def run_command(command: str, argv: Sequence[str], prog: str | None = None,
-                tolerate_unknown: bool = False) -> int:
-    """Run registered ``command`` with ``argv`` (``prog`` names it in usage messages)."""
+                tolerate_unknown: bool = False, **host: Any) -> int:
+    """Run registered ``command`` with ``argv`` (``prog`` names it in usage messages).
+
+    ``host`` (``serve`` only): the host server whose conventions it follows.
+    """
     if command not in COMMANDS:
         raise ValueError(f"unknown command {command!r}; one of {', '.join(COMMANDS)}")
     module = importlib.import_module(f"{__package__}.{COMMANDS[command][0]}")
     return module.main(list(argv), prog=prog or f"mlx-voicechat {command}",
-                       tolerate_unknown=tolerate_unknown)
+                       tolerate_unknown=tolerate_unknown, **host)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,18 +1,27 @@
 """``mlx-voicechat serve``: the realtime WebSocket server for one checkpoint.
 
-The same entry point serves ``python -m mlx_vlm.server --model CKPT`` for a
-VoiceChat checkpoint (see :mod:`mlx_voicechat_plugin.hosts.pickup`).
+The same entry point serves ``python -m mlx_vlm.server --model CKPT`` and
+``python -m mlx_audio.server --realtime-model CKPT`` for a VoiceChat
+checkpoint (see :mod:`mlx_voicechat_plugin.hosts.pickup`), with that host's
+conventions (:mod:`mlx_voicechat_plugin.hosts.conventions`): its default
+address, and one log line for each of its flags this server does not support.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..server.limits import MIB, ServerLimits
 from .common import parse_args
+
+if TYPE_CHECKING:
+    from ..hosts.conventions import HostServer
+
+logger = logging.getLogger(__name__)
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -38,7 +47,8 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="browser origins allowed to connect ('*' for any); without "
                              "a list only loopback origins (localhost, 127.0.0.1, [::1]) are; "
                              "clients that send no Origin (not browsers) always are")
-    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+                        type=str.lower)  # mlx-vlm spells them upper case
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default on; the kernels are "
                              "warmed at start-up, before /health reports ready)")
@@ -105,9 +115,13 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     return parser
 
 
-def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argparse.Namespace:
+def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
+          host: "HostServer | None" = None) -> argparse.Namespace:
+    """``argv`` as served; run for a ``host``, its default address is the default."""
     parser = build_parser(prog)
-    args = parse_args(parser, argv, tolerate_unknown)
+    if host is not None:
+        parser.set_defaults(host=host.host, port=host.port)
+    args = parse_args(parser, argv, tolerate_unknown, report=False)
     try:
         args.limits = ServerLimits(args.max_message_bytes, args.max_session_seconds,
                                    args.update_timeout, args.idle_timeout,
@@ -132,19 +146,43 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
     return args
 
 
+def startup_lines(args: argparse.Namespace, prog: str, host: "HostServer | None",
+                  key_env: str) -> list[str]:
+    """What start-up states: each ignored host flag, the bind address, the API key's source."""
+    lines = [f"ignoring {option}: {prog} does not support it for this model"
+             for option in args.ignored_options]
+    address = f"serving on http://{args.host}:{args.port}"
+    ours = build_parser()
+    own = (ours.get_default("host"), ours.get_default("port"))
+    if host is not None and (args.host, args.port) != own and \
+            (args.host, args.port) == (host.host, host.port):
+        address += (f" ({host.name}'s default address; mlx-voicechat serve's is "
+                    f"{own[0]}:{own[1]})")
+    lines.append(address)
+    if args.api_key:
+        lines.append("API key required (--api-key)")
+    elif os.environ.get(key_env):
+        lines.append(f"API key required while {key_env} is set (read per request)")
+    else:
+        lines.append(f"no API key required (set --api-key or {key_env})")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
-         tolerate_unknown: bool = False) -> int:
-    args = parse(argv, prog, tolerate_unknown)
+         tolerate_unknown: bool = False, host: "HostServer | None" = None) -> int:
+    args = parse(argv, prog, tolerate_unknown, host)
     try:
         import uvicorn
 
-        from ..server.app import create_app
+        from ..server.app import API_KEY_ENV, create_app
     except ImportError as exc:
         print(f"error: the server needs its extras: pip install 'mlx-voicechat-plugin[server]' "
               f"({exc})", file=sys.stderr)
         return 1
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for line in startup_lines(args, prog, host, API_KEY_ENV):
+        (logger.warning if line.startswith("ignoring") else logger.info)(line)
     from ..runtime import compile_policy
 
     compiled = compile_policy.apply(args.compile, long_running=True)

@@ -6,8 +6,11 @@ mlx-vlm and mlx-audio have no plugin discovery, so the plugin installs one
 that only reacts to the hosts' command modules below. When one of them runs as
 ``__main__`` (``python -m ...``) with ``--model``/``-m`` naming a
 ``nemotron_voicechat`` checkpoint, the plugin's command runs instead; in every
-other case the host's own code runs unchanged. Nothing is imported from the
-hosts until they are imported themselves.
+other case the host's own code runs unchanged. The hosts' servers are served
+with their own conventions (:mod:`.conventions`: how they name the model,
+their flag spellings and default address). Nothing is imported from the
+hosts until they are imported themselves, so a host's own dependencies
+(mlx-audio's server needs ``webrtcvad``) are not needed on the plugin's path.
 
 Set ``MLX_VOICECHAT_HOST_PICKUP=0`` to turn the routing off.
 """
@@ -23,6 +26,8 @@ from pathlib import Path
 from types import CodeType
 from typing import Any, Callable, Sequence
 
+from .conventions import MLX_AUDIO, MLX_VLM, HostServer, flag_value
+
 ENV_SWITCH = "MLX_VOICECHAT_HOST_PICKUP"
 # Same value as config.MODEL_TYPE; not imported from there because this module
 # runs at every interpreter start and config imports MLX (a test pins them equal).
@@ -33,7 +38,13 @@ HOST_COMMANDS: dict[str, tuple[str, str]] = {
     "mlx_vlm.generate.__main__": ("generate", "python -m mlx_vlm.generate"),
     "mlx_audio.sts.generate": ("generate", "python -m mlx_audio.sts.generate"),
     "mlx_audio.stt.generate": ("transcribe", "python -m mlx_audio.stt.generate"),
-    "mlx_vlm.server.__main__": ("serve", "python -m mlx_vlm.server"),
+    "mlx_vlm.server.__main__": ("serve", MLX_VLM.prog),
+    "mlx_audio.server": ("serve", MLX_AUDIO.prog),
+}
+# Host server modules -> their conventions (how they name the model, their flags).
+HOST_SERVERS: dict[str, HostServer] = {
+    "mlx_vlm.server.__main__": MLX_VLM,
+    "mlx_audio.server": MLX_AUDIO,
 }
 
 
@@ -43,12 +54,7 @@ def enabled() -> bool:
 
 def model_argument(argv: Sequence[str]) -> str | None:
     """The value of ``--model``/``-m`` in ``argv``, if any."""
-    for index, arg in enumerate(argv):
-        if arg in ("--model", "-m") and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--model="):
-            return arg.split("=", 1)[1]
-    return None
+    return flag_value(argv, ("--model", "-m"))
 
 
 def is_voicechat_checkpoint(model: str) -> bool:
@@ -73,11 +79,17 @@ def is_voicechat_checkpoint(model: str) -> bool:
         return False
 
 
-def run_plugin_command(command: str, prog: str, argv: Sequence[str]) -> int:
-    """The plugin's ``command`` (from the one registry in ``cli.main``) under the host's name."""
+def run_plugin_command(command: str, prog: str, argv: Sequence[str],
+                       host: HostServer | None = None) -> int:
+    """The plugin's ``command`` (from the one registry in ``cli.main``) under the host's name.
+
+    ``host``: the host server whose conventions ``serve`` follows.
+    """
     from ..cli.main import run_command
 
-    return run_command(command, argv, prog=prog, tolerate_unknown=True)
+    if host is None:
+        return run_command(command, argv, prog=prog, tolerate_unknown=True)
+    return run_command(command, argv, prog=prog, tolerate_unknown=True, host=host)
 
 
 _ORIGINAL_CODE: dict[str, CodeType] = {}
@@ -86,10 +98,14 @@ _ORIGINAL_CODE: dict[str, CodeType] = {}
 def run_host_module(name: str, namespace: dict[str, Any]) -> None:
     """Body of a routed host module: the plugin for VoiceChat, else the host."""
     if namespace.get("__name__") == "__main__" and enabled():
-        model = model_argument(sys.argv[1:])
+        argv = sys.argv[1:]
+        host = HOST_SERVERS.get(name)
+        model = host.model(argv) if host else model_argument(argv)
         if model and is_voicechat_checkpoint(model):
             command, prog = HOST_COMMANDS[name]
-            raise SystemExit(run_plugin_command(command, prog, sys.argv[1:]))
+            if host is not None:
+                argv = host.translate(argv)
+            raise SystemExit(run_plugin_command(command, prog, argv, host=host))
     exec(_ORIGINAL_CODE[name], namespace)
 
 

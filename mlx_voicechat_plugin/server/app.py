@@ -10,6 +10,10 @@ both share the engine's single session, after the API key, Origin and
 shape. A browser, which cannot set headers on a WebSocket, may send the key as
 the ``openai-insecure-api-key.<KEY>`` subprotocol beside ``realtime``. The API key is never logged; ``?model=`` is only
 compared with the served names, never loaded.
+
+The key is ``api_key`` (``--api-key``) when given; otherwise, as mlx-vlm's
+own server does, ``MLX_VLM_SERVER_API_KEY`` read on every request, so a key
+set in the environment always guards the server, and an empty one is none.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,6 +45,7 @@ REALTIME_PATH = "/v1/realtime"
 OPENAI_BASE = "/openai"  # + /v1/...: the OpenAI client's base URL
 KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + the API key (OpenAI's browser examples)
 REALTIME_SUBPROTOCOL = "realtime"
+API_KEY_ENV = "MLX_VLM_SERVER_API_KEY"  # mlx-vlm's key variable, read per request
 UNSUPPORTED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
@@ -131,16 +137,30 @@ def create_app(
     limits: ServerLimits | None = None,
     engine: Engine | None = None,
     warm_up: bool = False,
+    api_key_env: str | None = API_KEY_ENV,
 ) -> FastAPI:
-    """The realtime server for one checkpoint; the engine starts with the app."""
+    """The realtime server for one checkpoint; the engine starts with the app.
+
+    Without ``api_key``, the key is the ``api_key_env`` variable's value at
+    each request (none while it is unset or empty).
+    """
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
                               warm_up=warm_up, max_sessions=limits.max_sessions,
                               max_state_bytes=limits.max_state_bytes)
     model_id = served_model_id(str(model_path), alias)
-    served_names = {model_id, served_model_id(str(model_path))}
+    # A client may name the model as the server was started with it (the
+    # hosts' servers' convention: the path or hub id given), or by its id.
+    served_names = {model_id, served_model_id(str(model_path)), str(model_path)}
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)
+
+    def current_key() -> str | None:
+        """``--api-key``, else the key variable as it is now (mlx-vlm reads it per request)."""
+        return api_key or (os.environ.get(api_key_env) if api_key_env else None) or None
+
+    def authorized(header: str | None) -> bool:
+        return bearer_ok(header, current_key())
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -176,7 +196,7 @@ def create_app(
     @app.get(prefix + "/metrics")
     async def metrics(request: Request) -> Response:
         """Prometheus text format; behind the API key when one is set."""
-        if not bearer_ok(request.headers.get("authorization"), api_key):
+        if not authorized(request.headers.get("authorization")):
             return JSONResponse({"error": {"code": "invalid_api_key",
                                            "message": "missing or invalid API key"}}, 401)
         return Response(engine.metrics.render(), media_type=engine.metrics.content_type)
@@ -196,13 +216,13 @@ def create_app(
     def add_models_routes(base: str, openai_shape: bool) -> None:
         """``GET {base}/models`` (a list of the one model) and ``{base}/models/{id}``."""
         async def list_models(request: Request) -> JSONResponse:
-            if not bearer_ok(request.headers.get("authorization"), api_key):
+            if not authorized(request.headers.get("authorization")):
                 return invalid_key()
             return JSONResponse({"object": "list",
                                  "data": [model_entry(model_id, created, openai_shape)]})
 
         async def retrieve_model(model: str, request: Request) -> JSONResponse:
-            if not bearer_ok(request.headers.get("authorization"), api_key):
+            if not authorized(request.headers.get("authorization")):
                 return invalid_key()
             if model not in served_names:
                 return JSONResponse({"error": {
@@ -231,10 +251,9 @@ def create_app(
 
     from .transcriptions import add_transcription_routes
 
-    served = tuple(dict.fromkeys((model_id, served_model_id(str(model_path)))))
+    served = tuple(dict.fromkeys((model_id, served_model_id(str(model_path)), str(model_path))))
     for base in (prefix, prefix + OPENAI_BASE):  # one handler, mounted under both
-        add_transcription_routes(app, engine, base, served, limits,
-                                 lambda header: bearer_ok(header, api_key),
+        add_transcription_routes(app, engine, base, served, limits, authorized,
                                  lambda origin: origin_allowed(origin, origins))
 
     async def deny(websocket: WebSocket, status: int, message: str) -> None:
@@ -246,8 +265,8 @@ def create_app(
             await websocket.close(code=CloseCode.POLICY_VIOLATION)
 
     async def serve(websocket: WebSocket, dialect: type[Connection]) -> None:
-        authorized, subprotocol = websocket_auth(websocket, api_key)
-        if not authorized:
+        allowed, subprotocol = websocket_auth(websocket, current_key())
+        if not allowed:
             await deny(websocket, 401, "missing or invalid API key")
             return
         if not origin_allowed(websocket.headers.get("origin"), origins):

@@ -43,6 +43,7 @@ class Connection:
         self.configured = False
         self.tools_set = False
         self.open = False  # the engine holds our streaming session
+        self.closing: asyncio.Future | None = None  # the engine's close, once queued
         self.frame_samples = 0
         self.connected_at = time.monotonic()
         self.last_activity = self.connected_at  # last audio or successful request
@@ -68,23 +69,50 @@ class Connection:
         """``session.created``, sent once the connection is admitted."""
         return protocol.session_created(self.session_id, INPUT_RATE, OUTPUT_RATE)
 
-    async def release(self) -> None:
-        """Close the engine's session (cancelling unflushed audio) and free the slot.
+    def let_go(self) -> None:
+        """Queue the engine's close (cancelling unflushed audio) and free the slot, now.
 
         The close is queued before the slot is freed, and the engine runs its
         commands in order, so a client reconnecting at once is admitted and
-        its session opens after this one is gone.
+        its session opens after this one is gone. Safe to call again.
         """
-        closing = None
         if self.open:
             self.open = False
-            closing = self.engine.submit("close", self.session_id)
+            self.closing = self.engine.submit("close", self.session_id)
         self.engine.release(self.session_id)
+
+    async def release(self) -> None:
+        """:meth:`let_go`, then wait for the engine to have closed the session."""
+        self.let_go()
+        closing, self.closing = self.closing, None
         if closing is not None:
             try:
                 await closing
             except Exception:
                 logger.exception("closing %s failed", self.session_id)
+
+    def _hung_up(self, receiving: asyncio.Future) -> None:
+        """Done callback of every receive: a disconnect frees the slot at once.
+
+        The WebSocket layer answers a client's close frame in the same step as
+        it queues the disconnect, so the client may call again (its close
+        handshake complete) before this task resumes. This callback runs
+        straight after the receive completes, before the newcomer's upgrade
+        reaches the application, so the newcomer finds the slot free.
+        """
+        if receiving.cancelled() or receiving.exception() is not None \
+                or receiving.result()["type"] != "websocket.disconnect":
+            return
+        if self.open and not self.configured:
+            return  # a prefill in flight: watch() stops it, then the slot is freed
+        self.let_go()
+
+    def receive(self) -> asyncio.Future:
+        """The pending ``ws.receive()`` (started if none is), kept across awaits."""
+        if self.receiving is None:
+            self.receiving = asyncio.ensure_future(self.ws.receive())
+            self.receiving.add_done_callback(self._hung_up)
+        return self.receiving
 
     async def finish(self, code: int, reason: str = "") -> None:
         """Free the session, let queued events go out (bounded), then close."""
@@ -255,8 +283,7 @@ class Connection:
         kept, in order, for the loop.
         """
         while not opening.done():
-            if self.receiving is None:
-                self.receiving = asyncio.ensure_future(self.ws.receive())
+            self.receive()
             remaining = self.connected_at + self.limits.max_session_wall_seconds \
                 - time.monotonic()
             done, _ = await asyncio.wait({opening, self.receiving}, timeout=max(remaining, 0),
@@ -276,9 +303,7 @@ class Connection:
         """The next client frame: kept ones first, then the socket (``TimeoutError``)."""
         if self.early:
             return self.early.popleft()
-        if self.receiving is None:
-            self.receiving = asyncio.ensure_future(self.ws.receive())
-        message = await asyncio.wait_for(asyncio.shield(self.receiving), timeout)
+        message = await asyncio.wait_for(asyncio.shield(self.receive()), timeout)
         self.receiving = None
         return message
 
