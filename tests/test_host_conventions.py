@@ -206,6 +206,17 @@ def test_start_up_says_which_key_guards_the_server(monkeypatch):
     assert KEY not in " ".join(_served(["--model", "ckpt"], MLX_VLM)[1])
 
 
+def test_start_up_warns_when_a_keyless_server_binds_beyond_this_machine(monkeypatch):
+    """mlx-vlm's default 0.0.0.0 with no key is reachable from the network: say so loudly."""
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    lines = _served(["--model", "ckpt"], MLX_VLM)[1]
+    assert any(line.startswith("unguarded: no API key required and 0.0.0.0") for line in lines)
+    loopback = _served(["--model", "ckpt"])[1]
+    assert not any(line.startswith("unguarded") for line in loopback)
+    assert not any(line.startswith("unguarded")
+                   for line in _served(["--model", "c", "--api-key", "k"], MLX_VLM)[1])
+
+
 # --- the hosts' commands, run as a user would ---------------------------------------------
 
 

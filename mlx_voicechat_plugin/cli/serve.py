@@ -146,6 +146,10 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
     return args
 
 
+LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
+WARNINGS = ("ignoring", "unguarded")  # start-up lines logged as warnings
+
+
 def startup_lines(args: argparse.Namespace, prog: str, host: "HostServer | None",
                   key_env: str) -> list[str]:
     """What start-up states: each ignored host flag, the bind address, the API key's source."""
@@ -163,8 +167,11 @@ def startup_lines(args: argparse.Namespace, prog: str, host: "HostServer | None"
         lines.append("API key required (--api-key)")
     elif os.environ.get(key_env):
         lines.append(f"API key required while {key_env} is set (read per request)")
-    else:
+    elif args.host in LOOPBACK_BINDS:
         lines.append(f"no API key required (set --api-key or {key_env})")
+    else:
+        lines.append(f"unguarded: no API key required and {args.host} is reachable from "
+                     f"other machines (set --api-key or {key_env}, or --host 127.0.0.1)")
     return lines
 
 
@@ -182,7 +189,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for line in startup_lines(args, prog, host, API_KEY_ENV):
-        (logger.warning if line.startswith("ignoring") else logger.info)(line)
+        (logger.warning if line.startswith(WARNINGS) else logger.info)(line)
     from ..runtime import compile_policy
 
     compiled = compile_policy.apply(args.compile, long_running=True)
