@@ -48,16 +48,17 @@ def _server_hangs_up(client: RawClient) -> None:
     client.send_frame(struct.pack("!H", NORMAL), opcode=CLOSE)  # the client's answer
 
 
-def _reconnect_refusals(server, hang_up) -> list[dict]:
+def _reconnect_refusals(server, hang_up, path: str = "/v1/realtime",
+                        session: dict | None = None) -> list[dict]:
     refused = []
     for _ in range(RECONNECTS):
-        client = RawClient(server.port)
+        client = RawClient(server.port, path)
         try:
             first = _event(client)
             if first["type"] != "session.created":
                 refused.append(first.get("error", first))
                 continue
-            client.send_json({"type": "session.update", "session": {}})
+            client.send_json({"type": "session.update", "session": session or {}})
             assert _event(client)["type"] == "session.updated"
             hang_up(client)
         finally:
@@ -74,3 +75,10 @@ def test_two_hundred_reconnects_after_the_server_closes_are_all_admitted(server)
     server.wait_idle()
     assert _reconnect_refusals(server, _server_hangs_up) == []
 
+
+
+def test_two_hundred_reconnects_on_the_ga_route_are_all_admitted(server):
+    """The OpenAI GA dialect reads the socket through the same receive."""
+    server.wait_idle()
+    assert _reconnect_refusals(server, _client_hangs_up, "/openai/v1/realtime",
+                               {"type": "realtime"}) == []

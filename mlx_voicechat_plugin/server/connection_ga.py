@@ -250,9 +250,7 @@ class GAConnection(Connection):
             self.active()
             if self.early:
                 return self.early.popleft()
-            if self.receiving is None:
-                self.receiving = asyncio.ensure_future(self.ws.receive())
-            if self.receiving.done():
+            if self.receive().done():
                 message = self.receiving.result()
                 self.receiving = None
                 return message
