@@ -102,7 +102,8 @@ def create_app(
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
                               warm_up=warm_up, max_sessions=limits.max_sessions,
-                              max_state_bytes=limits.max_state_bytes)
+                              max_state_bytes=limits.max_state_bytes,
+                              batch_wait=limits.batch_wait_ms / 1000)
     model_id = served_model_id(str(model_path), alias)
     served_names = {model_id, served_model_id(str(model_path))}
     prefix = normalize_prefix(api_prefix)

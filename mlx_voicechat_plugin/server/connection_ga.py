@@ -68,9 +68,14 @@ class GAConnection(Connection):
             event = ga.parse_client_event(self.text_of(raw))
         except ProtocolError as exc:
             self.event_id = getattr(exc, "event_id", None)
+            await self.settle()
             raise
         self.event_id = event.event_id
         message = event.message
+        if event.kind != "input_audio_buffer.append":
+            # The responses' state follows the frames run so far: the audio
+            # queued before this event runs (and its events go out) first.
+            await self.settle()
         if event.kind == "session.update":
             await self.update(message.get("session"))
         elif event.kind == "input_audio_buffer.append":
@@ -177,19 +182,13 @@ class GAConnection(Connection):
             raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
         if not samples.shape[0]:
             return
-        for start in range(0, samples.shape[0], self.frame_samples):
-            chunk = samples[start : start + self.frame_samples]
-            try:
-                events = await self.engine_call(self.engine.push(
-                    self.session_id, chunk, MODEL_INPUT_RATE))
-            except ProtocolError as exc:
-                if "max_streaming_seconds" in exc.message:  # the stream is full: it ends
-                    await self.send_error(exc.code, exc.message)
-                    await self.finish(CloseCode.NORMAL)
-                    raise _Finished() from None
-                raise
-            self.heard += chunk.shape[0]
-            await self.forward(events)
+        await self.input_feed().append(samples, MODEL_INPUT_RATE)
+        self.heard += samples.shape[0]
+
+    def frame_error(self, exc: BaseException) -> None:
+        super().frame_error(exc)
+        if "max_streaming_seconds" in str(exc):  # the stream is full: it ends
+            self.input_feed().halt(_StreamFull())
 
     # --- items ------------------------------------------------------------
 
@@ -232,9 +231,15 @@ class GAConnection(Connection):
     async def loop(self) -> None:
         try:
             await super().loop()
+        except _StreamFull:
+            await self.finish(CloseCode.NORMAL)
         except _Finished:
             return
 
 
 class _Finished(Exception):
     """The connection has been finished from inside a handler."""
+
+
+class _StreamFull(_Finished):
+    """The session reached max_streaming_seconds: finish the connection normally."""
