@@ -224,6 +224,8 @@ class BatchScheduler:
         ready = self.ready(inputs)
         if not ready:
             return None
+        if self.batch_wait == 0.0:
+            return 0.0
         waiting = set(ready)
         if all(k in waiting for k, v in inputs.items() if v.expected(now, self.frame_seconds)):
             return 0.0
