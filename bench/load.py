@@ -302,6 +302,25 @@ def describe(row: dict, gain: float | None) -> str:
                    f"errors {len(row['errors'])}")
 
 
+def gains(rows: list[dict]) -> list[str]:
+    """Unpaced: each N's aggregate frames/s over one stream's (medians of the levels run),
+    and the first level's alone (a first run after start-up when it ran first)."""
+    solo = [r["aggregate_fps"] for r in rows if r["streams"] == 1 and not r["errors"]]
+    if not solo:
+        return []
+    one = float(np.median(solo))
+    lines = []
+    for n in sorted({r["streams"] for r in rows if r["streams"] > 1}):
+        runs = [r["aggregate_fps"] / one for r in rows if r["streams"] == n and not r["errors"]]
+        if runs:
+            lines.append(f"aggregate gain at N={n}: x{np.median(runs):.2f} one stream "
+                         f"(median of {len(runs)}: {', '.join(f'{g:.2f}' for g in runs)})")
+    if rows[0]["streams"] > 1 and not rows[0]["errors"]:
+        lines.append(f"first level (N={rows[0]['streams']}): "
+                     f"x{rows[0]['aggregate_fps'] / one:.2f} one stream")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -352,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
             break
     if args.mode in TIMED:
         print(f"largest real-time N: {best}")
+    else:
+        for line in gains(rows):
+            print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"mode": args.mode, "levels": rows, "largest_real_time": best}, f,

@@ -59,11 +59,14 @@ class CountingEngine(Engine):
                 self.texts[event["type"]] = full
         return events
 
-    async def push(self, session_id, samples, sample_rate):
-        self.pushed_frames += 1
+    def append(self, session_id, samples, sample_rate, feed, tag):
+        self.pushed_frames += 1  # the page sends one 80 ms chunk a message
         self.pushed_samples += int(samples.shape[0])
         self.peak = max(self.peak, float(np.max(np.abs(samples), initial=0.0)))
-        return self.record(await super().push(session_id, samples, sample_rate))
+        super().append(session_id, samples, sample_rate, feed, tag)
+
+    def _deliver(self, feed, texts):
+        super()._deliver(feed, self.record(texts))
 
     async def flush(self, session_id, pad_partial=True):
         earlier, events = await super().flush(session_id, pad_partial)

@@ -503,7 +503,7 @@ class Engine:
                 if frame.owner.reply is not None:
                     frame.owner.events += texts
                 elif frame.owner.feed is not None and texts:
-                    _notify(frame.owner.feed, "events", texts)
+                    self._deliver(frame.owner.feed, texts)
             for chunk in frame.finished:
                 self._answer(chunk)
             self._answer_settled(queue_)
@@ -512,6 +512,10 @@ class Engine:
         self.metrics.buffered(sum(q.buffered for q in self._inputs.values())
                               / self.config.input_sample_rate)
         scheduler.free_since = time.perf_counter()
+
+    def _deliver(self, feed: Any, texts: list[str]) -> None:
+        """A frame's event texts to the connection that queued it (on its loop)."""
+        _notify(feed, "events", texts)
 
     def _answer_settled(self, queue_: SessionInput) -> None:
         for chunk in list(queue_.settled()):
