@@ -110,3 +110,11 @@ def test_a_zero_deadline_never_waits():
     scheduler = BatchScheduler(0.0, FRAME_SECONDS)
     inputs = {"a": _queue(np.zeros(FRAME), now=1.0), "b": _queue(np.zeros(1), now=1.0)}
     assert scheduler.wait(inputs, 1.0) == 0.0
+
+
+def test_a_partial_frame_left_behind_does_not_hold_the_others():
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS)
+    scheduler.free_since = 0.0
+    stalled = _queue(np.zeros(1), now=1.0)  # sent part of a frame, then stopped
+    inputs = {"a": _queue(np.zeros(FRAME), now=2.0), "stalled": stalled}
+    assert scheduler.wait(inputs, 2.0) == 0.0

@@ -155,3 +155,21 @@ def test_the_warm_up_steps_every_batch_size_up_to_max_sessions(tiny_ckpt, monkey
     assert engine.warm_batch_sizes == (1, 2, 3)
     lines = [r.getMessage() for r in caplog.records if "warm-up" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("warm-up: batch sizes 1-3 compiled in")
+
+
+@pytest.mark.parametrize("bad", [dict(max_buffered_seconds=0), dict(max_buffered_seconds=True),
+                                 dict(batch_wait_ms=-1), dict(batch_wait_ms=float("nan"))])
+def test_the_buffer_bound_and_the_collection_deadline_are_validated(bad):
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        ServerLimits(**bad)
+
+
+def test_serve_has_the_flags_with_their_defaults():
+    from mlx_voicechat_plugin.cli.serve import parse
+
+    args = parse(["-m", "ckpt", "--max-buffered-seconds", "0.5", "--batch-wait-ms", "0"],
+                 "serve", False)
+    assert args.limits.max_buffered_seconds == 0.5 and args.limits.batch_wait_ms == 0
+    defaults = parse(["-m", "ckpt"], "serve", False).limits
+    assert defaults.max_buffered_seconds == 2.0 and defaults.batch_wait_ms == 30.0

@@ -10,9 +10,10 @@ frame.
 :class:`BatchScheduler` decides when to step: at once when every session
 that is streaming has a frame ready, else when the ready frames have waited
 ``batch_wait`` seconds since the engine was free to run them. A session
-counts as streaming while it has PCM queued or received some within the last
-``EXPECT_FRAMES`` frames, so a client that stops sending holds the others up
-for at most one collection deadline, then not at all.
+counts as streaming while it received PCM within the last ``EXPECT_FRAMES``
+frames (a partial frame left behind does not count), so a client that stops
+sending holds the others up for at most one collection deadline, then not at
+all.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class SessionInput:
 
     def expected(self, now: float, frame_seconds: float) -> bool:
         """Whether a frame of this session is due soon (it is streaming)."""
-        return self.queued > 0 or now - self.last_arrival <= EXPECT_FRAMES * frame_seconds
+        return now - self.last_arrival <= EXPECT_FRAMES * frame_seconds
 
     def head_command(self) -> Any:
         """The command at the head once no frame can be cut before it, else ``None``."""
