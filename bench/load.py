@@ -1,18 +1,32 @@
-"""Load client: N real-time-paced realtime streams against a running server.
+"""Load client: N realtime streams against a running server, per N the lateness and batch sizes.
 
 ``python -m bench.load --url ws://HOST:PORT/v1/realtime --num-streams N --seconds S WAV``
 
 Each stream connects, configures, then sends the WAV (16 kHz mono, looped or
-cut to ``--seconds``) one 80 ms frame every 80 ms of wall time, commits and
-reads until the server closes. Per stream it measures the time to
-``session.updated``, the first-audio latency (first append to first
-``response.audio.delta``), each audio delta's lateness against the real-time
-schedule (frame ``k``'s audio is due when frame ``k + 1``'s input has been
-sent: the codec releases a frame's audio one frame later) and drops (frames
-sent without an audio delta back). It runs N = 1, 2, 4, ... up to
-``--num-streams`` and prints the largest N whose p95 lateness stays under
-``--late-ms`` with no drops and no refusals: size ``--max-sessions`` by that,
-not by what fits in memory.
+cut to ``--seconds``) one 80 ms frame a message, commits and reads until the
+server closes. Once every stream of a level has its ``session.updated``,
+they start together, stream ``i`` offset by ``i / N`` of ``--stagger-ms``
+(staggered phases, as independent clients have). ``--mode``:
+
+- ``paced`` (default): one frame every 80 ms of wall time (a microphone);
+- ``burst``: ``--burst-frames`` frames at once, every ``--burst-frames`` x 80 ms
+  (real time on average, bursty on the wire);
+- ``ptt``: push-to-talk, paced, then commit and wait for ``response.done``
+  (reports commit-to-done latency);
+- ``unpaced``: as fast as the socket takes them (reports aggregate frames/s
+  and its gain over the level with one stream, i.e. what batching buys).
+
+Per stream it measures the time to ``session.updated``, the first-audio
+latency (first append to first ``response.audio.delta``), each audio delta's
+lateness against the real-time schedule (frame ``k``'s audio is due when
+frame ``k + 1``'s input has been sent: the codec releases a frame's audio one
+frame later) and drops (frames sent without an audio delta back). Per level
+it reads the server's ``/metrics`` before and after: the mean step batch size
+(frames per step), the steps, and the mean collection wait
+(``voicechat_batch_wait_seconds``). It runs N = 1, 2, 4, ... up to
+``--num-streams`` (or ``--levels``) and, in the timed modes, prints the
+largest N whose p95 lateness stays under ``--late-ms`` with no drops and no
+refusals: size ``--max-sessions`` by that, not by what fits in memory.
 """
 
 from __future__ import annotations
@@ -23,14 +37,18 @@ import json
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 FRAME_SECONDS = 0.08
 RATE = 16_000
 FRAME = int(RATE * FRAME_SECONDS)
+MODES = ("paced", "burst", "ptt", "unpaced")
+TIMED = ("paced", "burst", "ptt")
 
 
 @dataclass
@@ -40,6 +58,9 @@ class StreamFigures:
     lateness_s: list[float] = field(default_factory=list)
     frames_sent: int = 0
     audio_frames: int = 0
+    commit_to_done_s: float = float("nan")
+    started: float = float("nan")  # first append (perf_counter)
+    ended: float = float("nan")  # the server's close
     error: str | None = None
 
     @property
@@ -48,6 +69,7 @@ class StreamFigures:
 
 
 def _percentile(values: list[float], q: float) -> float:
+    values = [v for v in values if v == v]
     if not values:
         return float("nan")
     return float(np.percentile(np.asarray(values), q))
@@ -58,15 +80,43 @@ def _pcm16_b64(samples: np.ndarray) -> str:
     return base64.b64encode(pcm).decode("ascii")
 
 
-def run_stream(url: str, audio: np.ndarray, headers: dict[str, str], start: threading.Barrier
-               ) -> StreamFigures:
+class Start:
+    """Every stream of a level waits here once (ready or refused); they share one start time."""
+
+    def __init__(self, streams: int):
+        self.at = 0.0
+        self.barrier = threading.Barrier(streams, action=self._mark)
+
+    def _mark(self) -> None:
+        self.at = time.perf_counter() + 0.05
+
+    def wait(self) -> float:
+        try:
+            self.barrier.wait(120)
+        except threading.BrokenBarrierError:
+            self.at = self.at or time.perf_counter()
+        return self.at
+
+
+def send_times(mode: str, frames: int, t0: float, burst: int) -> list[float]:
+    """When each frame is sent (``-inf``: at once)."""
+    if mode == "unpaced":
+        return [float("-inf")] * frames
+    if mode == "burst":
+        return [t0 + (k // burst) * burst * FRAME_SECONDS for k in range(frames)]
+    return [t0 + k * FRAME_SECONDS for k in range(frames)]
+
+
+def run_stream(url: str, audio: np.ndarray, headers: dict[str, str], start: Start,
+               offset_s: float, mode: str = "paced", burst: int = 10) -> StreamFigures:
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
     figures = StreamFigures()
     frames = [audio[i : i + FRAME] for i in range(0, len(audio) - FRAME + 1, FRAME)]
-    start.wait(30)
     began = time.perf_counter()
+    arrived = False
+    received: list[tuple[float, dict]] = []
     try:
         with connect(url, max_size=None, open_timeout=30, additional_headers=headers) as ws:
             created = json.loads(ws.recv(timeout=30))
@@ -74,7 +124,6 @@ def run_stream(url: str, audio: np.ndarray, headers: dict[str, str], start: thre
                 figures.error = created.get("error", {}).get("code", str(created)[:80])
                 return figures
             ws.send(json.dumps({"type": "session.update", "session": {}}))
-            received: list[tuple[float, dict]] = []
 
             def reader() -> None:
                 try:
@@ -82,6 +131,7 @@ def run_stream(url: str, audio: np.ndarray, headers: dict[str, str], start: thre
                         received.append((time.perf_counter(), json.loads(ws.recv())))
                 except ConnectionClosed:
                     pass
+                figures.ended = time.perf_counter()
 
             while True:  # session.updated first
                 event = json.loads(ws.recv(timeout=120))
@@ -93,51 +143,124 @@ def run_stream(url: str, audio: np.ndarray, headers: dict[str, str], start: thre
             figures.updated_s = time.perf_counter() - began
             thread = threading.Thread(target=reader, daemon=True)
             thread.start()
-            t0 = time.perf_counter()
-            for k, frame in enumerate(frames):
-                delay = t0 + k * FRAME_SECONDS - time.perf_counter()
+            arrived = True
+            t0 = start.wait() + offset_s
+            for k, (frame, when) in enumerate(zip(frames, send_times(mode, len(frames), t0,
+                                                                     burst))):
+                delay = when - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
                 ws.send(json.dumps({"type": "input_audio_buffer.append",
                                     "audio": _pcm16_b64(frame)}))
+                if k == 0:
+                    figures.started = time.perf_counter()
                 figures.frames_sent += 1
+            committed = time.perf_counter()
             ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            thread.join(300)
+            thread.join(600)
     except Exception as exc:  # a refused or broken stream is a figure too
         figures.error = f"{type(exc).__name__}: {exc}"[:120]
         return figures
+    finally:
+        if not arrived:
+            start.wait()
     audio_events = [(t, e) for t, e in received if e.get("type") == "response.audio.delta"]
     figures.audio_frames = len(audio_events)
     if audio_events:
-        figures.first_audio_s = audio_events[0][0] - t0
-    for k, (arrived, _) in enumerate(audio_events[: figures.frames_sent]):
-        due = t0 + (k + 2) * FRAME_SECONDS  # frame k + 1's input fully sent
-        figures.lateness_s.append(max(arrived - due, 0.0))
+        figures.first_audio_s = audio_events[0][0] - figures.started
+    done = [t for t, e in received if e.get("type") == "response.done"]
+    if done:
+        figures.commit_to_done_s = done[0] - committed
+    if mode != "unpaced":
+        for k, (arrival, _) in enumerate(audio_events[: figures.frames_sent]):
+            due = t0 + (k + 2) * FRAME_SECONDS  # frame k + 1's input fully sent
+            figures.lateness_s.append(max(arrival - due, 0.0))
     return figures
 
 
-def run_level(url: str, audio: np.ndarray, streams: int, headers: dict[str, str]) -> dict:
-    barrier = threading.Barrier(streams)
+def metrics_url(ws_url: str) -> str:
+    """``/metrics`` of the server behind a realtime URL (same prefix)."""
+    parts = urlsplit(ws_url)
+    path = parts.path
+    for route in ("/openai/v1/realtime", "/v1/realtime"):
+        if path.endswith(route):
+            path = path[: -len(route)]
+            break
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, path + "/metrics", "", ""))
+
+
+def read_metrics(url: str | None, headers: dict[str, str]) -> dict[str, float]:
+    """The engine's counters (``name -> value``); empty when ``/metrics`` is unreachable."""
+    if not url:
+        return {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=10) as response:
+            text = response.read().decode()
+    except Exception:
+        return {}
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.rpartition(" ")
+            try:
+                values[name] = float(value)
+            except ValueError:
+                pass
+    return values
+
+
+def _delta_ratio(after: dict, before: dict, top: str, bottom: str) -> float:
+    count = after.get(bottom, 0.0) - before.get(bottom, 0.0)
+    if count <= 0:
+        return float("nan")
+    return (after.get(top, 0.0) - before.get(top, 0.0)) / count
+
+
+def run_level(url: str, audio: np.ndarray, streams: int, headers: dict[str, str],
+              mode: str = "paced", stagger_s: float = FRAME_SECONDS, burst: int = 10,
+              metrics: str | None = None) -> dict:
+    start = Start(streams)
     results: list[StreamFigures] = [StreamFigures() for _ in range(streams)]
 
     def one(i: int) -> None:
-        results[i] = run_stream(url, audio, headers, barrier)
+        results[i] = run_stream(url, audio, headers, start, i * stagger_s / streams, mode, burst)
 
+    before = read_metrics(metrics, headers)
     threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    time.sleep(0.2)  # the last steps' counters
+    after = read_metrics(metrics, headers)
     late = [x for r in results for x in r.lateness_s]
     ok = [r for r in results if r.error is None]
+    wall = (max(r.ended for r in ok) - min(r.started for r in ok)) if ok else float("nan")
+    frames = sum(r.frames_sent for r in ok)
     return {
         "streams": streams,
+        "mode": mode,
         "errors": [r.error for r in results if r.error is not None],
         "updated_s_p50": _percentile([r.updated_s for r in ok], 50),
         "first_audio_s_p50": _percentile([r.first_audio_s for r in ok], 50),
         "lateness_s_p50": _percentile(late, 50),
         "lateness_s_p95": _percentile(late, 95),
+        "commit_to_done_s_p50": _percentile([r.commit_to_done_s for r in ok], 50),
+        "commit_to_done_s_p95": _percentile([r.commit_to_done_s for r in ok], 95),
         "drops": sum(r.drops for r in ok),
+        "frames": frames,
+        "wall_s": wall,
+        "aggregate_fps": frames / wall if wall == wall and wall > 0 else float("nan"),
+        "steps": after.get("voicechat_step_batch_size_count", 0.0)
+        - before.get("voicechat_step_batch_size_count", 0.0),
+        "mean_batch": _delta_ratio(after, before, "voicechat_step_batch_size_sum",
+                                   "voicechat_step_batch_size_count"),
+        "mean_step_ms": 1000 * _delta_ratio(after, before, "voicechat_step_seconds_sum",
+                                            "voicechat_step_seconds_count"),
+        "mean_wait_ms": 1000 * _delta_ratio(after, before, "voicechat_batch_wait_seconds_sum",
+                                            "voicechat_batch_wait_seconds_count"),
     }
 
 
@@ -160,42 +283,101 @@ def levels(maximum: int) -> list[int]:
     return out + [maximum]
 
 
+def describe(row: dict, gain: float | None) -> str:
+    ms = lambda key: row[key] * 1000  # noqa: E731
+    text = (f"N={row['streams']:3d}: session.updated p50 {ms('updated_s_p50'):7.1f} ms, "
+            f"first audio p50 {ms('first_audio_s_p50'):7.1f} ms, ")
+    if row["mode"] == "unpaced":
+        text += (f"{row['frames']} frames in {row['wall_s']:.2f} s "
+                 f"({row['aggregate_fps']:.1f} f/s"
+                 + (f", x{gain:.2f} one stream" if gain is not None else "") + "), ")
+    else:
+        text += (f"lateness p50/p95 {ms('lateness_s_p50'):6.1f}/{ms('lateness_s_p95'):6.1f} ms, ")
+    if row["mode"] == "ptt":
+        text += f"commit->done p50/p95 {ms('commit_to_done_s_p50'):.0f}/" \
+                f"{ms('commit_to_done_s_p95'):.0f} ms, "
+    return text + (f"batch {row['mean_batch']:.2f} ({row['steps']:.0f} steps of "
+                   f"{row['mean_step_ms']:.1f} ms, wait {row['mean_wait_ms']:.1f} ms), "
+                   f"drops {row['drops']}, "
+                   f"errors {len(row['errors'])}")
+
+
+def gains(rows: list[dict]) -> list[str]:
+    """Unpaced: each N's aggregate frames/s over one stream's (medians of the levels run),
+    and the first level's alone (a first run after start-up when it ran first)."""
+    solo = [r["aggregate_fps"] for r in rows if r["streams"] == 1 and not r["errors"]]
+    if not solo:
+        return []
+    one = float(np.median(solo))
+    lines = []
+    for n in sorted({r["streams"] for r in rows if r["streams"] > 1}):
+        runs = [r["aggregate_fps"] / one for r in rows if r["streams"] == n and not r["errors"]]
+        if runs:
+            lines.append(f"aggregate gain at N={n}: x{np.median(runs):.2f} one stream "
+                         f"(median of {len(runs)}: {', '.join(f'{g:.2f}' for g in runs)})")
+    if rows[0]["streams"] > 1 and not rows[0]["errors"]:
+        lines.append(f"first level (N={rows[0]['streams']}): "
+                     f"x{rows[0]['aggregate_fps'] / one:.2f} one stream")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("wav")
     parser.add_argument("--url", default="ws://127.0.0.1:8080/v1/realtime")
     parser.add_argument("--num-streams", type=int, default=4)
+    parser.add_argument("--levels", type=int, nargs="+", default=None,
+                        help="the N to run, in order (default 1, 2, 4, ... --num-streams); "
+                             "e.g. 4 1 4 measures a first run after start-up, then warm")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--mode", choices=MODES, default="paced")
+    parser.add_argument("--stagger-ms", type=float, default=1000 * FRAME_SECONDS,
+                        help="stream i starts i/N of this after the first (default one frame)")
+    parser.add_argument("--burst-frames", type=int, default=10,
+                        help="frames sent at once in --mode burst (default %(default)s)")
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--late-ms", type=float, default=160.0,
-                        help="p95 lateness a level may have and still count as real time")
+    parser.add_argument("--late-ms", type=float, default=80.0,
+                        help="p95 lateness a level may have and still count as real time "
+                             "(default %(default)s)")
+    parser.add_argument("--metrics-url", default=None,
+                        help="the server's /metrics (default: derived from --url)")
     parser.add_argument("--json", default=None, help="write every level's figures here")
     args = parser.parse_args(argv)
-    if args.num_streams < 1 or args.seconds <= 0:
-        parser.error("--num-streams must be >= 1 and --seconds > 0")
+    if args.num_streams < 1 or args.seconds <= 0 or args.burst_frames < 1:
+        parser.error("--num-streams and --burst-frames must be >= 1 and --seconds > 0")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     audio = load_audio(args.wav, args.seconds)
+    metrics = args.metrics_url or metrics_url(args.url)
     rows: list[dict[str, Any]] = []
-    best = 0
-    for n in levels(args.num_streams):
-        row = run_level(args.url, audio, n, headers)
+    best, one = 0, None
+    for n in args.levels or levels(args.num_streams):
+        row = run_level(args.url, audio, n, headers, args.mode, args.stagger_ms / 1000,
+                        args.burst_frames, metrics)
         rows.append(row)
+        if n == 1 and one is None and not row["errors"]:
+            one = row["aggregate_fps"]
+        gain = row["aggregate_fps"] / one if one else None
+        row["gain_vs_one"] = gain
         real_time = not row["errors"] and not row["drops"] \
             and row["lateness_s_p95"] * 1000 <= args.late_ms
-        print(f"N={n:3d}: session.updated p50 {row['updated_s_p50'] * 1000:7.1f} ms, "
-              f"first audio p50 {row['first_audio_s_p50'] * 1000:7.1f} ms, lateness p50/p95 "
-              f"{row['lateness_s_p50'] * 1000:6.1f}/{row['lateness_s_p95'] * 1000:6.1f} ms, "
-              f"drops {row['drops']}, errors {len(row['errors'])}"
-              f"{'' if real_time else '  (not real time)'}", flush=True)
+        print(describe(row, gain) + ("" if real_time or args.mode not in TIMED
+                                     else "  (not real time)"), flush=True)
+        if args.mode not in TIMED:
+            continue
         if real_time:
             best = n
-        else:
+        elif args.levels is None:
             break
-    print(f"largest real-time N: {best}")
+    if args.mode in TIMED:
+        print(f"largest real-time N: {best}")
+    else:
+        for line in gains(rows):
+            print(line)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"levels": rows, "largest_real_time": best}, f, indent=2)
+            json.dump({"mode": args.mode, "levels": rows, "largest_real_time": best}, f,
+                      indent=2)
     return 0
 
 

@@ -92,6 +92,15 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     limits.add_argument("--max-state-bytes", type=int, default=defaults.max_state_bytes,
                         help="measured bytes of all sessions' state (caches) before new "
                              "sessions are refused with server_busy (default: no budget)")
+    limits.add_argument("--max-buffered-seconds", type=float,
+                        default=defaults.max_buffered_seconds,
+                        help="audio one session may queue ahead of the engine; past it the "
+                             "server stops reading that client's socket until there is room "
+                             "(TCP backpressure; default %(default)s s)")
+    limits.add_argument("--batch-wait-ms", type=float, default=defaults.batch_wait_ms,
+                        help="longest a ready frame waits for the other sessions' frames so "
+                             "they run as one batched step (0: never wait; default "
+                             "%(default)s ms, measured with python -m bench.load)")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading'; default: %(default)s)")
@@ -140,7 +149,9 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
                                    max_upload_bytes=args.max_upload_bytes,
                                    max_transcription_seconds=args.max_transcription_seconds,
                                    max_transcriptions_in_flight=(
-                                       args.max_transcriptions_in_flight))
+                                       args.max_transcriptions_in_flight),
+                                   max_buffered_seconds=args.max_buffered_seconds,
+                                   batch_wait_ms=args.batch_wait_ms)
     except ValueError as exc:
         parser.error(str(exc))
     return args

@@ -147,7 +147,8 @@ def create_app(
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
                               warm_up=warm_up, max_sessions=limits.max_sessions,
-                              max_state_bytes=limits.max_state_bytes)
+                              max_state_bytes=limits.max_state_bytes,
+                              batch_wait=limits.batch_wait_ms / 1000)
     model_id = served_model_id(str(model_path), alias)
     # A client may name the model as the server was started with it (the
     # hosts' servers' convention: the path or hub id given), or by its id.

@@ -21,6 +21,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from . import protocol
 from .engine import Engine
+from .feed import InputFeed
 from .limits import ServerLimits
 from .outbox import NOT_READING, ClientNotReading, Outbox
 from .protocol import CloseCode, ErrorCode, ProtocolError
@@ -52,6 +53,7 @@ class Connection:
         self.early: deque[dict[str, Any]] = deque()  # frames read while a prefill ran
         self.outbox = Outbox(websocket, limits.max_pending_events)
         self.subprotocol: str | None = None  # selected at accept (a browser's "realtime")
+        self.feed: InputFeed | None = None  # the session's input queue, from the first audio
 
     async def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put(protocol.dumps(payload))
@@ -218,7 +220,13 @@ class Connection:
 
     async def handle(self, raw: dict[str, Any]) -> bool:
         """Handle one frame; ``True`` once the connection is finished."""
-        message = protocol.parse_message(self.text_of(raw))
+        try:
+            message = protocol.parse_message(self.text_of(raw))
+        except ProtocolError:
+            await self.settle()
+            raise
+        if not isinstance(message, protocol.AudioAppend):
+            await self.settle()
         if isinstance(message, protocol.Ping):
             await self.send({"type": "session.pong"})
             return False
@@ -300,10 +308,25 @@ class Connection:
                 self.receiving = None
 
     async def next_message(self, timeout: float) -> dict[str, Any]:
-        """The next client frame: kept ones first, then the socket (``TimeoutError``)."""
+        """The next client frame: kept ones first, then the socket (``TimeoutError``).
+
+        Raises what halted the input feed (e.g. :class:`ClientNotReading` met
+        while forwarding a frame's events) as soon as it happens.
+        """
         if self.early:
             return self.early.popleft()
-        message = await asyncio.wait_for(asyncio.shield(self.receive()), timeout)
+        receiving = self.receive()
+        if self.feed is None:
+            message = await asyncio.wait_for(asyncio.shield(receiving), timeout)
+        else:
+            if not self.feed.halted.done():
+                await asyncio.wait({receiving, self.feed.halted}, timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            if self.feed.halted.done():
+                raise self.feed.halted.result()
+            if not self.receiving.done():
+                raise asyncio.TimeoutError
+            message = self.receiving.result()
         self.receiving = None
         return message
 
@@ -319,17 +342,46 @@ class Connection:
         except Exception as exc:
             raise ProtocolError(ErrorCode.INFERENCE_ERROR, str(exc) or type(exc).__name__) from None
 
+    async def settle(self) -> None:
+        """Wait until the audio queued so far has run and its events went out: what
+        the client sends besides audio is answered in order, after them."""
+        if self.feed is not None:
+            await self.engine_call(self.engine.sync(self.session_id))
+
     async def append(self, message: protocol.AudioAppend) -> None:
-        samples = protocol.decode_pcm16(message.audio)
-        rate = protocol.check_sample_rate(message.sample_rate)
+        try:
+            samples = protocol.decode_pcm16(message.audio)
+            rate = protocol.check_sample_rate(message.sample_rate)
+        except ProtocolError:
+            await self.settle()
+            raise
         if samples.shape[0]:
             self.active()
-        # One engine call per native frame: each frame's events go out before
-        # the next frame runs, however large the client's chunk.
-        for start in range(0, samples.shape[0], self.frame_samples):
-            events = await self.engine_call(self.engine.push(
-                self.session_id, samples[start : start + self.frame_samples], rate))
-            await self.forward(events)
+        # Queued, not awaited: the frames run in batched steps with the other
+        # sessions' and their events come back in order (deliver / frame_error).
+        await self.input_feed().append(samples, rate)
+
+    def input_feed(self) -> InputFeed:
+        """The session's bounded input queue (``--max-buffered-seconds``)."""
+        if self.feed is None:
+            self.feed = InputFeed(self.engine, self.session_id,
+                                  self.limits.buffered_samples(INPUT_RATE, self.frame_samples),
+                                  self.deliver, self.frame_error)
+        return self.feed
+
+    def deliver(self, events: list[str]) -> None:
+        """A frame's events, from the engine (on the loop): into the outbox, in order."""
+        try:
+            for text in events:
+                self.outbox.put(text)
+        except ClientNotReading as exc:
+            self.input_feed().halt(exc)
+
+    def frame_error(self, exc: BaseException) -> None:
+        """A queued frame failed: ``inference_error`` (the rest of its append is dropped)."""
+        message = str(exc) or type(exc).__name__
+        logger.info("%s error %s: %s", self.session_id, ErrorCode.INFERENCE_ERROR, message)
+        self.deliver([protocol.dumps(self.error_payload(ErrorCode.INFERENCE_ERROR, message))])
 
     async def engine_call(self, call: Any) -> list[str]:
         """Await an engine command; its failure is the client's ``inference_error``."""

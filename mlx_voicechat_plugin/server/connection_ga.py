@@ -83,9 +83,14 @@ class GAConnection(Connection):
             event = ga.parse_client_event(self.text_of(raw))
         except ProtocolError as exc:
             self.event_id = getattr(exc, "event_id", None)
+            await self.settle()
             raise
         self.event_id = event.event_id
         message = event.message
+        if event.kind != "input_audio_buffer.append":
+            # The responses' state follows the frames run so far: the audio
+            # queued before this event runs (and its events go out) first.
+            await self.settle()
         if event.kind == "session.update":
             await self.update(message.get("session"))
         elif event.kind == "input_audio_buffer.append":
@@ -214,11 +219,17 @@ class GAConnection(Connection):
         if not samples.shape[0]:
             return
         self.last_audio = time.monotonic()
-        for start in range(0, samples.shape[0], self.frame_samples):
-            await self.push_frame(samples[start : start + self.frame_samples])
+        await self.input_feed().append(samples, MODEL_INPUT_RATE)
+        self.heard += samples.shape[0]
+
+    def frame_error(self, exc: BaseException) -> None:
+        super().frame_error(exc)
+        if "max_streaming_seconds" in str(exc):  # the stream is full: it ends
+            self.input_feed().halt(_StreamFull())
 
     async def push_frame(self, chunk: np.ndarray) -> None:
-        """One engine frame (or part of one) of 16 kHz input; its events go out."""
+        """One frame of server-made 16 kHz input, queued behind the client's audio
+        (the same session queue); waits for it to run, and its events go out."""
         try:
             events = await self.engine_call(self.engine.push(
                 self.session_id, chunk, MODEL_INPUT_RATE))
@@ -322,9 +333,15 @@ class GAConnection(Connection):
     async def loop(self) -> None:
         try:
             await super().loop()
+        except _StreamFull:
+            await self.finish(CloseCode.NORMAL)
         except _Finished:
             return
 
 
 class _Finished(Exception):
     """The connection has been finished from inside a handler."""
+
+
+class _StreamFull(_Finished):
+    """The session reached max_streaming_seconds: finish the connection normally."""

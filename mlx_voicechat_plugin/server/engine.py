@@ -1,24 +1,31 @@
 """The engine thread: the only thread that touches MLX.
 
-Socket tasks send ``open``/``push``/``flush``/``cancel``/``close`` commands over
-a queue (``submit`` queues one at once) and await a one-shot reply (an asyncio future the engine resolves via
-``loop.call_soon_threadsafe``). Events come back already serialized to JSON
-text, base64 audio included, so the event loop only forwards strings.
+Socket tasks send ``open``/``append``/``flush``/``cancel``/``close`` commands
+over a queue (``submit`` queues one at once) and await a one-shot reply (an
+asyncio future the engine resolves via ``loop.call_soon_threadsafe``).
+Events come back already serialized to JSON text, base64 audio included, so
+the event loop only forwards strings.
 
 The engine holds up to ``max_sessions`` streaming sessions in a
 :class:`~..runtime.pool.SessionPool`; a connection reserves a slot when it
 is accepted, so admission beyond ``max_sessions`` (or beyond
 ``max_state_bytes`` of measured session state) is refused at once, and the
-reservation is released on every exit path. Each turn of the thread takes
-every command queued so far and runs the audio frames among them as one
-pool step (at most one frame per session: a connection sends one frame per
-command and awaits it), so N clients share steps fairly. A session is a full
-conversation or a text-only transcription stream (perception + RNNT only);
-both kinds share the pool and its steps.
+reservation is released on every exit path. Audio does not wait for its
+reply: a connection hands PCM to its session's input queue
+(:meth:`Engine.append`, through a bounded :class:`~.feed.InputFeed`) and its
+frames' events come back to the feed as they run; commit, cancel and tool
+results queue behind the audio sent before them (:mod:`.scheduler`). The
+engine cuts each queue into native frames and runs one pool step over the
+sessions with a frame ready, at most one frame each: when every streaming
+session has one, or once the ready frames have waited ``batch_wait``
+seconds (``--batch-wait-ms``), so clients sending at their own pace fall
+into common batched steps, and a silent one costs nothing. A session is a
+full conversation or a text-only transcription stream (perception + RNNT
+only); both kinds share the pool and its steps.
 
 File transcriptions and session opens are jobs (:mod:`.transcription_jobs`),
-stepped round robin after every turn and whenever no command waits: a file
-one step at a time (its perception, then 25 RNNT frames), a prefill in
+stepped round robin after every step and whenever nothing else is due: a
+file one step at a time (its perception, then 25 RNNT frames), a prefill in
 slices of ``PREFILL_SLICE_SECONDS``, so neither realtime frames, files nor a
 new session starve; the caller bounds the files in flight.
 """
@@ -35,11 +42,14 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
+from ..runtime.audio import as_pcm_chunk
 from ..runtime.events import Audio, Cancelled
 from ..runtime.pool import SessionPool, admission_error, check_budgets
 from ..runtime.prompt_cache import PromptCache
 from . import protocol
+from .limits import DEFAULT_BATCH_WAIT_MS
 from .metrics import EngineMetrics
+from .scheduler import BatchScheduler, Chunk, SessionInput
 from .transcription_jobs import DeltaSink, JobCounter, JobQueue, TranscriptionJob
 
 logger = logging.getLogger(__name__)
@@ -49,6 +59,10 @@ logger = logging.getLogger(__name__)
 WARM_UP_FRAMES = 80
 # Longest a new session's prefill runs before the other sessions' frames do.
 PREFILL_SLICE_SECONDS = 0.02
+# Steady steps each batch size gets at warm-up (the codec's and RNNT's later shapes).
+WARM_UP_STEPS_PER_SIZE = 3
+# Commands that wait in a session's input queue behind the audio sent before them.
+ORDERED = ("flush", "cancel", "tool_result", "sync")
 
 Loader = Callable[[str], Any]  # checkpoint path -> VoiceChatSession
 Serializer = Callable[[list], list]  # one command's runtime events -> JSON texts
@@ -72,9 +86,12 @@ class _Command:
     session_id: str
     payload: dict[str, Any]
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future = field(repr=False)
+    future: asyncio.Future | None = field(repr=False)  # None: nobody awaits it (an append)
 
     def reply(self, value: Any = None, error: BaseException | None = None) -> None:
+        if self.future is None:
+            return
+
         def resolve() -> None:
             if self.future.done():  # the awaiting task was cancelled
                 return
@@ -94,8 +111,13 @@ class Engine:
 
     def __init__(self, model_path: str, loader: Loader | None = None,
                  prompt_cache_bytes: int | None = None, warm_up: bool = False,
-                 max_sessions: int = 1, max_state_bytes: int | None = None):
+                 max_sessions: int = 1, max_state_bytes: int | None = None,
+                 batch_wait: float = DEFAULT_BATCH_WAIT_MS / 1000):
         check_budgets(max_sessions, max_state_bytes)
+        if isinstance(batch_wait, bool) or not isinstance(batch_wait, (int, float)) \
+                or not batch_wait >= 0:
+            raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait!r}")
+        self.batch_wait = float(batch_wait)  # the collection deadline of a step
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
         self.pool: SessionPool | None = None
@@ -117,6 +139,10 @@ class Engine:
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
         self.metrics.transcriptions_in_flight.set_function(lambda: self.transcriptions.in_flight)
         self._transcriber: Any = None
+        self._inputs: dict[str, SessionInput] = {}  # session -> its input queue (engine thread)
+        self._scheduler: BatchScheduler | None = None
+        self.input_peak_bytes = 0  # the most PCM one session's queue ever held
+        self.warm_batch_sizes: tuple[int, ...] = ()  # compiled at start-up
         self._thread = threading.Thread(target=self._run, name="mlx-voicechat-engine",
                                         daemon=True)
 
@@ -206,8 +232,27 @@ class Engine:
         if event is not None:
             event.set()
 
+    def append(self, session_id: str, samples: np.ndarray, sample_rate: int | None, feed: Any,
+               tag: object) -> None:
+        """Queue PCM for ``session_id`` without waiting (call from the loop).
+
+        Its frames' events, or a frame's error, go to ``feed``
+        (an :class:`~.feed.InputFeed`); a failing frame drops the rest of
+        the chunks queued with the same ``tag``.
+        """
+        self._commands.put(_Command("append", session_id,
+                                    {"samples": samples, "sample_rate": sample_rate,
+                                     "feed": feed, "tag": tag}, feed.loop, None))
+
     async def push(self, session_id: str, samples: np.ndarray, sample_rate: int) -> list[str]:
-        return await self.call("push", session_id, samples=samples, sample_rate=sample_rate)
+        """Queue PCM and await the events of the frames it completes (its partial
+        frame stays queued for the next PCM); the first failing frame raises."""
+        return await self.call("append", session_id, samples=samples, sample_rate=sample_rate,
+                               feed=None, tag=object())
+
+    async def sync(self, session_id: str) -> None:
+        """Wait until every frame queued for ``session_id`` has run and its events went out."""
+        await self.call("sync", session_id)
 
     async def flush(self, session_id: str, pad_partial: bool = True) -> tuple[list[str], list[str]]:
         """End the input: ``(events of frames run before the commit, the rest)``."""
@@ -259,14 +304,23 @@ class Engine:
         self._serve()
 
     def _warm_up(self, frames: int = WARM_UP_FRAMES) -> None:
-        """A silent stream, so compiled kernels exist before the first client."""
+        """Silent streams at every batch size, so compiled kernels exist before the first client.
+
+        One stream alone (through flush), then ``max_sessions`` streams stepped
+        together past the encoder's windows, closed one by one with a few
+        steady steps at each size: every step size 1..max_sessions a live
+        client can meet has been traced (and, on a cold kernel cache, built).
+        """
         started = time.perf_counter()
-        logger.info("warming up (%d silent frames: compiles kernels on a first run)", frames)
         stream = self.voicechat.create_streaming_session()
         stream.push_audio(np.zeros(frames * stream.frame_samples, np.float32))
         stream.flush()
+        if self.max_sessions > 1:
+            self._warm_up_batches(frames)
         _clear_cache()
-        logger.info("warm-up done in %.1f s", time.perf_counter() - started)
+        self.warm_batch_sizes = tuple(range(1, self.max_sessions + 1))
+        logger.info("warm-up: batch sizes 1-%d compiled in %.1f s (%d silent frames each)",
+                    self.max_sessions, time.perf_counter() - started, frames)
         from ..loader import read_config
         from ..runtime import compile_policy
 
@@ -274,30 +328,87 @@ class Engine:
         if path is not None:  # later short CLI runs of this model may compile
             compile_policy.mark_warm(compile_policy.model_key(read_config(path)))
 
+    def _warm_up_batches(self, frames: int) -> None:
+        pool = SessionPool(self.voicechat, self.max_sessions)
+        silence = np.zeros(self.config.frame_samples, np.float32)
+        ids = [f"warm-up-{i}" for i in range(self.max_sessions)]
+        try:
+            for seed, session_id in enumerate(ids):
+                pool.open(session_id, seed=seed)
+            for _ in range(frames):
+                pool.step({k: (silence, None) for k in ids})
+            for size in range(self.max_sessions - 1, 0, -1):
+                pool.close(ids[size])
+                for _ in range(WARM_UP_STEPS_PER_SIZE):
+                    pool.step({k: (silence, None) for k in ids[:size]})
+        finally:
+            pool.close_all()
+
     def _serve(self) -> None:
-        while True:
-            commands = [self._next_command()]
-            while True:  # everything queued so far is one turn
-                try:
-                    commands.append(self._commands.get_nowait())
-                except queue.Empty:
-                    break
-            if not self._turn(commands):
-                break
-            if self._jobs:  # a file advances at least once per turn
-                self._jobs.step()
+        self._scheduler = BatchScheduler(self.batch_wait, self._frame_seconds())
+        while self._cycle():
+            pass
+        for session_id in list(self._inputs):
+            self._drop_input(session_id)
         self._jobs.fail_all(RuntimeError("the server is stopping"))
         if self.pool is not None:
             self.pool.close_all()
 
-    def _next_command(self) -> _Command | None:
-        """The next command; while transcription jobs wait, step them when none is queued."""
-        while self._jobs:
+    def _frame_seconds(self) -> float:
+        return self.config.frame_duration if self.voicechat is not None else 0.08
+
+    def _cycle(self) -> bool:
+        """Take the commands queued so far, run what is due; ``False`` at the stop sentinel."""
+        for command in self._take_commands(self._wait_seconds()):
+            if command is None:
+                return False
+            self._dispatch(command)
+        self._run_heads()
+        if self._scheduler.wait(self._inputs, time.perf_counter()) == 0.0:
+            self._step_inputs()
+        if self._jobs:  # a job advances at least once per cycle
+            self._jobs.step()
+        return True
+
+    def _wait_seconds(self) -> float | None:
+        """How long to wait for a command: 0 with work due, ``None`` with nothing to do."""
+        if self._jobs or any(i.head_command() is not None for i in self._inputs.values()):
+            return 0.0
+        return self._scheduler.wait(self._inputs, time.perf_counter())
+
+    def _take_commands(self, timeout: float | None) -> list[_Command | None]:
+        try:
+            if timeout == 0.0:
+                first = self._commands.get_nowait()
+            else:
+                first = self._commands.get(timeout=timeout)
+        except queue.Empty:
+            return []
+        commands = [first]
+        while first is not None:
             try:
-                return self._commands.get_nowait()
+                commands.append(self._commands.get_nowait())
             except queue.Empty:
-                self._jobs.step()
-        return self._commands.get()
+                break
+            if commands[-1] is None:
+                break
+        return commands
+
+    def _dispatch(self, command: _Command) -> None:
+        kind, session_id = command.kind, command.session_id
+        if kind == "append":
+            self._append(command)
+        elif kind in ORDERED and self._inputs.get(session_id) is not None \
+                and self._inputs[session_id].items:
+            self._inputs[session_id].add_command(command)  # after the audio sent before it
+        elif kind == "transcribe":
+            self._add_job(command)
+        elif kind == "open":
+            self._add_open(command)
+        else:
+            if kind == "close":
+                self._drop_input(session_id)
+            self._run_command(command)
 
     def _add_job(self, command: _Command) -> None:
         """Queue a file transcription; it replies when it ends (or at once if it cannot start)."""
@@ -319,57 +430,135 @@ class Engine:
             lambda e: protocol.dumps(protocol.model_event(e)), payload["cancel"],
             self.transcriptions.release))
 
-    def _turn(self, commands: list[_Command | None]) -> bool:
-        """Run one turn's commands in order, audio frames of distinct sessions as one step.
+    # --- session input queues (engine thread) -------------------------------
 
-        Returns ``False`` at the stop sentinel.
-        """
-        frames: list[_Command] = []
-        for command in commands:
-            if command is None:
-                self._step(frames)
-                return False
-            if command.kind == "push" and all(c.session_id != command.session_id for c in frames):
-                frames.append(command)
-                continue
-            self._step(frames)  # per-session order: earlier frames first
-            frames = [command] if command.kind == "push" else []
-            if command.kind == "transcribe":
-                self._add_job(command)
-            elif command.kind == "open":
-                self._add_open(command)
-            elif command.kind != "push":
-                self._run_command(command)
-        self._step(frames)
-        return True
-
-    def _step(self, frames: list[_Command]) -> None:
-        """One pool step over the given push commands; each gets its events or its error."""
-        if not frames:
-            return
+    def _append(self, command: _Command) -> None:
+        """A chunk of PCM for a session's queue (validated now, framed later)."""
+        payload, session_id = command.payload, command.session_id
+        feed = payload["feed"]
+        chunk = Chunk(payload["samples"], payload["tag"], feed, None if feed else command)
         try:
             pool = self._loaded()
-        except RuntimeError as exc:
-            for command in frames:
-                command.reply(error=exc)
+            if session_id not in pool:
+                raise RuntimeError("realtime session is not active")
+            stream = pool.get(session_id)
+            rate = payload["sample_rate"] or stream.sample_rate
+            if rate != stream.sample_rate:
+                raise ValueError(f"sample_rate must be {stream.sample_rate} Hz, got {rate}")
+            if stream.closed:
+                raise RuntimeError("streaming session is closed")
+            chunk.samples = as_pcm_chunk(payload["samples"])
+        except Exception as exc:
+            self._consumed([(feed, _length(payload["samples"]))])
+            self._fail(chunk, exc)
             return
-        known = [c for c in frames if c.session_id in pool]
-        for command in frames:
-            if command.session_id not in pool:
-                command.reply(error=RuntimeError("realtime session is not active"))
-        result = pool.step({c.session_id: (c.payload["samples"], c.payload["sample_rate"])
-                            for c in known})
+        queue_ = self._inputs.get(session_id)
+        if queue_ is None:
+            queue_ = self._inputs[session_id] = SessionInput(stream.frame_samples,
+                                                             stream.sample_rate)
+        queue_.add_chunk(chunk, time.perf_counter())
+        self.input_peak_bytes = max(self.input_peak_bytes, queue_.nbytes)
+        self._answer_settled(queue_)
+
+    def _run_heads(self) -> None:
+        """Run the commands that reached the head of their session's queue."""
+        for session_id, queue_ in list(self._inputs.items()):
+            while (command := queue_.head_command()) is not None:
+                if queue_.items[0] is not command:  # a partial frame first: the stream keeps it
+                    samples, consumed, finished = queue_.take_residual()
+                    self._stage(session_id, samples, finished)
+                    self._consumed(consumed)
+                queue_.pop_command(time.perf_counter())
+                self._run_command(command)
+
+    def _stage(self, session_id: str, samples: np.ndarray, finished: list[Chunk]) -> None:
+        """Hand a partial frame to the session's stream (it runs no frame)."""
+        result = self.pool.step({session_id: (samples, self._inputs[session_id].rate)})
+        error = result.errors.get(session_id)
+        if error is not None and finished:
+            self._fail(finished[-1], error)
+        for chunk in finished:
+            self._answer(chunk)
+
+    def _step_inputs(self) -> None:
+        """One pool step: a frame of every session that has one ready."""
+        pool, scheduler = self._loaded(), self._scheduler
+        ready = scheduler.ready(self._inputs)
+        now = time.perf_counter()
+        waited = now - scheduler.collection_start(self._inputs, ready)
+        frames = {k: self._inputs[k].take_frame(now) for k in ready}
+        result = pool.step({k: (f.samples, self._inputs[k].rate) for k, f in frames.items()})
         self.metrics.step(result.frames, result.seconds, self.config.frame_duration)
-        self.metrics.sessions(len(pool), pool.state_bytes)
-        for command in known:
-            error = result.errors.get(command.session_id)
+        self.metrics.collected(waited)
+        for session_id, frame in frames.items():
+            queue_ = self._inputs[session_id]
+            error = result.errors.get(session_id)
             if error is not None:
-                logger.debug("engine push failed for %s: %s", command.session_id, error,
-                             exc_info=error)
-                command.reply(error=error)
+                logger.debug("engine frame failed for %s: %s", session_id, error, exc_info=error)
+                consumed, _ = queue_.drop_tag(frame.owner.tag, time.perf_counter())
+                frame.consumed += consumed
+                self._fail(frame.owner, error)
             else:
-                command.reply(self._serializer(command.session_id)(
-                    result.events[command.session_id]))
+                texts = self._serializer(session_id)(result.events[session_id])
+                if frame.owner.reply is not None:
+                    frame.owner.events += texts
+                elif frame.owner.feed is not None and texts:
+                    self._deliver(frame.owner.feed, texts)
+            for chunk in frame.finished:
+                self._answer(chunk)
+            self._answer_settled(queue_)
+            self._consumed(frame.consumed)
+        self.metrics.sessions(len(pool), pool.state_bytes)
+        self.metrics.buffered(sum(q.buffered for q in self._inputs.values())
+                              / self.config.input_sample_rate)
+        scheduler.free_since = time.perf_counter()
+
+    def _deliver(self, feed: Any, texts: list[str]) -> None:
+        """A frame's event texts to the connection that queued it (on its loop)."""
+        _notify(feed, "events", texts)
+
+    def _answer_settled(self, queue_: SessionInput) -> None:
+        for chunk in list(queue_.settled()):
+            self._answer(chunk)
+
+    @staticmethod
+    def _answer(chunk: Chunk) -> None:
+        """Reply to a push with the events of the frames it completed."""
+        if chunk.reply is not None:
+            chunk.reply.reply(chunk.events)
+            chunk.reply = None
+
+    @staticmethod
+    def _fail(chunk: Chunk, error: BaseException) -> None:
+        if chunk.reply is not None:
+            chunk.reply.reply(error=error)
+            chunk.reply = None
+        elif chunk.feed is not None:
+            _notify(chunk.feed, "failed", error)
+
+    @staticmethod
+    def _consumed(consumed: list[tuple[Any, int]]) -> None:
+        """Tell each feed how many of its samples left the queue (its room for more)."""
+        totals: dict[int, tuple[Any, int]] = {}
+        for feed, samples in consumed:
+            if feed is not None and samples:
+                totals[id(feed)] = (feed, totals.get(id(feed), (feed, 0))[1] + samples)
+        for feed, samples in totals.values():
+            _notify(feed, "consumed", samples)
+
+    def _drop_input(self, session_id: str) -> None:
+        """Forget a closing session's queue; what waits in it is answered with an error."""
+        queue_ = self._inputs.pop(session_id, None)
+        if queue_ is None:
+            return
+        gone = RuntimeError("realtime session is not active")
+        for item in queue_.drain():
+            if isinstance(item, Chunk):
+                self._consumed([(item.feed, item.left)])
+                if item.reply is not None:
+                    item.reply.reply(error=gone)
+            else:
+                item.reply(error=gone)
 
     def _run_command(self, command: _Command) -> None:
         try:
@@ -435,6 +624,8 @@ class Engine:
     def _command(self, pool: SessionPool, command: _Command) -> Any:
         session_id = command.session_id
         serialize = self._serializer(session_id)
+        if command.kind == "sync":  # every frame queued before it has run
+            return None
         if command.kind == "close":
             self._serializers.pop(session_id, None)
             if session_id in pool:
@@ -472,6 +663,19 @@ class Engine:
 
     def _serializer(self, session_id: str) -> Serializer:
         return self._serializers.get(session_id, serialize_vlm)
+
+
+def _notify(feed: Any, method: str, value: Any) -> None:
+    """Call ``feed.method(value)`` on the feed's event loop, in order."""
+    try:
+        feed.loop.call_soon_threadsafe(getattr(feed, method), value)
+    except RuntimeError:  # the loop has closed
+        pass
+
+
+def _length(samples: Any) -> int:
+    shape = getattr(samples, "shape", None)
+    return int(shape[0]) if shape else 0
 
 
 def _clear_cache() -> None:

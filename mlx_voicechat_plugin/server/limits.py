@@ -10,6 +10,9 @@ MIB = 1 << 20
 # slightly oversized message is answered with a clean ``error`` event; anything
 # past the transport cap is closed by the WebSocket layer with code 1009.
 TRANSPORT_SLACK_BYTES = 64 * 1024
+# How long a step's first ready frame may wait for the other sessions' frames
+# (measured with bench.load: README "Serving many sessions").
+DEFAULT_BATCH_WAIT_MS = 30.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class ServerLimits:
     max_upload_bytes: int = 25 * MIB  # one /v1/audio/transcriptions file
     max_transcription_seconds: float = 600.0  # audio one file may hold
     max_transcriptions_in_flight: int = 4  # file transcriptions admitted and not finished
+    max_buffered_seconds: float = 2.0  # audio one session may queue ahead of the engine
+    batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS  # a step's collection deadline (0: never wait)
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_cache_bytes, bool) or not isinstance(self.prompt_cache_bytes, int) \
@@ -53,11 +58,21 @@ class ServerLimits:
             raise ValueError(f"max_state_bytes must be a positive integer, got "
                              f"{self.max_state_bytes!r}")
         for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout",
-                     "max_session_wall_seconds", "header_timeout", "max_transcription_seconds"):
+                     "max_session_wall_seconds", "header_timeout", "max_transcription_seconds",
+                     "max_buffered_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+        if isinstance(self.batch_wait_ms, bool) or not isinstance(self.batch_wait_ms, (int, float)) \
+                or not math.isfinite(self.batch_wait_ms) or self.batch_wait_ms < 0:
+            raise ValueError(f"batch_wait_ms must be a non-negative number of milliseconds, "
+                             f"got {self.batch_wait_ms!r}")
+
+    def buffered_samples(self, sample_rate: int, frame_samples: int) -> int:
+        """The most PCM samples one session may queue (never less than a frame)."""
+        return max(int(self.max_buffered_seconds * sample_rate), frame_samples)
 
     def uvicorn_options(self) -> dict:
         """What ``uvicorn.run`` / ``uvicorn.Config`` need to enforce the socket-level limits."""

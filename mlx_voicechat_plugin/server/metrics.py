@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
 
@@ -37,6 +38,12 @@ class EngineMetrics:
                                buckets=BATCH_BUCKETS, registry=r)
         self.step_seconds = Histogram("voicechat_step_seconds", "Wall time of one engine step",
                                       buckets=STEP_BUCKETS, registry=r)
+        self.batch_wait = Histogram(
+            "voicechat_batch_wait_seconds",
+            "Time a step's ready frames waited, the engine free, for other sessions' frames "
+            "(--batch-wait-ms)", buckets=WAIT_BUCKETS, registry=r)
+        self.input_buffered = Gauge("voicechat_input_buffered_seconds",
+                                    "Audio queued ahead of the engine, all sessions", registry=r)
 
         self.transcriptions = Counter("voicechat_transcriptions",
                                       "File transcriptions finished (/v1/audio/transcriptions)",
@@ -64,6 +71,13 @@ class EngineMetrics:
         self.step_seconds.observe(seconds)
         if seconds > frame_duration:
             self.late.inc(frames)
+
+    def collected(self, seconds: float) -> None:
+        """A step's frames waited ``seconds`` for the batch to form."""
+        self.batch_wait.observe(max(seconds, 0.0))
+
+    def buffered(self, seconds: float) -> None:
+        self.input_buffered.set(seconds)
 
     def sessions(self, active: int, state_bytes: int) -> None:
         self.active.set(active)

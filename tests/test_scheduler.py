@@ -1,0 +1,120 @@
+"""The engine's per-session input queues and the rule that forms batched steps (no model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlx_voicechat_plugin.server.scheduler import (
+    EXPECT_FRAMES,
+    BatchScheduler,
+    Chunk,
+    SessionInput,
+)
+
+FRAME = 4
+FRAME_SECONDS = 0.08
+
+
+def _queue(*chunks: np.ndarray, now: float = 0.0, tag: object = "a") -> SessionInput:
+    queue = SessionInput(FRAME, 16_000)
+    for samples in chunks:
+        queue.add_chunk(Chunk(np.asarray(samples, np.float32), tag), now)
+    return queue
+
+
+def test_frames_are_cut_from_any_chunk_sizes_in_order():
+    rng = np.random.default_rng(0)
+    signal = rng.standard_normal(10 * FRAME + 3).astype(np.float32)
+    cuts = np.sort(rng.choice(np.arange(1, signal.shape[0]), 12, replace=False))
+    queue = _queue(*np.split(signal, cuts))
+    frames = []
+    while queue.frame_ready():
+        frames.append(queue.take_frame(0.0).samples)
+    assert len(frames) == 10
+    np.testing.assert_array_equal(np.concatenate(frames), signal[: 10 * FRAME])
+    assert queue.buffered == 3 and not queue.frame_ready()
+
+
+def test_a_frame_belongs_to_the_chunk_that_completes_it():
+    first, second = Chunk(np.zeros(3, np.float32), "x"), Chunk(np.ones(3, np.float32), "y")
+    queue = SessionInput(FRAME, 16_000)
+    queue.add_chunk(first, 0.0)
+    assert not queue.frame_ready()
+    queue.add_chunk(second, 0.0)
+    frame = queue.take_frame(0.0)
+    assert frame.owner is second and frame.finished == [first]
+    assert [n for _, n in frame.consumed] == [3, 1]
+
+
+def test_a_command_waits_for_the_frames_before_it_and_takes_the_partial_frame_along():
+    queue = _queue(np.zeros(FRAME + 2))
+    queue.add_command("commit")
+    queue.add_chunk(Chunk(np.zeros(FRAME, np.float32), "later"), 0.0)
+    assert queue.head_command() is None  # a whole frame comes first
+    queue.take_frame(0.0)
+    assert queue.head_command() == "commit"
+    residual, consumed, _ = queue.take_residual()
+    assert residual.shape[0] == 2 and queue.staged == 2
+    assert queue.pop_command(0.0) == "commit"
+    # The stream holds 2 samples: the next frame takes only 2 more.
+    assert queue.frame_ready()
+    assert queue.take_frame(0.0).samples.shape[0] == FRAME - 2
+
+
+def test_a_failed_frame_drops_the_rest_of_its_append_only():
+    queue = _queue(np.zeros(3 * FRAME), tag="bad")
+    queue.add_chunk(Chunk(np.zeros(FRAME, np.float32), "good"), 0.0)
+    frame = queue.take_frame(0.0)
+    consumed, dropped = queue.drop_tag(frame.owner.tag, 0.0)
+    assert sum(n for _, n in consumed) == 2 * FRAME and len(dropped) == 1
+    assert queue.buffered == FRAME and queue.take_frame(0.0).owner.tag == "good"
+
+
+def test_the_step_runs_at_once_when_every_streaming_session_has_a_frame():
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS)
+    inputs = {"a": _queue(np.zeros(FRAME), now=1.0), "b": _queue(np.zeros(FRAME), now=1.0)}
+    assert scheduler.wait(inputs, 1.0) == 0.0
+
+
+def test_the_step_waits_for_a_streaming_session_until_the_deadline():
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS)
+    scheduler.free_since = 1.0
+    inputs = {"a": _queue(np.zeros(FRAME), now=1.0), "b": _queue(np.zeros(1), now=1.0)}
+    assert scheduler.wait(inputs, 1.01) == pytest.approx(0.02)
+    assert scheduler.wait(inputs, 1.03) == 0.0
+
+
+def test_the_deadline_counts_from_when_the_engine_was_free():
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS)
+    inputs = {"a": _queue(np.zeros(FRAME), now=1.0), "b": _queue(np.zeros(1), now=1.0)}
+    scheduler.free_since = 1.05  # a step ran while "a"'s frame waited
+    assert scheduler.wait(inputs, 1.06) == pytest.approx(0.02)
+
+
+def test_a_session_that_stopped_sending_is_not_waited_for():
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS)
+    quiet = _queue(now=0.0)
+    quiet.last_arrival = 1.0
+    inputs = {"a": _queue(np.zeros(FRAME), now=2.0), "quiet": quiet}
+    later = 1.0 + EXPECT_FRAMES * FRAME_SECONDS + 0.001
+    assert scheduler.wait(inputs, later) == 0.0
+    assert scheduler.wait(inputs, 1.0 + FRAME_SECONDS) > 0.0  # recently streaming: waited for
+
+
+def test_no_frame_ready_means_nothing_to_wait_for():
+    assert BatchScheduler(0.03, FRAME_SECONDS).wait({"a": _queue(np.zeros(1))}, 0.0) is None
+
+
+def test_a_zero_deadline_never_waits():
+    scheduler = BatchScheduler(0.0, FRAME_SECONDS)
+    inputs = {"a": _queue(np.zeros(FRAME), now=1.0), "b": _queue(np.zeros(1), now=1.0)}
+    assert scheduler.wait(inputs, 1.0) == 0.0
+
+
+def test_a_partial_frame_left_behind_does_not_hold_the_others():
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS)
+    scheduler.free_since = 0.0
+    stalled = _queue(np.zeros(1), now=1.0)  # sent part of a frame, then stopped
+    inputs = {"a": _queue(np.zeros(FRAME), now=2.0), "stalled": stalled}
+    assert scheduler.wait(inputs, 2.0) == 0.0
