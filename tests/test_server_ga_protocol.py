@@ -113,14 +113,30 @@ def test_response_create_opens_a_response_that_ends_within_its_bound(ws):
     assert _ping(ws) == []  # the session lives on, and nothing more was owed
 
 
-def test_a_second_response_create_while_one_is_active_is_a_non_fatal_error(ws):
+def test_a_response_create_while_one_is_active_gets_the_next_response(ws):
+    """The model may have begun a response on its own just before a client asks:
+    the request waits, and its own response opens when the active one is done."""
+    _update(ws, max_response_seconds=0.4)
+    send(ws, {"type": "response.create", "response": {"metadata": {"n": "1"}}})
+    send(ws, {"type": "response.create", "response": {"metadata": {"n": "2"}}})
+    first = _until(ws, "response.done")
+    second = _until(ws, "response.done")
+    created = [e for e in first + second if e["type"] == "response.created"]
+    assert [e["response"]["metadata"] for e in created] == [{"n": "1"}, {"n": "2"}]
+    assert [e["response"]["id"] for e in created] == \
+        [first[-1]["response"]["id"], second[-1]["response"]["id"]]
+    assert not [e for e in first + second if e["type"] == "error"]
+
+
+def test_a_third_response_create_while_one_waits_is_a_non_fatal_error(ws):
     _update(ws, max_response_seconds=2)
+    send(ws, {"type": "response.create"})
     send(ws, {"type": "response.create"})
     send(ws, {"type": "response.create", "event_id": "evt_again"})
     events = _until(ws, "error")
     assert events[-1]["error"]["code"] == "conversation_already_has_active_response", events[-1]
     assert events[-1]["error"]["event_id"] == "evt_again"
-    assert _until(ws, "response.done")
+    assert _until(ws, "response.done") and _until(ws, "response.done")
 
 
 def test_max_response_seconds_is_checked(ws):

@@ -193,10 +193,35 @@ def test_response_create_opens_a_response_at_once_that_the_next_utterance_fills(
     assert opened[0]["response_id"] == created["response"]["id"]
 
 
-def test_response_create_while_one_is_active_is_refused():
+def test_response_create_while_one_is_active_opens_the_next_response_when_it_is_done():
+    timeline = Timeline()
+    timeline.step(text="Hi")  # the model began on its own
+    assert timeline.responses.request({"metadata": {"n": "asked"}}) == []
+    ended = timeline.idle(GAP + 3)
+    kinds = timeline.kinds(ended)
+    assert kinds.index("response.done") < kinds.index("response.created")
+    (created,) = [e for e in ended if e["type"] == "response.created"]
+    assert created["response"]["metadata"] == {"n": "asked"}
+    assert timeline.responses.owes  # the asked-for response is owed: the timeline runs
+
+
+def test_a_second_waiting_response_create_is_refused():
     timeline = Timeline()
     timeline.step(text="Hi")
+    assert timeline.responses.request({}) == []
     assert timeline.responses.request({}) is None
+
+
+def test_a_request_waiting_at_the_end_of_the_stream_gets_its_response_done():
+    timeline = Timeline()
+    timeline.step(text="Bye")
+    timeline.responses.request({"metadata": {"n": "late"}})
+    out = [json.loads(t) for t in timeline.responses.translate([Done(1)])]
+    kinds = [e["type"] for e in out]
+    assert kinds.count("response.created") == 1 and kinds.count("response.done") == 2
+    assert out[-1]["response"]["metadata"] == {"n": "late"}
+    assert out[-1]["response"]["status"] == "cancelled"
+    assert not timeline.responses.owes
 
 
 def test_the_end_of_turn_token_ends_the_response_after_its_audio_tail():

@@ -96,11 +96,11 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         default=defaults.max_buffered_seconds,
                         help="audio one session may queue ahead of the engine; past it the "
                              "server stops reading that client's socket until there is room "
-                             "(TCP backpressure; default %(default)s s)")
+                             "(TCP backpressure) (default: %(default)s; seconds)")
     limits.add_argument("--batch-wait-ms", type=float, default=defaults.batch_wait_ms,
                         help="longest a ready frame waits for the other sessions' frames so "
-                             "they run as one batched step (0: never wait; default "
-                             "%(default)s ms, measured with python -m bench.load)")
+                             "they run as one batched step (0: never wait; measured with "
+                             "python -m bench.load) (default: %(default)s; milliseconds)")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading'; default: %(default)s)")

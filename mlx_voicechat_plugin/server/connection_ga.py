@@ -137,8 +137,9 @@ class GAConnection(Connection):
                 raise ProtocolError(ErrorCode.INVALID_REQUEST, "the stream has ended "
                                     "(max_streaming_seconds): no more responses")
             raise ProtocolError("conversation_already_has_active_response",
-                                f"the conversation already has an active response {active}; "
-                                "wait for its response.done")
+                                f"the conversation already has an active response {active} "
+                                "and a response.create waiting for it; wait for its "
+                                "response.done")
         await self.send_all(events)
 
     async def send_all(self, payloads: list[dict[str, Any]]) -> None:

@@ -39,8 +39,12 @@ responses. The mapping, one frame's runtime events at a time:
 - ``response.cancel`` ends the current response as ``cancelled`` and drops the
   rest of that utterance (until its EOS or a pause). ``response.create``
   cannot make the model speak: it opens a response, with its ``metadata``,
-  that the model's next utterance fills (or that ends empty at the bound);
-  while one is active it is refused (``conversation_already_has_active_response``).
+  that the model's next utterance fills (or that ends empty at the bound).
+  While one is active (e.g. the model began speaking on its own just before),
+  the request waits and its response opens the moment the active one is done,
+  so a client that asked always gets a ``response.created`` with its
+  ``metadata``; a second request while one waits is refused
+  (``conversation_already_has_active_response``).
 
 :meth:`GAResponses.translate` runs on the engine thread (the engine's
 per-session serializer); the other methods on the connection's. A lock keeps
@@ -134,6 +138,7 @@ class GAResponses:
         self.muted_since: int | None = None  # a cancelled utterance's last text frame
         self.frame = 0  # the latest frame seen
         self.ended = False  # the stream ended (Done / Cancelled)
+        self.waiting: list[Any] = []  # a response.create's metadata, while one is active
 
     def configure(self, config: GAConfig, model_rate: int | None = None,
                   frame_seconds: float | None = None) -> None:
@@ -187,9 +192,9 @@ class GAResponses:
             self._turn_ended(int(event.frame_index))
         elif isinstance(event, (Done, Cancelled)):
             self._close_user(out, stopped=True)
+            self.ended = True
             if self.response is not None:
                 self._finish(out, "completed" if isinstance(event, Done) else "cancelled")
-            self.ended = True
         # FunctionDelta, ToolResultInjected, ToolsWarning: no GA counterpart.
 
     def _audio(self, event: Audio, out: list[dict[str, Any]]) -> None:
@@ -365,6 +370,10 @@ class GAResponses:
         self.response = None
         body = self._response_object(response, status)
         out.append({"type": "response.done", "response": body})
+        if self.waiting:  # the request that waited opens its response
+            self._start(out, self.frame + 1, metadata=self.waiting.pop())
+            if self.ended:  # the stream is over: that response ends at once
+                self._finish(out, "cancelled")
 
     def _response_object(self, response: _Response, status: str = "in_progress") -> dict:
         body: dict[str, Any] = {
@@ -491,7 +500,9 @@ class GAResponses:
 
     def request(self, response: Any) -> list[dict[str, Any]] | None:
         """``response.create``: ``response.created`` now (the model's next utterance fills
-        it), or for an owed, unannounced one; ``None`` while one is already active."""
+        it), or for an owed, unannounced one; while one is active, nothing yet (its
+        response opens when the active one is done); ``None`` when a request already
+        waits or the stream has ended."""
         metadata = response.get("metadata") if isinstance(response, dict) else None
         with self.lock:
             out: list[dict[str, Any]] = []
@@ -500,7 +511,10 @@ class GAResponses:
                     return None
                 self._start(None, self.frame + 1)
             elif self.response.announced:
-                return None
+                if self.waiting or self.ended:
+                    return None
+                self.waiting.append(metadata)
+                return out
             self.response.metadata = metadata
             self._announce(out)
             return out
