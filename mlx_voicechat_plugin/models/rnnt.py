@@ -24,6 +24,8 @@ import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
+from .weight_layout import RowMajorLSTM
+
 # (prediction [1, H], then per LSTM layer the proposed h [1, H], then each c [1, H])
 Carry = tuple[mx.array, ...]
 
@@ -31,13 +33,19 @@ Carry = tuple[mx.array, ...]
 def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.array]):
     """One time step of a stacked ``nn.LSTM``: ``x`` [1, in] -> (top output, h, c).
 
-    The same operations, in the same order, as ``nn.LSTM.__call__`` on a
-    one-step sequence, without its per-call reshapes and stacking.
+    The same operations, in the same order, as the layer's own ``__call__``
+    (``nn.LSTM``, or :class:`~.weight_layout.RowMajorLSTM`) on a one-step
+    sequence, without its per-call reshapes and stacking.
     """
     new_h, new_c = [], []
     for layer, hidden, cell in zip(lstm, h, c):
-        ifgo = mx.addmm(layer.bias, x, layer.Wx.T) if layer.bias is not None else x @ layer.Wx.T
-        ifgo = mx.addmm(ifgo, hidden, layer.Wh.T)
+        if isinstance(layer, RowMajorLSTM):  # its own order of the additions
+            ifgo = x @ layer.Wx.T
+            ifgo = ifgo + layer.bias if layer.bias is not None else ifgo
+            ifgo = hidden @ layer.Wh.T + ifgo
+        else:
+            ifgo = mx.addmm(layer.bias, x, layer.Wx.T) if layer.bias is not None else x @ layer.Wx.T
+            ifgo = mx.addmm(ifgo, hidden, layer.Wh.T)
         i, f, g, o = mx.split(ifgo, 4, axis=-1)
         i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
         cell = f * cell + i * g
