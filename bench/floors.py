@@ -1,11 +1,21 @@
 """Per-stage matmul floors: what a frame would cost if it were only its matrix products.
 
+    python -m bench.floors --size medium [--seeds 0,1] [--frames 40] [--rounds 5]
+
 A stage's multiply-accumulates per frame are counted from the loaded model's
-weight matrices (a rough count: every 2-D weight of a stage's linear layers,
-times the rows it multiplies per frame), and divided by this machine's
-measured float32 matmul throughput at frame-like shapes. The gap between a
-stage's measured time and its floor is its non-matmul work and recomputation.
-Embedding tables are excluded (a frame looks up rows, it does not multiply).
+weight matrices (a rough count: every 2-D weight of a stage's linear layers
+and kernel-1 convolutions, times the rows it multiplies per frame; for the
+codec, every decoder layer times the frames it sees per 80 ms frame), and
+divided by this machine's measured float32 matmul throughput at frame-like
+shapes. The gap between a stage's measured time and its floor is its
+non-matmul work and recomputation. Embedding tables are excluded (a frame
+looks up rows, it does not multiply).
+
+Run as a script it loads the plugin on each ``--seeds`` fixture of
+``--size``, times plain streaming frames (the median of ``--rounds`` rounds'
+steady means: the frame's real cost) and one profiled run (the stage split,
+with the profiler's own barriers), and prints plugin / floor per stage and
+for the whole frame. Figures, never test assertions.
 """
 
 from __future__ import annotations
@@ -14,15 +24,32 @@ import time
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 
+def _is_matrix(value: Any) -> bool:
+    """A linear layer's ``[out, in]`` weight, or a kernel-1 convolution's ``[out, 1, in]``."""
+    return value.ndim == 2 or (value.ndim == 3 and value.shape[1] == 1)
+
+
 def _matrix_macs(module: Any, skip: tuple[str, ...] = ()) -> int:
-    """Multiply-accumulates of one row through every 2-D weight of ``module``."""
+    """Multiply-accumulates of one row through every weight matrix of ``module``."""
     total = 0
     for name, value in tree_flatten(module.parameters()):
-        if value.ndim == 2 and name.endswith("weight") and not any(s in name for s in skip):
+        if _is_matrix(value) and name.endswith("weight") and not any(s in name for s in skip):
             total += value.size
+    return total
+
+
+def _codec_macs(codec: Any, frames: int = 1) -> int:
+    """Multiply-accumulates of the codec decoder for ``frames`` code frames (upsampling as it goes)."""
+    total, rows = 0, frames
+    for layer in codec.decoder.layers:
+        weights = [v for k, v in tree_flatten(layer.parameters()) if k.endswith("weight") and v.ndim == 3]
+        total += rows * sum(w.size for w in weights)
+        if isinstance(layer, nn.ConvTranspose1d):
+            rows *= layer.stride
     return total
 
 
@@ -46,6 +73,7 @@ def stage_macs(model: Any) -> dict[str, float]:
         # CFG runs the backbone and the depth head on two rows.
         "tts": float(2 * _matrix_macs(tts.backbone, skip=("embed_tokens",))
                      + 2 * depth * _matrix_macs(tts.mog_head)),
+        "codec": float(_codec_macs(model.tts_model.audio_codec)),
     }
 
 
@@ -73,3 +101,93 @@ def floors_ms(model: Any) -> dict[str, Any]:
     macs = stage_macs(model)
     return {"macs_per_second": rate, "macs": macs,
             "floor_ms": {k: v / rate * 1e3 for k, v in macs.items()}}
+
+
+STAGES = ("perception", "rnnt", "language", "tts", "codec")
+
+
+def stage_table(stage_ms: dict[str, float], floor_ms: dict[str, float],
+                total_ms: float | None = None) -> dict[str, dict[str, float]]:
+    """``{stage: {plugin, floor, ratio}}`` plus ``total`` (``total_ms``, or the stages' sum)."""
+    table = {s: {"plugin": stage_ms[s], "floor": floor_ms[s], "ratio": stage_ms[s] / floor_ms[s]}
+             for s in STAGES}
+    floor = sum(floor_ms[s] for s in STAGES)
+    plugin = sum(stage_ms[s] for s in STAGES) if total_ms is None else total_ms
+    table["total"] = {"plugin": plugin, "floor": floor, "ratio": plugin / floor}
+    return table
+
+
+def _steady_means(session: Any, audio: Any, frame: int, rounds: int, skip: int) -> list[float]:
+    means = []
+    for _ in range(rounds):
+        stream = session.create_streaming_session()
+        times = []
+        for start in range(0, len(audio) - frame + 1, frame):
+            began = time.perf_counter()
+            stream.push_audio(audio[start : start + frame])
+            times.append((time.perf_counter() - began) * 1e3)
+        stream.flush()
+        means.append(sum(times[skip:]) / len(times[skip:]))
+    return means
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.testing.fixtures import conversation_signal, make_checkpoint
+
+    parser = argparse.ArgumentParser(prog="python -m bench.floors")
+    parser.add_argument("--size", default="medium", choices=("tiny", "small", "medium"))
+    parser.add_argument("--seeds", default="0,1", help="fixture seeds, comma-separated")
+    parser.add_argument("--frames", type=int, default=40, help="streaming frames per round")
+    parser.add_argument("--rounds", type=int, default=5, help="plain streaming rounds")
+    parser.add_argument("--warm-frames", type=int, default=10,
+                        help="first frames of each round left out of its steady mean")
+    args = parser.parse_args(argv)
+    results = {}
+    for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = make_checkpoint(Path(tmp) / f"{args.size}-s{seed}", args.size, seed=seed)
+            model, processor = load(checkpoint)
+        session = model.create_session(processor)
+        frame = model.config.frame_samples
+        audio = conversation_signal(args.frames * model.config.frame_duration,
+                                    model.config.input_sample_rate)
+        _steady_means(session, audio, frame, 1, args.warm_frames)  # compile, warm caches
+        macs = stage_macs(model)
+        floor_macs = sum(macs[s] for s in STAGES)
+        # The machine may be shared: each round's floor comes from a throughput
+        # measured just before it, and the figure is the median per-round ratio.
+        plain, ratios = [], []
+        for _ in range(args.rounds):
+            rate = matmul_throughput()
+            plain += _steady_means(session, audio, frame, 1, args.warm_frames)
+            ratios.append(plain[-1] / (floor_macs / rate * 1e3))
+        floors = floors_ms(model)
+        profiled = session.create_streaming_session(profile=True)
+        for start in range(0, len(audio) - frame + 1, frame):
+            profiled.push_audio(audio[start : start + frame])
+        summary = profiled.profile().summary(drop_first=args.warm_frames)
+        profiled.flush()
+        stages = {s: summary["stages"][s]["mean_ms"] for s in STAGES}
+        results[seed] = {
+            "plain_frame_ms": float(np.median(plain)), "plain_round_means_ms": plain,
+            "frame_vs_floor": {"ratio_median": float(np.median(ratios)),
+                               "ratio_spread": [min(ratios), max(ratios)]},
+            "profiled": stage_table(stages, floors["floor_ms"]),
+            "matmul_gmacs_per_second": floors["macs_per_second"] / 1e9,
+        }
+        print(json.dumps({"seed": seed} | results[seed], indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
