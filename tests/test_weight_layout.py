@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten
 from mlx_voicechat_plugin import load
 from mlx_voicechat_plugin.models import weight_layout
 from mlx_voicechat_plugin.models.perception_stream import PerceptionStream
-from mlx_voicechat_plugin.models.rnnt import lstm_step
+from mlx_voicechat_plugin.models.rnnt import held_lstm, lstm_step
 from mlx_voicechat_plugin.models.weight_layout import (
     FrameUpsample, PointwiseConv1d, RowMajorLinear, RowMajorLSTM, layouts_agree, relayout,
 )
@@ -104,6 +104,20 @@ def test_the_rnnt_lstm_step_gives_the_same_bits_transposed():
     h = [mx.random.normal((1, 64), key=mx.random.key(k)) for k in (2, 3)]
     c = [mx.random.normal((1, 64), key=mx.random.key(k)) for k in (4, 5)]
     got, expected = lstm_step(list(moved), x, h, c), lstm_step(list(stock), x, h, c)
+    assert _same(got[0], expected[0])
+    assert all(_same(a, b) for a, b in zip([*got[1], *got[2]], [*expected[1], *expected[2]]))
+
+
+def test_the_rnnt_lstm_step_holds_bf16_weights_in_float32_with_the_same_bits():
+    # The RNNT's case: a bf16 layer meets a bf16 embedding and the float32 state.
+    layers = [nn.LSTM(64, 64) for _ in range(2)]
+    for layer in layers:
+        layer.update({k: v.astype(mx.bfloat16) for k, v in layer.parameters().items()})
+    x = mx.random.normal((1, 64), key=mx.random.key(1)).astype(mx.bfloat16)
+    h = [mx.random.normal((1, 64), key=mx.random.key(k)) for k in (2, 3)]
+    c = [mx.random.normal((1, 64), key=mx.random.key(k)) for k in (4, 5)]
+    held = held_lstm(layers)
+    got, expected = lstm_step(layers, x, h, c, held), lstm_step(layers, x, h, c)
     assert _same(got[0], expected[0])
     assert all(_same(a, b) for a, b in zip([*got[1], *got[2]], [*expected[1], *expected[2]]))
 
