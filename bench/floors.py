@@ -72,9 +72,18 @@ def stage_macs(model: Any) -> dict[str, float]:
                           + stt.function_head.weight.size),
         # CFG runs the backbone and the depth head on two rows.
         "tts": float(2 * _matrix_macs(tts.backbone, skip=("embed_tokens",))
-                     + 2 * depth * _matrix_macs(tts.mog_head)),
+                     + depth * _mog_macs(tts.mog_head)),
         "codec": float(_codec_macs(model.tts_model.audio_codec)),
     }
+
+
+def _mog_macs(head: Any) -> int:
+    """One depth pass of the MoG head: its MLPs on the ``[cond; uncond]`` rows, then, on
+    the guided row, the heads and the sampled component's low-rank block only."""
+    mlps = 2 * _matrix_macs(head, skip=("proj_", "low_mat"))
+    heads = sum(getattr(head, name).weight.size for name in ("proj_logits", "proj_logs", "proj_else"))
+    component = head.low_rank * head.proj_mus.weight.shape[1] + head.latent_size * head.low_rank
+    return mlps + heads + component
 
 
 def _kv_macs(perception: Any) -> int:
