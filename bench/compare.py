@@ -176,7 +176,12 @@ def _fixture_report(args: argparse.Namespace, seed: int) -> tuple[dict, dict]:
 
     stream_audio = signal(args.frames * model.config.frame_duration)
     timed, ours_totals, ref_totals = _interleaved(ours, theirs, stream_audio, frame, args.rounds)
+    from .floors import RateProbe, floors_ms, stage_table
+
+    probe = RateProbe(repeats=100)  # the matmul rate around the profiled run
+    probe.burst()
     ours_stream, _ = _stream_ours(ours, stream_audio, frame)  # profiled: stages, syncs
+    probe.burst()
     ref_stream, _ = _stream_reference(theirs, stream_audio, frame)
     report["streaming"] = {
         "interleaved": timed, "plugin": ours_stream, "reference": ref_stream,
@@ -186,9 +191,7 @@ def _fixture_report(args: argparse.Namespace, seed: int) -> tuple[dict, dict]:
         "ratio_stages": {s: ours_stream["stages"][s]["mean_ms"] / ref_stream["stages"][s]["mean_ms"]
                          for s in STAGES},
     }
-    from .floors import floors_ms, stage_table
-
-    report["floors"] = floors_ms(model)
+    report["floors"] = floors_ms(model, probe.rate)
     report["streaming"]["stage_vs_floor_ms"] = stage_table(
         {s: ours_stream["stages"][s]["mean_ms"] for s in STAGES}, report["floors"]["floor_ms"])
     print(json.dumps({"seed": seed, "stage_vs_floor_ms": report["streaming"]["stage_vs_floor_ms"],

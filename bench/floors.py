@@ -68,8 +68,7 @@ def stage_macs(model: Any) -> dict[str, float]:
     return {
         "perception": float(encoder),
         "perception_window_kv": float(encoder + _kv_macs(stt.perception) * (window - 1)),
-        "rnnt": float((_matrix_macs(stt.rnnt_decoder) + _matrix_macs(stt.rnnt_joint))
-                      * config.audio_config.max_symbols),
+        "rnnt": float(_rnnt_macs(stt, config.audio_config.max_symbols)),
         "language": float(_matrix_macs(stt.llm) + stt.lm_head.weight.size
                           + stt.function_head.weight.size),
         # CFG runs the backbone and the depth head on two rows.
@@ -77,6 +76,13 @@ def stage_macs(model: Any) -> dict[str, float]:
                      + depth * _mog_macs(tts.mog_head)),
         "codec": float(_codec_macs(model.tts_model.audio_codec)),
     }
+
+
+def _rnnt_macs(stt: Any, tries: int) -> int:
+    """Every try runs the joint (its encoder projection once a frame) and the LSTM."""
+    joint = stt.rnnt_joint
+    lstm = sum(layer.Wx.size + layer.Wh.size for layer in stt.rnnt_decoder.prediction["dec_rnn"].lstm)
+    return joint.enc.weight.size + tries * (_matrix_macs(joint, skip=("enc.",)) + lstm)
 
 
 def _mog_macs(head: Any) -> int:
@@ -107,8 +113,9 @@ def matmul_throughput(width: int = 768, out: int = 2304, rows: int = 2, repeats:
     return rows * width * out * repeats / (time.perf_counter() - began)
 
 
-def floors_ms(model: Any) -> dict[str, Any]:
-    rate = matmul_throughput()
+def floors_ms(model: Any, rate: float | None = None) -> dict[str, Any]:
+    """Each stage's floor in ms at ``rate`` (multiply-accumulates per second; measured if not given)."""
+    rate = matmul_throughput() if rate is None else rate
     macs = stage_macs(model)
     return {"macs_per_second": rate, "macs": macs,
             "floor_ms": {k: v / rate * 1e3 for k, v in macs.items()}}
