@@ -122,6 +122,13 @@ def test_the_rnnt_lstm_step_holds_bf16_weights_in_float32_with_the_same_bits():
     assert all(_same(a, b) for a, b in zip([*got[1], *got[2]], [*expected[1], *expected[2]]))
 
 
+def test_sessions_of_one_model_share_the_held_lstm_weights(tiny_ckpt):
+    model, processor = load(tiny_ckpt)
+    first, second = model.create_session(processor), model.create_session(processor)
+    assert first._rnnt._held is not None and first._rnnt._held is second._rnnt._held
+    assert not any("held" in k for k, _ in tree_flatten(model.parameters()))
+
+
 def test_nothing_moves_where_the_layouts_round_differently(monkeypatch, tiny_ckpt):
     monkeypatch.setattr(weight_layout, "layouts_agree", lambda dtype=None: False)
     model, _ = load(tiny_ckpt)

@@ -46,6 +46,27 @@ def held_lstm(lstm: list[nn.LSTM]) -> Held | None:
     return held
 
 
+class _HeldCache:
+    """A decoder's held copies and the weight arrays they were made from."""
+
+    def __init__(self, sources: list[mx.array], held: Held | None):
+        self.sources, self.held = sources, held
+
+
+def shared_held_lstm(decoder: PredictNetwork) -> Held | None:
+    """:func:`held_lstm` of ``decoder``'s LSTM, made once per set of weights and kept on it
+    (a plain attribute, outside the module tree), so sessions share one copy."""
+    lstm = decoder.prediction["dec_rnn"].lstm
+    sources = [w for layer in lstm for w in (layer.Wx, layer.Wh)]
+    cached = getattr(decoder, "_held_lstm", None)
+    if cached is None or len(cached.sources) != len(sources) or any(
+        a is not b for a, b in zip(cached.sources, sources)
+    ):
+        cached = _HeldCache(sources, held_lstm(lstm))
+        decoder._held_lstm = cached
+    return cached.held
+
+
 def _affine(c: mx.array | None, x: mx.array, w: mx.array, w32: mx.array | None) -> mx.array:
     """``mx.addmm(c, x, w.T)`` (``x @ w.T`` without ``c``), rounded as that op rounds.
 
@@ -104,7 +125,7 @@ class GreedyRNNT:
         self.blank_id = blank_id
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
-        self._held = held_lstm(decoder.prediction["dec_rnn"].lstm)
+        self._held = shared_held_lstm(decoder)
         self._frame = mx.compile(partial(self._unrolled, self.max_symbols))
         self._first = mx.compile(partial(self._unrolled, 1))
         self._rest = mx.compile(partial(self._unrolled, self.max_symbols - 1))
