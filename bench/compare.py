@@ -1,9 +1,10 @@
 """Side-by-side timing of the plugin and the upstream reference, in one process.
 
-    python -m bench.compare --size small [--frames N] [--seconds 10] [--scaling 5,20,60]
-        [--out build/bench]
+    python -m bench.compare --size small [--seeds 0,1] [--frames N] [--rounds 5]
+        [--seconds 10] [--no-offline] [--scaling 5,20,60] [--out build/bench]
 
-On one fixture checkpoint and one input it times:
+On each fixture checkpoint (one per ``--seeds`` entry, all of ``--size``) and
+one input it times:
 - offline: the reference's default path (full recompute), the reference with
   its language cache, and the plugin;
 - streaming: per-frame mean / p50 / p95 of plain (unprofiled) ``push_audio``
@@ -18,7 +19,9 @@ On one fixture checkpoint and one input it times:
   the stage's multiply-accumulates per frame at this machine's measured
   float32 matmul throughput);
 - the session start (``create_streaming_session``) of both sides.
-Figures are ratios plugin / reference. Results go to ``<out>/compare.json``
+Figures are ratios plugin / reference; ``across_seeds`` puts every fixture's
+streaming headline side by side with the worst of them, so a figure cannot
+come from one lucky fixture. Results go to ``<out>/compare.json``
 and, with matplotlib installed (``pip install .[bench]``), ``<out>/compare.png``.
 These are benchmark figures, never test assertions.
 """
@@ -123,23 +126,15 @@ def _interleaved(ours: Any, theirs: Any, audio: np.ndarray, frame: int, rounds: 
     }, runs["plugin"][-1], runs["reference"][-1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.compare")
-    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
-    parser.add_argument("--seconds", type=float, default=10.0, help="offline input length")
-    parser.add_argument("--frames", type=int, default=125, help="streaming frames")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved streaming rounds")
-    parser.add_argument("--scaling", default="5,20,60", help="streaming session lengths (s)")
-    parser.add_argument("--out", default="build/bench")
-    args = parser.parse_args(argv)
-
+def _fixture_report(args: argparse.Namespace, seed: int) -> tuple[dict, dict]:
+    """Every section for the fixture of ``args.size`` made with ``seed``; also the plot's series."""
     from mlx_vlm.utils import load as reference_load
 
     from mlx_voicechat_plugin import load
     from mlx_voicechat_plugin.testing.fixtures import conversation_signal, make_checkpoint
 
     tmp = tempfile.TemporaryDirectory()
-    checkpoint = make_checkpoint(Path(tmp.name) / args.size, args.size)
+    checkpoint = make_checkpoint(Path(tmp.name) / f"{args.size}-s{seed}", args.size, seed=seed)
     model, processor = load(checkpoint)
     ref, ref_processor = reference_load(str(checkpoint))
     ours, theirs = model.create_session(processor), ref.create_session(ref_processor)
@@ -148,21 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     def signal(seconds: float) -> np.ndarray:
         return conversation_signal(seconds, rate)
 
-    report: dict[str, Any] = {"size": args.size, "backend": str(mx.default_device()),
+    report: dict[str, Any] = {"size": args.size, "seed": seed, "backend": str(mx.default_device()),
                               "note": "random fixture weights; CPU figures on this machine"}
-    audio = signal(args.seconds)
-    warm = signal(1.0)
-    ours.generate(warm, extra_decoding_seconds=0)
-    theirs.generate(mx.array(warm), use_language_cache=True)
-    offline = {
-        "reference_default_s": _timed(lambda: theirs.generate(mx.array(audio))),
-        "reference_cached_s": _timed(lambda: theirs.generate(mx.array(audio), use_language_cache=True)),
-        "plugin_s": _timed(lambda: ours.generate(audio, extra_decoding_seconds=0.0)),
-    }
-    report["offline"] = {k: {"seconds": v[0], "peak_mb": v[1]} for k, v in offline.items()}
-    report["offline"]["ratio_vs_reference_default"] = offline["plugin_s"][0] / offline["reference_default_s"][0]
-    report["offline"]["ratio_vs_reference_cached"] = offline["plugin_s"][0] / offline["reference_cached_s"][0]
-    print(json.dumps({"offline": report["offline"]}, indent=1), flush=True)
+    if args.offline:
+        audio = signal(args.seconds)
+        warm = signal(1.0)
+        ours.generate(warm, extra_decoding_seconds=0)
+        theirs.generate(mx.array(warm), use_language_cache=True)
+        offline = {
+            "reference_default_s": _timed(lambda: theirs.generate(mx.array(audio))),
+            "reference_cached_s": _timed(lambda: theirs.generate(mx.array(audio), use_language_cache=True)),
+            "plugin_s": _timed(lambda: ours.generate(audio, extra_decoding_seconds=0.0)),
+        }
+        report["offline"] = {k: {"seconds": v[0], "peak_mb": v[1]} for k, v in offline.items()}
+        report["offline"]["ratio_vs_reference_default"] = offline["plugin_s"][0] / offline["reference_default_s"][0]
+        report["offline"]["ratio_vs_reference_cached"] = offline["plugin_s"][0] / offline["reference_cached_s"][0]
+        print(json.dumps({"seed": seed, "offline": report["offline"]}, indent=1), flush=True)
 
     def start_ms(create: Callable[[], Any]) -> float:
         times = []
@@ -176,11 +172,16 @@ def main(argv: list[str] | None = None) -> int:
         "plugin": start_ms(lambda: ours.create_streaming_session()),
         "reference": start_ms(lambda: theirs.create_streaming_session()),
     }
-    print(json.dumps({"session_start_ms": report["session_start_ms"]}), flush=True)
+    print(json.dumps({"seed": seed, "session_start_ms": report["session_start_ms"]}), flush=True)
 
     stream_audio = signal(args.frames * model.config.frame_duration)
     timed, ours_totals, ref_totals = _interleaved(ours, theirs, stream_audio, frame, args.rounds)
+    from .floors import RateProbe, floors_ms, stage_table
+
+    probe = RateProbe(repeats=100)  # the matmul rate around the profiled run
+    probe.burst()
     ours_stream, _ = _stream_ours(ours, stream_audio, frame)  # profiled: stages, syncs
+    probe.burst()
     ref_stream, _ = _stream_reference(theirs, stream_audio, frame)
     report["streaming"] = {
         "interleaved": timed, "plugin": ours_stream, "reference": ref_stream,
@@ -190,19 +191,19 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_stages": {s: ours_stream["stages"][s]["mean_ms"] / ref_stream["stages"][s]["mean_ms"]
                          for s in STAGES},
     }
-    from .floors import floors_ms
-
-    report["floors"] = floors_ms(model)
-    report["streaming"]["stage_vs_floor_ms"] = {
-        s: {"plugin": ours_stream["stages"][s]["mean_ms"],
-            "floor": report["floors"]["floor_ms"].get(s)} for s in STAGES}
-    print(json.dumps({"stage_vs_floor_ms": report["streaming"]["stage_vs_floor_ms"],
+    report["floors"] = floors_ms(model, probe.rate)
+    report["streaming"]["stage_vs_floor_ms"] = stage_table(
+        {s: ours_stream["stages"][s]["mean_ms"] for s in STAGES}, report["floors"]["floor_ms"])
+    print(json.dumps({"seed": seed, "stage_vs_floor_ms": report["streaming"]["stage_vs_floor_ms"],
                       "perception_floor_if_window_kv_recomputed_ms":
                           report["floors"]["floor_ms"]["perception_window_kv"]}, indent=1),
           flush=True)
-    print(json.dumps({k: report["streaming"][k]
-                      for k in ("ratio_mean", "ratio_spread", "ratio_p95", "ratio_stages")}
-                     | {"plugin_mean_ms": timed["plugin_all"]["mean_ms"],
+    print(json.dumps({"seed": seed}
+                     | {k: report["streaming"][k]
+                        for k in ("ratio_mean", "ratio_spread", "ratio_p95", "ratio_stages")}
+                     | {"plugin_round_means_ms": timed["plugin_round_means_ms"],
+                        "reference_round_means_ms": timed["reference_round_means_ms"],
+                        "plugin_mean_ms": timed["plugin_all"]["mean_ms"],
                         "reference_mean_ms": timed["reference_all"]["mean_ms"],
                         "host_syncs": ours_stream["host_syncs"],
                         "wait_ms": ours_stream["wait_ms"],
@@ -218,6 +219,56 @@ def main(argv: list[str] | None = None) -> int:
         series[seconds] = (totals, ref_long)
         print(json.dumps({f"scaling_{seconds:g}s": scaling[str(seconds)]}), flush=True)
     report["scaling"] = scaling
+    tmp.cleanup()
+    return report, {"ours_totals": ours_totals, "ref_totals": ref_totals,
+                    "ours_stream": ours_stream, "ref_stream": ref_stream, "series": series}
+
+
+def _across_seeds(reports: dict[int, dict]) -> dict[str, Any]:
+    """The streaming headline of every fixture side by side, and the worst of them."""
+    per_seed = {
+        str(seed): {"ratio_median": r["streaming"]["ratio_mean"],
+                    "ratio_spread": r["streaming"]["ratio_spread"],
+                    "plugin_median_round_ms": float(np.median(
+                        r["streaming"]["interleaved"]["plugin_round_means_ms"])),
+                    "reference_median_round_ms": float(np.median(
+                        r["streaming"]["interleaved"]["reference_round_means_ms"])),
+                    "total_vs_floor": r["streaming"]["stage_vs_floor_ms"]["total"]["ratio"]}
+        for seed, r in reports.items()
+    }
+    return {"per_seed": per_seed,
+            "worst_ratio_median": max(v["ratio_median"] for v in per_seed.values()),
+            "worst_total_vs_floor": max(v["total_vs_floor"] for v in per_seed.values())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.compare")
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
+    parser.add_argument("--seeds", default="0",
+                        help="fixture seeds, comma-separated: each is its own checkpoint of --size")
+    parser.add_argument("--seconds", type=float, default=10.0, help="offline input length")
+    parser.add_argument("--offline", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the offline runs (the reference's default path is slow)")
+    parser.add_argument("--frames", type=int, default=125, help="streaming frames")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved streaming rounds")
+    parser.add_argument("--scaling", default="5,20,60", help="streaming session lengths (s)")
+    parser.add_argument("--out", default="build/bench")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if not seeds:
+        parser.error("--seeds needs at least one seed")
+
+    reports, plots = {}, {}
+    for seed in seeds:
+        reports[seed], plots[seed] = _fixture_report(args, seed)
+    summary = _across_seeds(reports)
+    print(json.dumps({"across_seeds": summary}, indent=1), flush=True)
+    report: dict[str, Any] = {"size": args.size, "seeds": seeds, "across_seeds": summary,
+                              "fixtures": {str(k): v for k, v in reports.items()}}
+    # The plot shows the first fixture.
+    first = plots[seeds[0]]
+    ours_totals, ref_totals = first["ours_totals"], first["ref_totals"]
+    ours_stream, ref_stream, series = first["ours_stream"], first["ref_stream"], first["series"]
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

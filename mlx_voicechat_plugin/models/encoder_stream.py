@@ -79,6 +79,30 @@ def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.
     return attn.linear_out(o.transpose(0, 2, 1, 3).reshape(batch, c, -1))
 
 
+class WindowPositions:
+    """Each layer's projected positional embedding for the full attention window, once per model.
+
+    ``pos_emb_for(L)`` is the centred ``2L - 1`` rows of one fixed table, so a
+    shorter window's projection is the centre slice of the full window's
+    (rows of a product are independent: the same assumption as ``cache_kv``).
+    While the windows fill (the first ``left_context`` frames of a stream) a
+    frame then slices instead of projecting ``2L - 1`` rows in every layer.
+    """
+
+    def __init__(self, encoder: Conformer, window: int, dtype: mx.Dtype):
+        self.window, self.dtype = window, dtype
+        table = encoder.pos_enc.pos_emb_for(window, dtype)
+        self.full = [layer.self_attn.linear_pos(table) for layer in encoder.layers]
+        mx.eval(self.full)
+
+    def covers(self, length: int, dtype: mx.Dtype) -> bool:
+        return 0 < length <= self.window and dtype == self.dtype
+
+    def for_length(self, index: int, length: int) -> mx.array:
+        start = self.window - length
+        return self.full[index][:, start : start + 2 * length - 1]
+
+
 class EncoderStream:
     """The conformer stack one chunk at a time, from per-layer caches.
 
@@ -91,8 +115,12 @@ class EncoderStream:
     inside a larger product.
     """
 
-    def __init__(self, encoder: Conformer, left_context: int, cache_kv: bool = True):
+    def __init__(self, encoder: Conformer, left_context: int, cache_kv: bool = True,
+                 positions: WindowPositions | None = None):
         self.encoder = encoder
+        # Shared per model (``Perception.window_positions``); used only with
+        # cache_kv, whose row-independence it relies on too.
+        self.positions = positions
         self.left_context = left_context
         self.cache_kv = cache_kv
         self.conv_context = encoder.args.conv_kernel_size - 1
@@ -117,6 +145,8 @@ class EncoderStream:
         return arrays
 
     def _pos(self, index: int, length: int, dtype: mx.Dtype) -> mx.array:
+        if self.cache_kv and self.positions is not None and self.positions.covers(length, dtype):
+            return self.positions.for_length(index, length)
         attn = self.encoder.layers[index].self_attn
         return attn.linear_pos(self.encoder.pos_enc.pos_emb_for(length, dtype))
 

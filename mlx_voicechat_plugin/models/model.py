@@ -15,6 +15,7 @@ from mlx.utils import tree_flatten
 from ..config import ModelConfig
 from .duplex import DuplexSTT
 from .speech import SpeechDecoder
+from .weight_layout import relayout
 
 # Deterministic mel filterbank / window buffers of the NeMo featurizer; the
 # frontend rebuilds them, so they are dropped at load.
@@ -57,7 +58,11 @@ class Model(nn.Module):
 
         The TTS's subword spellings come from the LLM tokenizer's vocabulary,
         and its codebook tables from the loaded weights. Sessions only read them.
+        The float32 weight matrices are stored transposed where that gives the
+        same bits faster (``weight_layout``); before any compiled step is traced.
         """
+        # The MoG head reads ``proj_mus`` block by block, never as a layer.
+        self.layout_moved = relayout(self, skip=lambda name: name.endswith(".proj_mus"))
         tts = self.tts_model.tts_model
         tts.set_vocabulary(tokenizer.get_vocab())
         tts.prepare()

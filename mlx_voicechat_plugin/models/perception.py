@@ -14,6 +14,7 @@ from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
 from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
 
 from ..config import AudioConfig
+from .encoder_stream import WindowPositions
 
 
 def log_mel(waveform: mx.array, config: AudioConfig) -> mx.array:
@@ -31,6 +32,18 @@ class Perception(nn.Module):
         self.config = config
         self.encoder = Conformer(config.encoder)
         self.proj = nn.Linear(config.encoder.d_model, config.output_dim, bias=True)
+        self._window_positions: WindowPositions | None = None
+
+    def window_positions(self) -> WindowPositions:
+        """The streaming encoder's positional projections, computed on first use."""
+        if self._window_positions is None:
+            window = self.att_context[0] + 1
+            self._window_positions = WindowPositions(self.encoder, window, mx.float32)
+        return self._window_positions
+
+    def update(self, parameters: dict, strict: bool = True) -> "Perception":
+        self._window_positions = None  # derived from the weights being replaced
+        return super().update(parameters, strict=strict)
 
     @property
     def att_context(self) -> list[int]:

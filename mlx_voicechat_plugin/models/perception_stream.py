@@ -79,7 +79,8 @@ class PerceptionStream:
         left, right = perception.att_context
         if use_cache:
             self._mel = MelStream(config.audio_config.preprocessor, self.frame_samples)
-            self._encoder = EncoderStream(perception.encoder, left_context=left)
+            self._encoder = EncoderStream(perception.encoder, left_context=left,
+                                          positions=perception.window_positions())
         else:
             self._window_samples = max(2, left + right + 1) * self.frame_samples
             self._window = mx.zeros((0,), dtype=mx.float32)

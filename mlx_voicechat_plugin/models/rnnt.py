@@ -24,20 +24,80 @@ import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
+from .weight_layout import RowMajorLSTM, layouts_agree, row_major
+
 # (prediction [1, H], then per LSTM layer the proposed h [1, H], then each c [1, H])
 Carry = tuple[mx.array, ...]
 
 
-def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.array]):
+# Per LSTM layer: ``Wx`` and ``Wh`` in float32, stored transposed (``weight_layout``).
+Held = list[tuple[mx.array, mx.array]]
+
+
+def held_lstm(lstm: list[nn.LSTM]) -> Held | None:
+    """Float32, transposed copies of each layer's weights, for the products that run in
+    float32 (a bf16 layer meeting the float32 state); ``None`` where the layout would
+    change their bits (:func:`~.weight_layout.layouts_agree`)."""
+    if not layouts_agree(mx.float32):
+        return None
+    held = [(row_major(layer.Wx.astype(mx.float32)), row_major(layer.Wh.astype(mx.float32)))
+            for layer in lstm]
+    mx.eval(held)
+    return held
+
+
+class _HeldCache:
+    """A decoder's held copies and the weight arrays they were made from."""
+
+    def __init__(self, sources: list[mx.array], held: Held | None):
+        self.sources, self.held = sources, held
+
+
+def shared_held_lstm(decoder: PredictNetwork) -> Held | None:
+    """:func:`held_lstm` of ``decoder``'s LSTM, made once per set of weights and kept on it
+    (a plain attribute, outside the module tree), so sessions share one copy."""
+    lstm = decoder.prediction["dec_rnn"].lstm
+    sources = [w for layer in lstm for w in (layer.Wx, layer.Wh)]
+    cached = getattr(decoder, "_held_lstm", None)
+    if cached is None or len(cached.sources) != len(sources) or any(
+        a is not b for a, b in zip(cached.sources, sources)
+    ):
+        cached = _HeldCache(sources, held_lstm(lstm))
+        decoder._held_lstm = cached
+    return cached.held
+
+
+def _affine(c: mx.array | None, x: mx.array, w: mx.array, w32: mx.array | None) -> mx.array:
+    """``mx.addmm(c, x, w.T)`` (``x @ w.T`` without ``c``), rounded as that op rounds.
+
+    When the op runs in float32 (any operand is) and ``w32`` is given, the product
+    takes ``w32`` and ``c`` is added after it, which is what float32 ``addmm`` on
+    the stored layout does (``weight_layout``); otherwise the op itself runs.
+    """
+    if w32 is not None and mx.float32 in (x.dtype, w.dtype, None if c is None else c.dtype):
+        y = x @ w32.T
+        return y if c is None else y + c
+    return x @ w.T if c is None else mx.addmm(c, x, w.T)
+
+
+def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.array],
+              held: Held | None = None):
     """One time step of a stacked ``nn.LSTM``: ``x`` [1, in] -> (top output, h, c).
 
-    The same operations, in the same order, as ``nn.LSTM.__call__`` on a
-    one-step sequence, without its per-call reshapes and stacking.
+    The same operations, in the same order and rounding, as the layer's own
+    ``__call__`` (``nn.LSTM``, or :class:`~.weight_layout.RowMajorLSTM`) on a
+    one-step sequence, without its per-call reshapes and stacking; ``held``
+    (:func:`held_lstm`) serves the float32 products without converting the
+    weights every call.
     """
     new_h, new_c = [], []
-    for layer, hidden, cell in zip(lstm, h, c):
-        ifgo = mx.addmm(layer.bias, x, layer.Wx.T) if layer.bias is not None else x @ layer.Wx.T
-        ifgo = mx.addmm(ifgo, hidden, layer.Wh.T)
+    for index, (layer, hidden, cell) in enumerate(zip(lstm, h, c)):
+        if held is not None:
+            wx32, wh32 = held[index]
+        else:  # a RowMajorLSTM's float32 weights are already transposed
+            wx32, wh32 = (layer.Wx, layer.Wh) if isinstance(layer, RowMajorLSTM) else (None, None)
+        ifgo = _affine(layer.bias, x, layer.Wx, wx32)
+        ifgo = _affine(ifgo, hidden, layer.Wh, wh32)
         i, f, g, o = mx.split(ifgo, 4, axis=-1)
         i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
         cell = f * cell + i * g
@@ -65,6 +125,7 @@ class GreedyRNNT:
         self.blank_id = blank_id
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
+        self._held = shared_held_lstm(decoder)
         self._frame = mx.compile(partial(self._unrolled, self.max_symbols))
         self._first = mx.compile(partial(self._unrolled, 1))
         self._rest = mx.compile(partial(self._unrolled, self.max_symbols - 1))
@@ -98,7 +159,8 @@ class GreedyRNNT:
             # The eager loop adopts the proposed state on emission, then runs
             # the prediction network on the emitted symbol.
             out, new_h, new_c = lstm_step(
-                lstm, embed(symbol), [a.astype(dtype) for a in h], [a.astype(dtype) for a in c]
+                lstm, embed(symbol), [a.astype(dtype) for a in h], [a.astype(dtype) for a in c],
+                self._held,
             )
             prediction = mx.where(emit, out.astype(dtype), prediction)
             h = [mx.where(emit, new, old) for new, old in zip(new_h, h)]
@@ -126,7 +188,8 @@ class GreedyRNNT:
             symbol = mx.argmax(x, axis=-1).astype(mx.int32)  # [B]
             emit = active & (symbol != self.blank_id)[:, None]
             out, new_h, new_c = lstm_step(
-                lstm, embed(symbol), [a.astype(dtype) for a in h], [a.astype(dtype) for a in c]
+                lstm, embed(symbol), [a.astype(dtype) for a in h], [a.astype(dtype) for a in c],
+                self._held,
             )
             prediction = mx.where(emit, out.astype(dtype), prediction)
             h = [mx.where(emit, new, old) for new, old in zip(new_h, h)]
