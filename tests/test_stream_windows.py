@@ -7,7 +7,7 @@ import pytest
 
 from mlx_voicechat_plugin import load
 from mlx_voicechat_plugin.models.perception_stream import PerceptionStream
-from mlx_voicechat_plugin.testing.fixtures import conversation_signal
+from mlx_voicechat_plugin.testing.fixtures import conversation_signal, question_signal
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +48,34 @@ def test_filling_windows_encode_as_projecting_each_length(small):
     for start in range(0, len(audio) - frame + 1, frame):
         got, expected = sliced.step(audio[start : start + frame]), direct.step(audio[start : start + frame])
         assert all(_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_streams_filling_their_windows_together_batch_and_equal_each_alone(small, monkeypatch):
+    """Streams that started on the same frame have equal cache shapes while their windows
+    fill: they run as one batch, and every frame's output is each stream's own."""
+    from mlx_voicechat_plugin.models.encoder_stream import EncoderStream
+
+    model = small[0]
+    perception = model.stt_model.perception
+    frame = model.config.frame_samples
+    signals = [question_signal(6.4, seed=seed) for seed in range(3)]
+    alone = [PerceptionStream(perception, model.config) for _ in signals]
+    together = [PerceptionStream(perception, model.config) for _ in signals]
+    late = PerceptionStream(perception, model.config)  # starts later: never shares shapes
+    rows = []
+    original = EncoderStream._encode_rows
+    monkeypatch.setattr(EncoderStream, "_encode_rows", staticmethod(
+        lambda group, x: rows.append(len(group)) or original(group, x)))
+    frames = len(signals[0]) // frame
+    filling = together[0]._encoder.left_context
+    for index in range(frames):
+        chunk = [s[index * frame : (index + 1) * frame] for s in signals]
+        expected = [stream.push(c) for stream, c in zip(alone, chunk)]
+        streams, inputs = together, chunk
+        if index >= 3:
+            streams, inputs = together + [late], chunk + [chunk[0]]
+        got = PerceptionStream.push_batch(streams, inputs)
+        for (p, e), (p0, e0) in zip(got, expected):
+            assert _equal(p, p0) and _equal(e, e0), index
+    assert frames > filling
+    assert len(rows) >= filling and all(n == 3 for n in rows[:filling]), rows[:5]

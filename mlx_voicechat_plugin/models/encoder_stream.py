@@ -231,31 +231,62 @@ class EncoderStream:
     def push_batch(streams: list["EncoderStream"], mels: list[mx.array]) -> list[mx.array]:
         """:meth:`push` of many streams of one encoder; each result equals its own ``push``.
 
-        Streams whose windows are full run the compiled stack as one batch
-        (every window has the same length, so each row's attention is its
-        own); the others run alone.
+        Streams whose caches have the same shapes (:meth:`_shape_key`) run as
+        one batch, so each row's attention spans its own window of the same
+        length: those with full windows run the compiled stack, those still
+        filling theirs (streams that started on the same frame) the per-layer
+        blocks. A stream that shares its shapes with no other runs alone.
         """
         xs = [s.subsampling.push(mel) for s, mel in zip(streams, mels)]
-        steady = [b for b, (s, x) in enumerate(zip(streams, xs)) if s._is_steady(x)]
+        groups: dict[tuple, list[int]] = {}
+        for b, (stream, x) in enumerate(zip(streams, xs)):
+            groups.setdefault(stream._shape_key(x), []).append(b)
         out: list[mx.array | None] = [None] * len(streams)
-        if len(steady) > 1:
-            lead = streams[steady[0]]
-            group = [streams[b] for b in steady]
-            layers = len(lead.encoder.layers)
+        for rows in groups.values():
+            if len(rows) == 1 or xs[rows[0]].shape[1] == 0:
+                for b in rows:
+                    out[b] = streams[b]._encode(xs[b])
+                continue
+            group = [streams[b] for b in rows]
+            encoded = EncoderStream._encode_rows(group, mx.concatenate([xs[b] for b in rows]))
+            for j, b in enumerate(rows):
+                out[b] = encoded[j : j + 1]
+        return out  # type: ignore[return-value]
+
+    def _shape_key(self, x: mx.array) -> tuple:
+        """What must be equal for streams to share a batch: new frames and cache lengths."""
+        return (x.shape[1], tuple(None if a is None else a.shape[1] for a in self.attention),
+                tuple(c is None for c in self.conv))
+
+    @staticmethod
+    def _encode_rows(group: list["EncoderStream"], x: mx.array) -> mx.array:
+        """:meth:`_encode` of streams with equal cache shapes, their rows stacked in ``x``."""
+        lead = group[0]
+        layers = len(lead.encoder.layers)
+        if lead._is_steady(x[:1]):
             result = lead._steady(
-                mx.concatenate([xs[b] for b in steady]),
+                x,
                 *[mx.concatenate([s.attention[i] for s in group]) for i in range(layers)],
                 *[mx.concatenate([s.conv[i] for s in group]) for i in range(layers)],
-                *lead._steady_positions(xs[steady[0]].dtype),
+                *lead._steady_positions(x.dtype),
             )
-            for j, (b, stream) in enumerate(zip(steady, group)):
-                stream.attention = [a[j : j + 1] for a in result[1 : 1 + layers]]
-                stream.conv = [c[j : j + 1] for c in result[1 + layers :]]
-                out[b] = result[0][j : j + 1]
-        for b, (stream, x) in enumerate(zip(streams, xs)):
-            if out[b] is None:
-                out[b] = stream._encode(x)
-        return out  # type: ignore[return-value]
+            x, attention, conv = result[0], result[1 : 1 + layers], result[1 + layers :]
+        else:
+            attention, conv = [], []
+            for index in range(layers):
+                cached = None if lead.attention[index] is None else \
+                    mx.concatenate([s.attention[index] for s in group])
+                previous = None if lead.conv[index] is None else \
+                    mx.concatenate([s.conv[index] for s in group])
+                length = x.shape[1] + (0 if cached is None else cached.shape[1])
+                x, a, c = lead._block(index, x, cached, previous,
+                                      lead._pos(index, length, x.dtype), compiled=True)
+                attention.append(a)
+                conv.append(c)
+        for j, stream in enumerate(group):
+            stream.attention = [a[j : j + 1] for a in attention]
+            stream.conv = [c[j : j + 1] for c in conv]
+        return x
 
     def _encode(self, x: mx.array) -> mx.array:
         """The conformer blocks on new encoder-rate frames ``x``, from the caches."""
