@@ -225,7 +225,7 @@ class GAConnection(Connection):
 
     def frame_error(self, exc: BaseException) -> None:
         super().frame_error(exc)
-        if "max_streaming_seconds" in str(exc):  # the stream is full: it ends
+        if _stream_full(str(exc)):
             self.input_feed().halt(_StreamFull())
 
     async def push_frame(self, chunk: np.ndarray) -> None:
@@ -235,7 +235,7 @@ class GAConnection(Connection):
             events = await self.engine_call(self.engine.push(
                 self.session_id, chunk, MODEL_INPUT_RATE))
         except ProtocolError as exc:
-            if "max_streaming_seconds" in exc.message:  # the stream is full: it ends
+            if _stream_full(exc.message):
                 await self.send_error(exc.code, exc.message)
                 await self.finish(CloseCode.NORMAL)
                 raise _Finished() from None
@@ -260,23 +260,15 @@ class GAConnection(Connection):
         while self.owed():
             owed = True
             self.active()
-            if self.early:
-                return self.early.popleft()
-            if self.receive().done():
-                message = self.receiving.result()
-                self.receiving = None
-                return message
             wall = self.connected_at + self.limits.max_session_wall_seconds - time.monotonic()
             if wall <= 0:
                 raise asyncio.TimeoutError
             lull = self.last_audio + STREAM_LULL_SECONDS - time.monotonic()
-            if lull <= 0:
-                await self.continue_on_silence()
-                continue
-            try:
-                return await super().next_message(min(lull, wall))
+            try:  # what is already there first (0 s), else until the lull ends
+                return await super().next_message(max(min(lull, wall), 0.0))
             except asyncio.TimeoutError:
-                continue
+                if lull <= 0:
+                    await self.continue_on_silence()
         if owed:  # the response just ended: the idle clock starts now
             timeout = max(self.deadline()[0] - time.monotonic(), 0.0)
         return await super().next_message(timeout)
@@ -338,6 +330,11 @@ class GAConnection(Connection):
             await self.finish(CloseCode.NORMAL)
         except _Finished:
             return
+
+
+def _stream_full(message: str) -> bool:
+    """Whether an engine error is the session reaching ``max_streaming_seconds`` (it ends)."""
+    return "max_streaming_seconds" in message
 
 
 class _Finished(Exception):
