@@ -7,9 +7,12 @@ import pytest
 
 from mlx_voicechat_plugin.server.scheduler import (
     EXPECT_FRAMES,
+    FILL_LOAD,
+    FILL_MARGIN,
     BatchScheduler,
     Chunk,
     SessionInput,
+    StepCosts,
 )
 
 FRAME = 4
@@ -118,3 +121,72 @@ def test_a_partial_frame_left_behind_does_not_hold_the_others():
     stalled = _queue(np.zeros(1), now=1.0)  # sent part of a frame, then stopped
     inputs = {"a": _queue(np.zeros(FRAME), now=2.0), "stalled": stalled}
     assert scheduler.wait(inputs, 2.0) == 0.0
+
+
+def _staggered(sessions: int, ready: int, now: float) -> dict[str, SessionInput]:
+    """``sessions`` streaming clients, the first ``ready`` of them with a frame queued."""
+    return {str(i): _queue(np.zeros(FRAME if i < ready else 1), now=now)
+            for i in range(sessions)}
+
+
+def _costs(solo: float, **sizes: float) -> StepCosts:
+    costs = StepCosts()
+    costs.record(1, solo)
+    for size, seconds in sizes.items():
+        costs.record(int(size[1:]), seconds)
+    return costs
+
+
+def test_below_the_unbatched_capacity_the_short_deadline_holds():
+    # 4 sessions of 10 ms each fill half a frame: no need to wait for the others.
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS, costs=_costs(0.010, n4=0.02))
+    scheduler.free_since = 1.0
+    assert not scheduler.filling(4)
+    assert scheduler.wait(_staggered(4, 1, now=1.0), 1.0) == pytest.approx(0.03)
+
+
+def test_past_the_unbatched_capacity_the_step_waits_to_fill_within_the_oldest_frame():
+    # 8 sessions of 10 ms each would take a whole frame alone: the first ready frame
+    # waits for the others until (1 - FILL_MARGIN) of a frame after it became ready.
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS, costs=_costs(0.010, n8=0.030))
+    scheduler.free_since = 1.0
+    assert 8 * 0.010 > FILL_LOAD * FRAME_SECONDS and scheduler.filling(8)
+    inputs = _staggered(8, 3, now=1.0)
+    latest = (1.0 - FILL_MARGIN) * FRAME_SECONDS
+    assert latest > 0.03
+    assert scheduler.wait(inputs, 1.0) == pytest.approx(latest)
+    assert scheduler.wait(inputs, 1.0 + latest) == 0.0
+    for queue in inputs.values():  # every streaming session ready: at once
+        queue.add_chunk(Chunk(np.zeros(FRAME, np.float32), "b"), 1.01)
+    assert scheduler.wait(inputs, 1.01) == 0.0
+
+
+def test_a_saturated_engine_is_never_held_by_filling():
+    # The frames became ready while the last step ran (free since 1.08): they have
+    # waited a frame already, so the step runs at once.
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS, costs=_costs(0.015))
+    inputs = _staggered(8, 7, now=1.0)
+    scheduler.free_since = 1.0 + FRAME_SECONDS
+    assert scheduler.filling(8)
+    assert scheduler.wait(inputs, 1.0 + FRAME_SECONDS) == 0.0
+
+
+def test_filling_can_be_turned_off():
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS, fill=False, costs=_costs(0.010, n8=0.03))
+    scheduler.free_since = 1.0
+    assert not scheduler.filling(8)
+    assert scheduler.wait(_staggered(8, 3, now=1.0), 1.0) == pytest.approx(0.03)
+
+
+def test_without_measured_steps_there_is_no_filling():
+    scheduler = BatchScheduler(0.03, FRAME_SECONDS)
+    assert scheduler.costs.solo() is None and not scheduler.filling(100)
+
+
+def test_step_costs_are_moving_averages_and_solo_is_the_smallest_batch():
+    costs = _costs(0.010, n4=0.020)
+    assert costs.solo() == 0.010
+    costs.record(4, 0.030)  # a moving average, not the last figure alone
+    assert 0.020 < costs.by_size[4] < 0.030
+    costs.record(1, 0.020)
+    assert 0.010 < costs.solo() < 0.020

@@ -155,6 +155,10 @@ def test_the_warm_up_steps_every_batch_size_up_to_max_sessions(tiny_ckpt, monkey
     assert engine.warm_batch_sizes == (1, 2, 3)
     lines = [r.getMessage() for r in caplog.records if "warm-up" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("warm-up: batch sizes 1-3 compiled in")
+    # The scheduler's first step costs (its filling rule reads them) come from the warm-up.
+    assert sorted(engine.step_costs.by_size) == [1, 2, 3]
+    assert all(seconds > 0 for seconds in engine.step_costs.by_size.values())
+    assert "steps of 1: " in lines[0]
 
 
 @pytest.mark.parametrize("bad", [dict(max_buffered_seconds=0), dict(max_buffered_seconds=True),

@@ -101,6 +101,12 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="longest a ready frame waits for the other sessions' frames so "
                              "they run as one batched step (0: never wait; measured with "
                              "python -m bench.load) (default: %(default)s; milliseconds)")
+    limits.add_argument("--batch-fill", action=argparse.BooleanOptionalAction,
+                        default=defaults.batch_fill,
+                        help="once the streaming sessions' frames run one by one would keep "
+                             "the engine busy, stretch the wait so every streaming session "
+                             "joins the step, while the oldest frame still ends within its "
+                             "80 ms (default: %(default)s)")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading'; default: %(default)s)")
@@ -151,7 +157,8 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
                                    max_transcriptions_in_flight=(
                                        args.max_transcriptions_in_flight),
                                    max_buffered_seconds=args.max_buffered_seconds,
-                                   batch_wait_ms=args.batch_wait_ms)
+                                   batch_wait_ms=args.batch_wait_ms,
+                                   batch_fill=args.batch_fill)
     except ValueError as exc:
         parser.error(str(exc))
     return args

@@ -148,7 +148,8 @@ def create_app(
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
                               warm_up=warm_up, max_sessions=limits.max_sessions,
                               max_state_bytes=limits.max_state_bytes,
-                              batch_wait=limits.batch_wait_ms / 1000)
+                              batch_wait=limits.batch_wait_ms / 1000,
+                              batch_fill=limits.batch_fill)
     model_id = served_model_id(str(model_path), alias)
     # A client may name the model as the server was started with it (the
     # hosts' servers' convention: the path or hub id given), or by its id.

@@ -49,7 +49,7 @@ from ..runtime.prompt_cache import PromptCache
 from . import protocol
 from .limits import DEFAULT_BATCH_WAIT_MS
 from .metrics import EngineMetrics
-from .scheduler import BatchScheduler, Chunk, SessionInput
+from .scheduler import BatchScheduler, Chunk, SessionInput, StepCosts
 from .transcription_jobs import DeltaSink, JobCounter, JobQueue, TranscriptionJob
 
 logger = logging.getLogger(__name__)
@@ -112,12 +112,14 @@ class Engine:
     def __init__(self, model_path: str, loader: Loader | None = None,
                  prompt_cache_bytes: int | None = None, warm_up: bool = False,
                  max_sessions: int = 1, max_state_bytes: int | None = None,
-                 batch_wait: float = DEFAULT_BATCH_WAIT_MS / 1000):
+                 batch_wait: float = DEFAULT_BATCH_WAIT_MS / 1000, batch_fill: bool = True):
         check_budgets(max_sessions, max_state_bytes)
         if isinstance(batch_wait, bool) or not isinstance(batch_wait, (int, float)) \
                 or not batch_wait >= 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait!r}")
         self.batch_wait = float(batch_wait)  # the collection deadline of a step
+        self.batch_fill = batch_fill  # stretch it to fill batches once sessions need batching
+        self.step_costs = StepCosts()  # measured step seconds by batch size (warm-up and live)
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
         self.pool: SessionPool | None = None
@@ -319,8 +321,10 @@ class Engine:
             self._warm_up_batches(frames)
         _clear_cache()
         self.warm_batch_sizes = tuple(range(1, self.max_sessions + 1))
-        logger.info("warm-up: batch sizes 1-%d compiled in %.1f s (%d silent frames each)",
-                    self.max_sessions, time.perf_counter() - started, frames)
+        costs = self.step_costs.by_size
+        logger.info("warm-up: batch sizes 1-%d compiled in %.1f s (%d silent frames each); "
+                    "steps of %s", self.max_sessions, time.perf_counter() - started, frames,
+                    ", ".join(f"{n}: {1000 * costs[n]:.0f} ms" for n in sorted(costs)))
         from ..loader import read_config
         from ..runtime import compile_policy
 
@@ -336,16 +340,19 @@ class Engine:
             for seed, session_id in enumerate(ids):
                 pool.open(session_id, seed=seed)
             for _ in range(frames):
-                pool.step({k: (silence, None) for k in ids})
+                result = pool.step({k: (silence, None) for k in ids})
+            self.step_costs.record(len(ids), result.seconds)
             for size in range(self.max_sessions - 1, 0, -1):
                 pool.close(ids[size])
                 for _ in range(WARM_UP_STEPS_PER_SIZE):
-                    pool.step({k: (silence, None) for k in ids[:size]})
+                    result = pool.step({k: (silence, None) for k in ids[:size]})
+                self.step_costs.record(size, result.seconds)  # the scheduler's first figures
         finally:
             pool.close_all()
 
     def _serve(self) -> None:
-        self._scheduler = BatchScheduler(self.batch_wait, self._frame_seconds())
+        self._scheduler = BatchScheduler(self.batch_wait, self._frame_seconds(),
+                                         self.batch_fill, self.step_costs)
         while self._cycle():
             pass
         for session_id in list(self._inputs):
@@ -484,7 +491,7 @@ class Engine:
         """One pool step: a frame of every session that has one ready."""
         pool, scheduler = self._loaded(), self._scheduler
         ready = scheduler.ready(self._inputs)
-        now = time.perf_counter()
+        now = started = time.perf_counter()
         waited = now - scheduler.collection_start(self._inputs, ready)
         frames = {k: self._inputs[k].take_frame(now) for k in ready}
         result = pool.step({k: (f.samples, self._inputs[k].rate) for k, f in frames.items()})
@@ -512,6 +519,7 @@ class Engine:
         self.metrics.buffered(sum(q.buffered for q in self._inputs.values())
                               / self.config.input_sample_rate)
         scheduler.free_since = time.perf_counter()
+        scheduler.record(result.frames, scheduler.free_since - started)
 
     def _deliver(self, feed: Any, texts: list[str]) -> None:
         """A frame's event texts to the connection that queued it (on its loop)."""

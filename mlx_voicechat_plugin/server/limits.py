@@ -40,6 +40,7 @@ class ServerLimits:
     max_transcriptions_in_flight: int = 4  # file transcriptions admitted and not finished
     max_buffered_seconds: float = 2.0  # audio one session may queue ahead of the engine
     batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS  # a step's collection deadline (0: never wait)
+    batch_fill: bool = True  # past the unbatched capacity, wait for every streaming session
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_cache_bytes, bool) or not isinstance(self.prompt_cache_bytes, int) \
@@ -69,6 +70,8 @@ class ServerLimits:
                 or not math.isfinite(self.batch_wait_ms) or self.batch_wait_ms < 0:
             raise ValueError(f"batch_wait_ms must be a non-negative number of milliseconds, "
                              f"got {self.batch_wait_ms!r}")
+        if not isinstance(self.batch_fill, bool):
+            raise ValueError(f"batch_fill must be true or false, got {self.batch_fill!r}")
 
     def buffered_samples(self, sample_rate: int, frame_samples: int) -> int:
         """The most PCM samples one session may queue (never less than a frame)."""

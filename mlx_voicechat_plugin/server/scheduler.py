@@ -14,6 +14,19 @@ counts as streaming while it received PCM within the last ``EXPECT_FRAMES``
 frames (a partial frame left behind does not count), so a client that stops
 sending holds the others up for at most one collection deadline, then not at
 all.
+
+Filling (``fill``, on by default): once the streaming sessions' frames run one
+by one would take more than ``FILL_LOAD`` of a frame (each session's cost
+is the measured step time of the smallest batch, :class:`StepCosts`), the
+engine has no time to spare for small steps, and the deadline becomes
+``1 - FILL_MARGIN`` of a frame after the oldest ready frame became ready:
+clients whose frames arrive spread over the frame period then fall into one
+step instead of two or three (a step per frame period, each frame waiting
+less than one period; a frame's audio is due one period after the next
+frame's input). Below that load the short ``batch_wait`` keeps the latency a
+lightly loaded server adds low. Once steps run back to back, the frames
+have waited that long when the step before them ends, so filling never
+idles a saturated engine.
 """
 
 from __future__ import annotations
@@ -27,6 +40,12 @@ import numpy as np
 
 # A session that sent nothing for this many frames is not waited for.
 EXPECT_FRAMES = 2
+# Batches fill once the streaming sessions' frames run alone would take this share of a frame.
+FILL_LOAD = 0.75
+# A filled step is due this share of a frame before the oldest frame's period ends.
+FILL_MARGIN = 0.125
+# Weight of the newest step in the step-time averages.
+STEP_SMOOTHING = 0.2
 
 
 @dataclass
@@ -202,14 +221,35 @@ class SessionInput:
             self.ready_since = now
 
 
+class StepCosts:
+    """Measured wall seconds of a step by its batch size (moving averages)."""
+
+    def __init__(self) -> None:
+        self.by_size: dict[int, float] = {}
+
+    def record(self, size: int, seconds: float) -> None:
+        if size < 1:
+            return
+        old = self.by_size.get(size)
+        self.by_size[size] = seconds if old is None else \
+            old + STEP_SMOOTHING * (seconds - old)
+
+    def solo(self) -> float | None:
+        """One session's frame alone: the smallest batch measured (at least its cost)."""
+        return self.by_size[min(self.by_size)] if self.by_size else None
+
+
 class BatchScheduler:
     """When the ready sessions step: all streaming ones ready, or the collection deadline."""
 
-    def __init__(self, batch_wait: float, frame_seconds: float):
+    def __init__(self, batch_wait: float, frame_seconds: float, fill: bool = True,
+                 costs: StepCosts | None = None):
         if batch_wait < 0:
             raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait!r}")
         self.batch_wait = batch_wait
         self.frame_seconds = frame_seconds
+        self.fill = fill
+        self.costs = costs if costs is not None else StepCosts()
         self.free_since = time.perf_counter()  # when the engine last finished work
 
     def ready(self, inputs: dict[str, SessionInput]) -> list[str]:
@@ -220,14 +260,29 @@ class BatchScheduler:
         oldest = min(inputs[k].ready_since or self.free_since for k in ready)
         return max(oldest, self.free_since)
 
+    def filling(self, sessions: int) -> bool:
+        """Whether ``sessions`` frames run one by one would leave the engine no time to spare."""
+        solo = self.costs.solo()
+        return self.fill and solo is not None \
+            and sessions * solo > FILL_LOAD * self.frame_seconds
+
     def wait(self, inputs: dict[str, SessionInput], now: float) -> float | None:
         """Seconds until the next step is due (0: now), ``None`` when no frame is ready."""
         ready = self.ready(inputs)
         if not ready:
             return None
-        if self.batch_wait == 0.0:
+        streaming = {k for k, v in inputs.items() if v.expected(now, self.frame_seconds)}
+        if streaming <= set(ready):
             return 0.0
-        waiting = set(ready)
-        if all(k in waiting for k, v in inputs.items() if v.expected(now, self.frame_seconds)):
+        if self.filling(len(streaming | set(ready))):
+            oldest = min(inputs[k].ready_since or self.free_since for k in ready)
+            due = oldest + (1.0 - FILL_MARGIN) * self.frame_seconds
+        elif self.batch_wait == 0.0:
             return 0.0
-        return max(self.collection_start(inputs, ready) + self.batch_wait - now, 0.0)
+        else:
+            due = self.collection_start(inputs, ready) + self.batch_wait
+        return max(due - now, 0.0)
+
+    def record(self, size: int, seconds: float) -> None:
+        """A step of ``size`` frames took ``seconds`` of wall time."""
+        self.costs.record(size, seconds)
