@@ -221,3 +221,28 @@ def test_branchless_rnnt_equals_mlx_audio_greedy_decoder(small):
         ))
         assert state.tokens == [t.id for t in eager.decode(encoded, 0)]
         assert state.tokens  # the fixture emits
+
+
+def test_rnnt_carries_merge_extract_and_set_state_row_for_row(small):
+    """A carry of two streams run as one batch gives back each stream's own carry and
+    symbols (``merge`` / ``extract``), and ``state`` set on a new carry restores it."""
+    from mlx_voicechat_plugin.models.rnnt import RNNTCarry
+
+    model = small[0]
+    stt, config = model.stt_model, model.config
+    greedy = GreedyRNNT(stt.rnnt_decoder, stt.rnnt_joint, config.rnnt_blank_id,
+                        config.audio_config.max_symbols)
+    d_model = config.audio_config.encoder.d_model
+    alone = [greedy.initial(mx.float32) for _ in range(2)]
+    batch = RNNTCarry.merge([greedy.initial(mx.float32) for _ in range(2)])
+    for t in range(6):
+        encoded = mx.random.normal((2, 1, d_model), key=mx.random.key(t))
+        expected = [greedy(encoded[b : b + 1], alone[b], greedy.max_symbols) for b in range(2)]
+        got = greedy(encoded, batch, greedy.max_symbols)
+        for b in range(2):
+            assert _equal(got[b : b + 1], expected[b])
+            assert all(_equal(x, y) for x, y in zip(batch.extract(b).state, alone[b].state))
+    restored = RNNTCarry([])
+    restored.state = batch.state
+    assert restored.batch_size == 2
+    assert all(_equal(x, y) for x, y in zip(restored.state, batch.state))

@@ -87,3 +87,27 @@ def test_streams_filling_their_windows_together_batch_and_equal_each_alone(small
             assert _equal(p, p0) and _equal(e, e0), index
     assert frames > filling
     assert len(rows) >= filling and all(n == 3 for n in rows[:filling]), rows[:5]
+
+
+def test_encoder_caches_merge_extract_and_set_state_row_for_row(small):
+    """mlx-lm's cache convention: ``merge`` stacks streams' caches, ``extract(i)`` gives
+    stream ``i``'s back, and ``state`` set on a new cache restores its arrays."""
+    from mlx_voicechat_plugin.models.encoder_stream import EncoderCache
+
+    model = small[0]
+    frame = model.config.frame_samples
+    streams = [PerceptionStream(model.stt_model.perception, model.config) for _ in range(2)]
+    signals = [question_signal(0.4, seed=seed) for seed in range(2)]
+    for start in range(0, 5 * frame, frame):
+        _, encoded = push_frames(streams, [s[start : start + frame] for s in signals])
+        mx.eval(encoded, *[a for s in streams for a in s.state])
+    merged = EncoderCache.merge([s.cache for s in streams])
+    assert merged.batch_size == 2 and merged.key() == streams[0].cache.key()
+    for index, stream in enumerate(streams):
+        row = merged.extract(index)
+        assert len(row.state) == len(stream.cache.state)
+        assert all(_equal(a, b) for a, b in zip(row.state, stream.cache.state))
+    restored = streams[0].encoder.make_cache()
+    restored.state = streams[0].cache.state
+    assert all(_equal(a, b) for a, b in zip(restored.state, streams[0].cache.state))
+    assert restored.key() == streams[0].cache.key()
