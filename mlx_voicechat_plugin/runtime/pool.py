@@ -140,9 +140,9 @@ class SessionPool:
         if reason is not None:
             raise PoolFull(reason)
         if isinstance(options, SessionOptions):
-            stream = self.voicechat.create_streaming_session(options, defer_start=True)
+            stream = self.voicechat.create_streaming_session(options=options, defer_start=True)
         else:
-            stream = self.voicechat.create_transcription_stream(options)
+            stream = self.voicechat.create_transcription_stream(options=options)
         self.sessions[session_id] = stream
         try:
             for left in stream.start_steps():
