@@ -31,12 +31,13 @@ import numpy as np
 def _together(voicechat, audios: list[np.ndarray], frame: int, skip: int = 0
               ) -> tuple[float, int, list]:
     from mlx_voicechat_plugin.runtime.events import Audio
+    from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
 
     pool = SessionPool(voicechat, max_sessions=len(audios))
     codes: list[list] = [[] for _ in audios]
     for i in range(len(audios)):
-        pool.open(str(i), seed=i)
+        pool.open(str(i), SessionOptions(seed=i))
     seconds, timed = 0.0, 0
     for index, start in enumerate(range(0, len(audios[0]), frame)):
         started = time.perf_counter()

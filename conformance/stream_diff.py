@@ -57,14 +57,16 @@ def run_stream_pair(
     decoded = np.array(model.tts_model.audio_codec.decode(mx.array(codes.T[None]))[0, 0])
 
     # Encoder: fresh perception streams over the same frames.
-    from mlx_voicechat_plugin.models.perception_stream import PerceptionStream
+    from mlx_voicechat_plugin.models.perception_stream import PerceptionStream, push_frames
 
     stream_a = PerceptionStream(model.stt_model.perception, model.config)
     probe = ref.create_session(ref_processor).create_streaming_session()
     enc, ref_enc = [], []
     for start in range(0, len(signal) - frame + 1, frame):
         piece = np.asarray(signal[start : start + frame], dtype=np.float32)
-        enc.append(np.array(stream_a.step(piece)[1]))
+        _, encoded = push_frames([stream_a], [piece])
+        mx.eval(encoded, *stream_a.state)
+        enc.append(np.array(encoded))
         ref_enc.append(np.array(probe._perception_step(mx.array(piece))[1]))
     return [
         compare("encoder", np.concatenate(enc), np.concatenate(ref_enc), FLOAT_TOLERANCE["encoder"]),

@@ -17,8 +17,8 @@ from mlx_audio.stt.models.nemotron_asr.rnnt import GreedyDecoderState
 
 from mlx_voicechat_plugin import load
 from mlx_voicechat_plugin.models.ear_tts import rvq_assign
-from mlx_voicechat_plugin.models.perception_stream import MelStream
-from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTState, transcribe
+from mlx_voicechat_plugin.models.perception_stream import MelStream, PerceptionStream, push_frames
+from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTFrame, RNNTState
 from mlx_voicechat_plugin.runtime.rng import RandomStream
 from mlx_voicechat_plugin.runtime.timeline import Timeline
 from mlx_voicechat_plugin.testing.fixtures import question_signal
@@ -125,35 +125,41 @@ def test_mel_stream_equals_mlx_audio_streaming_frontend(small):
 
 
 def _two_perception_streams(small):
-    """Two fresh streaming perceptions and audio that fills the window and goes 12 frames on."""
+    """Two fresh streaming perceptions (each with its own encoder stream) and audio that
+    fills the window and goes 12 frames on."""
     model = small[0]
     frame = model.config.frame_samples
     left = model.stt_model.perception.att_context[0]
     audio = np.resize(question_signal(4.0), (left + 12) * frame)
-    session = model.create_session(small[1])
-    first, second = (session.create_streaming_session().perception for _ in range(2))
+    first, second = (PerceptionStream(model.stt_model.perception, model.config) for _ in range(2))
     return first, second, audio, frame
+
+
+def _step(stream, chunk):
+    """One frame of one stream, evaluated with its carried state."""
+    projected, encoded = push_frames([stream], [chunk])
+    mx.eval(projected, encoded, *stream.state)
+    return projected, encoded
 
 
 def test_encoder_stream_compiled_frames_equal_the_plain_blocks(small):
     fast, plain, audio, frame = _two_perception_streams(small)
-    subsampling = plain._encoder.subsampling
-    subsampling._run = subsampling._subsample  # uncompiled
+    enc, cache = plain.encoder, plain.cache
+    enc._run_subsampling = enc._subsampling  # uncompiled
     steady = 0
     for start in range(0, len(audio), frame):
         chunk = audio[start : start + frame]
-        steady += fast._encoder._is_steady(mx.zeros((1, 1, 1)))
-        got = fast.step(chunk)[1]
-        mel = plain._mel.push(chunk)
-        x = plain._encoder.subsampling.push(mel)
-        enc = plain._encoder
+        steady += fast.encoder._is_steady(fast.cache, mx.zeros((1, 1, 1)))
+        got = _step(fast, chunk)[1]
+        mel = plain.mel.push(chunk)
+        x = enc.subsample(cache.tails[0], mel)
         for index in range(len(enc.encoder.layers)):
-            cached = enc.attention[index]
+            cached = cache.attention[index]
             length = x.shape[1] + (0 if cached is None else cached.shape[1])
-            x, enc.attention[index], enc.conv[index] = enc._block(
-                index, x, cached, enc.conv[index], enc._pos(index, length, x.dtype)
+            x, cache.attention[index], cache.conv[index] = enc._block(
+                index, x, cached, cache.conv[index], enc._pos(index, length, x.dtype)
             )
-        mx.eval(x, *enc.state)
+        mx.eval(x, *cache.state)
         assert _equal(got, x)
     assert steady >= 10
 
@@ -162,11 +168,11 @@ def test_cached_key_value_rows_equal_projecting_the_whole_window(small):
     """Encoder K/V cached per row is bit-identical to the reference's whole-window
     projection on this backend (``cache_kv=False`` keeps the reference's path)."""
     cached, whole, audio, frame = _two_perception_streams(small)
-    assert cached._encoder.cache_kv
-    whole._encoder.cache_kv = False
+    assert cached.encoder.cache_kv
+    whole.encoder.cache_kv = False
     for start in range(0, len(audio), frame):
         chunk = audio[start : start + frame]
-        assert _equal(cached.step(chunk)[1], whole.step(chunk)[1])
+        assert _equal(_step(cached, chunk)[1], _step(whole, chunk)[1])
 
 
 def test_rnnt_first_try_then_rest_equals_the_whole_frame(small):
@@ -182,14 +188,15 @@ def test_rnnt_first_try_then_rest_equals_the_whole_frame(small):
         for t in range(encoded.shape[1]):
             frame = encoded[:, t : t + 1]
             expected = whole.advance(frame)
-            first = split.advance_first(frame)
-            mx.eval(expected, first, *whole.state, *split.state)
-            got = split.advance_rest(first)
-            mx.eval(got, *split.state)
+            tries = RNNTFrame([split], frame)
+            mx.eval(expected, *tries.arrays, *whole.state)
+            rest = tries.rest()
+            mx.eval(*rest)
+            got = tries.symbols()[0]
             assert whole.commit(expected) == split.commit(got)
             assert all(_equal(a, b) for a, b in zip(whole.state, split.state))
-            if int(first.item()) == config.rnnt_blank_id:
-                assert got is first  # a blank first try skips the rest
+            if got[0] == config.rnnt_blank_id:
+                assert not rest and len(got) == 1  # a blank first try skips the rest
         assert whole.text == split.text
 
 
@@ -202,7 +209,10 @@ def test_branchless_rnnt_equals_mlx_audio_greedy_decoder(small):
     for max_symbols in (1, 2, config.audio_config.max_symbols):
         greedy = GreedyRNNT(stt.rnnt_decoder, stt.rnnt_joint, config.rnnt_blank_id, max_symbols)
         state = RNNTState(greedy, vocabulary)
-        transcribe(encoded, state)
+        for t in range(encoded.shape[1]):  # all tries of each frame, as a file is decoded
+            symbols = state.advance(encoded[:, t : t + 1])
+            mx.eval(symbols, *state.state)
+            state.commit(symbols)
         eager = GreedyDecoderState(SimpleNamespace(
             decoder=stt.rnnt_decoder, joint=stt.rnnt_joint, blank_id=config.rnnt_blank_id,
             max_symbols=max_symbols, vocabulary=vocabulary,
@@ -211,3 +221,28 @@ def test_branchless_rnnt_equals_mlx_audio_greedy_decoder(small):
         ))
         assert state.tokens == [t.id for t in eager.decode(encoded, 0)]
         assert state.tokens  # the fixture emits
+
+
+def test_rnnt_carries_merge_extract_and_set_state_row_for_row(small):
+    """A carry of two streams run as one batch gives back each stream's own carry and
+    symbols (``merge`` / ``extract``), and ``state`` set on a new carry restores it."""
+    from mlx_voicechat_plugin.models.rnnt import RNNTCarry
+
+    model = small[0]
+    stt, config = model.stt_model, model.config
+    greedy = GreedyRNNT(stt.rnnt_decoder, stt.rnnt_joint, config.rnnt_blank_id,
+                        config.audio_config.max_symbols)
+    d_model = config.audio_config.encoder.d_model
+    alone = [greedy.initial(mx.float32) for _ in range(2)]
+    batch = RNNTCarry.merge([greedy.initial(mx.float32) for _ in range(2)])
+    for t in range(6):
+        encoded = mx.random.normal((2, 1, d_model), key=mx.random.key(t))
+        expected = [greedy(encoded[b : b + 1], alone[b], greedy.max_symbols) for b in range(2)]
+        got = greedy(encoded, batch, greedy.max_symbols)
+        for b in range(2):
+            assert _equal(got[b : b + 1], expected[b])
+            assert all(_equal(x, y) for x, y in zip(batch.extract(b).state, alone[b].state))
+    restored = RNNTCarry([])
+    restored.state = batch.state
+    assert restored.batch_size == 2
+    assert all(_equal(x, y) for x, y in zip(restored.state, batch.state))

@@ -25,6 +25,7 @@ from mlx_voicechat_plugin.runtime.events import (
     FunctionDelta,
     UserTranscriptDelta,
 )
+from mlx_voicechat_plugin.runtime.options import SessionOptions
 from mlx_voicechat_plugin.runtime.pool import PoolFull, SessionPool
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
@@ -82,7 +83,7 @@ def test_each_session_of_a_shared_run_equals_that_session_alone(voicechat, scena
     while any(cursor[k] < len(audio[k]) for k in SESSIONS) or len(pool):
         for k, (first, _, options) in SESSIONS.items():
             if step == first:
-                pool.open(k, **options)
+                pool.open(k, SessionOptions(**options))
         frames = {}
         for k in SESSIONS:
             if k in pool and cursor[k] < len(audio[k]):

@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlx_voicechat_plugin import load
-from mlx_voicechat_plugin.models.perception_stream import PerceptionStream
+from mlx_voicechat_plugin.models.perception_stream import PerceptionStream, push_frames
 from mlx_voicechat_plugin.testing.fixtures import conversation_signal, question_signal
 
 
@@ -17,6 +17,13 @@ def small(small_ckpt):
 
 def _equal(a: mx.array, b: mx.array) -> bool:
     return a.shape == b.shape and bool(mx.array_equal(a, b))
+
+
+def _step(stream, chunk):
+    """One frame of one stream, evaluated with its carried state."""
+    projected, encoded = push_frames([stream], [chunk])
+    mx.eval(projected, encoded, *stream.state)
+    return projected, encoded
 
 
 def test_every_window_length_slices_the_full_windows_positional_projection(small):
@@ -34,7 +41,7 @@ def test_the_positional_table_is_computed_once_per_model(small):
     config = model.config
     first = PerceptionStream(model.stt_model.perception, config)
     second = PerceptionStream(model.stt_model.perception, config)
-    assert first._encoder.positions is second._encoder.positions
+    assert first.encoder.positions is second.encoder.positions
 
 
 def test_filling_windows_encode_as_projecting_each_length(small):
@@ -42,11 +49,11 @@ def test_filling_windows_encode_as_projecting_each_length(small):
     perception = model.stt_model.perception
     sliced = PerceptionStream(perception, model.config)
     direct = PerceptionStream(perception, model.config)
-    direct._encoder.positions = None
+    direct.encoder.positions = None
     audio = conversation_signal(2.0)
     frame = model.config.frame_samples
     for start in range(0, len(audio) - frame + 1, frame):
-        got, expected = sliced.step(audio[start : start + frame]), direct.step(audio[start : start + frame])
+        got, expected = _step(sliced, audio[start : start + frame]), _step(direct, audio[start : start + frame])
         assert all(_equal(a, b) for a, b in zip(got, expected))
 
 
@@ -62,20 +69,45 @@ def test_streams_filling_their_windows_together_batch_and_equal_each_alone(small
     alone = [PerceptionStream(perception, model.config) for _ in signals]
     together = [PerceptionStream(perception, model.config) for _ in signals]
     late = PerceptionStream(perception, model.config)  # starts later: never shares shapes
-    rows = []
-    original = EncoderStream._encode_rows
-    monkeypatch.setattr(EncoderStream, "_encode_rows", staticmethod(
-        lambda group, x: rows.append(len(group)) or original(group, x)))
+    rows = []  # the rows of each batch of more than one stream
+    original = EncoderStream.__call__
+    monkeypatch.setattr(EncoderStream, "__call__", lambda self, cache, x: (
+        cache.batch_size > 1 and rows.append(cache.batch_size)) or original(self, cache, x))
     frames = len(signals[0]) // frame
-    filling = together[0]._encoder.left_context
+    filling = together[0].encoder.left_context
     for index in range(frames):
         chunk = [s[index * frame : (index + 1) * frame] for s in signals]
-        expected = [stream.push(c) for stream, c in zip(alone, chunk)]
+        expected = [push_frames([stream], [c]) for stream, c in zip(alone, chunk)]
         streams, inputs = together, chunk
         if index >= 3:
             streams, inputs = together + [late], chunk + [chunk[0]]
-        got = PerceptionStream.push_batch(streams, inputs)
+        projected, encoded = push_frames(streams, inputs)
+        got = [(projected[b : b + 1], encoded[b : b + 1]) for b in range(len(streams))]
         for (p, e), (p0, e0) in zip(got, expected):
             assert _equal(p, p0) and _equal(e, e0), index
     assert frames > filling
     assert len(rows) >= filling and all(n == 3 for n in rows[:filling]), rows[:5]
+
+
+def test_encoder_caches_merge_extract_and_set_state_row_for_row(small):
+    """mlx-lm's cache convention: ``merge`` stacks streams' caches, ``extract(i)`` gives
+    stream ``i``'s back, and ``state`` set on a new cache restores its arrays."""
+    from mlx_voicechat_plugin.models.encoder_stream import EncoderCache
+
+    model = small[0]
+    frame = model.config.frame_samples
+    streams = [PerceptionStream(model.stt_model.perception, model.config) for _ in range(2)]
+    signals = [question_signal(0.4, seed=seed) for seed in range(2)]
+    for start in range(0, 5 * frame, frame):
+        _, encoded = push_frames(streams, [s[start : start + frame] for s in signals])
+        mx.eval(encoded, *[a for s in streams for a in s.state])
+    merged = EncoderCache.merge([s.cache for s in streams])
+    assert merged.batch_size == 2 and merged.key() == streams[0].cache.key()
+    for index, stream in enumerate(streams):
+        row = merged.extract(index)
+        assert len(row.state) == len(stream.cache.state)
+        assert all(_equal(a, b) for a, b in zip(row.state, stream.cache.state))
+    restored = streams[0].encoder.make_cache()
+    restored.state = streams[0].cache.state
+    assert all(_equal(a, b) for a, b in zip(restored.state, streams[0].cache.state))
+    assert restored.key() == streams[0].cache.key()

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlx_voicechat_plugin.models.perception_stream import push_frames
 from mlx_voicechat_plugin.runtime.events import (
     AssistantTextDelta,
     Audio,
@@ -100,7 +101,8 @@ def test_streaming_encoder_within_1e5_of_reference(pair):
     frame = ours.config.frame_samples
     for start in range(0, len(audio) - frame + 1, frame):
         chunk = audio[start : start + frame]
-        _, encoded = stream.perception.step(chunk)
+        _, encoded = push_frames([stream.perception], [chunk])
+        mx.eval(encoded, *stream.perception.state)
         _, ref_encoded = ref_stream._perception_step(mx.array(chunk))
         assert float(mx.max(mx.abs(encoded - ref_encoded))) <= 1e-5
 

@@ -80,7 +80,7 @@ def test_file_transcript_equals_the_reference_offline_transcript_with_no_extra_d
 def test_a_file_runs_no_frames_beyond_the_file_and_the_encoder_lookahead(transcriber,
                                                                         monkeypatch):
     """Counted: the samples perception reads and the RNNT frames run are the file's own."""
-    import mlx_voicechat_plugin.runtime.transcribe as module
+    import mlx_voicechat_plugin.models.perception as module
     from mlx_voicechat_plugin.models.rnnt import RNNTState
 
     perceived, advanced = [], [0]
@@ -289,6 +289,7 @@ def test_only_perception_and_the_rnnt_run(transcriber, wav, monkeypatch):
 
 def test_text_only_streams_share_a_pool_step_with_full_sessions(session, transcriber):
     """In one pool, each kind's transcript equals that stream run alone."""
+    from mlx_voicechat_plugin.runtime.options import SessionOptions, TranscriptionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
 
     audio = {"full": question_signal(1.2, seed=1), "text": question_signal(1.6, seed=2)}
@@ -298,8 +299,8 @@ def test_text_only_streams_share_a_pool_step_with_full_sessions(session, transcr
     _stream_events(solo_full, audio["full"], 1280)
 
     pool = SessionPool(session, max_sessions=2)
-    pool.open("full", seed=1)
-    stream = pool.open("text", factory=transcriber.create_stream)
+    pool.open("full", SessionOptions(seed=1))
+    stream = pool.open("text", TranscriptionOptions())
     for start in range(0, 1280 * 20, 1280):
         frames = {k: (a[start : start + 1280], None) for k, a in audio.items() if start < len(a)}
         result = pool.step(frames)
@@ -311,6 +312,68 @@ def test_text_only_streams_share_a_pool_step_with_full_sessions(session, transcr
     assert [e.text for e in finals["text"] if isinstance(e, TranscriptDone)] == [alone.transcript]
     pool.close_all()
     assert pool.state_bytes == 0
+
+
+def test_a_text_only_stream_joins_the_full_sessions_listening_batch(session, transcriber,
+                                                                   monkeypatch):
+    """Stepped with two full sessions, a text-only stream's perception and RNNT rows run in
+    the same batches as theirs (counted), and every session's outputs equal its own run alone."""
+    from mlx_voicechat_plugin.runtime import frame
+    from mlx_voicechat_plugin.runtime.events import AssistantTextDelta, Audio
+    from mlx_voicechat_plugin.runtime.options import SessionOptions, TranscriptionOptions
+    from mlx_voicechat_plugin.runtime.pool import SessionPool
+
+    def outputs(events):
+        return ([e.token_id for e in events if isinstance(e, AssistantTextDelta)],
+                b"".join(e.samples.tobytes() for e in events if isinstance(e, Audio)))
+
+    audio = {"a": question_signal(1.2, seed=1), "b": question_signal(0.8, seed=3),
+             "text": question_signal(1.6, seed=2)}
+    seeds = {"a": 1, "b": 2}
+    alone = {k: session.create_streaming_session(seed=seed) for k, seed in seeds.items()}
+    alone["text"] = transcriber.create_stream()
+    solo = {k: _stream_events(alone[k], a, 1280) for k, a in audio.items()}
+
+    perceived, decoded = [], []
+    push_frames, tries = frame.push_frames, frame.RNNTFrame
+
+    def counting_push_frames(streams, frames, clock=None):
+        perceived.append(len(streams))
+        return push_frames(streams, frames, clock)
+
+    class CountingTries(tries):
+        def __init__(self, states, encoded):
+            decoded.append(len(states))
+            super().__init__(states, encoded)
+
+    monkeypatch.setattr(frame, "push_frames", counting_push_frames)
+    monkeypatch.setattr(frame, "RNNTFrame", CountingTries)
+    pool = SessionPool(session, max_sessions=3)
+    for k, seed in seeds.items():
+        pool.open(k, SessionOptions(seed=seed))
+    pool.open("text", TranscriptionOptions())
+    events = {k: [] for k in audio}
+    sizes = []
+    for start in range(0, max(len(a) for a in audio.values()), 1280):
+        frames = {k: (a[start : start + 1280], None) for k, a in audio.items()
+                  if start + 1280 <= len(a)}
+        if not frames:
+            break
+        result = pool.step(frames)
+        assert not result.errors
+        sizes.append(len(frames))
+        for k, chunk in result.events.items():
+            events[k] += chunk
+    for k in audio:
+        events[k] += pool.flush(k)
+    assert perceived[: len(sizes)] == sizes and decoded[: len(sizes)] == sizes
+    assert sizes[0] == 3  # the text-only stream shared its steps' perception and RNNT batches
+    assert pool.get("text").transcript == alone["text"].transcript
+    assert events["text"] == solo["text"]
+    for k in seeds:
+        assert pool.get(k).transcript == alone[k].transcript
+        assert outputs(events[k]) == outputs(solo[k]), k
+    pool.close_all()
 
 
 def test_a_closed_stream_holds_no_state(transcriber):

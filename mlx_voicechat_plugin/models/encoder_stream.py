@@ -1,55 +1,40 @@
 """Cache-aware FastConformer streaming, one chunk of mel frames at a time.
 
-:class:`SubsamplingStream` is the causal 8x depthwise-striding subsampling as a
-drop-in streaming module: it keeps the last 16 mel frames (the stack's causal
-receptive field, kept aligned to the 8-frame grid), reruns the stack over
-``cache + new`` only, and returns the encoder frames it has not returned yet,
-up to the input's right edge. :class:`EncoderStream` runs the conformer blocks
-on those frames with, per layer, the last ``left_context`` (70) attention
-inputs and the last ``kernel - 1`` (8) depthwise-conv inputs. Work and memory
-per chunk are bounded by these windows; once they are full, a one-frame chunk
+The causal 8x depthwise-striding subsampling streams per stream
+(:meth:`EncoderStream.subsample`): it keeps the last 16 mel frames (the
+stack's causal receptive field, kept aligned to the 8-frame grid), reruns the
+stack over ``cache + new`` only, and returns the encoder frames it has not
+returned yet, up to the input's right edge. The conformer blocks then run on
+those frames with, per layer, the last ``left_context`` (70) attention inputs
+and the last ``kernel - 1`` (8) depthwise-conv inputs. Work and memory per
+chunk are bounded by these windows; once they are full, a one-frame chunk
 runs the whole stack as one compiled graph.
+
+State follows mlx-lm's cache convention: :class:`EncoderCache` holds ``B``
+streams' windows (``state`` lists its arrays; ``merge`` stacks streams'
+caches, ``extract(i)`` takes row ``i``) and each stream's own subsampling
+tail (host counters and a short mel window, a row's own piece, never stacked).
+:class:`EncoderStream` is the computation, one per model, so its graphs
+compile once: :meth:`EncoderStream.__call__` runs the blocks on a merged
+cache's rows, and :meth:`EncoderStream.push` is a chunk of many streams:
+merge the caches of equal shapes (caches are never padded: padding would
+change a row's reductions), run, extract each row back to its stream. One
+stream is ``B = 1`` of the same code, where merging and extracting move no
+data.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
 
+from .rows import stack_rows, take_row
+
 MEL_CONTEXT = 16  # >= causal receptive field of three stride-2, kernel-3 convs
-
-
-class SubsamplingStream:
-    def __init__(self, pre_encode: nn.Module, factor: int):
-        self.pre_encode = pre_encode
-        self.factor = factor
-        self.cache: mx.array | None = None
-        self.consumed = 0  # mel frames pushed so far
-        self.emitted = 0  # encoder frames returned so far
-        # A handful of window widths occur (the start, then one steady width);
-        # mx.compile traces each once.
-        self._run = mx.compile(self._subsample)
-
-    def _subsample(self, window: mx.array) -> mx.array:
-        return self.pre_encode(window, mx.array([window.shape[1]], dtype=mx.int32))[0]
-
-    def push(self, mel: mx.array) -> mx.array:
-        """``(1, n, F)`` new mel frames -> ``(1, k, D)`` new encoder-rate frames."""
-        cached = 0 if self.cache is None else self.cache.shape[1]
-        window = mel if self.cache is None else mx.concatenate([self.cache, mel], axis=1)
-        frames = self._run(window)
-        # Encoder frame index of the window's first output.
-        first = (self.consumed - cached) // self.factor
-        self.consumed += mel.shape[1]
-        keep = MEL_CONTEXT + (self.consumed - MEL_CONTEXT) % self.factor
-        self.cache = window[:, -keep:]
-        start = self.emitted - first
-        stop = frames.shape[1]
-        self.emitted = first + max(start, stop)
-        return frames[:, start:stop] if stop > start else frames[:, :0]
 
 
 def _attend(attn: nn.Module, q_in: mx.array, kv_in: mx.array, p: mx.array) -> mx.array:
@@ -103,8 +88,75 @@ class WindowPositions:
         return self.full[index][:, start : start + 2 * length - 1]
 
 
+@dataclass
+class SubsamplingTail:
+    """One stream's streaming subsampling: the mel frames it still reads, and its counters."""
+
+    cache: mx.array | None = None  # (1, kept mel frames, F)
+    consumed: int = 0  # mel frames pushed so far
+    emitted: int = 0  # encoder frames returned so far
+
+
+class EncoderCache:
+    """``B`` streams' encoder state: per layer the attention window (``[B, W, 2d]``
+    projected keys and values, or ``[B, W, d]`` inputs without ``cache_kv``) and the
+    conv context (``[B, kernel - 1, d]``), ``None`` until a stream's first frame; and
+    each stream's :class:`SubsamplingTail`."""
+
+    def __init__(self, layers: int, tails: list[SubsamplingTail] | None = None):
+        self.attention: list[mx.array | None] = [None] * layers
+        self.conv: list[mx.array | None] = [None] * layers
+        self.tails = [SubsamplingTail()] if tails is None else tails
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.tails)
+
+    @property
+    def state(self) -> list[mx.array]:
+        """The windows (once the first frame ran), then each stream's subsampling cache."""
+        windows = [] if self.attention[0] is None else [*self.attention, *self.conv]
+        return [*windows, *(t.cache for t in self.tails if t.cache is not None)]
+
+    @state.setter
+    def state(self, arrays: list[mx.array]) -> None:
+        layers = len(self.attention)
+        windows = len(arrays) > self.batch_size
+        self.attention = list(arrays[:layers]) if windows else [None] * layers
+        self.conv = list(arrays[layers : 2 * layers]) if windows else [None] * layers
+        caches = arrays[2 * layers :] if windows else arrays
+        for tail, cache in zip(self.tails, [*caches, *[None] * self.batch_size]):
+            tail.cache = cache
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.state)
+
+    def key(self) -> tuple:
+        """What must be equal for caches to merge: each window's shape."""
+        return (tuple(None if a is None else a.shape[1:] for a in self.attention),
+                tuple(None if c is None else c.shape[1:] for c in self.conv))
+
+    @classmethod
+    def merge(cls, caches: list["EncoderCache"]) -> "EncoderCache":
+        """One cache whose rows are ``caches``' rows, in order (equal :meth:`key`)."""
+        merged = cls(len(caches[0].attention), [t for c in caches for t in c.tails])
+        merged.attention = [None if parts[0] is None else stack_rows(parts)
+                            for parts in zip(*(c.attention for c in caches))]
+        merged.conv = [None if parts[0] is None else stack_rows(parts)
+                       for parts in zip(*(c.conv for c in caches))]
+        return merged
+
+    def extract(self, index: int) -> "EncoderCache":
+        """Row ``index`` as a one-stream cache."""
+        row = EncoderCache(len(self.attention), [self.tails[index]])
+        row.attention = [None if a is None else take_row(a, index) for a in self.attention]
+        row.conv = [None if c is None else take_row(c, index) for c in self.conv]
+        return row
+
+
 class EncoderStream:
-    """The conformer stack one chunk at a time, from per-layer caches.
+    """The conformer stack one chunk at a time over streams' :class:`EncoderCache` s.
 
     ``cache_kv`` (default): a layer's attention cache holds the projected keys
     and values of its window (``[K | V]`` rows), so a frame projects only its
@@ -124,25 +176,45 @@ class EncoderStream:
         self.left_context = left_context
         self.cache_kv = cache_kv
         self.conv_context = encoder.args.conv_kernel_size - 1
-        self.subsampling = SubsamplingStream(encoder.pre_encode, encoder.args.subsampling_factor)
-        layers = len(encoder.layers)
-        self.attention: list[mx.array | None] = [None] * layers
-        self.conv: list[mx.array | None] = [None] * layers
+        self.factor = encoder.args.subsampling_factor
+        self.layers = len(encoder.layers)
+        # A handful of subsampling window widths occur (the start, then one
+        # steady width); mx.compile traces each once.
+        self._run_subsampling = mx.compile(self._subsampling)
         # Once every window is full a one-frame chunk has fixed shapes: the
         # whole stack runs as one compiled graph, with each layer's projected
         # positional embedding of the full window computed once.
         self._steady_pos: list[mx.array] | None = None
         self._steady = mx.compile(self._stack)
-        self._enter_c = [mx.compile(partial(self._enter, i)) for i in range(layers)]
-        self._leave_c = [mx.compile(partial(self._leave, i)) for i in range(layers)]
+        self._enter_c = [mx.compile(partial(self._enter, i)) for i in range(self.layers)]
+        self._leave_c = [mx.compile(partial(self._leave, i)) for i in range(self.layers)]
 
-    @property
-    def state(self) -> list[mx.array]:
-        """The carried caches (attention rows, conv contexts, subsampling tail)."""
-        arrays = [a for a in (*self.attention, *self.conv) if a is not None]
-        if self.subsampling.cache is not None:
-            arrays.append(self.subsampling.cache)
-        return arrays
+    def make_cache(self) -> EncoderCache:
+        """A new stream's (empty) cache."""
+        return EncoderCache(self.layers)
+
+    # --- subsampling, per stream -------------------------------------------
+
+    def _subsampling(self, window: mx.array) -> mx.array:
+        pre_encode = self.encoder.pre_encode
+        return pre_encode(window, mx.array([window.shape[1]], dtype=mx.int32))[0]
+
+    def subsample(self, tail: SubsamplingTail, mel: mx.array) -> mx.array:
+        """A stream's ``(1, n, F)`` new mel frames -> ``(1, k, D)`` new encoder-rate frames."""
+        cached = 0 if tail.cache is None else tail.cache.shape[1]
+        window = mel if tail.cache is None else mx.concatenate([tail.cache, mel], axis=1)
+        frames = self._run_subsampling(window)
+        # Encoder frame index of the window's first output.
+        first = (tail.consumed - cached) // self.factor
+        tail.consumed += mel.shape[1]
+        keep = MEL_CONTEXT + (tail.consumed - MEL_CONTEXT) % self.factor
+        tail.cache = window[:, -keep:]
+        start = tail.emitted - first
+        stop = frames.shape[1]
+        tail.emitted = first + max(start, stop)
+        return frames[:, start:stop] if stop > start else frames[:, :0]
+
+    # --- the conformer blocks, B rows ----------------------------------------
 
     def _pos(self, index: int, length: int, dtype: mx.Dtype) -> mx.array:
         if self.cache_kv and self.positions is not None and self.positions.covers(length, dtype):
@@ -202,7 +274,7 @@ class EncoderStream:
         return x, attention, conv
 
     def _stack(self, x: mx.array, *state: mx.array) -> tuple[mx.array, ...]:
-        layers = len(self.encoder.layers)
+        layers = self.layers
         attention, conv, pos = state[:layers], state[layers : 2 * layers], state[2 * layers :]
         new_attention, new_conv = [], []
         for index in range(layers):
@@ -211,98 +283,64 @@ class EncoderStream:
             new_conv.append(c)
         return (x, *new_attention, *new_conv)
 
-    def _is_steady(self, x: mx.array) -> bool:
+    def _is_steady(self, cache: EncoderCache, x: mx.array) -> bool:
         full = self.left_context
         return x.shape[1] == 1 and full > 0 and all(
-            a is not None and a.shape[1] == full for a in self.attention
-        ) and all(c is not None for c in self.conv)
-
-    def push(self, mel: mx.array) -> mx.array:
-        """``(1, n, F)`` mel -> ``(1, k, d_model)`` newly encoded frames."""
-        return self._encode(self.subsampling.push(mel))
+            a is not None and a.shape[1] == full for a in cache.attention
+        ) and all(c is not None for c in cache.conv)
 
     def _steady_positions(self, dtype: mx.Dtype) -> list[mx.array]:
         if self._steady_pos is None:
             length = self.left_context + 1
-            self._steady_pos = [self._pos(i, length, dtype) for i in range(len(self.encoder.layers))]
+            self._steady_pos = [self._pos(i, length, dtype) for i in range(self.layers)]
         return self._steady_pos
 
-    @staticmethod
-    def push_batch(streams: list["EncoderStream"], mels: list[mx.array]) -> list[mx.array]:
-        """:meth:`push` of many streams of one encoder; each result equals its own ``push``.
-
-        Streams whose caches have the same shapes (:meth:`_shape_key`) run as
-        one batch, so each row's attention spans its own window of the same
-        length: those with full windows run the compiled stack, those still
-        filling theirs (streams that started on the same frame) the per-layer
-        blocks. A stream that shares its shapes with no other runs alone.
-        """
-        xs = [s.subsampling.push(mel) for s, mel in zip(streams, mels)]
-        groups: dict[tuple, list[int]] = {}
-        for b, (stream, x) in enumerate(zip(streams, xs)):
-            groups.setdefault(stream._shape_key(x), []).append(b)
-        out: list[mx.array | None] = [None] * len(streams)
-        for rows in groups.values():
-            if len(rows) == 1 or xs[rows[0]].shape[1] == 0:
-                for b in rows:
-                    out[b] = streams[b]._encode(xs[b])
-                continue
-            group = [streams[b] for b in rows]
-            encoded = EncoderStream._encode_rows(group, mx.concatenate([xs[b] for b in rows]))
-            for j, b in enumerate(rows):
-                out[b] = encoded[j : j + 1]
-        return out  # type: ignore[return-value]
-
-    def _shape_key(self, x: mx.array) -> tuple:
-        """What must be equal for streams to share a batch: new frames and cache lengths."""
-        return (x.shape[1], tuple(None if a is None else a.shape[1] for a in self.attention),
-                tuple(c is None for c in self.conv))
-
-    @staticmethod
-    def _encode_rows(group: list["EncoderStream"], x: mx.array) -> mx.array:
-        """:meth:`_encode` of streams with equal cache shapes, their rows stacked in ``x``."""
-        lead = group[0]
-        layers = len(lead.encoder.layers)
-        if lead._is_steady(x[:1]):
-            result = lead._steady(
-                x,
-                *[mx.concatenate([s.attention[i] for s in group]) for i in range(layers)],
-                *[mx.concatenate([s.conv[i] for s in group]) for i in range(layers)],
-                *lead._steady_positions(x.dtype),
-            )
-            x, attention, conv = result[0], result[1 : 1 + layers], result[1 + layers :]
-        else:
-            attention, conv = [], []
-            for index in range(layers):
-                cached = None if lead.attention[index] is None else \
-                    mx.concatenate([s.attention[index] for s in group])
-                previous = None if lead.conv[index] is None else \
-                    mx.concatenate([s.conv[index] for s in group])
-                length = x.shape[1] + (0 if cached is None else cached.shape[1])
-                x, a, c = lead._block(index, x, cached, previous,
-                                      lead._pos(index, length, x.dtype), compiled=True)
-                attention.append(a)
-                conv.append(c)
-        for j, stream in enumerate(group):
-            stream.attention = [a[j : j + 1] for a in attention]
-            stream.conv = [c[j : j + 1] for c in conv]
-        return x
-
-    def _encode(self, x: mx.array) -> mx.array:
-        """The conformer blocks on new encoder-rate frames ``x``, from the caches."""
+    def __call__(self, cache: EncoderCache, x: mx.array) -> mx.array:
+        """The conformer blocks on ``(B, n, d_model)`` new encoder-rate frames of ``cache``'s
+        ``B`` streams (its windows are updated in place); ``(B, n, d_model)`` out."""
         if x.shape[1] == 0:
             return x
-        layers = len(self.encoder.layers)
-        if self._is_steady(x):
-            out = self._steady(x, *self.attention, *self.conv, *self._steady_positions(x.dtype))
-            self.attention = list(out[1 : 1 + layers])
-            self.conv = list(out[1 + layers :])
+        layers = self.layers
+        if self._is_steady(cache, x):
+            out = self._steady(x, *cache.attention, *cache.conv, *self._steady_positions(x.dtype))
+            cache.attention = list(out[1 : 1 + layers])
+            cache.conv = list(out[1 + layers :])
             return out[0]
         for index in range(layers):
-            cached = self.attention[index]
+            cached = cache.attention[index]
             length = x.shape[1] + (0 if cached is None else cached.shape[1])
-            x, self.attention[index], self.conv[index] = self._block(
-                index, x, cached, self.conv[index], self._pos(index, length, x.dtype),
+            x, cache.attention[index], cache.conv[index] = self._block(
+                index, x, cached, cache.conv[index], self._pos(index, length, x.dtype),
                 compiled=True,
             )
         return x
+
+    def push(self, caches: list[EncoderCache], mels: list[mx.array]
+             ) -> tuple[mx.array, list[EncoderCache]]:
+        """A chunk of each of ``B`` one-stream caches: ``(1, n_b, F)`` mel each -> the
+        ``(B, k, d_model)`` encoded frames (lazy; every stream must bring ``k``) and
+        each stream's cache after them.
+
+        Each stream subsamples its own mel; streams whose caches have equal
+        shapes run the blocks as one batch (merge, run, extract): those with
+        full windows the compiled stack, those still filling theirs (streams
+        that started on the same frame) the per-layer blocks. Every row equals
+        its stream run alone.
+        """
+        xs = [self.subsample(c.tails[0], mel) for c, mel in zip(caches, mels)]
+        if any(x.shape[1] != xs[0].shape[1] for x in xs):
+            raise ValueError(f"streams brought {[x.shape[1] for x in xs]} encoder frames; "
+                             "a batch takes as many from each")
+        groups: dict[tuple, list[int]] = {}
+        for b, cache in enumerate(caches):
+            groups.setdefault(cache.key(), []).append(b)
+        rows = list(caches)
+        encoded: list[mx.array] = list(xs)
+        for members in groups.values():
+            batch = EncoderCache.merge([caches[b] for b in members])
+            out = self(batch, stack_rows([xs[b] for b in members]))
+            if len(members) == len(caches):  # one batch of every stream: its rows in order
+                return out, [batch.extract(j) for j in range(len(members))]
+            for j, b in enumerate(members):
+                encoded[b], rows[b] = take_row(out, j), batch.extract(j)
+        return stack_rows(encoded), rows

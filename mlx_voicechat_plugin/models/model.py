@@ -70,9 +70,9 @@ class Model(nn.Module):
 
     def create_session(self, processor: Any):
         """The offline / streaming runtime for this model and its tokenizer."""
-        from ..runtime.session import VoiceChatSession
+        from ..runtime.session import VoiceChat
 
-        return VoiceChatSession(self, processor)
+        return VoiceChat(self, processor)
 
     def create_streaming_session(self, processor: Any, options: Any = None):
         return self.create_session(processor).create_streaming_session(options)

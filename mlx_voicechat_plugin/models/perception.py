@@ -55,3 +55,9 @@ class Perception(nn.Module):
         """Return ``(projected, lengths, encoded)`` for ``(B, T, F)`` mel."""
         encoded, lengths = self.encoder(mel, lengths=lengths, att_context_size=self.att_context)
         return self.proj(encoded), lengths, encoded
+
+    def encode_signal(self, waveform: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """Whole-signal perception: ``(samples,)`` 16 kHz audio -> lazy ``(projected,
+        lengths, encoded)``, the encoder over the signal's log-mel at once (offline
+        turns, file transcription, the streaming diagnostics window)."""
+        return self(log_mel(waveform, self.config))

@@ -2,14 +2,22 @@
 
 With the cache (default): a streaming log-mel frontend keeps only the sample
 tail its centred STFT still needs and emits a mel frame once it trails the
-input edge by one frame (1280 samples); the cache-aware FastConformer keeps
-per layer the last 70 attention inputs and the last ``kernel - 1`` conv inputs,
-plus a 16-frame mel cache for the causal subsampling stack. Work and memory
-per frame are bounded.
+input edge by one frame (1280 samples); the cache-aware FastConformer
+(:mod:`.encoder_stream`) keeps per layer the last 70 attention inputs and the
+last ``kernel - 1`` conv inputs, plus a 16-frame mel cache for the causal
+subsampling stack. Work and memory per frame are bounded.
 
 Without the cache (diagnostics): the encoder reruns over the last
 ``left + right + 1`` frames of audio and takes the second-to-last output (the
 last one sees the frontend's right-edge padding).
+
+A :class:`PerceptionStream` is one stream's state: its host-side mel tail
+(numpy, trimmed without an evaluation) and its :class:`EncoderCache`. A frame
+of many streams (:func:`push_frames`, one stream being ``B = 1``) runs each
+stream's mel frontend and subsampling on its own, merges the encoder caches
+of equal shapes into one batch, runs it, and writes each row's cache back
+into its stream (the streams keep their identity: their mel tails are host
+pieces that do not stack).
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ import numpy as np
 from mlx_audio.stt.models.nemotron_asr.audio import PreprocessArgs, log_mel_spectrogram_frames
 
 from ..config import ModelConfig
-from .encoder_stream import EncoderStream
-from .perception import Perception, log_mel
+from .encoder_stream import EncoderCache, EncoderStream
+from .perception import Perception
+from .rows import stack_rows, take_row
 
 
 class MelStream:
@@ -71,70 +80,81 @@ class MelStream:
 
 
 class PerceptionStream:
-    def __init__(self, perception: Perception, config: ModelConfig, use_cache: bool = True):
+    """One stream's perception state; :func:`push_frames` advances streams by a frame.
+
+    ``encoder`` is the model's :class:`EncoderStream` (one per loaded model, so
+    its graphs compile once; ``VoiceChat`` passes its own); without it the
+    stream makes its own.
+    """
+
+    def __init__(self, perception: Perception, config: ModelConfig, use_cache: bool = True,
+                 encoder: EncoderStream | None = None):
         self.perception = perception
         self.config = config
         self.frame_samples = config.frame_samples
         self.use_cache = use_cache
         left, right = perception.att_context
         if use_cache:
-            self._mel = MelStream(config.audio_config.preprocessor, self.frame_samples)
-            self._encoder = EncoderStream(perception.encoder, left_context=left,
-                                          positions=perception.window_positions())
+            self.mel = MelStream(config.audio_config.preprocessor, self.frame_samples)
+            self.encoder = encoder or EncoderStream(
+                perception.encoder, left_context=left, positions=perception.window_positions())
+            self.cache: EncoderCache = self.encoder.make_cache()
         else:
             self._window_samples = max(2, left + right + 1) * self.frame_samples
-            self._window = mx.zeros((0,), dtype=mx.float32)
+            self.window = mx.zeros((0,), dtype=mx.float32)
 
-    def push(self, frame: np.ndarray, clock: Any = None) -> tuple[mx.array, mx.array]:
-        """``(frame_samples,)`` float32 audio -> lazy ``(projected, encoded)``, each ``(1, 1, D)``.
+    @property
+    def state(self) -> list[mx.array]:
+        """The carried arrays, to evaluate with each frame's outputs (the mel tail is host data)."""
+        return self.cache.state if self.use_cache else [self.window]
 
-        Evaluate them together with :attr:`state` (the carried caches), or
-        every frame's graph would hang off the previous one. ``clock`` (a
-        profiling ``FrameClock``) times the sub-stages when given.
-        """
+    @state.setter
+    def state(self, arrays: list[mx.array]) -> None:
         if self.use_cache:
-            mel = self._mel.push(frame)
-            if clock is not None:
-                clock.sub_stage("perception.mel", mel)
-            encoded = self._encoder.push(mel)
-            if encoded.shape[1] != 1:
-                raise RuntimeError(f"streaming encoder emitted {encoded.shape[1]} frames for one frame")
-            projected = self.perception.proj(encoded)
-            if clock is not None:
-                clock.sub_stage("perception.layers", projected, encoded)
-            return projected, encoded
-        self._window = mx.concatenate([self._window, mx.array(frame)])[-self._window_samples :]
-        mel = log_mel(self._window, self.config.audio_config)
-        projected, _, encoded = self.perception(mel)
+            self.cache.state = arrays
+        else:
+            (self.window,) = arrays
+
+    def rerun(self, frame: np.ndarray) -> tuple[mx.array, mx.array]:
+        """Without the cache: the whole-signal perception of the last window (diagnostics)."""
+        self.window = mx.concatenate([self.window, mx.array(frame)])[-self._window_samples :]
+        projected, _, encoded = self.perception.encode_signal(self.window)
         if projected.shape[1] < 2:
             raise RuntimeError("perception returned fewer than two frames for one input frame")
         return projected[:, -2:-1], encoded[:, -2:-1]
 
-    @staticmethod
-    def push_batch(streams: list["PerceptionStream"], frames: list[np.ndarray],
-                   clock: Any = None) -> list[tuple[mx.array, mx.array]]:
-        """:meth:`push` of many streams of one perception, each result equal to its own.
 
-        The mel frontends run per stream (host work); the encoder stack of
-        streams with full windows and the projection take all rows at once.
-        One stream (or any without the cache) runs its own :meth:`push`.
-        """
-        if not all(s.use_cache for s in streams) or len(streams) == 1:
-            return [s.push(f, clock) for s, f in zip(streams, frames)]
-        mels = [s._mel.push(f) for s, f in zip(streams, frames)]
-        encoded = EncoderStream.push_batch([s._encoder for s in streams], mels)
-        if any(e.shape[1] != 1 for e in encoded):
-            raise RuntimeError("streaming encoder emitted other than one frame for one frame")
-        projected = streams[0].perception.proj(mx.concatenate(encoded))
-        return [(projected[b : b + 1], e) for b, e in enumerate(encoded)]
+def push_frames(streams: list[PerceptionStream], frames: list[np.ndarray],
+                clock: Any = None) -> tuple[mx.array, mx.array]:
+    """One ``(frame_samples,)`` frame of each stream of one perception -> lazy
+    ``(projected, encoded)``, each ``(B, 1, D)``, row ``b`` stream ``b``'s own.
 
-    @property
-    def state(self) -> list[mx.array]:
-        """The carried state to evaluate with each frame's outputs."""
-        return self._encoder.state if self.use_cache else [self._window]
-
-    def step(self, frame: np.ndarray, clock: Any = None) -> tuple[mx.array, mx.array]:
-        """:meth:`push` with its own evaluation: evaluated ``(projected, encoded)``."""
-        projected, encoded = self.push(frame, clock)
-        mx.eval(projected, encoded, *self.state)
-        return projected, encoded
+    The mel frontends run per stream (host work); the encoder stack takes the
+    streams with equal cache shapes as one batch (:meth:`EncoderStream.push`)
+    and the projection takes every row at once. Evaluate the results with
+    each stream's :attr:`~PerceptionStream.state` (the carried caches), or
+    every frame's graph would hang off the previous one. ``clock`` (a
+    profiling ``FrameClock``) times the sub-stages when given.
+    """
+    cached = [b for b, s in enumerate(streams) if s.use_cache]
+    encoded = projected = None
+    if cached:
+        mels = [streams[b].mel.push(frames[b]) for b in cached]
+        if clock is not None:
+            clock.sub_stage("perception.mel", *mels)
+        lead = streams[cached[0]]
+        encoded, caches = lead.encoder.push([streams[b].cache for b in cached], mels)
+        if encoded.shape[1] != 1:
+            raise RuntimeError(f"streaming encoder emitted {encoded.shape[1]} frames for one frame")
+        for b, cache in zip(cached, caches):
+            streams[b].cache = cache
+        projected = lead.perception.proj(encoded)
+        if clock is not None:
+            clock.sub_stage("perception.layers", projected, encoded)
+        if len(cached) == len(streams):
+            return projected, encoded
+    # Streams without the cache (diagnostics) rerun their windows, row by row.
+    rows = [None if s.use_cache else s.rerun(f) for s, f in zip(streams, frames)]
+    for j, b in enumerate(cached):
+        rows[b] = (take_row(projected, j), take_row(encoded, j))
+    return stack_rows([p for p, _ in rows]), stack_rows([e for _, e in rows])

@@ -5,30 +5,37 @@ greedy rule is the standard NeMo one: a blank advances time; a symbol updates
 the prediction network and the same frame is tried again, at most
 ``max_symbols`` times.
 
-:class:`GreedyRNNT` runs that rule without host round trips: every frame
-unrolls all ``max_symbols`` tries as one fixed-shape compiled graph, where
-each try's emission is a mask (``still emitting and not blank``) that selects
-between the updated and the carried prediction state. The symbols come back
-as an array, blank-padded after the first blank, so a frame costs no host
-sync of its own; :class:`RNNTState` reads them when the caller has evaluated
-them. The arithmetic per try is the eager loop's, so transcripts are identical.
+:class:`GreedyRNNT` runs that rule without host round trips: a frame unrolls
+its tries as one fixed-shape compiled graph, where each try's emission is a
+mask (``still emitting and not blank``) that selects between the updated and
+the carried prediction state. It takes ``B`` streams at once, each row masked
+by its own emissions, so a row's arithmetic is the eager loop's and its
+transcript is identical; one stream is ``B = 1``.
+
+State follows mlx-lm's cache convention. :class:`RNNTCarry` is the device
+carry of ``B`` streams (``state`` lists its arrays; ``merge`` stacks streams'
+carries, ``extract(i)`` takes row ``i``). :class:`RNNTState` is one stream: its
+carry and its host transcript. A frame of many streams (:class:`RNNTFrame`)
+merges their carries, runs the tries and writes each row back into its
+stream: the streams keep their identity because their transcripts are host
+books that do not stack. One stream is the same code with ``B = 1``, where
+merging and extracting move no data.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
+from .rows import stack_rows, take_row, take_rows
 from .weight_layout import RowMajorLSTM, layouts_agree, row_major
-
-# (prediction [1, H], then per LSTM layer the proposed h [1, H], then each c [1, H])
-Carry = tuple[mx.array, ...]
-
 
 # Per LSTM layer: ``Wx`` and ``Wh`` in float32, stored transposed (``weight_layout``).
 Held = list[tuple[mx.array, mx.array]]
@@ -53,17 +60,23 @@ class _HeldCache:
         self.sources, self.held = sources, held
 
 
+# id(decoder) -> its held copies; an entry leaves with its decoder.
+_HELD: dict[int, _HeldCache] = {}
+
+
 def shared_held_lstm(decoder: PredictNetwork) -> Held | None:
-    """:func:`held_lstm` of ``decoder``'s LSTM, made once per set of weights and kept on it
-    (a plain attribute, outside the module tree), so sessions share one copy."""
+    """:func:`held_lstm` of ``decoder``'s LSTM, made once per set of weights and kept
+    while the decoder lives (outside the module tree), so sessions share one copy."""
     lstm = decoder.prediction["dec_rnn"].lstm
     sources = [w for layer in lstm for w in (layer.Wx, layer.Wh)]
-    cached = getattr(decoder, "_held_lstm", None)
+    key = id(decoder)
+    cached = _HELD.get(key)
     if cached is None or len(cached.sources) != len(sources) or any(
         a is not b for a, b in zip(cached.sources, sources)
     ):
-        cached = _HeldCache(sources, held_lstm(lstm))
-        decoder._held_lstm = cached
+        if cached is None:
+            weakref.finalize(decoder, _HELD.pop, key, None)
+        cached = _HELD[key] = _HeldCache(sources, held_lstm(lstm))
     return cached.held
 
 
@@ -82,7 +95,7 @@ def _affine(c: mx.array | None, x: mx.array, w: mx.array, w32: mx.array | None) 
 
 def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.array],
               held: Held | None = None):
-    """One time step of a stacked ``nn.LSTM``: ``x`` [1, in] -> (top output, h, c).
+    """One time step of a stacked ``nn.LSTM``: ``x`` [B, in] -> (top output, h, c).
 
     The same operations, in the same order and rounding, as the layer's own
     ``__call__`` (``nn.LSTM``, or :class:`~.weight_layout.RowMajorLSTM`) on a
@@ -108,8 +121,40 @@ def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.ar
     return x, new_h, new_c
 
 
+class RNNTCarry:
+    """The prediction network's carry of ``B`` streams: ``[prediction, h_1.., c_1..]``, each ``[B, H]``."""
+
+    def __init__(self, arrays: list[mx.array]):
+        self.arrays = list(arrays)
+
+    @property
+    def state(self) -> list[mx.array]:
+        return list(self.arrays)
+
+    @state.setter
+    def state(self, arrays: list[mx.array]) -> None:
+        self.arrays = list(arrays)
+
+    @property
+    def batch_size(self) -> int:
+        return self.arrays[0].shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    @classmethod
+    def merge(cls, carries: list["RNNTCarry"]) -> "RNNTCarry":
+        """One carry whose rows are ``carries``' rows, in order."""
+        return cls([stack_rows(parts) for parts in zip(*(c.arrays for c in carries))])
+
+    def extract(self, index: int) -> "RNNTCarry":
+        """Row ``index`` as a one-stream carry."""
+        return RNNTCarry([take_row(a, index) for a in self.arrays])
+
+
 class GreedyRNNT:
-    """Branchless greedy decoding of one encoder frame; build one per model."""
+    """Branchless greedy decoding of ``B`` streams' encoder frames; build one per model."""
 
     def __init__(
         self,
@@ -126,58 +171,25 @@ class GreedyRNNT:
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
         self._held = shared_held_lstm(decoder)
-        self._frame = mx.compile(partial(self._unrolled, self.max_symbols))
-        self._first = mx.compile(partial(self._unrolled, 1))
-        self._rest = mx.compile(partial(self._unrolled, self.max_symbols - 1))
-        self._first_rows = mx.compile(partial(self._unrolled_rows, 1))
-        self._rest_rows = mx.compile(partial(self._unrolled_rows, self.max_symbols - 1))
+        self._graphs: dict[int, Callable] = {}  # tries -> compiled graph
 
-    def initial(self, dtype: mx.Dtype) -> Carry:
-        """Prediction for the start symbol (blank: zero embedding, no LSTM state)."""
+    def initial(self, dtype: mx.Dtype) -> RNNTCarry:
+        """One stream's carry for the start symbol (blank: zero embedding, no LSTM state)."""
         prediction, (h, c) = self.decoder(None, None)
-        return (
+        return RNNTCarry([
             prediction.reshape(1, -1).astype(dtype),
             *(h[i] for i in range(self.layers)),
             *(c[i] for i in range(self.layers)),
-        )
+        ])
 
     def _unrolled(self, tries: int, encoded: mx.array, prediction: mx.array, *state: mx.array):
+        """``tries`` greedy tries of ``B`` streams: ``encoded`` ``[B, 1, D]``, the carries
+        stacked on the first axis; each row's emission masks only its row."""
         dtype = encoded.dtype
         joint, layers = self.joint, self.layers
         embed, lstm = self.decoder.prediction["embed"], self.decoder.prediction["dec_rnn"].lstm
         h, c = list(state[:layers]), list(state[layers:])
         # The joint's encoder projection does not change within a frame.
-        enc = joint.enc(encoded.reshape(1, -1))
-        active = mx.array(True)
-        symbols = []
-        for _ in range(tries):
-            x = enc + joint.pred(prediction)
-            for layer in joint.joint_net:
-                x = layer(x)
-            symbol = mx.argmax(x, axis=-1).astype(mx.int32)  # [1]
-            emit = active & (symbol != self.blank_id)
-            # The eager loop adopts the proposed state on emission, then runs
-            # the prediction network on the emitted symbol.
-            out, new_h, new_c = lstm_step(
-                lstm, embed(symbol), [a.astype(dtype) for a in h], [a.astype(dtype) for a in c],
-                self._held,
-            )
-            prediction = mx.where(emit, out.astype(dtype), prediction)
-            h = [mx.where(emit, new, old) for new, old in zip(new_h, h)]
-            c = [mx.where(emit, new, old) for new, old in zip(new_c, c)]
-            symbols.append(mx.where(emit, symbol, self.blank_id))
-            active = emit
-        return mx.concatenate(symbols), prediction, *h, *c
-
-    def _unrolled_rows(self, tries: int, encoded: mx.array, prediction: mx.array,
-                       *state: mx.array):
-        """:meth:`_unrolled` for ``B`` streams at once: ``encoded`` ``[B, 1, D]``, the
-        carries stacked on the first axis; row ``b`` is stream ``b``'s own try for try
-        (the same arithmetic, each row's emission masking only its row)."""
-        dtype = encoded.dtype
-        joint, layers = self.joint, self.layers
-        embed, lstm = self.decoder.prediction["embed"], self.decoder.prediction["dec_rnn"].lstm
-        h, c = list(state[:layers]), list(state[layers:])
         enc = joint.enc(encoded.reshape(encoded.shape[0], -1))
         active = mx.ones((encoded.shape[0], 1), dtype=mx.bool_)
         symbols = []
@@ -187,6 +199,8 @@ class GreedyRNNT:
                 x = layer(x)
             symbol = mx.argmax(x, axis=-1).astype(mx.int32)  # [B]
             emit = active & (symbol != self.blank_id)[:, None]
+            # The eager loop adopts the proposed state on emission, then runs
+            # the prediction network on the emitted symbol.
             out, new_h, new_c = lstm_step(
                 lstm, embed(symbol), [a.astype(dtype) for a in h], [a.astype(dtype) for a in c],
                 self._held,
@@ -198,43 +212,21 @@ class GreedyRNNT:
             active = emit
         return mx.stack(symbols, axis=1), prediction, *h, *c
 
-    def first_batch(self, encoded: mx.array, carries: list[Carry]) -> tuple[mx.array, list[Carry]]:
-        """:meth:`first` of ``B`` streams in one call: ``[B, 1]`` symbols and each carry."""
-        return self._rows(self._first_rows, encoded, carries)
+    def __call__(self, encoded: mx.array, carry: RNNTCarry, tries: int) -> mx.array:
+        """``tries`` tries of ``(B, 1, d_model)`` frames from ``carry`` (updated in place):
+        lazy ``(B, tries)`` symbols, blank after a row's first blank.
 
-    def rest_batch(self, encoded: mx.array, carries: list[Carry]) -> tuple[mx.array, list[Carry]]:
-        """:meth:`rest` of ``B`` streams in one call: ``[B, max_symbols - 1]`` symbols."""
-        return self._rows(self._rest_rows, encoded, carries)
-
-    @staticmethod
-    def _rows(graph, encoded: mx.array, carries: list[Carry]) -> tuple[mx.array, list[Carry]]:
-        stacked = [mx.concatenate(parts) for parts in zip(*carries)]
-        symbols, *updated = graph(encoded, *stacked)
-        rows = [tuple(a[b : b + 1] for a in updated) for b in range(len(carries))]
-        return symbols, rows
-
-    def frame(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
-        """``(1, 1, d_model)`` frame -> lazy ``(max_symbols,)`` symbols and the new carry."""
-        return _run(self._frame, encoded, carry)
-
-    def first(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
-        """The frame's first try only: lazy ``(1,)`` symbol and the carry after it.
-
-        A blank ends the frame; otherwise :meth:`rest` runs the remaining
-        tries. Split so, the caller reads the first symbol where it syncs
-        anyway and skips the rest on blank frames (most frames of real speech);
-        the arithmetic is :meth:`frame`'s, try for try.
+        The frame's first try alone (``tries=1``), then the other
+        ``max_symbols - 1`` after an emission, is the whole frame
+        (``max_symbols``) try for try: the split lets a caller read the first
+        symbol where it syncs anyway and skip the rest on blank frames.
         """
-        return _run(self._first, encoded, carry)
-
-    def rest(self, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
-        """Tries 2 .. ``max_symbols`` after a first try that emitted."""
-        return _run(self._rest, encoded, carry)
-
-
-def _run(graph, encoded: mx.array, carry: Carry) -> tuple[mx.array, Carry]:
-    symbols, *updated = graph(encoded, *carry)
-    return symbols, tuple(updated)
+        graph = self._graphs.get(tries)
+        if graph is None:
+            graph = self._graphs[tries] = mx.compile(partial(self._unrolled, tries))
+        symbols, *updated = graph(encoded, *carry.state)
+        carry.state = updated
+        return symbols
 
 
 @dataclass
@@ -245,111 +237,53 @@ class RNNTState:
     vocabulary: list[str]
     tokens: list[int] = field(default_factory=list)
     text: str = ""
-    _carry: Carry | None = None
+    carry: RNNTCarry | None = None
     # SentencePiece decoding is piece-wise concatenation, so the transcript
     # grows by each new piece's text instead of re-decoding every token.
     _raw: str = ""
-    _encoded: mx.array | None = None  # the frame whose first try ran
 
     @property
     def enabled(self) -> bool:
         return self.greedy is not None and bool(self.vocabulary)
 
-    def advance(self, encoded: mx.array) -> mx.array | None:
-        """Queue one frame (lazily); returns its symbols to evaluate, then :meth:`commit`."""
-        if not self.enabled:
-            return None
-        assert self.greedy is not None
-        if self._carry is None:
-            self._carry = self.greedy.initial(encoded.dtype)
-        symbols, self._carry = self.greedy.frame(encoded, self._carry)
-        return symbols
-
-    def advance_first(self, encoded: mx.array) -> mx.array | None:
-        """Queue the frame's first try; evaluate it, then :meth:`advance_rest`."""
-        if not self.enabled:
-            return None
-        assert self.greedy is not None
-        if self._carry is None:
-            self._carry = self.greedy.initial(encoded.dtype)
-        self._encoded = encoded
-        first, self._carry = self.greedy.first(encoded, self._carry)
-        return first
-
-    @staticmethod
-    def advance_first_batch(states: list["RNNTState"], encoded: list[mx.array]
-                            ) -> list[mx.array | None]:
-        """:meth:`advance_first` of many streams of one model, the enabled ones in one call."""
-        on = [b for b, s in enumerate(states) if s.enabled]
-        if len(on) < 2:
-            return [s.advance_first(e) for s, e in zip(states, encoded)]
-        greedy = states[on[0]].greedy
-        assert greedy is not None
-        for b in on:
-            state = states[b]
-            if state._carry is None:
-                state._carry = greedy.initial(encoded[b].dtype)
-            state._encoded = encoded[b]
-        symbols, carries = greedy.first_batch(mx.concatenate([encoded[b] for b in on]),
-                                              [states[b]._carry for b in on])
-        firsts: list[mx.array | None] = [None] * len(states)
-        for j, b in enumerate(on):
-            states[b]._carry = carries[j]
-            firsts[b] = symbols[j]
-        return firsts
-
-    @staticmethod
-    def advance_rest_batch(states: list["RNNTState"], firsts: list[mx.array | None]
-                           ) -> list[mx.array | None]:
-        """:meth:`advance_rest` of many streams; the ones whose first try emitted in one call."""
-        more = [b for b, (s, f) in enumerate(zip(states, firsts))
-                if f is not None and s.greedy is not None and s.greedy.max_symbols > 1
-                and f.item() != s.greedy.blank_id]
-        if len(more) < 2:
-            return [s.advance_rest(f) for s, f in zip(states, firsts)]
-        greedy = states[more[0]].greedy
-        assert greedy is not None
-        rest, carries = greedy.rest_batch(mx.concatenate([states[b]._encoded for b in more]),
-                                          [states[b]._carry for b in more])
-        out = list(firsts)
-        for j, b in enumerate(more):
-            states[b]._carry = carries[j]
-            out[b] = mx.concatenate([firsts[b], rest[j]])
-        return out
-
-    def advance_rest(self, first: mx.array | None) -> mx.array | None:
-        """After the evaluated first try: the frame's other tries, if it emitted.
-
-        Returns the frame's symbols (lazy when more tries were queued).
-        """
-        if first is None:
-            return None
-        assert self.greedy is not None
-        if self.greedy.max_symbols == 1 or first.item() == self.greedy.blank_id:
-            return first
-        rest, self._carry = self.greedy.rest(self._encoded, self._carry)
-        return mx.concatenate([first, rest])
-
     @property
     def state(self) -> list[mx.array]:
-        """The carried state, to evaluate with the symbols."""
-        return [] if self._carry is None else list(self._carry)
+        """The carried arrays, to evaluate with the symbols."""
+        return [] if self.carry is None else self.carry.state
+
+    @state.setter
+    def state(self, arrays: list[mx.array]) -> None:
+        self.carry = RNNTCarry(arrays) if arrays else None
+
+    def begin(self, dtype: mx.Dtype) -> RNNTCarry:
+        """The carry the next frame starts from (the start symbol's, on the first)."""
+        assert self.greedy is not None
+        if self.carry is None:
+            self.carry = self.greedy.initial(dtype)
+        return self.carry
+
+    def advance(self, encoded: mx.array) -> mx.array | None:
+        """Queue one ``(1, 1, D)`` frame, all ``max_symbols`` tries (lazily); returns its
+        ``(max_symbols,)`` symbols to evaluate with :attr:`state`, then :meth:`commit`."""
+        if not self.enabled:
+            return None
+        assert self.greedy is not None
+        symbols = self.greedy(encoded, self.begin(encoded.dtype), self.greedy.max_symbols)
+        return symbols[0]
 
     def release(self) -> None:
         """Drop the device carry (the transcript stays readable)."""
-        self._carry = self._encoded = None
+        self.carry = None
 
-    def commit(self, symbols: mx.array | None) -> str | None:
-        """Read evaluated symbols into the transcript; return the new text delta.
-
-        Returns ``None`` when no visible symbol was emitted.
-        """
+    def commit(self, symbols: list[int] | mx.array | None) -> str | None:
+        """Read a frame's symbols (host ints, or an evaluated array) into the transcript;
+        return the new text delta, or ``None`` when no visible symbol was emitted."""
         if symbols is None:
             return None
         assert self.greedy is not None
         blank = self.greedy.blank_id
         before = len(self.tokens)
-        for symbol in symbols.tolist():
+        for symbol in symbols.tolist() if isinstance(symbols, mx.array) else symbols:
             if symbol == blank:
                 break
             if not sp_vocab.is_special_token(symbol, self.vocabulary):
@@ -363,19 +297,65 @@ class RNNTState:
         return delta
 
 
-def transcribe(encoded: mx.array, state: RNNTState, chunk: int = 25) -> str | None:
-    """Greedy-decode every frame of ``(1, T, d_model)`` ``encoded`` into ``state``.
+class RNNTFrame:
+    """One frame of ``B`` streams' greedy decoding, split at the first try.
 
-    Frames are queued lazily and evaluated ``chunk`` at a time.
+    Construction merges the enabled streams' carries and queues every first
+    try as one graph; evaluate :attr:`arrays` (with the frame's other
+    first-evaluation work), then :meth:`rest` queues the other tries of the
+    streams whose first try emitted, as one graph, and writes every carry
+    back; evaluate what it returns, then :meth:`symbols` reads each stream's
+    symbols from the evaluated arrays (no wait). A blank first try (most
+    frames of real speech) ends its stream's frame there.
     """
-    if not state.enabled:
-        return None
-    pending: list[mx.array] = []
-    for t in range(encoded.shape[1]):
-        pending.append(state.advance(encoded[:, t : t + 1]))
-        if len(pending) == chunk or t == encoded.shape[1] - 1:
-            mx.eval(*pending, *state.state)
-            for symbols in pending:
-                state.commit(symbols)
-            pending = []
-    return state.text
+
+    def __init__(self, states: list[RNNTState], encoded: mx.array):
+        self.states = states
+        self.rows = [b for b, s in enumerate(states) if s.enabled]  # the streams decoded
+        self.first: mx.array | None = None
+        self.more: mx.array | None = None
+        self.emitted: list[int] = []  # positions in ``rows`` whose first try emitted
+        self.heard: list[list[int]] = []  # the first tries, read on the host
+        if not self.rows:
+            return
+        self.greedy = states[self.rows[0]].greedy
+        self.encoded = take_rows(encoded, self.rows)
+        self.carry = RNNTCarry.merge([states[b].begin(encoded.dtype) for b in self.rows])
+        self.first = self.greedy(self.encoded, self.carry, 1)
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        """The first tries and the carry after them."""
+        return [] if self.first is None else [self.first, *self.carry.state]
+
+    def rest(self) -> list[mx.array]:
+        """After :attr:`arrays` were evaluated: queue the tries after an emission; the
+        arrays to evaluate (none when no first try emitted)."""
+        if self.first is None:
+            return []
+        greedy, carry = self.greedy, self.carry
+        self.heard = self.first.tolist()  # evaluated: no wait
+        if greedy.max_symbols > 1:
+            self.emitted = [j for j, (s,) in enumerate(self.heard) if s != greedy.blank_id]
+        after = carry
+        if self.emitted:
+            after = carry if len(self.emitted) == len(self.rows) else \
+                RNNTCarry.merge([carry.extract(j) for j in self.emitted])
+            self.more = greedy(take_rows(self.encoded, self.emitted), after,
+                               greedy.max_symbols - 1)
+        rows = {j: k for k, j in enumerate(self.emitted)}
+        for j, b in enumerate(self.rows):
+            self.states[b].carry = after.extract(rows[j]) if j in rows else carry.extract(j)
+        return [] if self.more is None else [self.more, *after.state]
+
+    def symbols(self) -> list[list[int] | None]:
+        """After :meth:`rest`'s arrays were evaluated: each stream's symbols of the frame
+        (``None`` for a stream without an RNNT)."""
+        out: list[list[int] | None] = [None] * len(self.states)
+        if self.first is None:
+            return out
+        more = [] if self.more is None else self.more.tolist()
+        rest = dict(zip(self.emitted, more))
+        for j, b in enumerate(self.rows):
+            out[b] = self.heard[j] + rest.get(j, [])
+        return out

@@ -8,10 +8,11 @@ advances the compute by one frame (:func:`~.frame.advance`, a function of the
 model, the conversation's :class:`~.frame.ConversationState` and the frame's
 input) and turns the :class:`~.frame.FrameOutput` into events.
 
-Offline :meth:`~.session.VoiceChatSession.generate` and
-:class:`~.streaming.StreamingSession` differ only in where a frame's input
-comes from (a slice of the whole-signal perception, or PCM through the
-streaming encoder) and in how they hand the events out.
+Offline :meth:`~.session.VoiceChat.generate` and
+:class:`~.streaming.StreamingSession` (the streaming shell over this core)
+differ only in where a frame's input comes from (a slice of the whole-signal
+perception, or PCM through the streaming encoder) and in how they hand the
+events out.
 """
 
 from __future__ import annotations
@@ -30,14 +31,7 @@ from .events import (
     TurnEnded,
     UserTranscriptDelta,
 )
-from .frame import (
-    ConversationState,
-    FrameOutput,
-    PerceptionSource,
-    advance,
-    advance_batch,
-    finish_audio,
-)
+from .frame import ConversationState, FrameOutput, PerceptionSource, advance, finish_audio
 from .options import SessionOptions
 from .profile import FrameClock, Profile, profile_env
 from .prompt import session_prompt
@@ -47,11 +41,11 @@ from .tool_calls import ToolChannel
 from .tools import ToolError
 
 if TYPE_CHECKING:
-    from .session import VoiceChatSession
+    from .session import VoiceChat
 
 
 class Conversation:
-    def __init__(self, parent: "VoiceChatSession", options: SessionOptions,
+    def __init__(self, parent: "VoiceChat", options: SessionOptions,
                  perception: PerceptionSource, defer_start: bool = False):
         model, config = parent.model, parent.config
         self.model = model
@@ -116,7 +110,7 @@ class Conversation:
         self.clock.start(self.frame_index)
         try:
             out = advance(self.model, self.compute, frame_input, forced=self.next_forced(),
-                          clock=self.clock, on_tokens=self._decode_tokens)
+                          clock=self.clock, on_tokens=self.decode_tokens)
             events = self.finish_frame(out)
         except BaseException:
             self.clock.abandon()  # stop counting syncs for a frame that failed
@@ -130,7 +124,7 @@ class Conversation:
         """The function token this frame is forced to (a queued tool result's next token)."""
         return None if self.tools is None else self.tools.next_forced()
 
-    def _decode_tokens(self, step: TimelineStep) -> None:
+    def decode_tokens(self, step: TimelineStep) -> None:
         """Host text work, done while the frame's speech half computes.
 
         A failure is kept for :meth:`finish_frame` to raise, so that in a
@@ -216,27 +210,6 @@ class Conversation:
     @property
     def transcript(self) -> str:
         return self.compute.rnnt.text
-
-
-def frame_batch(conversations: list[Conversation], inputs: list[object]
-                ) -> list[list[Event] | Exception]:
-    """One frame of many conversations of one model: one batched compute, then each one's books.
-
-    Each conversation gets its events, or the exception its own bookkeeping
-    raised (the others' frames are unaffected); each equals
-    :meth:`Conversation.frame` run alone. Not profiled per conversation.
-    """
-    model = conversations[0].model
-    outs = advance_batch(model, [c.compute for c in conversations], inputs,
-                         [c.next_forced() for c in conversations],
-                         on_tokens=[c._decode_tokens for c in conversations])
-    results: list[list[Event] | Exception] = []
-    for conversation, out in zip(conversations, outs):
-        try:
-            results.append(conversation.finish_frame(out))
-        except Exception as exc:  # this conversation only
-            results.append(exc)
-    return results
 
 
 def joined_audio(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:

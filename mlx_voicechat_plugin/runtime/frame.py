@@ -14,32 +14,29 @@ The first evaluates the encoder step, the RNNT's first try and the token ids
 tries, the TTS codes and the codec samples. Work is started as soon as its
 graph is built (``async_eval``), so MLX computes one part while this thread
 builds the next and ``on_tokens`` decodes the token texts.
+
+A batch of rows (:func:`advance_batch`) runs every row's listening half
+(:class:`Hearing`: perception and the RNNT's tries, one batch for all rows),
+and the speaking half for the rows that are conversations; a transcript-only
+stream's row stops after the listening half (:class:`Heard`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Union
 
 import mlx.core as mx
 import numpy as np
 
 from ..models.model import Model
-from ..models.perception_stream import PerceptionStream
-from ..models.rnnt import RNNTState
+from ..models.perception_stream import PerceptionStream, push_frames
+from ..models.rnnt import RNNTFrame, RNNTState
+from ..models.rows import stack_rows, take_rows
 from .profile import FrameClock
 from .timeline import Timeline, TimelineStep, listen_batch, speak_batch
 
 _NO_CLOCK = FrameClock(enabled=False)
-
-
-class PerceptionSource(Protocol):
-    """Where a frame's audio embeddings come from: the streaming encoder, or a whole signal."""
-
-    @property
-    def state(self) -> list[mx.array]: ...
-
-    def push(self, frame: Any, clock: Any = None) -> tuple[mx.array, mx.array]: ...
 
 
 class WholeSignal:
@@ -53,8 +50,54 @@ class WholeSignal:
     def state(self) -> list[mx.array]:
         return []
 
-    def push(self, frame: int, clock: Any = None) -> tuple[mx.array, mx.array]:
+    def push(self, frame: int) -> tuple[mx.array, mx.array]:
         return self.projected[:, frame : frame + 1], self.encoded[:, frame : frame + 1]
+
+
+# Where a frame's audio embeddings come from: the streaming encoder, or a whole signal.
+PerceptionSource = Union[PerceptionStream, WholeSignal]
+
+
+class Hearing:
+    """The listening half of one frame of ``B`` rows, in flight.
+
+    Each row is a state with a ``perception`` source and an ``rnnt``
+    (a :class:`ConversationState`, or a transcript-only stream's state): the
+    perception of every row, then the RNNT's first try of every row, queued
+    for the frame's first evaluation (:attr:`arrays`); after it, :meth:`rest`
+    queues the RNNT's other tries (after an emission) for the second, and
+    :meth:`symbols` reads each row's symbols after that. One row is ``B = 1``.
+    """
+
+    def __init__(self, states: list[Any], frames: list[Any], clock: FrameClock):
+        sources = [s.perception for s in states]
+        if all(isinstance(s, PerceptionStream) for s in sources):
+            self.projected, self.encoded = push_frames(sources, frames, clock)
+        else:  # offline: slices of the whole-signal perception
+            pairs = [source.push(frame) for source, frame in zip(sources, frames)]
+            self.projected = stack_rows([p for p, _ in pairs])
+            self.encoded = stack_rows([e for _, e in pairs])
+        self.arrays = [self.projected, self.encoded]
+        for source in sources:
+            self.arrays += source.state
+        clock.stage("perception", *self.arrays)
+        mx.async_eval(*self.arrays)
+        # The RNNT's first try joins the first evaluation; a blank (most frames
+        # of real speech) ends the frame's transcript work there.
+        self.rnnt = RNNTFrame([s.rnnt for s in states], self.encoded)
+        self.arrays += self.rnnt.arrays
+
+    def rest(self, clock: FrameClock) -> list[mx.array]:
+        """After the first evaluation: the RNNT's other tries, started; arrays to evaluate."""
+        arrays = self.rnnt.rest()
+        if arrays:
+            mx.async_eval(*arrays)
+        clock.stage("rnnt", *arrays)
+        return arrays
+
+    def symbols(self) -> list[list[int] | None]:
+        """After the second evaluation: each row's RNNT symbols (host ints), or ``None``."""
+        return self.rnnt.symbols()
 
 
 @dataclass
@@ -66,7 +109,14 @@ class FrameOutput:
     function_forced: bool
     codes: np.ndarray  # (Q,) int32, control codes replaced by silence
     samples: np.ndarray  # float32: what the codec released this frame
-    symbols: mx.array | None  # the RNNT's evaluated symbols (for ``RNNTState.commit``)
+    symbols: list[int] | None  # the RNNT's symbols (for ``RNNTState.commit``)
+
+
+@dataclass
+class Heard:
+    """What one frame of a transcript-only row produced: the RNNT's symbols."""
+
+    symbols: list[int] | None
 
 
 class ConversationState:
@@ -123,72 +173,60 @@ def advance(
 
 def advance_batch(
     model: Model,
-    states: list[ConversationState],
+    states: list[Any],
     frames: list[Any],
     forced: list[int | None],
     clock: FrameClock = _NO_CLOCK,
-    on_tokens: list[Callable[[TimelineStep], None]] | None = None,
-) -> list[FrameOutput]:
-    """Advance many conversations by one frame each, in one compute per stage where it batches.
+    on_tokens: list[Callable[[TimelineStep], None] | None] | None = None,
+) -> list[FrameOutput | Heard]:
+    """Advance many rows by one frame each, in one compute per stage where it batches.
 
-    Row ``b`` is ``states[b]`` with input ``frames[b]``; each conversation's
-    outputs equal :func:`advance` on it alone (the language model's
-    attention-free runs and heads take all rows at once; every row keeps its
-    own caches). ``advance`` is this with one row.
+    Row ``b`` is ``states[b]`` with input ``frames[b]``: a :class:`ConversationState`
+    (every network; a :class:`FrameOutput`) or a transcript-only row (anything with
+    a ``perception`` and an ``rnnt``; a :class:`Heard`). Every row's listening half
+    (perception, RNNT) runs in one batch; the speaking half only for the
+    conversations. Each row's outputs equal :func:`advance` on it alone (the
+    language model's attention-free runs and heads take all rows at once; every
+    row keeps its own caches). ``advance`` is this with one row.
     """
-    sources = [s.perception for s in states]
-    if all(isinstance(s, PerceptionStream) for s in sources):
-        pairs = PerceptionStream.push_batch(sources, frames, clock)
-    else:  # offline: slices of the whole-signal perception
-        pairs = [source.push(frame, clock) for source, frame in zip(sources, frames)]
-    projected, encoded = [p for p, _ in pairs], [e for _, e in pairs]
-    listening: list[mx.array] = [*projected, *encoded]
-    for state in states:
-        listening += state.perception.state
-    clock.stage("perception", *listening)
-    mx.async_eval(*listening)
-    # The RNNT's first try joins the first evaluation; a blank (most frames
-    # of real speech) ends the frame's transcript work there.
-    firsts = RNNTState.advance_first_batch([s.rnnt for s in states], encoded)
-    for state, first in zip(states, firsts):
-        if first is not None:
-            listening += [first, *state.rnnt.state]
-    audio = projected[0] if len(states) == 1 else mx.concatenate(projected)
-    tokens = listen_batch([s.timeline for s in states], audio, forced, clock)
-    mx.eval(*[t.ids for t in tokens], *listening)
+    hearing = Hearing(states, frames, clock)
+    talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
+    talkers = [states[b] for b in talking]
+    tokens = []
+    if talkers:
+        tokens = listen_batch([s.timeline for s in talkers], take_rows(hearing.projected, talking),
+                              [forced[b] for b in talking], clock)
+    mx.eval(*[t.ids for t in tokens], *hearing.arrays)
 
     # The user transcript does not feed the timeline: the RNNT's other tries
     # (after an emission) compute while the speech half is built.
-    symbols = RNNTState.advance_rest_batch([s.rnnt for s in states], firsts)
-    speaking = []
-    for state, first, rest in zip(states, firsts, symbols):
-        if rest is not None and rest is not first:
-            speaking += [rest, *state.rnnt.state]
-    if speaking:
+    speaking = hearing.rest(clock)
+    steps, outputs = [], []
+    if talkers:
+        steps = speak_batch([s.timeline for s in talkers], tokens, clock)
+        clock.stage("tts", *[step.codes for step in steps])
+        speech = model.tts_model
+        codes = [speech.replace_control_codes(step.codes) for step in steps]
+        waveforms = speech.audio_codec.decode_step_batch([c.transpose(0, 2, 1) for c in codes],
+                                                         [s.codec for s in talkers])
+        for state, step, code, samples in zip(talkers, steps, codes, waveforms):
+            outputs.append((samples[0, 0], code[0, 0].astype(mx.int32)))
+            speaking += [step.codes, *outputs[-1], *state.codec.state]
         mx.async_eval(*speaking)
-    clock.stage("rnnt", *speaking)
-    steps = speak_batch([s.timeline for s in states], tokens, clock)
-    clock.stage("tts", *[step.codes for step in steps])
-    speech = model.tts_model
-    codes = [speech.replace_control_codes(step.codes) for step in steps]
-    waveforms = speech.audio_codec.decode_step_batch([c.transpose(0, 2, 1) for c in codes],
-                                                     [s.codec for s in states])
-    outputs = []
-    for state, step, code, samples in zip(states, steps, codes, waveforms):
-        outputs.append((samples[0, 0], code[0, 0].astype(mx.int32)))
-        speaking += [step.codes, *outputs[-1], *state.codec.state]
-    mx.async_eval(*speaking)
-    if on_tokens is not None:
-        for callback, step in zip(on_tokens, steps):
-            callback(step)
-    mx.eval(*speaking)
-    clock.sub_stage("codec.decoder_istft")
-    clock.stage("codec")
-    return [
-        FrameOutput(step.text_id, step.function_id, step.function_forced,
-                    np.array(codes), np.array(samples), rest)
-        for step, (samples, codes), rest in zip(steps, outputs, symbols)
-    ]
+        for b, step in zip(talking, steps):
+            if on_tokens is not None and on_tokens[b] is not None:
+                on_tokens[b](step)
+    if speaking:
+        mx.eval(*speaking)
+    if talkers:
+        clock.sub_stage("codec.decoder_istft")
+        clock.stage("codec")
+    symbols = hearing.symbols()
+    results: list[FrameOutput | Heard] = [Heard(s) for s in symbols]
+    for b, step, (samples, codes) in zip(talking, steps, outputs):
+        results[b] = FrameOutput(step.text_id, step.function_id, step.function_forced,
+                                 np.array(codes), np.array(samples), symbols[b])
+    return results
 
 
 def finish_audio(model: Model, state: ConversationState) -> np.ndarray:

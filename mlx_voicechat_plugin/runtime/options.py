@@ -35,12 +35,34 @@ def check_positive_int(value: object, what: str) -> int:
     return value
 
 
-@dataclass
-class SessionOptions:
-    """Options of one conversation (``VoiceChatSession.generate`` and streaming sessions).
+@dataclass(kw_only=True)
+class StreamLimits:
+    """What the streaming shell (:class:`~.streaming.StreamingShell`) enforces, for
+    either core; keyword-only, after each options class's own fields."""
 
-    ``use_perception_cache`` and ``max_streaming_seconds`` only concern the
-    streaming front end; offline turns run the whole-signal perception.
+    use_perception_cache: bool = True
+    max_streaming_seconds: float | None = None
+    # Samples one push may leave waiting for a frame, with what is already buffered.
+    max_buffered_samples: int | None = None
+    # UTF-8 bytes of the user transcript; a frame does not start once it is reached.
+    max_transcript_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_streaming_seconds is not None:
+            self.max_streaming_seconds = check_positive_seconds(
+                self.max_streaming_seconds, "max_streaming_seconds"
+            )
+        for name in ("max_buffered_samples", "max_transcript_bytes"):
+            if getattr(self, name) is not None:
+                check_positive_int(getattr(self, name), name)
+
+
+@dataclass
+class SessionOptions(StreamLimits):
+    """Options of one conversation (``VoiceChat.generate`` and streaming sessions).
+
+    The :class:`StreamLimits` fields only concern the streaming front end;
+    offline turns run the whole-signal perception.
     """
 
     system_prompt: str | None = None
@@ -51,8 +73,6 @@ class SessionOptions:
     # System prompt + rendered tools, in tokens; checked before any work.
     max_prompt_tokens: int | None = None
     use_language_cache: bool = True
-    use_perception_cache: bool = True
-    max_streaming_seconds: float | None = None
     profile: bool = False
     # Emit ``TurnEnded`` at the text channel's EOS (the GA dialect's responses).
     turn_events: bool = False
@@ -60,21 +80,19 @@ class SessionOptions:
     stop_prefill: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise TypeError(f"system_prompt must be a string, got {type(self.system_prompt).__name__}")
         check_seed(self.seed)
-        if self.max_streaming_seconds is not None:
-            self.max_streaming_seconds = check_positive_seconds(
-                self.max_streaming_seconds, "max_streaming_seconds"
-            )
         check_positive_int(self.max_tools, "max_tools")
         check_positive_int(self.max_tool_calls_per_turn, "max_tool_calls_per_turn")
         if self.max_prompt_tokens is not None:
             check_positive_int(self.max_prompt_tokens, "max_prompt_tokens")
 
 
-# The streaming API's historical name for the same options.
-StreamingOptions = SessionOptions
+@dataclass
+class TranscriptionOptions(StreamLimits):
+    """Options of a transcript-only stream (perception and the RNNT): the stream limits."""
 
 
 def check_extra_decoding_seconds(value: float) -> float:

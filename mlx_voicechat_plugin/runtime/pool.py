@@ -14,10 +14,15 @@ another waits; a session with no frame ready costs nothing. Failure
 isolation: a session whose frame raises is reported (its exception in the
 step's result) and the others' frames still run.
 
-A step runs its sessions' frames as one batched frame
-(:func:`~.frame.advance_batch`: stages whose rows are independent take every
-session at once, and each session keeps its own caches), so every session's
-ids, codes and transcript equal those of that session run alone.
+A session is a streaming shell over a full conversation (opened with
+:class:`~.options.SessionOptions`) or over perception and the RNNT only (a
+transcript-only stream, :class:`~.options.TranscriptionOptions`). A step runs
+its sessions' frames as one batched frame (:func:`~.streaming.step_cores`:
+every session's listening half, perception and the RNNT, in one batch, the
+speaking half for the conversations; stages whose rows are independent take
+every session at once, and each session keeps its own caches), so every
+session's ids, codes, samples and transcript equal those of that session run
+alone.
 """
 
 from __future__ import annotations
@@ -25,14 +30,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator
+from typing import Any, Generator
 
 import numpy as np
 
-from .conversation import frame_batch
 from .events import Event
-from .options import check_positive_int
-from .streaming import ContextLimit, StreamingSession
+from .options import SessionOptions, TranscriptionOptions, check_positive_int
+from .streaming import ContextLimit, StreamingShell, step_cores
 from .timeline import PrefillCancelled
 
 logger = logging.getLogger(__name__)
@@ -77,7 +81,7 @@ class StepResult:
 
 
 class SessionPool:
-    """Streaming sessions of one :class:`~.session.VoiceChatSession`, by id, within budgets."""
+    """Streaming sessions of one :class:`~.session.VoiceChat`, by id, within budgets."""
 
     def __init__(self, voicechat: Any, max_sessions: int = 1,
                  max_state_bytes: int | None = None):
@@ -85,7 +89,7 @@ class SessionPool:
         self.voicechat = voicechat
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
-        self.sessions: dict[str, StreamingSession] = {}
+        self.sessions: dict[str, StreamingShell] = {}
         self.state_bytes = 0  # measured after every change (read from any thread)
 
     def __len__(self) -> int:
@@ -104,43 +108,47 @@ class SessionPool:
 
     # --- lifecycle ----------------------------------------------------------
 
-    def open(self, session_id: str, factory: Callable[..., Any] | None = None,
-             **options: Any) -> StreamingSession:
+    def open(self, session_id: str,
+             options: SessionOptions | TranscriptionOptions | None = None) -> StreamingShell:
         """A new session under ``session_id`` (its prompt prefilled); :class:`PoolFull` if none fits.
 
-        ``factory`` makes another kind of session with the same surface
-        (``push_audio``, ``flush``, ``cancel``, ``nbytes``; e.g. a text-only
-        transcription stream); by default a full streaming session.
+        ``options``: :class:`SessionOptions` (the default) opens a full
+        conversation, :class:`TranscriptionOptions` a transcript-only stream.
         """
-        steps = self.open_steps(session_id, factory, **options)
+        steps = self.open_steps(session_id, options)
         while True:
             try:
                 next(steps)
             except StopIteration as opened:
                 return opened.value
 
-    def open_steps(self, session_id: str, factory: Callable[..., Any] | None = None,
-                   **options: Any) -> Generator[int, None, Any]:
+    def open_steps(self, session_id: str,
+                   options: SessionOptions | TranscriptionOptions | None = None
+                   ) -> Generator[int, None, StreamingShell]:
         """:meth:`open` with the prompt prefill one position per step (yields the
         positions left; returns the session), so a caller can run other sessions'
         frames between the positions. The slot is held from the first step; a
         prefill that fails or is stopped frees it."""
+        if options is None:
+            options = SessionOptions()
+        if not isinstance(options, (SessionOptions, TranscriptionOptions)):
+            raise TypeError(f"options must be SessionOptions or TranscriptionOptions, "
+                            f"got {type(options).__name__}")
         if session_id in self.sessions:
             raise ValueError(f"session {session_id!r} is already open")
         reason = self.admission_error()
         if reason is not None:
             raise PoolFull(reason)
-        if factory is None:
-            stream = self.voicechat.create_streaming_session(defer_start=True, **options)
+        if isinstance(options, SessionOptions):
+            stream = self.voicechat.create_streaming_session(options=options, defer_start=True)
         else:
-            stream = factory(**options)
+            stream = self.voicechat.create_transcription_stream(options=options)
         self.sessions[session_id] = stream
         try:
-            if isinstance(stream, StreamingSession):
-                for left in stream.start_steps():
-                    if self.sessions.get(session_id) is not stream:
-                        raise PrefillCancelled("the session was closed during its prefill")
-                    yield left
+            for left in stream.start_steps():
+                if self.sessions.get(session_id) is not stream:
+                    raise PrefillCancelled("the session was closed during its prefill")
+                yield left
         except BaseException:
             if self.sessions.get(session_id) is stream:
                 self.close(session_id)
@@ -152,7 +160,7 @@ class SessionPool:
                            f"--max-state-bytes {self.max_state_bytes}")
         return stream
 
-    def get(self, session_id: str) -> StreamingSession:
+    def get(self, session_id: str) -> StreamingShell:
         try:
             return self.sessions[session_id]
         except KeyError:
@@ -175,7 +183,7 @@ class SessionPool:
         """Advance each session in ``frames`` (id -> ``(pcm, sample_rate)``) by its chunk.
 
         The sessions' frames run as batched frames of all of them
-        (:func:`~.conversation.frame_batch`); callers give each session at
+        (:func:`~.streaming.step_cores`); callers give each session at
         most one frame of PCM per step (the server does). A session whose
         input is refused, that reached its length limit or whose books
         failed has its exception in ``errors``; the others go on.
@@ -185,14 +193,8 @@ class SessionPool:
         queued: dict[str, list[np.ndarray]] = {}
         for session_id, (samples, rate) in frames.items():
             try:
-                stream = self.get(session_id)
-                if isinstance(stream, StreamingSession):
-                    queued[session_id] = stream.take_frames(samples, rate)
-                    result.events[session_id] = []
-                else:  # another kind of session (a text-only stream) runs alone
-                    before = stream.frame_index
-                    result.events[session_id] = stream.push_audio(samples, rate)
-                    result.frames += stream.frame_index - before
+                queued[session_id] = self.get(session_id).take_frames(samples, rate)
+                result.events[session_id] = []
             except Exception as exc:  # bad input: this session only
                 self._fail(result, session_id, exc)
         while True:
@@ -209,8 +211,7 @@ class SessionPool:
             if not ready:
                 break
             streams = [self.sessions[k] for k in ready]
-            outcomes = frame_batch([s.conversation for s in streams],
-                                   [queued[k].pop(0) for k in ready])
+            outcomes = step_cores([s.core for s in streams], [queued[k].pop(0) for k in ready])
             result.frames += len(ready)
             for session_id, outcome in zip(ready, outcomes):
                 if isinstance(outcome, Exception):

@@ -1,11 +1,15 @@
-"""Offline voice chat: one whole user turn in, one whole answer out.
+"""A loaded model bound to its tokenizer: offline turns, and the streams it makes.
 
-The layering is mlx-lm's: :meth:`VoiceChatSession.stream_generate` runs the
+:class:`VoiceChat` (``model.create_session(processor)``; ``VoiceChatSession`` is
+its earlier name) holds what the model's sessions share (the tokenizer, the
+greedy RNNT and the streaming encoder, whose graphs compile once) and makes
+streaming sessions and transcript-only streams.
+
+Offline, the layering is mlx-lm's: :meth:`VoiceChat.stream_generate` runs the
 conversation one frame at a time and yields each frame's events (the same
 :class:`~.conversation.Conversation` a streaming session drives, over the
 whole-signal perception instead of the streaming encoder);
-:meth:`VoiceChatSession.generate` collects them into a
-:class:`VoiceChatResult`.
+:meth:`VoiceChat.generate` collects them into a :class:`VoiceChatResult`.
 """
 
 from __future__ import annotations
@@ -17,14 +21,20 @@ from typing import Any, Iterator
 import mlx.core as mx
 import numpy as np
 
+from ..models.encoder_stream import EncoderStream
 from ..models.model import Model
-from ..models.perception import log_mel
+from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import GreedyRNNT, RNNTState
 from .audio import AudioInput, load_waveform
 from .conversation import Conversation, joined_audio
 from .events import Done, Event, FunctionDelta, ToolCall, ToolCallInvalid, UserTranscriptDelta
 from .frame import FrameOutput, WholeSignal
-from .options import MAX_INPUT_SECONDS, SessionOptions, check_extra_decoding_seconds
+from .options import (
+    MAX_INPUT_SECONDS,
+    SessionOptions,
+    TranscriptionOptions,
+    check_extra_decoding_seconds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +80,8 @@ def _options(options: SessionOptions | None, kwargs: dict[str, Any]) -> SessionO
     return options
 
 
-class VoiceChatSession:
-    """Binds a loaded model to its tokenizer; makes offline turns and streaming sessions.
+class VoiceChat:
+    """Binds a loaded model to its tokenizer; runs offline turns and makes streams.
 
     The model is only read: its one-time setup (the TTS's subword spellings,
     codebook tables, warm start, prompt cache) is done by ``load``.
@@ -93,6 +103,9 @@ class VoiceChatSession:
             blank_id=self.config.rnnt_blank_id,
             max_symbols=self.config.audio_config.max_symbols,
         )
+        perception = stt.perception
+        self._encoder = EncoderStream(perception.encoder, left_context=perception.att_context[0],
+                                      positions=perception.window_positions())
 
     def decode_text(self, ids: list[int] | np.ndarray) -> str:
         special = self.config.special_text_ids
@@ -102,13 +115,25 @@ class VoiceChatSession:
     def new_rnnt_state(self) -> RNNTState:
         return RNNTState(self._rnnt, list(self.config.rnnt_vocabulary))
 
+    def new_perception_stream(self, use_cache: bool = True) -> PerceptionStream:
+        """A new stream's perception state, on this model's streaming encoder."""
+        return PerceptionStream(self.model.stt_model.perception, self.config, use_cache,
+                                self._encoder)
+
     def create_streaming_session(self, options: SessionOptions | None = None,
                                  defer_start: bool = False, **kwargs: Any):
         """A streaming session; ``defer_start``: its prompt prefill is left to
-        :meth:`~.streaming.StreamingSession.start_steps`."""
+        :meth:`~.streaming.StreamingShell.start_steps`."""
         from .streaming import StreamingSession
 
         return StreamingSession(self, _options(options, kwargs), defer_start)
+
+    def create_transcription_stream(self, options: TranscriptionOptions | None = None,
+                                    **kwargs: Any):
+        """A transcript-only stream (perception and the RNNT)."""
+        from .transcribe import Transcriber
+
+        return Transcriber(self).create_stream(options, **kwargs)
 
     # --- offline ---------------------------------------------------------------
 
@@ -127,8 +152,7 @@ class VoiceChatSession:
             )
         if extra_decoding_seconds:
             waveform = mx.pad(waveform, (0, round(extra_decoding_seconds * rate)))
-        mel = log_mel(waveform, config.audio_config)
-        projected, lengths, encoded = self.model.stt_model.perception(mel)
+        projected, lengths, encoded = self.model.stt_model.perception.encode_signal(waveform)
         mx.eval(projected, encoded, lengths)
         frames = int(lengths[0])
         logger.info("offline turn: %.2f s input, %d frames", seconds, frames)
@@ -201,3 +225,7 @@ class VoiceChatSession:
             tool_errors=[e for e in events if isinstance(e, ToolCallInvalid)],
             events=events,
         )
+
+
+# The class's earlier name (it makes sessions; it is not one), kept for callers.
+VoiceChatSession = VoiceChat

@@ -1,31 +1,42 @@
-"""Online voice chat: PCM chunks in, aligned text / transcript / audio events out.
+"""The one streaming shell: PCM chunks of any size in, frames through a core, events out.
 
-Every network advances exactly one frame per 1280-sample frame from persistent
-state (:class:`~.frame.ConversationState`: the streaming encoder, the
-:class:`Timeline`, the RNNT carry and the codec stream). The per-frame compute
-(:func:`~.frame.advance`) and books (:class:`~.conversation.Conversation`)
-are the ones offline generation runs. A session is driven from one thread.
+:class:`StreamingShell` owns what every realtime stream does the same way: it
+cuts PCM into 1280-sample frames (keeping the partial one), bounds the
+buffered samples, the stream's length and its transcript
+(:class:`~.options.StreamLimits`), zero-pads the partial frame at ``flush``,
+ends with ``Done`` or ``Cancelled`` and releases the state on every exit
+path. A frame is computed by its core, one of:
+
+- :class:`~.conversation.Conversation`: the full duplex conversation (every
+  network advances one frame from persistent state,
+  :class:`~.frame.ConversationState`; the per-frame compute and books are the
+  ones offline generation runs): :class:`StreamingSession`;
+- :class:`~.transcribe.TranscriptCore`: perception and the RNNT only, the user
+  transcript: :class:`~.transcribe.TranscriptionStream`.
+
+:func:`step_cores` runs one frame of many cores of one model as one batched
+frame (:func:`~.frame.advance_batch`): every core's listening half together,
+the speaking half for the conversations. A stream is driven from one thread.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 import numpy as np
 
-from ..models.perception_stream import PerceptionStream
 from .audio import as_pcm_chunk
 from .conversation import Conversation
 from .events import Cancelled, Done, Event
-from .options import SessionOptions, StreamingOptions
+from .frame import advance_batch
+from .options import SessionOptions, StreamLimits
 from .profile import Profile
 from .timeline import Timeline
 
-# StreamingOptions: the options' earlier name, still importable from here.
-__all__ = ["ContextLimit", "SessionClosed", "StreamingOptions", "StreamingSession"]
-
 if TYPE_CHECKING:
-    from .session import VoiceChatSession
+    from ..config import ModelConfig
+    from ..models.perception_stream import PerceptionStream
+    from .session import VoiceChat
 
 
 class ContextLimit(RuntimeError):
@@ -40,24 +51,47 @@ class ContextLimit(RuntimeError):
         self.events: list = [] if events is None else events
 
 
+class TranscriptLimit(ContextLimit):
+    """The stream's transcript reached ``max_transcript_bytes``; flush or cancel it."""
+
+
 class SessionClosed(RuntimeError):
-    """The session has ended (flushed, cancelled or failed)."""
+    """The stream has ended (flushed, cancelled or failed)."""
 
 
-class StreamingSession:
-    """One conversation fed PCM as it arrives: chunks of any size in, each frame's events out.
+class Core(Protocol):
+    """What the shell runs a frame through (see the module docstring)."""
 
-    PCM is cut into 1280-sample frames; each frame goes through the
-    streaming encoder (:class:`PerceptionStream`) and the same
-    :class:`~.conversation.Conversation` an offline turn runs.
-    """
+    model: Any
+    compute: Any  # the carried state: a ConversationState, or a transcript-only one
+    frame_index: int
+    decode_tokens: Callable[[Any], None] | None  # host text work of a speaking frame
 
-    def __init__(self, parent: "VoiceChatSession", options: SessionOptions,
-                 defer_start: bool = False):
-        config = parent.config
-        self.parent = parent
-        self.model = parent.model
-        self.config = config
+    @property
+    def transcript(self) -> str: ...
+
+    def start_steps(self) -> Iterator[int]: ...
+
+    def next_forced(self) -> int | None: ...
+
+    def frame(self, frame: np.ndarray) -> list[Event]: ...
+
+    def finish_frame(self, out: Any) -> list[Event]: ...
+
+    def end(self) -> list[Event]: ...
+
+    def finish_audio(self) -> list[Event]: ...
+
+    def close(self) -> None: ...
+
+
+class StreamingShell:
+    """A core fed PCM as it arrives: chunks of any size in, each frame's events out."""
+
+    text_only = False
+
+    def __init__(self, core: Core, options: StreamLimits, config: "ModelConfig"):
+        self.core = core
         self.options = options
         self.frame_samples = config.frame_samples
         self.sample_rate = config.input_sample_rate
@@ -66,66 +100,72 @@ class StreamingSession:
             if options.max_streaming_seconds is None
             else int(options.max_streaming_seconds / config.frame_duration)
         )
-        perception = PerceptionStream(
-            parent.model.stt_model.perception, config, options.use_perception_cache
-        )
-        self.conversation = Conversation(parent, options, perception, defer_start)
         self._pending = np.zeros((0,), dtype=np.float32)
         self.closed = False
 
     @property
-    def prompt_cache_hit(self) -> bool:
-        return self.conversation.prompt_cache_hit
-
-    def start_steps(self) -> Iterator[int]:
-        """With ``defer_start``: the system-prompt prefill, one position per step
-        (yields the positions left); run it to the end before the first frame."""
-        return self.conversation.start_steps()
-
-    @property
     def frame_index(self) -> int:
-        return self.conversation.frame_index
+        return self.core.frame_index
 
     @property
-    def timeline(self) -> Timeline:
-        return self.conversation.compute.timeline
-
-    @property
-    def perception(self) -> PerceptionStream:
-        return self.conversation.compute.perception
-
-    @property
-    def tools(self):
-        return self.conversation.tools
+    def transcript(self) -> str:
+        return self.core.transcript
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the session's state arrays (caches, carries, buffered PCM)."""
-        return self.conversation.compute.nbytes + self._pending.nbytes
+        """Bytes of the stream's state arrays (caches, carries, buffered PCM)."""
+        return self.core.compute.nbytes + self._pending.nbytes
 
-    def _frame(self, frame: np.ndarray) -> list[Event]:
-        self.check_limit()
-        return self.conversation.frame(frame)
+    def start_steps(self) -> Iterator[int]:
+        """A deferred start (a conversation's system-prompt prefill), one position per
+        step (yields the positions left); run it to the end before the first frame."""
+        return self.core.start_steps()
 
-    def check_limit(self) -> None:
-        """:class:`ContextLimit` once the stream has run ``max_streaming_seconds`` of frames."""
-        if self._at_limit():
-            raise ContextLimit(
+    # --- limits ----------------------------------------------------------
+
+    def limit_reached(self) -> ContextLimit | None:
+        """The limit the next frame would pass, or ``None``."""
+        if self.max_frames is not None and self.frame_index >= self.max_frames:
+            return ContextLimit(
                 f"stream reached max_streaming_seconds={self.options.max_streaming_seconds:g} "
                 f"({self.max_frames} frames)"
             )
+        limit = self.options.max_transcript_bytes
+        if limit is not None and len(self.transcript.encode("utf-8")) >= limit:
+            return TranscriptLimit(f"transcript reached max_transcript_bytes={limit}")
+        return None
+
+    def check_limit(self) -> None:
+        """:class:`ContextLimit` once the next frame would pass a limit."""
+        reached = self.limit_reached()
+        if reached is not None:
+            raise reached
+
+    # --- framing ---------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SessionClosed("the stream has ended (flushed, cancelled or failed); audio "
+                                "after the end of input is rejected")
 
     def take_frames(self, samples: Any, sample_rate: int | None = None) -> list[np.ndarray]:
         """Buffer a PCM chunk; return the complete frames it makes, to run in order.
 
-        Bad input (rate, dtype, shape, non-finite samples) raises before
-        anything is buffered, and the session stays usable.
+        Bad input (rate, dtype, shape, non-finite samples, too much buffered)
+        raises before anything is buffered, and the stream stays usable.
         """
         self._check_open()
         rate = self.sample_rate if sample_rate is None else sample_rate
         if rate != self.sample_rate:
             raise ValueError(f"sample_rate must be {self.sample_rate} Hz, got {rate}")
-        self._pending = np.concatenate([self._pending, as_pcm_chunk(samples)])
+        chunk = as_pcm_chunk(samples)
+        limit = self.options.max_buffered_samples
+        if limit is not None and self._pending.shape[0] + chunk.shape[0] > limit:
+            raise ValueError(
+                f"audio chunk of {chunk.shape[0]} samples (with {self._pending.shape[0]} "
+                f"buffered) exceeds max_buffered_samples={limit}"
+            )
+        self._pending = np.concatenate([self._pending, chunk])
         count = self._pending.shape[0] // self.frame_samples
         frames = [self._pending[i * self.frame_samples : (i + 1) * self.frame_samples]
                   for i in range(count)]
@@ -136,17 +176,18 @@ class StreamingSession:
         """Forget buffered PCM (after :class:`ContextLimit`)."""
         self._pending = np.zeros((0,), dtype=np.float32)
 
-    # --- the API --------------------------------------------------------
+    def _frame(self, frame: np.ndarray) -> list[Event]:
+        self.check_limit()
+        return self.core.frame(frame)
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise SessionClosed("streaming session is closed")
+    # --- the API ---------------------------------------------------------
 
     def push_audio(self, samples: Any, sample_rate: int | None = None) -> list[Event]:
         """Consume a mono float PCM chunk of any size; return the completed frames' events.
 
-        Bad input (rate, dtype, shape, non-finite samples) raises before anything
-        is consumed, and the session stays usable.
+        Bad input raises before anything is consumed, and the stream stays
+        usable. At a limit, :class:`ContextLimit` carries the events of the
+        frames this call ran before it.
         """
         events: list[Event] = []
         for frame in self.take_frames(samples, sample_rate):
@@ -158,35 +199,74 @@ class StreamingSession:
                 raise
         return events
 
-    def _at_limit(self) -> bool:
-        return self.max_frames is not None and self.frame_index >= self.max_frames
-
     def flush(self, pad_partial: bool = True) -> list[Event]:
-        """End the input: optionally zero-pad and run the partial frame, then ``Done``."""
+        """End the input: optionally zero-pad and run the partial frame, then the core's
+        closing events and ``Done``; the stream is closed afterwards."""
         self._check_open()
         events: list[Event] = []
         try:
-            # At the length limit the partial frame is dropped: the stream
-            # still ends normally (the last frame's audio, then Done).
-            if self._pending.shape[0] and pad_partial and not self._at_limit():
+            # At a limit the partial frame is dropped: the stream still ends
+            # normally (the core's closing events, then Done).
+            if self._pending.shape[0] and pad_partial and self.limit_reached() is None:
                 frame = np.zeros((self.frame_samples,), dtype=np.float32)
                 frame[: self._pending.shape[0]] = self._pending
-                events.extend(self._frame(frame))
-            events.extend(self.conversation.end())
+                events.extend(self.core.frame(frame))
+            events.extend(self.core.end())
         finally:
             self._close()
         events.append(Done(self.frame_index))
         return events
 
     def cancel(self) -> list[Event]:
-        """Drop pending audio and end with ``Cancelled``."""
+        """Drop pending audio and end with what the last frame still owes, then ``Cancelled``."""
         if self.closed:
             return []
         try:
-            events = self.conversation.finish_audio()
+            events = self.core.finish_audio()
         finally:
             self._close()
         return [*events, Cancelled(self.frame_index)]
+
+    def _close(self) -> None:
+        """Release every state array (the books stay readable)."""
+        if not self.closed:
+            self.closed = True
+            self._pending = np.zeros((0,), dtype=np.float32)
+            self.core.close()
+
+
+class StreamingSession(StreamingShell):
+    """One full conversation fed PCM as it arrives (the shell over a
+    :class:`~.conversation.Conversation`): every frame goes through the
+    streaming encoder and the same conversation an offline turn runs."""
+
+    def __init__(self, parent: "VoiceChat", options: SessionOptions, defer_start: bool = False):
+        perception = parent.new_perception_stream(options.use_perception_cache)
+        conversation = Conversation(parent, options, perception, defer_start)
+        super().__init__(conversation, options, parent.config)
+        self.parent = parent
+        self.model = parent.model
+        self.config = parent.config
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.core
+
+    @property
+    def prompt_cache_hit(self) -> bool:
+        return self.conversation.prompt_cache_hit
+
+    @property
+    def timeline(self) -> Timeline:
+        return self.conversation.compute.timeline
+
+    @property
+    def perception(self) -> "PerceptionStream":
+        return self.conversation.compute.perception
+
+    @property
+    def tools(self):
+        return self.conversation.tools
 
     def submit_tool_result(self, call_id: str, output: str) -> int:
         """Feed a call's result back: its tokens enter the next frames' function input.
@@ -198,19 +278,8 @@ class StreamingSession:
         self._check_open()
         return self.conversation.submit_tool_result(call_id, output)
 
-    def _close(self) -> None:
-        """Release every state array (the books stay readable)."""
-        if not self.closed:
-            self.closed = True
-            self._pending = np.zeros((0,), dtype=np.float32)
-            self.conversation.close()
-
     def profile(self) -> Profile:
         return self.conversation.profile
-
-    @property
-    def transcript(self) -> str:
-        return self.conversation.transcript
 
     @property
     def text(self) -> str:
@@ -219,3 +288,23 @@ class StreamingSession:
     @property
     def function_text(self) -> str:
         return self.conversation.function.text
+
+
+def step_cores(cores: list[Core], inputs: list[np.ndarray]) -> list[list[Event] | Exception]:
+    """One frame of many cores of one model: one batched compute, then each one's books.
+
+    Every core's listening half (perception, RNNT) runs in one batch, the
+    speaking half for the conversations among them. Each core gets its events,
+    or the exception its own bookkeeping raised (the others' frames are
+    unaffected); each equals that core's ``frame`` run alone. Not profiled.
+    """
+    outs = advance_batch(cores[0].model, [c.compute for c in cores], inputs,
+                         [c.next_forced() for c in cores],
+                         on_tokens=[c.decode_tokens for c in cores])
+    results: list[list[Event] | Exception] = []
+    for core, out in zip(cores, outs):
+        try:
+            results.append(core.finish_frame(out))
+        except Exception as exc:  # this core only
+            results.append(exc)
+    return results

@@ -16,11 +16,14 @@ Here they run alone, from the same loaded weights:
   output exists without padding; one :class:`Transcription` is the one final.
   ``steps`` is a generator that yields each chunk's transcript deltas, so a
   caller (the server's engine) can interleave other work and stream them.
-- :class:`TranscriptionStream`: the text-only realtime session. Per 80 ms
-  frame it runs the streaming mel frontend, the encoder step and the RNNT
-  frame only, in the order the full :class:`StreamingSession` runs them, so its
-  transcript equals a full session's on the same input. It emits runtime
-  events (:class:`UserTranscriptDelta`, one :class:`TranscriptDone` at
+- :class:`TranscriptionStream`: the text-only realtime session, the streaming
+  shell (:class:`~.streaming.StreamingShell`) over a :class:`TranscriptCore`.
+  Per 80 ms frame the core runs the streaming mel frontend, the encoder step
+  and the RNNT frame only, through the same batched frame as a full
+  conversation's listening half (:func:`~.frame.advance_batch`), so its
+  transcript equals a full session's on the same input, and in a session pool
+  its rows join the other sessions' perception and RNNT batches. It emits
+  runtime events (:class:`UserTranscriptDelta`, one :class:`TranscriptDone` at
   ``flush``, then :class:`Done`); the server's protocol layer serialises them.
 """
 
@@ -28,25 +31,29 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generator
+from typing import TYPE_CHECKING, Any, Generator, Iterator
 
 import mlx.core as mx
 import numpy as np
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 
-from ..models.perception import log_mel
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
-from .audio import AudioInput, as_pcm_chunk, load_waveform
-from .events import Cancelled, Done, Event, UserTranscriptDelta
-from .streaming import ContextLimit, SessionClosed
+from .audio import AudioInput, load_waveform
+from .events import Event, UserTranscriptDelta
+from .frame import Heard, advance
+from .options import TranscriptionOptions, check_positive_int
+from .streaming import StreamingShell, TranscriptLimit
 
 if TYPE_CHECKING:
-    from .session import VoiceChatSession
+    from .session import VoiceChat
+
+__all__ = ["Transcriber", "TranscriptionOptions", "TranscriptionStream", "TranscriptCore",
+           "TranscriptDone", "TranscriptLimit", "Transcription", "checkpoint_language"]
 
 logger = logging.getLogger(__name__)
 
-RNNT_CHUNK_FRAMES = 25  # frames queued per evaluation (as ``models.rnnt.transcribe``)
+RNNT_CHUNK_FRAMES = 25  # a file's RNNT frames queued per evaluation
 DEFAULT_LANGUAGE = "en"  # the released checkpoint's language when config.json names none
 
 
@@ -71,15 +78,6 @@ class Transcription:
     duration: float  # the file's seconds
     frames: int  # encoder frames of the file (decoded unless ``truncated``)
     truncated: bool  # the output reached ``max_new_tokens``
-
-
-class TranscriptLimit(ContextLimit):
-    """The stream's transcript reached ``max_transcript_bytes``; flush or cancel it."""
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 class _Limited:
@@ -107,7 +105,7 @@ class _Limited:
 class Transcriber:
     """Transcription from a loaded VoiceChat model's perception and RNNT."""
 
-    def __init__(self, voicechat: "VoiceChatSession"):
+    def __init__(self, voicechat: "VoiceChat"):
         self.voicechat = voicechat
         self.model = voicechat.model
         self.config = voicechat.config
@@ -126,12 +124,12 @@ class Transcriber:
         The first step runs perception over the whole file (nothing appended);
         each later one decodes :data:`RNNT_CHUNK_FRAMES` encoder frames.
         """
-        _positive_int("max_new_tokens", max_new_tokens)
+        if max_new_tokens is not None:
+            check_positive_int(max_new_tokens, "max_new_tokens")
         rate = self.sample_rate
         waveform = load_waveform(audio, rate, sample_rate)
         duration = waveform.shape[0] / rate
-        mel = log_mel(waveform, self.config.audio_config)
-        _, lengths, encoded = self.model.stt_model.perception(mel)
+        _, lengths, encoded = self.model.stt_model.perception.encode_signal(waveform)
         mx.eval(encoded, lengths)  # the projection to the LLM is never evaluated
         frames = int(lengths[0])
         logger.info("transcription: %.2f s input, %d frames", duration, frames)
@@ -163,167 +161,94 @@ class Transcriber:
             except StopIteration as done:
                 return done.value
 
-    def create_stream(self, options: "TranscriptionOptions | None" = None,
+    def create_stream(self, options: TranscriptionOptions | None = None,
                       **kwargs: Any) -> "TranscriptionStream":
         if options is None:
             options = TranscriptionOptions(**kwargs)
         elif kwargs:
             raise TypeError("pass either TranscriptionOptions or keyword options, not both")
-        return TranscriptionStream(self, options)
+        return TranscriptionStream(self.voicechat, options)
 
 
-@dataclass
-class TranscriptionOptions:
-    max_streaming_seconds: float | None = None
-    # UTF-8 bytes of transcript; a frame does not start once it is reached.
-    max_transcript_bytes: int | None = None
-    # Samples one push may leave waiting for a frame, with what is already buffered.
-    max_buffered_samples: int | None = None
-    use_perception_cache: bool = True
+class ListeningState:
+    """A transcript-only stream's carried state: its perception stream and RNNT state
+    (the rows of the listening half, as in a :class:`~.frame.ConversationState`)."""
 
-    def __post_init__(self) -> None:
-        limit = self.max_streaming_seconds
-        if limit is not None and (isinstance(limit, bool) or not limit > 0):
-            raise ValueError(f"max_streaming_seconds must be > 0, got {limit!r}")
-        _positive_int("max_transcript_bytes", self.max_transcript_bytes)
-        _positive_int("max_buffered_samples", self.max_buffered_samples)
-
-
-class TranscriptionStream:
-    """A text-only realtime session: PCM in, the user transcript out.
-
-    The same public surface as :class:`StreamingSession` where it applies
-    (``push_audio``, ``flush``, ``cancel``, ``closed``, ``frame_index``,
-    ``transcript``); driven from one thread.
-    """
-
-    text_only = True
-
-    def __init__(self, transcriber: Transcriber, options: TranscriptionOptions):
-        config = transcriber.config
-        self.transcriber = transcriber
-        self.config = config
-        self.options = options
-        self.frame_samples = config.frame_samples
-        self.sample_rate = config.input_sample_rate
-        self.max_frames = (
-            None if options.max_streaming_seconds is None
-            else int(options.max_streaming_seconds / config.frame_duration)
-        )
-        self._perception: PerceptionStream | None = PerceptionStream(
-            transcriber.model.stt_model.perception, config, options.use_perception_cache
-        )
-        self._rnnt = transcriber.voicechat.new_rnnt_state()
-        self._pending = np.zeros((0,), dtype=np.float32)
-        self.frame_index = 0
-        self.closed = False
-
-    @property
-    def transcript(self) -> str:
-        return self._rnnt.text
+    def __init__(self, perception: PerceptionStream, rnnt: RNNTState):
+        self.perception: PerceptionStream | None = perception
+        self.rnnt = rnnt
 
     @property
     def state(self) -> list[mx.array]:
-        """The carried arrays: the streaming encoder's caches and the RNNT carry."""
-        return [] if self.closed else [*self._perception.state, *self._rnnt.state]
+        return [] if self.perception is None else [*self.perception.state, *self.rnnt.state]
 
     @property
     def nbytes(self) -> int:
-        """Measured bytes of :attr:`state` and the buffered PCM (what a session pool budgets)."""
-        return sum(a.nbytes for a in self.state) + self._pending.nbytes
+        return sum(a.nbytes for a in self.state)
 
-    def _check_limits(self) -> None:
-        if self.max_frames is not None and self.frame_index >= self.max_frames:
-            raise ContextLimit(
-                f"stream reached max_streaming_seconds={self.options.max_streaming_seconds:g} "
-                f"({self.max_frames} frames)"
-            )
-        limit = self.options.max_transcript_bytes
-        if limit is not None and len(self.transcript.encode("utf-8")) >= limit:
-            raise TranscriptLimit(f"transcript reached max_transcript_bytes={limit}")
+    def release(self) -> None:
+        """Drop every array reference (the transcript stays readable)."""
+        self.perception = None
+        self.rnnt.release()
 
-    def _frame(self, frame: np.ndarray) -> list[Event]:
-        """Perception and the RNNT for one frame, as the full session runs them."""
-        self._check_limits()
-        perception, rnnt = self._perception, self._rnnt
-        _, encoded = perception.push(frame)
-        first = rnnt.advance_first(encoded)
-        listening = [] if first is None else [first, *rnnt.state]
-        mx.eval(encoded, *perception.state, *listening)
-        symbols = rnnt.advance_rest(first)
-        if symbols is not None and symbols is not first:
-            mx.eval(symbols, *rnnt.state)
+
+class TranscriptCore:
+    """The transcript-only core of a streaming shell: perception and the RNNT, as the
+    full conversation runs them (the same batched frame, without its speaking half)."""
+
+    decode_tokens = None  # no language model: no token texts to decode
+
+    def __init__(self, voicechat: "VoiceChat", options: TranscriptionOptions):
+        self.model = voicechat.model
+        self.compute = ListeningState(voicechat.new_perception_stream(options.use_perception_cache),
+                                      voicechat.new_rnnt_state())
+        self.frame_index = 0
+
+    @property
+    def transcript(self) -> str:
+        return self.compute.rnnt.text
+
+    def start_steps(self) -> Iterator[int]:
+        return iter(())  # nothing to prefill
+
+    def next_forced(self) -> None:
+        return None
+
+    def frame(self, frame: np.ndarray) -> list[Event]:
+        """Perception and the RNNT for one frame of PCM, alone (one row)."""
+        return self.finish_frame(advance(self.model, self.compute, frame))
+
+    def finish_frame(self, out: Heard) -> list[Event]:
+        rnnt = self.compute.rnnt
+        delta = rnnt.commit(out.symbols)
         events: list[Event] = []
-        delta = rnnt.commit(symbols)
         if delta is not None:
             events.append(UserTranscriptDelta(self.frame_index, delta, rnnt.text))
         self.frame_index += 1
         return events
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise SessionClosed("transcription stream has ended; audio after the end of "
-                                "input is rejected")
+    def end(self) -> list[Event]:
+        """Exactly one final transcript, also for an empty stream."""
+        return [TranscriptDone(self.frame_index, self.transcript)]
 
-    def push_audio(self, samples: Any, sample_rate: int | None = None) -> list[Event]:
-        """Consume a mono float PCM chunk; return the completed frames' transcript deltas.
+    def finish_audio(self) -> list[Event]:
+        return []  # no audio
 
-        Bad input raises before anything is consumed; the stream stays usable.
-        """
-        self._check_open()
-        rate = self.sample_rate if sample_rate is None else sample_rate
-        if rate != self.sample_rate:
-            raise ValueError(f"sample_rate must be {self.sample_rate} Hz, got {rate}")
-        chunk = as_pcm_chunk(samples)
-        limit = self.options.max_buffered_samples
-        if limit is not None and self._pending.shape[0] + chunk.shape[0] > limit:
-            raise ValueError(
-                f"audio chunk of {chunk.shape[0]} samples (with {self._pending.shape[0]} "
-                f"buffered) exceeds max_buffered_samples={limit}"
-            )
-        self._pending = np.concatenate([self._pending, chunk])
-        events: list[Event] = []
-        while self._pending.shape[0] >= self.frame_samples:
-            frame = self._pending[: self.frame_samples]
-            self._pending = self._pending[self.frame_samples :]
-            try:
-                events.extend(self._frame(frame))
-            except ContextLimit as exc:
-                self._pending = np.zeros((0,), dtype=np.float32)
-                exc.events = events
-                raise
-        return events
+    def close(self) -> None:
+        self.compute.release()
 
-    def flush(self, pad_partial: bool = True) -> list[Event]:
-        """End of input: the zero-padded partial frame, one :class:`TranscriptDone`, ``Done``.
 
-        Exactly one final transcript, also for an empty stream; the stream is
-        closed afterwards and further audio raises :class:`SessionClosed`.
-        """
-        self._check_open()
-        events: list[Event] = []
-        try:
-            if self._pending.shape[0] and pad_partial:
-                frame = np.zeros((self.frame_samples,), dtype=np.float32)
-                frame[: self._pending.shape[0]] = self._pending
-                try:
-                    events.extend(self._frame(frame))
-                except ContextLimit:
-                    pass  # at a limit the partial frame is dropped; the stream still ends
-        finally:
-            self._close()
-        events.append(TranscriptDone(self.frame_index, self.transcript))
-        events.append(Done(self.frame_index))
-        return events
+class TranscriptionStream(StreamingShell):
+    """A text-only realtime session: PCM in, the user transcript out (the streaming
+    shell over a :class:`TranscriptCore`). ``flush`` ends with one
+    :class:`TranscriptDone`, then ``Done``; audio after it raises ``SessionClosed``."""
 
-    def cancel(self) -> list[Event]:
-        if self.closed:
-            return []
-        self._close()
-        return [Cancelled(self.frame_index)]
+    text_only = True
 
-    def _close(self) -> None:
-        self.closed = True
-        self._pending = np.zeros((0,), dtype=np.float32)
-        self._rnnt.release()  # the transcript stays readable
-        self._perception = None
+    def __init__(self, voicechat: "VoiceChat", options: TranscriptionOptions):
+        super().__init__(TranscriptCore(voicechat, options), options, voicechat.config)
+
+    @property
+    def state(self) -> list[mx.array]:
+        """The carried arrays: the streaming encoder's caches and the RNNT carry."""
+        return self.core.compute.state

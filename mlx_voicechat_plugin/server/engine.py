@@ -44,6 +44,7 @@ import numpy as np
 
 from ..runtime.audio import as_pcm_chunk
 from ..runtime.events import Audio, Cancelled
+from ..runtime.options import SessionOptions, TranscriptionOptions
 from ..runtime.pool import SessionPool, admission_error, check_budgets
 from ..runtime.prompt_cache import PromptCache
 from . import protocol
@@ -64,7 +65,7 @@ WARM_UP_STEPS_PER_SIZE = 3
 # Commands that wait in a session's input queue behind the audio sent before them.
 ORDERED = ("flush", "cancel", "tool_result", "sync")
 
-Loader = Callable[[str], Any]  # checkpoint path -> VoiceChatSession
+Loader = Callable[[str], Any]  # checkpoint path -> VoiceChat
 Serializer = Callable[[list], list]  # one command's runtime events -> JSON texts
 
 
@@ -338,7 +339,7 @@ class Engine:
         ids = [f"warm-up-{i}" for i in range(self.max_sessions)]
         try:
             for seed, session_id in enumerate(ids):
-                pool.open(session_id, seed=seed)
+                pool.open(session_id, SessionOptions(seed=seed))
             for _ in range(frames):
                 result = pool.step({k: (silence, None) for k in ids})
             self.step_costs.record(len(ids), result.seconds)
@@ -600,10 +601,9 @@ class Engine:
         session_id = command.session_id
         options = dict(command.payload)
         serializer = options.pop("serializer", None) or serialize_vlm
-        factory = self.transcriber().create_stream if options.pop("text_only", False) \
-            else None
+        kind = TranscriptionOptions if options.pop("text_only", False) else SessionOptions
         try:
-            opening = pool.open_steps(session_id, factory=factory, **options)
+            opening = pool.open_steps(session_id, kind(**options))
             slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
             while True:
                 try:

@@ -1,0 +1,30 @@
+"""Rows of batched state: stacking streams' arrays into ``[B, ...]`` and taking one back out.
+
+A stage's state object (mlx-lm's cache convention: ``merge`` then ``extract``)
+stacks its streams' arrays on the first axis and hands each row back. One
+stream is the ``B = 1`` case of the same code, where both move no data: a
+single part is used as it is and a one-row array is its own row.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+
+
+def stack_rows(parts: Sequence[mx.array]) -> mx.array:
+    """``parts`` (each ``[b_i, ...]``) as one ``[sum b_i, ...]`` array; one part as it is."""
+    return parts[0] if len(parts) == 1 else mx.concatenate(list(parts))
+
+
+def take_row(array: mx.array, index: int) -> mx.array:
+    """Row ``index`` of ``[B, ...]`` ``array`` as ``[1, ...]``; a one-row array as it is."""
+    return array if array.shape[0] == 1 else array[index : index + 1]
+
+
+def take_rows(array: mx.array, indices: Sequence[int]) -> mx.array:
+    """Rows ``indices`` (ascending) of ``[B, ...]`` ``array``; all of them as it is."""
+    if len(indices) == array.shape[0]:
+        return array
+    return stack_rows([take_row(array, i) for i in indices])
