@@ -41,8 +41,7 @@ from .frame import (
 from .options import SessionOptions
 from .profile import FrameClock, Profile, profile_env
 from .prompt import session_prompt
-from .prompt_cache import prompt_cache_of
-from .timeline import TimelineStep
+from .timeline import Timeline, TimelineStep
 from .tool_calls import ToolChannel
 from .tools import ToolError
 
@@ -56,9 +55,10 @@ class Conversation:
         model, config = parent.model, parent.config
         self.model = model
         self.options = options
+        self._prompt_cache = parent.prompt_cache
         prompt, toolset = session_prompt(parent.tokenizer, model, options)
         self.compute = ConversationState(
-            model, perception, parent.new_rnnt_state(),
+            model, perception, parent.new_rnnt_state(), start=parent.warm_start,
             seed=options.seed, use_language_cache=options.use_language_cache,
         )
         hidden = config.special_text_ids
@@ -90,20 +90,19 @@ class Conversation:
 
     def _starting(self, prompt: list[int]) -> Iterator[int]:
         """Prefill the prompt (yielding the positions left), or continue from the
-        model's cached state for it."""
-        timeline, options = self.compute.timeline, self.options
-        cache = prompt_cache_of(self.model)
+        runtime's cached state for it (a ``state`` round trip of the timeline)."""
+        timeline, options, cache = self.compute.timeline, self.options, self._prompt_cache
         if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
             yield from timeline.prefill_steps(prompt, options.stop_prefill)
             return
         key = (tuple(prompt), options.seed)
-        state = cache.get(key)
-        if state is not None:
-            timeline.restore(state)
+        snapshot = cache.get(key)
+        if snapshot is not None:
+            self.compute.timeline = Timeline.from_state(self.model, *snapshot)
             self.prompt_cache_hit = True
             return
         yield from timeline.prefill_steps(prompt, options.stop_prefill)
-        cache.put(key, timeline.snapshot())
+        cache.put(key, (timeline.state, timeline.meta_state))
 
     def start_steps(self) -> Iterator[int]:
         """The deferred start (see ``defer_start``)."""

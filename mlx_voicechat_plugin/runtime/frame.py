@@ -28,7 +28,7 @@ from ..models.model import Model
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from .profile import FrameClock
-from .timeline import Timeline, TimelineStep, listen_batch, speak_batch
+from .timeline import Timeline, TimelineStep, WarmStart
 
 _NO_CLOCK = FrameClock(enabled=False)
 
@@ -78,9 +78,9 @@ class ConversationState:
     """
 
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
-                 *, seed: int, use_language_cache: bool):
+                 *, start: WarmStart, seed: int, use_language_cache: bool):
         self.perception = perception
-        self.timeline = Timeline(model, seed=seed, use_language_cache=use_language_cache)
+        self.timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache)
         self.rnnt = rnnt
         self.codec: Any = model.tts_model.audio_codec.make_state()
 
@@ -153,9 +153,9 @@ def advance_batch(
     for state, first in zip(states, firsts):
         if first is not None:
             listening += [first, *state.rnnt.state]
-    audio = projected[0] if len(states) == 1 else mx.concatenate(projected)
-    tokens = listen_batch([s.timeline for s in states], audio, forced, clock)
-    mx.eval(*[t.ids for t in tokens], *listening)
+    timeline = Timeline.merge([s.timeline for s in states])
+    tokens = timeline.listen(mx.concatenate(projected), forced, clock=clock)
+    mx.eval(tokens.ids, *listening)
 
     # The user transcript does not feed the timeline: the RNNT's other tries
     # (after an emission) compute while the speech half is built.
@@ -167,12 +167,14 @@ def advance_batch(
     if speaking:
         mx.async_eval(*speaking)
     clock.stage("rnnt", *speaking)
-    steps = speak_batch([s.timeline for s in states], tokens, clock)
+    steps = timeline.speak(tokens, clock)
+    for b, state in enumerate(states):
+        state.timeline = timeline.extract(b)
     clock.stage("tts", *[step.codes for step in steps])
     speech = model.tts_model
     codes = [speech.replace_control_codes(step.codes) for step in steps]
-    waveforms = speech.audio_codec.decode_step_batch([c.transpose(0, 2, 1) for c in codes],
-                                                     [s.codec for s in states])
+    waveforms = speech.audio_codec.decode_streams([c.transpose(0, 2, 1) for c in codes],
+                                                  [s.codec for s in states])
     outputs = []
     for state, step, code, samples in zip(states, steps, codes, waveforms):
         outputs.append((samples[0, 0], code[0, 0].astype(mx.int32)))

@@ -25,6 +25,8 @@ from .conversation import Conversation, joined_audio
 from .events import Done, Event, FunctionDelta, ToolCall, ToolCallInvalid, UserTranscriptDelta
 from .frame import FrameOutput, WholeSignal
 from .options import MAX_INPUT_SECONDS, SessionOptions, check_extra_decoding_seconds
+from .prompt_cache import PromptCache
+from .timeline import WarmStart
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,9 @@ class VoiceChatSession:
     """Binds a loaded model to its tokenizer; makes offline turns and streaming sessions.
 
     The model is only read: its one-time setup (the TTS's subword spellings,
-    codebook tables, warm start, prompt cache) is done by ``load``.
+    codebook tables) is done by ``load``. What the runtime keeps is here, not
+    on the model: the EAR-TTS warm start every conversation begins from
+    (computed once, when this is made) and the prompt cache.
     """
 
     def __init__(self, model: Model, processor: Any):
@@ -93,6 +97,19 @@ class VoiceChatSession:
             blank_id=self.config.rnnt_blank_id,
             max_symbols=self.config.audio_config.max_symbols,
         )
+        self.prompt_cache: PromptCache | None = PromptCache()
+        self._warm_start: WarmStart | None = WarmStart.of(model)
+
+    @property
+    def warm_start(self) -> WarmStart:
+        """What every conversation's EAR-TTS starts from (set ``None`` to recompute it)."""
+        if self._warm_start is None:
+            self._warm_start = WarmStart.of(self.model)
+        return self._warm_start
+
+    @warm_start.setter
+    def warm_start(self, start: WarmStart | None) -> None:
+        self._warm_start = start
 
     def decode_text(self, ids: list[int] | np.ndarray) -> str:
         special = self.config.special_text_ids
