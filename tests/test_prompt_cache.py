@@ -72,7 +72,8 @@ def test_a_cache_hit_skips_the_prefill(session, monkeypatch):
 
 def test_the_cache_is_bounded_in_bytes_and_evicts_the_oldest(session):
     stream = session.create_streaming_session(system_prompt=PROMPT)
-    state = (stream.timeline.state, stream.timeline.meta_state)
+    compute = stream.conversation.compute
+    state = (compute.state, compute.meta_state)
     size = state_bytes(state)
     cache = PromptCache(max_bytes=2 * size + size // 2)
     for key in ("a", "b", "c"):

@@ -41,7 +41,7 @@ from .frame import (
 from .options import SessionOptions
 from .profile import FrameClock, Profile, profile_env
 from .prompt import session_prompt
-from .timeline import Timeline, TimelineStep
+from .timeline import TimelineStep
 from .tool_calls import ToolChannel
 from .tools import ToolError
 
@@ -90,19 +90,19 @@ class Conversation:
 
     def _starting(self, prompt: list[int]) -> Iterator[int]:
         """Prefill the prompt (yielding the positions left), or continue from the
-        runtime's cached state for it (a ``state`` round trip of the timeline)."""
-        timeline, options, cache = self.compute.timeline, self.options, self._prompt_cache
+        runtime's cached state for it (a ``state`` / ``meta_state`` round trip)."""
+        compute, options, cache = self.compute, self.options, self._prompt_cache
         if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
-            yield from timeline.prefill_steps(prompt, options.stop_prefill)
+            yield from compute.timeline.prefill_steps(prompt, options.stop_prefill)
             return
         key = (tuple(prompt), options.seed)
         snapshot = cache.get(key)
         if snapshot is not None:
-            self.compute.timeline = Timeline.from_state(self.model, *snapshot)
+            compute.restore(*snapshot)
             self.prompt_cache_hit = True
             return
-        yield from timeline.prefill_steps(prompt, options.stop_prefill)
-        cache.put(key, (timeline.state, timeline.meta_state))
+        yield from compute.timeline.prefill_steps(prompt, options.stop_prefill)
+        cache.put(key, (compute.state, compute.meta_state))
 
     def start_steps(self) -> Iterator[int]:
         """The deferred start (see ``defer_start``)."""

@@ -24,6 +24,8 @@ from typing import Any, Callable, Protocol
 import mlx.core as mx
 import numpy as np
 
+from ..models.cache_state import split_state
+from ..models.codec_stream import CodecState
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
@@ -73,8 +75,13 @@ class ConversationState:
     """Everything one conversation carries between frames, as one list of arrays.
 
     Perception source, Nemotron-H and EAR-TTS caches (in the :class:`Timeline`),
-    the RNNT carry and the codec stream. ``state`` lists them (mlx-lm's cache
-    convention), ``nbytes`` sizes them, ``release`` drops them.
+    the RNNT carry and the codec stream, in mlx-lm's cache convention:
+    ``state`` lists their arrays, ``meta_state`` the host values that lay
+    them out again, and ``state = ...`` restores arrays into the same layout;
+    :meth:`restore` takes a ``(state, meta_state)`` snapshot of any
+    conversation of the same model (the prompt cache restores a prefilled
+    one). Host books (the transcript's text, the mel frontend's sample tail)
+    stay with their streams. ``nbytes`` sizes the state, ``release`` drops it.
     """
 
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
@@ -82,13 +89,39 @@ class ConversationState:
         self.perception = perception
         self.timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache)
         self.rnnt = rnnt
-        self.codec: Any = model.tts_model.audio_codec.make_state()
+        self.codec: CodecState | None = model.tts_model.audio_codec.make_state()
+
+    def _parts(self) -> tuple[Any, ...]:
+        return (self.perception, self.timeline, self.rnnt, self.codec)
 
     @property
     def state(self) -> list[mx.array]:
         if self.codec is None:  # released
             return []
-        return [*self.perception.state, *self.timeline.state, *self.rnnt.state, *self.codec.state]
+        return [a for part in self._parts() for a in part.state]
+
+    @state.setter
+    def state(self, value: list[mx.array]) -> None:
+        self.restore(value, self.meta_state)
+
+    @property
+    def meta_state(self) -> tuple:
+        """Each part's array count, then the timeline's and the codec's meta states."""
+        assert self.codec is not None, "the state was released"
+        return (tuple(len(part.state) for part in self._parts()),
+                self.timeline.meta_state, self.codec.meta_state)
+
+    def restore(self, state: list[mx.array], meta_state: tuple) -> None:
+        """Continue from a ``(state, meta_state)`` snapshot (mlx-lm's ``from_state``, in
+        place: the conversation keeps its networks and books). The arrays become this
+        conversation's own: give it a copy of a snapshot that is kept."""
+        counts, timeline, codec = meta_state
+        perception, timeline_arrays, rnnt, codec_arrays = split_state(state, counts)
+        for part, arrays in ((self.perception, perception), (self.rnnt, rnnt)):
+            if arrays or part.state:  # a part without arrays either way has nothing to set
+                part.state = arrays
+        self.timeline = Timeline.from_state(self.timeline.model, timeline_arrays, timeline)
+        self.codec = CodecState.from_state(codec_arrays, codec)
 
     @property
     def nbytes(self) -> int:
