@@ -13,6 +13,8 @@ import pytest
 
 from mlx_voicechat_plugin.models.cache_state import copy_arrays
 from mlx_voicechat_plugin.models.codec_stream import CodecState
+from mlx_voicechat_plugin.models.perception_stream import PerceptionStream
+from mlx_voicechat_plugin.models.rnnt import RNNTState
 from mlx_voicechat_plugin.runtime.rng import RandomStream
 from mlx_voicechat_plugin.runtime.timeline import Timeline, WarmStart
 
@@ -142,3 +144,38 @@ def test_codec_states_merge_only_in_the_same_phase(model):
         CodecState.merge([fresh, other])
     twin = CodecState.from_state(copy_arrays(other.state), other.meta_state)
     assert twin.meta_state == other.meta_state
+
+
+def _settable(cls: type) -> bool:
+    return cls.state.fset is not None
+
+
+@pytest.mark.skipif(
+    not (_settable(PerceptionStream) and _settable(RNNTState)),
+    reason="needs the listening half's state objects (perception and RNNT state setters)",
+)
+def test_a_conversation_restored_mid_stream_continues_as_the_original(tiny_ckpt):
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.runtime.events import AssistantTextDelta, Audio
+    from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+    model, processor = load(tiny_ckpt)
+    voicechat = model.create_session(processor)
+    audio = question_signal(2.0)
+    original, restored = (voicechat.create_streaming_session(seed=4) for _ in range(2))
+
+    def outputs(events: list) -> list:
+        return [(type(e).__name__, e.audio_codes.tobytes() if isinstance(e, Audio)
+                 else e.token_id if isinstance(e, AssistantTextDelta) else None)
+                for e in events]
+
+    chunks = [audio[i : i + 1280] for i in range(0, len(audio), 1280)]
+    got, want = [], []
+    for index, chunk in enumerate(chunks):
+        if index == 12:
+            compute = restored.conversation.compute
+            compute.state = copy_arrays(compute.state)  # the same layout, new arrays
+            compute.restore(copy_arrays(compute.state), compute.meta_state)
+        want += original.push_audio(chunk)
+        got += restored.push_audio(chunk)
+    assert outputs(got) == outputs(want)
