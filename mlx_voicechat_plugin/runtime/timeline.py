@@ -114,19 +114,23 @@ class Timeline:
 
     def __init__(self, model: Model, start: WarmStart, *, seed: int = 0,
                  use_language_cache: bool = True):
+        self._bind(model)
+        pad = mx.array([[self.config.pad_token_id]], dtype=mx.int32)
+        self._set_rows([0], [model.stt_model.make_state(use_language_cache)],
+                       [start.fresh_cache()], [RandomStream(seed)], (pad, pad, start.prev_codes))
+
+    def _bind(self, model: Model) -> None:
         self.model = model
         self.config = model.config
-        pad = self.config.pad_token_id
-        self.positions = [0]
-        self.language = [model.stt_model.make_state(use_language_cache)]
-        self.tts_caches = [start.fresh_cache()]
-        self.rngs = [RandomStream(seed)]
-        self.prev_text = mx.array([[pad]], dtype=mx.int32)
-        self.prev_function = mx.array([[pad]], dtype=mx.int32)
-        self.prev_codes = start.prev_codes
-        self._pad = mx.array([pad], dtype=mx.int32)
+        self._pad = mx.array([self.config.pad_token_id], dtype=mx.int32)
         silence = model.tts_model.codec_silence_tokens
         self._silence = silence.astype(mx.int32).reshape(1, 1, -1)
+
+    def _set_rows(self, positions: list[int], language: list[LanguageState],
+                  tts_caches: list[Any], rngs: list[RandomStream],
+                  prev: Sequence[mx.array]) -> None:
+        self.positions, self.language, self.tts_caches, self.rngs = positions, language, tts_caches, rngs
+        self.prev_text, self.prev_function, self.prev_codes = prev
 
     @property
     def batch_size(self) -> int:
@@ -134,15 +138,12 @@ class Timeline:
 
     # --- rows -------------------------------------------------------------------
 
-    def _with(self, positions: list[int], language: list[LanguageState], tts_caches: list[Any],
-              rngs: list[RandomStream], prev: tuple[mx.array, mx.array, mx.array]) -> "Timeline":
-        """A timeline of the same model over the given rows."""
+    def _with(self, *rows: Any) -> "Timeline":
+        """A timeline of the same model over the given rows (:meth:`_set_rows`' arguments)."""
         timeline = object.__new__(Timeline)
         timeline.model, timeline.config = self.model, self.config
         timeline._pad, timeline._silence = self._pad, self._silence
-        timeline.positions, timeline.language = positions, language
-        timeline.tts_caches, timeline.rngs = tts_caches, rngs
-        timeline.prev_text, timeline.prev_function, timeline.prev_codes = prev
+        timeline._set_rows(*rows)
         return timeline
 
     @classmethod
@@ -153,8 +154,8 @@ class Timeline:
         return rows[0]._with(
             [p for t in rows for p in t.positions], [s for t in rows for s in t.language],
             [c for t in rows for c in t.tts_caches], [r for t in rows for r in t.rngs],
-            tuple(mx.concatenate([getattr(t, name) for t in rows])
-                  for name in ("prev_text", "prev_function", "prev_codes")),
+            [mx.concatenate([getattr(t, name) for t in rows])
+             for name in ("prev_text", "prev_function", "prev_codes")],
         )
 
     def extract(self, index: int) -> "Timeline":
@@ -164,7 +165,7 @@ class Timeline:
         row = slice(index, index + 1)
         return self._with([self.positions[index]], [self.language[index]],
                           [self.tts_caches[index]], [self.rngs[index]],
-                          (self.prev_text[row], self.prev_function[row], self.prev_codes[row]))
+                          [self.prev_text[row], self.prev_function[row], self.prev_codes[row]])
 
     # --- state ------------------------------------------------------------------
 
@@ -181,11 +182,7 @@ class Timeline:
 
     @state.setter
     def state(self, value: list[mx.array]) -> None:
-        restored = Timeline.from_state(self.model, value, self.meta_state)
-        self.positions, self.language = restored.positions, restored.language
-        self.tts_caches, self.rngs = restored.tts_caches, restored.rngs
-        self.prev_text, self.prev_function = restored.prev_text, restored.prev_function
-        self.prev_codes = restored.prev_codes
+        self._set_rows(*self._rows_from_state(value, self.meta_state))
 
     @property
     def meta_state(self) -> tuple:
@@ -197,20 +194,21 @@ class Timeline:
     @classmethod
     def from_state(cls, model: Model, state: list[mx.array], meta_state: tuple) -> "Timeline":
         """A timeline over ``state`` (as ``state`` lists it; it writes into these arrays)."""
+        timeline = object.__new__(cls)
+        timeline._bind(model)
+        timeline._set_rows(*cls._rows_from_state(state, meta_state))
+        return timeline
+
+    @staticmethod
+    def _rows_from_state(state: list[mx.array], meta_state: tuple) -> tuple:
         positions, counts, language, tts = meta_state
         rows = len(positions)
         parts = split_state(state, counts)
-        timeline = object.__new__(cls)
-        timeline.model, timeline.config = model, model.config
-        timeline._pad = mx.array([model.config.pad_token_id], dtype=mx.int32)
-        silence = model.tts_model.codec_silence_tokens
-        timeline._silence = silence.astype(mx.int32).reshape(1, 1, -1)
-        timeline.positions = list(positions)
-        timeline.language = [LanguageState.from_state(parts[b], language[b]) for b in range(rows)]
-        timeline.tts_caches = [caches_from_state(parts[rows + b], tts[b]) for b in range(rows)]
-        timeline.rngs = [RandomStream.from_state(parts[2 * rows + b]) for b in range(rows)]
-        timeline.prev_text, timeline.prev_function, timeline.prev_codes = parts[3 * rows]
-        return timeline
+        return (list(positions),
+                [LanguageState.from_state(parts[b], language[b]) for b in range(rows)],
+                [caches_from_state(parts[rows + b], tts[b]) for b in range(rows)],
+                [RandomStream.from_state(parts[2 * rows + b]) for b in range(rows)],
+                parts[3 * rows])
 
     def release(self) -> None:
         """Drop every array the recurrence carries; the timeline is unusable afterwards."""
