@@ -82,8 +82,9 @@ class DuplexSTT(nn.Module):
                                   [states[b].cache for b in ready])
             for j, b in enumerate(ready):
                 text[b], function[b] = t[j : j + 1], f[j : j + 1]
-        for b in sorted(set(range(len(states))) - set(ready)):
-            text[b], function[b] = self._alone(rows[b], states[b])
+        for b, state in enumerate(states):
+            if b not in ready:
+                text[b], function[b] = self._alone(rows[b], state)
         return mx.concatenate(text), mx.concatenate(function)
 
     def _alone(self, x: mx.array, state: "LanguageState") -> tuple[mx.array, mx.array]:
