@@ -76,6 +76,7 @@ def test_a_fresh_timeline_round_trips_and_restoring_in_place_keeps_the_layout(mo
 
 def test_merged_rows_step_as_each_row_alone_and_extract_back(model, start):
     rows = [Timeline(model, start, seed=s) for s in (0, 1, 2)]
+    rows.append(Timeline(model, start, seed=3, use_language_cache=False))  # full recompute
     for b, row in enumerate(rows):
         _run(row, model, 0, b)  # rows at different positions; row 0 at its first
     alone = [_copy(row, model) for row in rows]
