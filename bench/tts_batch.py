@@ -7,9 +7,9 @@ Each of B sessions (seeds 0..B-1) first runs a different number of frames
 alone, so that the batch mixes cache offsets (some past the sliding window).
 From two copies of that state, ``--frames`` frames are then run two ways,
 interleaved frame by frame so that both see the same load on a shared
-machine: "single" (per session ``backbone_step`` + ``generate_codes`` as
-``Timeline.speak`` runs them, each evaluated) and "batched"
-(``backbone_step_batch`` + ``generate_codes_batch``, one evaluation a frame).
+machine: "single" (per session ``backbone_step`` + ``generate_codes`` over
+one row, each evaluated) and "batched" (the same two calls over all B rows,
+one evaluation a frame).
 Reported: the median wall time of one frame of all B sessions over
 ``--repeats`` rounds (after an untimed tracing round), per session, and the
 speed-up. Every session's codes are checked equal between the two ways.
@@ -35,30 +35,34 @@ class _Session:
         self.tts, self.cache, self.key, self.prev, self.frames = tts, cache, key, prev, frames
 
     def copy(self) -> "_Session":
-        from mlx_voicechat_plugin.runtime.prompt_cache import clone_state
+        from mlx_voicechat_plugin.models.cache_state import (
+            cache_meta_state,
+            cache_state,
+            caches_from_state,
+            copy_arrays,
+        )
 
-        return _Session(self.tts, clone_state(self.cache), self.key, self.prev, self.frames)
+        cache = caches_from_state(copy_arrays(cache_state(self.cache)), cache_meta_state(self.cache))
+        return _Session(self.tts, cache, self.key, self.prev, self.frames)
 
     def stream(self) -> Any:
         from mlx_voicechat_plugin.runtime.rng import RandomStream
 
-        rng = RandomStream(0)
-        rng._key = self.key
-        return rng
+        return RandomStream.from_state([self.key])
 
     def text_id(self) -> int:
         return TEXT_IDS[self.frames % len(TEXT_IDS)]
 
 
 def _single_frame(sessions: list[_Session], rngs: list[Any]) -> list:
-    """One frame of every session alone, as ``Timeline.speak`` runs it."""
+    """One frame of every session alone (a batch of one each)."""
     import mlx.core as mx
 
     for s, rng in zip(sessions, rngs):
         t = s.text_id()
-        hidden = s.tts.backbone_step(s.prev, mx.array([[t]], dtype=mx.int32), s.cache, t)
+        hidden = s.tts.backbone_step(s.prev, mx.array([[t]], dtype=mx.int32), [s.cache], [t])
         mx.async_eval(hidden)
-        s.prev = s.tts.generate_codes(hidden, rng)
+        s.prev = s.tts.generate_codes(hidden, [rng])
         mx.eval(s.prev)
         s.frames += 1
     return [s.prev for s in sessions]
@@ -72,9 +76,9 @@ def _batched_frame(sessions: list[_Session], rngs: list[Any]) -> list:
     ids = [s.text_id() for s in sessions]
     previous = mx.concatenate([s.prev for s in sessions], axis=0)
     text = mx.array(ids, dtype=mx.int32)[:, None]
-    hidden = tts.backbone_step_batch(previous, text, [s.cache for s in sessions], ids)
+    hidden = tts.backbone_step(previous, text, [s.cache for s in sessions], ids)
     mx.async_eval(hidden)
-    out = tts.generate_codes_batch(hidden, rngs)
+    out = tts.generate_codes(hidden, rngs)
     mx.eval(out)
     for b, s in enumerate(sessions):
         s.prev = out[b : b + 1]
@@ -86,9 +90,9 @@ def _sessions(model: Any, count: int) -> list[_Session]:
     """``count`` sessions after ``0, 9, 18, ...`` frames alone (different offsets)."""
     import mlx.core as mx
 
-    from mlx_voicechat_plugin.runtime.timeline import warm_start
+    from mlx_voicechat_plugin.runtime.timeline import WarmStart
 
-    start = warm_start(model)
+    start = WarmStart.of(model)
     tts = model.tts_model.tts_model
     out = []
     for b in range(count):

@@ -20,8 +20,6 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .config import MODEL_TYPE, ModelConfig
 from .models.model import Model
-from .runtime.prompt_cache import PromptCache
-from .runtime.timeline import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +171,4 @@ def load(
     model = load_model(path, lazy=lazy, hold_f32=hold_f32)
     tokenizer = load_tokenizer(path)
     model.prepare(tokenizer)
-    model.prompt_cache = PromptCache()  # a plain attribute: not part of the module tree
-    if not lazy:
-        warm_start(model)  # every session starts from it: compute it with the weights
     return model, tokenizer

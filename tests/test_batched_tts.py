@@ -2,8 +2,8 @@
 
 Several sessions sit at different positions (some past the backbone's
 sliding window), with different seeds. One batched frame over all of them
-must give every session exactly the hidden state and codes its single
-``backbone_step`` + ``generate_codes`` would give, and leave its caches and
+must give every session exactly the hidden state and codes its own
+``backbone_step`` + ``generate_codes`` (a batch of one) would give, and leave its caches and
 key stream exactly where the single calls leave them, so that single and
 batched frames can follow each other in any order. No tolerance anywhere:
 ``mx.array_equal``.
@@ -19,12 +19,16 @@ import mlx.nn as nn
 import pytest
 
 from mlx_voicechat_plugin import load
-from mlx_voicechat_plugin.models.ear_tts_batch import session_rows
+from mlx_voicechat_plugin.models.cache_state import (
+    cache_meta_state,
+    cache_state,
+    caches_from_state,
+    copy_arrays,
+)
 from mlx_voicechat_plugin.models.mog_head import draw
 from mlx_voicechat_plugin.models.segments import GemmaStep
-from mlx_voicechat_plugin.runtime.prompt_cache import clone_state
 from mlx_voicechat_plugin.runtime.rng import RandomStream
-from mlx_voicechat_plugin.runtime.timeline import warm_start
+from mlx_voicechat_plugin.runtime.timeline import WarmStart
 
 # Frames each session runs alone before batching: the fixture's sliding window
 # is 64 and the warm start ends at 37, so the last two are past the window.
@@ -44,7 +48,6 @@ def _quantize_tts(model) -> None:
     tts = model.tts_model.tts_model
     for part in (tts.backbone, tts.mog_head):
         nn.quantize(part, group_size=32, bits=4, class_predicate=_quantizable)
-    del model.warm_start  # computed with the float weights at load
 
 
 def _load(path: Path, quantize_tts: bool = False, hold_f32: bool = True):
@@ -65,11 +68,19 @@ def model(request, tiny_ckpt, tiny_q4_ckpt, small_ckpt):
                  hold_f32=request.param != "tiny-bf16")
 
 
+_STARTS: dict[int, WarmStart] = {}  # per loaded model (by id; the models live for the module)
+
+
+def session_rows(hidden: mx.array, session: int, sessions: int) -> mx.array:
+    """Session ``session``'s ``[cond; uncond]`` rows of a batched guided hidden."""
+    return hidden[session::sessions]
+
+
 class Speaker:
     """One session's TTS state: its backbone caches, key stream and last codes."""
 
     def __init__(self, model, seed: int):
-        start = warm_start(model)
+        start = _STARTS.get(id(model)) or _STARTS.setdefault(id(model), WarmStart.of(model))
         self.tts = model.tts_model.tts_model
         self.cache = start.fresh_cache()
         self.rng = RandomStream(seed)
@@ -82,8 +93,8 @@ class Speaker:
     def single(self) -> tuple[mx.array, mx.array]:
         """One frame alone, as ``Timeline.speak`` runs it."""
         t = self.text_id()
-        hidden = self.tts.backbone_step(self.prev, mx.array([[t]], dtype=mx.int32), self.cache, t)
-        codes = self.tts.generate_codes(hidden, self.rng)
+        hidden = self.tts.backbone_step(self.prev, mx.array([[t]], dtype=mx.int32), [self.cache], [t])
+        codes = self.tts.generate_codes(hidden, [self.rng])
         mx.eval(hidden, codes)
         self._advance(codes)
         return hidden, codes
@@ -95,9 +106,9 @@ class Speaker:
     def copy(self) -> "Speaker":
         twin = object.__new__(Speaker)
         twin.tts, twin.prev, twin.frames = self.tts, self.prev, self.frames
-        twin.cache = clone_state(self.cache)
-        twin.rng = RandomStream(0)
-        twin.rng._key = mx.array(self.rng._key)
+        twin.cache = caches_from_state(copy_arrays(cache_state(self.cache)),
+                                       cache_meta_state(self.cache))
+        twin.rng = RandomStream.from_state(copy_arrays(self.rng.state))
         return twin
 
 
@@ -107,8 +118,8 @@ def batched(speakers: list[Speaker]) -> tuple[mx.array, mx.array]:
     ids = [s.text_id() for s in speakers]
     previous = mx.concatenate([s.prev for s in speakers], axis=0)
     text = mx.array(ids, dtype=mx.int32)[:, None]
-    hidden = tts.backbone_step_batch(previous, text, [s.cache for s in speakers], ids)
-    codes = tts.generate_codes_batch(hidden, [s.rng for s in speakers])
+    hidden = tts.backbone_step(previous, text, [s.cache for s in speakers], ids)
+    codes = tts.generate_codes(hidden, [s.rng for s in speakers])
     mx.eval(hidden, codes)
     for b, s in enumerate(speakers):
         s._advance(codes[b : b + 1])
@@ -128,7 +139,7 @@ def _equal(a: mx.array, b: mx.array) -> bool:
 
 
 def _same_state(a: Speaker, b: Speaker) -> bool:
-    if a.frames != b.frames or not _equal(a.rng._key, b.rng._key) or not _equal(a.prev, b.prev):
+    if a.frames != b.frames or not _equal(a.rng.key, b.rng.key) or not _equal(a.prev, b.prev):
         return False
     for x, y in zip(a.cache, b.cache):
         if (x.offset, getattr(x, "_idx", None)) != (y.offset, getattr(y, "_idx", None)):
@@ -199,14 +210,14 @@ def test_mismatched_batch_shapes_are_refused_naming_the_field(model):
     text = mx.array([[3], [4]], dtype=mx.int32)
     caches = [s.cache for s in speakers]
     with pytest.raises(ValueError, match="text_ids"):
-        tts.backbone_step_batch(previous, text, caches, [3])
+        tts.backbone_step(previous, text, caches, [3])
     with pytest.raises(ValueError, match="previous"):
-        tts.backbone_step_batch(previous[:1], text, caches, [3, 4])
+        tts.backbone_step(previous[:1], text, caches, [3, 4])
     with pytest.raises(ValueError, match="text must be"):
-        tts.backbone_step_batch(previous, text[:1], caches, [3, 4])
-    hidden = tts.backbone_step_batch(previous, text, caches, [3, 4])
+        tts.backbone_step(previous, text[:1], caches, [3, 4])
+    hidden = tts.backbone_step(previous, text, caches, [3, 4])
     with pytest.raises(ValueError, match="2 per session"):
-        tts.generate_codes_batch(hidden, [speakers[0].rng])
+        tts.generate_codes(hidden, [speakers[0].rng])
 
 
 def test_per_row_keys_draw_what_each_key_draws_alone():
@@ -225,10 +236,10 @@ def test_key_streams_without_take_are_drawn_key_by_key(model):
     tts = speakers[0].tts
     previous = mx.concatenate([s.prev for s in speakers], axis=0)
     ids = [s.text_id() for s in speakers]
-    hidden = tts.backbone_step_batch(previous, mx.array(ids, dtype=mx.int32)[:, None],
+    hidden = tts.backbone_step(previous, mx.array(ids, dtype=mx.int32)[:, None],
                                      [s.cache for s in speakers], ids)
-    codes = tts.generate_codes_batch(hidden, [SimpleNamespace(next=s.rng.next) for s in speakers])
+    codes = tts.generate_codes(hidden, [SimpleNamespace(next=s.rng.next) for s in speakers])
     for b, twin in enumerate(alone):
         _, want_codes = twin.single()
         assert _equal(codes[b : b + 1], want_codes)
-        assert _equal(speakers[b].rng._key, twin.rng._key)
+        assert _equal(speakers[b].rng.key, twin.rng.key)

@@ -20,7 +20,7 @@ from mlx_voicechat_plugin.models.ear_tts import rvq_assign
 from mlx_voicechat_plugin.models.perception_stream import MelStream, PerceptionStream, push_frames
 from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTFrame, RNNTState
 from mlx_voicechat_plugin.runtime.rng import RandomStream
-from mlx_voicechat_plugin.runtime.timeline import Timeline
+from mlx_voicechat_plugin.runtime.timeline import Timeline, WarmStart
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 
@@ -38,28 +38,29 @@ def _equal(a: mx.array, b: mx.array) -> bool:
 def test_llm_step_equals_the_plain_cached_step(small):
     stt = small[0].stt_model
     hidden = small[0].config.text_config.hidden_size
-    plain, fast = stt.make_cache(), stt.make_cache()
+    plain, fast = stt.make_cache(), stt.make_state()
     for t in range(6):
         x = mx.random.normal((1, 1, hidden), key=mx.random.key(t))
         expected = stt(x, cache=plain)
-        got = stt.step(x, fast)
+        got = stt.step(x, [fast])
         assert all(_equal(a, b) for a, b in zip(got, expected))
 
 
 def test_tts_backbone_step_equals_the_plain_backbone(small):
     model = small[0]
     tts = model.tts_model.tts_model
-    plain, fast = Timeline(model), Timeline(model)
+    start = WarmStart.of(model)
+    plain, fast = Timeline(model, start), Timeline(model, start)
     text = mx.array([[7]], dtype=mx.int32)
     for _ in range(4):
-        codes = plain._prev_codes
+        codes = plain.prev_codes
         expected = tts._run_backbone(
             tts.embed_code(tts.embed_codes(codes)),
             tts._text(text, mx.ones(text.shape, dtype=mx.bool_)),
-            plain.tts_cache,
+            plain.tts_caches[0],
         )
-        got = tts.backbone_step(codes, text, fast.tts_cache)
-        assert tts._backbone_step.ready(codes, fast.tts_cache)
+        got = tts.backbone_step(codes, text, fast.tts_caches)
+        assert tts._backbone_step.ready(codes, fast.tts_caches[0])
         assert _equal(got, expected)
 
 
@@ -77,7 +78,7 @@ def test_depth_loop_with_codebook_tables_equals_the_eager_loop(small):
         hidden = mx.random.normal((2, 1, tts.config.hidden_size), key=mx.random.key(seed))
         stream = RandomStream(seed)
         eager = tts._depth_loop(hidden, SimpleNamespace(next=stream.next))
-        assert _equal(tts.generate_codes(hidden, RandomStream(seed)), eager)
+        assert _equal(tts.generate_codes(hidden, [RandomStream(seed)]), eager)
 
 
 def test_depth_loop_traces_once_as_new_tokens_arrive(small):
@@ -88,10 +89,10 @@ def test_depth_loop_traces_once_as_new_tokens_arrive(small):
     tts._compiled_depth = None
     tts._compiled_loop = lambda *a: traces.append(1) or original(*a)
     try:
-        timeline = Timeline(model)
+        timeline = Timeline(model, WarmStart.of(model))
         for token in (5, 6, 7, 8):
-            tts.backbone_step(timeline._prev_codes, mx.array([[token]]), timeline.tts_cache)
-            mx.eval(tts.generate_codes(mx.zeros((2, 1, tts.config.hidden_size)), timeline.rng))
+            tts.backbone_step(timeline.prev_codes, mx.array([[token]]), timeline.tts_caches)
+            mx.eval(tts.generate_codes(mx.zeros((2, 1, tts.config.hidden_size)), timeline.rngs))
     finally:
         del tts._compiled_loop
         tts._compiled_depth = None

@@ -50,15 +50,15 @@ def test_a_steady_frame_makes_two_host_syncs(session):
 
 
 def test_an_added_item_inside_the_frame_is_counted(session, monkeypatch):
-    from mlx_voicechat_plugin.runtime import frame
+    from mlx_voicechat_plugin.runtime.timeline import Timeline
 
-    speak = frame.speak_batch
+    speak = Timeline.speak
 
-    def speak_and_read(timelines, tokens, clock):
-        tokens[0].text[0].item()  # a read-back the frame does not need
-        return speak(timelines, tokens, clock)
+    def speak_and_read(timeline, tokens, clock):
+        tokens.text[0].item()  # a read-back the frame does not need
+        return speak(timeline, tokens, clock)
 
-    monkeypatch.setattr(frame, "speak_batch", speak_and_read)
+    monkeypatch.setattr(Timeline, "speak", speak_and_read)
     steady = _profiled_frames(session, 0.6)[WARMUP_FRAMES:]
     assert steady and all(f.host_syncs == 3 and "item" in f.sync_calls for f in steady)
 

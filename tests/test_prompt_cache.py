@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from mlx_voicechat_plugin.runtime.events import AssistantTextDelta, Audio, FunctionDelta
-from mlx_voicechat_plugin.runtime.prompt_cache import PromptCache, clone_state, state_bytes
+from mlx_voicechat_plugin.models.cache_state import caches_from_state, cache_meta_state, cache_state
+from mlx_voicechat_plugin.runtime.prompt_cache import PromptCache, state_bytes
 from mlx_voicechat_plugin.runtime.timeline import Timeline
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
@@ -56,7 +57,7 @@ def test_the_seed_is_part_of_the_key(session):
     session.create_streaming_session(system_prompt=PROMPT, seed=1)
     other = session.create_streaming_session(system_prompt=PROMPT, seed=2)
     assert not other.prompt_cache_hit
-    session.model.prompt_cache = PromptCache(0)  # disabled: every session prefills
+    session.prompt_cache = PromptCache(0)  # disabled: every session prefills
     fresh = session.create_streaming_session(system_prompt=PROMPT, seed=2)
     assert not fresh.prompt_cache_hit
 
@@ -64,14 +65,15 @@ def test_the_seed_is_part_of_the_key(session):
 def test_a_cache_hit_skips_the_prefill(session, monkeypatch):
     session.create_streaming_session(system_prompt=PROMPT)
     calls = []
-    monkeypatch.setattr(Timeline, "prefill", lambda self, *a, **k: calls.append(1))
+    monkeypatch.setattr(Timeline, "prefill_steps", lambda self, *a, **k: calls.append(1) or iter(()))
     assert session.create_streaming_session(system_prompt=PROMPT).prompt_cache_hit
     assert not calls
 
 
 def test_the_cache_is_bounded_in_bytes_and_evicts_the_oldest(session):
     stream = session.create_streaming_session(system_prompt=PROMPT)
-    state = stream.timeline.snapshot()
+    compute = stream.conversation.compute
+    state = (compute.state, compute.meta_state)
     size = state_bytes(state)
     cache = PromptCache(max_bytes=2 * size + size // 2)
     for key in ("a", "b", "c"):
@@ -87,6 +89,8 @@ def test_clones_do_not_share_writes():
 
     cache = KVCache()
     cache.update_and_fetch(mx.zeros((1, 1, 2, 4)), mx.zeros((1, 1, 2, 4)))
-    clone = clone_state([cache])[0]
+    stored = PromptCache()
+    stored.put("k", (cache_state([cache]), cache_meta_state([cache])))
+    clone = caches_from_state(*stored.get("k"))[0]
     clone.keys[..., :1, :] = 1.0
     assert float(cache.keys.sum()) == 0.0 and clone.offset == cache.offset

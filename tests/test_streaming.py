@@ -143,7 +143,7 @@ def test_cache_switches_give_same_ids_and_codes(pair, option):
 def test_system_prompt_prefix_emits_nothing(pair):
     ours, _ = pair
     stream = ours.create_streaming_session(system_prompt=PROMPT)
-    assert stream.frame_index == 0 and stream.timeline.index > 0
+    assert stream.frame_index == 0 and stream.timeline.positions[0] > 0
     events = stream.push_audio(np.zeros(1280, np.float32))
     assert {e.frame_index for e in events} == {0}
 

@@ -150,7 +150,7 @@ def test_many_tools_warn_in_the_first_frame(session):
 def test_tools_change_the_prompt_prefill(session):
     plain = session.create_streaming_session(system_prompt="Hi.")
     with_tools = session.create_streaming_session(system_prompt="Hi.", tools=[WEATHER])
-    assert with_tools.timeline.index > plain.timeline.index
+    assert with_tools.timeline.positions > plain.timeline.positions
 
 
 def test_offline_two_pass_flow_injects_the_response(session, monkeypatch):

@@ -266,7 +266,8 @@ def _run_steps(
             ones = mx.ones(current.shape, dtype=mx.bool_)
             previous = model.step(previous, current, ones, cache, guidance=True).codes
         else:
-            previous = model.step(previous, current, cache, rng=rng)
+            hidden = model.backbone_step(previous, current, [cache])
+            previous = model.generate_codes(hidden, None if rng is None else [rng])
         mx.eval(previous)
         outputs.append(previous)
     # The next draw tells whether both consumed the same random stream.
@@ -360,9 +361,9 @@ def test_compiled_depth_loop_sees_weight_updates():
     tts.update(tree_unflatten([(k, mx.random.normal(v.shape, key=mx.random.key(i)) * 0.1)
                                for i, (k, v) in enumerate(params)]))
     hidden = mx.random.normal((2, 1, tts.config.hidden_size), key=mx.random.key(9))
-    tts.generate_codes(hidden, RandomStream(0))
+    tts.generate_codes(hidden, [RandomStream(0)])
     tts.update(tree_unflatten([("rvq_embs", tts.rvq_embs[::-1])]))
-    compiled = tts.generate_codes(hidden, RandomStream(0))
+    compiled = tts.generate_codes(hidden, [RandomStream(0)])
     mx.random.seed(0)
     eager = tts._depth_loop(hidden, None)
     assert mx.array_equal(compiled, eager)

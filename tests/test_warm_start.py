@@ -1,4 +1,7 @@
-"""Session start: the EAR-TTS warm-up is computed once per loaded model and copied.
+"""Session start: the EAR-TTS warm-up is computed once per runtime and copied.
+
+The runtime (``model.create_session(processor)``) computes it when it is
+made; nothing of it lives on the model.
 
 The warm-up caches are a pure function of the weights; each session gets new
 cache objects over them, so sessions start without recomputing it and never
@@ -34,8 +37,8 @@ def _run(session, seed: int = 3):
     return codes, [e.token_id for e in events if isinstance(e, AssistantTextDelta)]
 
 
-def test_the_warm_up_runs_once_per_model_in_load(session, monkeypatch):
-    assert session.model.warm_start is not None  # load() computed it
+def test_the_warm_up_runs_once_per_runtime_when_it_is_made(session, monkeypatch):
+    assert session.warm_start is not None  # computed when the runtime was made
     calls = []
     warmup = EarTTS.warmup
 
@@ -48,16 +51,16 @@ def test_the_warm_up_runs_once_per_model_in_load(session, monkeypatch):
         session.create_streaming_session()
     session.generate(question_signal(0.3), extra_decoding_seconds=0.0)
     assert not calls  # no session or turn runs it again
-    session.model.warm_start = None
+    session.warm_start = None
     session.create_streaming_session()
     session.create_streaming_session()
-    assert len(calls) == 1  # a model not prepared by load() computes it once, lazily
+    assert len(calls) == 1  # once dropped, it is computed again once, lazily
 
 
 def test_sessions_from_the_shared_warm_start_equal_a_fresh_warm_up(session):
     first = _run(session)
     second = _run(session)  # the shared start after a session wrote into its copies
-    session.model.warm_start = None  # force a fresh warm-up
+    session.warm_start = None  # force a fresh warm-up
     fresh = _run(session)
     for other in (second, fresh):
         assert np.array_equal(first[0], other[0]) and first[1] == other[1]

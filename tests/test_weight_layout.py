@@ -22,7 +22,7 @@ from mlx_voicechat_plugin.models.weight_layout import (
     FrameUpsample, PointwiseConv1d, RowMajorLinear, RowMajorLSTM, layouts_agree, relayout,
 )
 from mlx_voicechat_plugin.runtime.rng import RandomStream
-from mlx_voicechat_plugin.runtime.timeline import Timeline
+from mlx_voicechat_plugin.runtime.timeline import Timeline, WarmStart
 from mlx_voicechat_plugin.testing.fixtures import conversation_signal
 
 pytestmark = pytest.mark.skipif(not layouts_agree(),
@@ -171,11 +171,11 @@ def test_the_perception_stream_gives_the_same_bits(pair):
 
 def test_the_language_model_gives_the_same_logits(pair):
     (moved, _), (kept, _) = pair
-    caches = [m.stt_model.make_cache() for m in (moved, kept)]
+    caches = [m.stt_model.make_state() for m in (moved, kept)]
     hidden = moved.config.text_config.hidden_size
     for t in range(5):
         x = mx.random.normal((1, 1, hidden), key=mx.random.key(t))
-        outs = [m.stt_model.step(x, c) for m, c in zip((moved, kept), caches)]
+        outs = [m.stt_model.step(x, [c]) for m, c in zip((moved, kept), caches)]
         assert all(_same(a, b) for a, b in zip(*outs))
 
 
@@ -194,18 +194,18 @@ def test_the_rnnt_gives_the_same_symbols_and_state(pair):
 
 
 def test_the_tts_gives_the_same_hidden_states_and_codes(pair):
-    timelines = [Timeline(m) for m, _ in pair]
+    timelines = [Timeline(m, WarmStart.of(m)) for m, _ in pair]
     rngs = [RandomStream(3), RandomStream(3)]
     text = mx.array([[7]], dtype=mx.int32)
     for _ in range(4):
         tts = [t.model.tts_model.tts_model for t in timelines]
-        hidden = [m.backbone_step(t._prev_codes, text, t.tts_cache, 7)
+        hidden = [m.backbone_step(t.prev_codes, text, t.tts_caches, [7])
                   for m, t in zip(tts, timelines)]
         assert _same(*hidden)
-        codes = [m.generate_codes(h, r) for m, h, r in zip(tts, hidden, rngs)]
+        codes = [m.generate_codes(h, [r]) for m, h, r in zip(tts, hidden, rngs)]
         assert _same(*codes)
         for t, c in zip(timelines, codes):
-            t._prev_codes = c
+            t.prev_codes = c
 
 
 def _events(model, processor, seconds: float) -> list:

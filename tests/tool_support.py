@@ -50,23 +50,25 @@ class Script:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def install(self, monkeypatch):
-        from mlx_voicechat_plugin.runtime import frame
+        from mlx_voicechat_plugin.runtime.timeline import Timeline
 
-        original = frame.listen_batch
+        original = Timeline.listen
         script = self
 
-        def listen_batch(timelines, audio, forced, clock=None, **kwargs):
-            (timeline,) = timelines  # one scripted conversation
+        def listen(timeline, audio, forced=None, *, generate=True, **kwargs):
+            if not generate:  # a prompt position
+                return original(timeline, audio, forced, generate=False, **kwargs)
+            (force,) = forced  # one scripted conversation
             index = len(script.inputs)
-            script.inputs.append(int(timeline._prev_function.item()))
-            script.forced.append(forced[0])
-            if forced[0] is not None:
-                return original(timelines, audio, forced, clock, **kwargs)
+            script.inputs.append(int(timeline.prev_function.item()))
+            script.forced.append(force)
+            if force is not None:
+                return original(timeline, audio, forced, **kwargs)
             at = index - script.start
             token = script.tokens[at] if 0 <= at < len(script.tokens) else script.pad
-            (tokens,) = original(timelines, audio, [token], clock, **kwargs)
-            tokens.forced = False  # the head "predicted" it
-            return [tokens]
+            tokens = original(timeline, audio, [token], **kwargs)
+            tokens.forced = [False]  # the head "predicted" it
+            return tokens
 
-        monkeypatch.setattr(frame, "listen_batch", listen_batch)
+        monkeypatch.setattr(Timeline, "listen", listen)
         return self

@@ -6,7 +6,8 @@ STFT -> ConvNeXt encoder -> probabilistic RVQ -> ConvNeXt decoder -> iSTFT.
 12.5 Hz), ``num_quantizers`` residual codebooks. Every ConvNeXt block pads
 causally, and the up/down-sampling convolutions have ``stride == kernel``, so
 the decoder is causal at frame level; :meth:`Codec.decode_step` streams it
-with cached left context (see ``codec_stream`` for the iSTFT part).
+with cached left context (see ``codec_stream`` for the iSTFT part), any
+number of streams at once (:meth:`Codec.decode_streams`).
 
 Tensors are channels-last (``[B, T, C]``) inside the networks.
 """
@@ -284,37 +285,29 @@ class Codec(nn.Module):
             mx.eval(waveform, *state.state)
         return waveform
 
-    def decode_step_batch(self, rows: list[mx.array], states: list[CodecState]) -> list[mx.array]:
-        """:meth:`decode_step` of many one-utterance streams at once, lazily (``evaluate=False``).
+    def decode_streams(self, codes: list[mx.array], states: list[CodecState]) -> list[mx.array]:
+        """:meth:`decode_step` of many one-row streams, lazily (``evaluate=False``).
 
-        ``rows[b]`` (``[1, Q, T_new]``, the same ``T_new`` for all) continues
-        ``states[b]``; each returned ``[1, 1, n]`` waveform and each state
-        equal that stream's own ``decode_step``. Streams past their first step
-        share the synthesis weights and have nothing left to trim, so they run
-        as one batch (every decoder op is row-independent); the others run alone.
+        ``codes[b]`` (``[1, Q, T_new]``, the same ``T_new`` for all) continues
+        ``states[b]``. Streams in the same phase (equal ``meta_state``) are
+        merged into one state (:meth:`CodecState.merge`), decoded as one batch
+        (every decoder op is row-independent) and each row's state is
+        extracted back into its own object; each returned ``[1, 1, n]``
+        waveform and each state equal that stream's own ``decode_step``.
         """
-        full = self._synthesis.overlap - 1  # spectra after which the weights are constant
-        steady = [b for b, s in enumerate(states)
-                  if s.spectra >= full and not s.skip and not s.closed]
-        out: list[mx.array | None] = [None] * len(states)
-        if len(steady) > 1 and rows[0].shape[-1]:
-            if self._compiled_step is None:
-                self._compiled_step = mx.compile(self._stream_step)
-            group = [states[b] for b in steady]
-            samples, frames, weights, *contexts = self._compiled_step(
-                mx.concatenate([rows[b] for b in steady]),
-                mx.concatenate([s.frames for s in group]), group[0].weights,
-                *[mx.concatenate([s.block_context[i] for s in group])
-                  for i in range(len(group[0].block_context))],
-            )
-            for j, (b, state) in enumerate(zip(steady, group)):
-                state.frames, state.weights = frames[j : j + 1], weights
-                state.block_context = [c[j : j + 1] for c in contexts]
-                out[b] = self._synthesis.trim(samples[j : j + 1], state)[:, None, :]
+        groups: dict[tuple, list[int]] = {}
         for b, state in enumerate(states):
-            if out[b] is None:
-                out[b] = self.decode_step(rows[b], state, evaluate=False)
-        return out  # type: ignore[return-value]
+            groups.setdefault(state.meta_state, []).append(b)
+        out: list[mx.array] = list(codes)
+        for members in groups.values():
+            merged = CodecState.merge([states[b] for b in members])
+            waveform = self.decode_step(mx.concatenate([codes[b] for b in members]), merged,
+                                        evaluate=False)
+            for j, b in enumerate(members):
+                row = merged.extract(j)
+                states[b].state, states[b].meta_state = row.state, row.meta_state
+                out[b] = waveform[j : j + 1]
+        return out
 
     def _stream_step(
         self, codes: mx.array, frames: mx.array, weights: mx.array, *contexts: mx.array

@@ -37,15 +37,22 @@ _NORM_FLOOR = 1e-10
 
 @dataclass
 class CodecState:
-    """Per-stream decoder state; build it with ``Codec.make_state``.
+    """Decoder state of ``B`` streams in the same phase; build one with ``Codec.make_state``.
 
     ``block_context``: the last ``kernel_size - 1`` inputs of each decoder
     ConvNeXt block, ``[B, K - 1, C]`` (zeros before the stream starts).
     ``frames`` / ``weights``: the last ``n_fft / hop - 1`` windowed frames
     ``[B, R - 1, n_fft]`` and their squared-window weights ``[R - 1, n_fft]``
-    (zero for frames before the stream start).
+    (zero for frames before the stream start; the same for every row).
     ``skip``: output samples still to drop at the front (``pad_left`` at start).
-    ``spectra``: spectra consumed so far.
+    ``spectra``: spectra consumed so far, counted up to ``R - 1``, after
+    which ``weights`` no longer change.
+
+    mlx-lm's cache convention: ``state`` (the arrays) and ``meta_state``
+    (``skip``, ``spectra``, ``closed``) with setters and :meth:`from_state`.
+    Streams whose ``meta_state`` is equal are in the same phase (the same
+    weights and front trim): :meth:`merge` stacks their rows into one state
+    for one decode step, and :meth:`extract` takes a row back out.
     """
 
     block_context: list[mx.array]
@@ -58,6 +65,49 @@ class CodecState:
     @property
     def state(self) -> list[mx.array]:
         return [*self.block_context, self.frames, self.weights]
+
+    @state.setter
+    def state(self, value: list[mx.array]) -> None:
+        *contexts, self.frames, self.weights = value
+        self.block_context = list(contexts)
+
+    @property
+    def meta_state(self) -> tuple[int, int, bool]:
+        return (self.skip, self.spectra, self.closed)
+
+    @meta_state.setter
+    def meta_state(self, value: tuple[int, int, bool]) -> None:
+        self.skip, self.spectra, self.closed = value
+
+    @classmethod
+    def from_state(cls, state: list[mx.array], meta_state: tuple[int, int, bool]) -> "CodecState":
+        *contexts, frames, weights = state
+        return cls(list(contexts), frames, weights, *meta_state)
+
+    @property
+    def batch_size(self) -> int:
+        return self.frames.shape[0]
+
+    @classmethod
+    def merge(cls, rows: list["CodecState"]) -> "CodecState":
+        """One state of the rows' streams, stacked in order (one row: that row itself)."""
+        if len(rows) == 1:
+            return rows[0]
+        meta = rows[0].meta_state
+        if any(r.meta_state != meta for r in rows):
+            raise ValueError("codec streams merge only in the same phase (equal meta_state)")
+        contexts = [mx.concatenate([r.block_context[i] for r in rows])
+                    for i in range(len(rows[0].block_context))]
+        frames = mx.concatenate([r.frames for r in rows])
+        return cls(contexts, frames, rows[0].weights, *meta)
+
+    def extract(self, index: int) -> "CodecState":
+        """Row ``index`` as a one-row state (a one-row state: itself)."""
+        if self.batch_size == 1:
+            return self
+        row = slice(index, index + 1)
+        return CodecState([c[row] for c in self.block_context], self.frames[row], self.weights,
+                          *self.meta_state)
 
     def check_open(self) -> None:
         if self.closed:
@@ -162,7 +212,7 @@ class SpectralSynthesis:
 
     def trim(self, samples: mx.array, state: CodecState) -> mx.array:
         """Count the step's spectra and drop what the offline decode trims at the front."""
-        state.spectra += samples.shape[1] // self.hop
+        state.spectra = min(state.spectra + samples.shape[1] // self.hop, self.overlap - 1)
         return _drop_front(samples, state)
 
     def flush(self, state: CodecState) -> mx.array:

@@ -8,7 +8,7 @@ token from two heads over the same hidden state.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -17,6 +17,7 @@ from mlx_vlm.models.cache import ArraysCache, KVCache
 from mlx_vlm.models.nemotron_h.language import NemotronHModel
 
 from ..config import ModelConfig
+from .cache_state import MetaState, cache_meta_state, cache_state, caches_from_state
 from .perception import Perception
 from .segments import SegmentedStep
 
@@ -54,32 +55,50 @@ class DuplexSTT(nn.Module):
         hidden = self.llm.norm_f(hidden)
         return self.lm_head(hidden), self.function_head(hidden)
 
-    def step(self, inputs_embeds: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
-        """One cached position: the same logits as ``self(x, cache)``, compiled where shapes are fixed.
+    def step(self, inputs_embeds: mx.array, states: Sequence["LanguageState"]
+             ) -> tuple[mx.array, mx.array]:
+        """One position of ``B`` conversations: row ``b`` of ``inputs_embeds`` (``(B, 1, H)``)
+        reads and advances ``states[b]``. Returns the position's text and function
+        logits, ``(B, 1, V)`` each.
 
-        The first position (Mamba states not yet created) runs uncompiled.
+        Rows whose caches are ready (every Mamba2 state exists) run together
+        through the compiled runs (:class:`SegmentedStep`); a row at its first
+        position, or without a cache (full recompute), runs alone through the
+        plain modules. Every row equals that row run alone, bit for bit; one
+        row is the ``B = 1`` case of the same code.
         """
         if self._segments is None:
             self._segments = SegmentedStep(self.llm.layers, self._head)
-        if not self._segments.ready(inputs_embeds, cache):
-            return self(inputs_embeds, cache=cache)
-        text, function = self._segments(inputs_embeds, cache)
-        return text, function
+        ready = [b for b, s in enumerate(states)
+                 if s.cache is not None and self._segments.ready(inputs_embeds, s.cache)]
+        if len(ready) == len(states):  # every row (the steady case): no regrouping
+            text, function = self._segments(inputs_embeds, [s.cache for s in states])
+            return text, function
+        rows = [inputs_embeds[b : b + 1] for b in range(len(states))]
+        text: list[mx.array] = list(rows)
+        function: list[mx.array] = list(rows)
+        if ready:
+            t, f = self._segments(mx.concatenate([rows[b] for b in ready]),
+                                  [states[b].cache for b in ready])
+            for j, b in enumerate(ready):
+                text[b], function[b] = t[j : j + 1], f[j : j + 1]
+        for b, state in enumerate(states):
+            if b not in ready:
+                text[b], function[b] = self._alone(rows[b], state)
+        return mx.concatenate(text), mx.concatenate(function)
 
-    def step_batch(self, inputs_embeds: mx.array, caches: list[list[Any]]
-                   ) -> tuple[mx.array, mx.array]:
-        """One cached position of many sessions (row ``b`` with ``caches[b]``) in one call.
+    def _alone(self, x: mx.array, state: "LanguageState") -> tuple[mx.array, mx.array]:
+        """One row through the plain modules: its cache, or the whole history again."""
+        if state.cache is not None:
+            text, function = self(x, cache=state.cache)
+        else:
+            state.history.append(x)
+            text, function = self(mx.concatenate(state.history, axis=1))
+        return text[:, -1:], function[:, -1:]
 
-        Each row's logits equal :meth:`step` on that row alone. Sessions whose
-        Mamba states do not exist yet (their first position) run alone.
-        """
-        if self._segments is None:
-            self._segments = SegmentedStep(self.llm.layers, self._head)
-        rows = [inputs_embeds[b : b + 1] for b in range(len(caches))]
-        if all(self._segments.ready(r, c) for r, c in zip(rows, caches)):
-            return self._segments.batch(inputs_embeds, caches)
-        outs = [self.step(r, c) for r, c in zip(rows, caches)]
-        return (mx.concatenate([t for t, _ in outs]), mx.concatenate([f for _, f in outs]))
+    def make_state(self, use_cache: bool = True) -> "LanguageState":
+        """A conversation's fresh language state (``use_cache=False``: full recompute)."""
+        return LanguageState(self.make_cache() if use_cache else None)
 
     def make_cache(self) -> list[Any]:
         """Mamba2 state for ``M`` layers and a growing KV cache for ``*`` layers."""
@@ -90,3 +109,52 @@ class DuplexSTT(nn.Module):
             elif layer.block_type == "*":
                 caches.append(KVCache())
         return caches
+
+
+class LanguageState:
+    """One conversation's Nemotron-H state across positions, in mlx-lm's cache style.
+
+    With the cache, ``cache`` (:meth:`DuplexSTT.make_cache`: a Mamba2
+    ``ArraysCache`` and an attention ``KVCache`` per layer); without it,
+    ``history``, every fused input so far (the reference's default full
+    recompute). ``state`` is its arrays, ``meta_state`` the host values that
+    rebuild it (:meth:`from_state`; the ``state`` setter restores arrays into
+    the same structure).
+
+    Batching: :meth:`DuplexSTT.step` takes a list of these, one per row. The
+    rows' Mamba2 states are stacked only while a compiled run reads them and
+    are written back into each row's own ``ArraysCache`` after it (rows
+    written back rather than extracted, so a conversation keeps its cache
+    objects); an attention row always reads and writes its own ``KVCache``,
+    never a cache merged or padded to a common length (padding would change
+    the attention's reduction and the bits).
+    """
+
+    def __init__(self, cache: list[Any] | None, history: list[mx.array] | None = None):
+        self.cache = cache
+        self.history: list[mx.array] = [] if history is None else history
+
+    @property
+    def state(self) -> list[mx.array]:
+        return cache_state(self.cache) if self.cache is not None else list(self.history)
+
+    @state.setter
+    def state(self, value: list[mx.array]) -> None:
+        restored = LanguageState.from_state(value, self.meta_state)
+        self.cache, self.history = restored.cache, restored.history
+
+    @property
+    def meta_state(self) -> tuple[str, MetaState | int]:
+        if self.cache is not None:
+            return ("cache", cache_meta_state(self.cache))
+        return ("history", len(self.history))
+
+    @classmethod
+    def from_state(cls, state: list[mx.array], meta_state: tuple[str, Any]) -> "LanguageState":
+        kind, meta = meta_state
+        if kind == "cache":
+            return cls(caches_from_state(state, meta))
+        return cls(None, list(state))
+
+    def release(self) -> None:
+        self.cache, self.history = None, []

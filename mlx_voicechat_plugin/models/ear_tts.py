@@ -13,14 +13,33 @@ both float32. Passes that decide no codebook (the schedule's leading zeros)
 are skipped and draw nothing. Draws use MLX's global random state, or one key
 each from an explicit :class:`KeyStream`, taken in the same order.
 
-Many sessions' frames run as one batch with :meth:`EarTTS.backbone_step_batch`
-and :meth:`EarTTS.generate_codes_batch` (``ear_tts_batch``), exact per session.
+A frame is :meth:`EarTTS.backbone_step` then :meth:`EarTTS.generate_codes`
+over ``B`` independent sessions (one session is ``B = 1``). Exactness
+contract: row by row, every output is bit-identical to that session run
+alone, and every session's state (its backbone caches, its key stream) ends
+exactly where its own frame leaves it, so sessions may join and leave the
+batch between frames. This holds because
+
+- every fixed-shape op (linears, norms, MLPs, embeddings, the MoG networks,
+  the RVQ distances) runs once over all rows, and those ops are row-wise
+  exact on MLX's CPU backend (a row's result does not depend on the other
+  rows of the batch);
+- the attention core (cache update and SDPA) runs per session, on that
+  session's own cache objects at its own offset; caches are never padded to
+  a common length (padding would change the reduction order);
+- RoPE takes one offset per row;
+- each random draw is taken per session from its own key, in the shape and
+  order of the session alone (:func:`~.mog_head.draw`).
+
+``tests/test_batched_tts.py`` checks the contract bit for bit. On other
+backends a batched matmul may tile differently than a one-row one; run the
+tests there before relying on it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -29,7 +48,6 @@ from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfi
 
 from ..config import TTSConfig
 from .layers import OffsetRMSNorm
-from . import ear_tts_batch
 from .mog_head import Keys, MoGHead, draw
 from .segments import GemmaStep
 from .subword import CharAwareSubwordEncoder
@@ -47,17 +65,28 @@ class KeyStream(Protocol):
     def next(self) -> mx.array: ...
 
 
-class _KeyList:
-    """Keys drawn in advance, handed out in order (inside a compiled graph)."""
+GUIDED_ROWS = 2  # [cond; uncond] rows per session
+
+
+class KeyRows:
+    """Keys drawn in advance, ``[B, count, 2]``, handed out in order inside the
+    compiled depth loop: each ``next`` is the next key of every session, ``[B, 2]``
+    (one key per row; :func:`~.mog_head.draw` draws each row from its own)."""
 
     def __init__(self, keys: mx.array):
         self.keys = keys
         self.index = 0
 
     def next(self) -> mx.array:
-        key = self.keys[self.index]
+        keys = self.keys[:, self.index]
         self.index += 1
-        return key
+        return keys
+
+
+def take_keys(rng: KeyStream, count: int) -> mx.array:
+    """The stream's next ``count`` keys, stacked ``[count, 2]`` (``take``, or ``next`` each)."""
+    take = getattr(rng, "take", None)
+    return take(count) if take is not None else mx.stack([rng.next() for _ in range(count)])
 
 
 def _key(rng: Any) -> Keys:
@@ -183,8 +212,7 @@ class EarTTS(nn.Module):
         self._schedule = unmasking_schedule(
             config.num_quantizers, config.num_iterations, config.exponent
         )
-        self._compiled_depth = None
-        self._compiled_depth_batch: Callable[..., mx.array] | None = None
+        self._compiled_depth: Any = None
         self._codebooks: _CodebookTables | None = None
         self._backbone_step: GemmaStep | None = None
 
@@ -266,16 +294,27 @@ class EarTTS(nn.Module):
         hidden = self._run_backbone(audio, self._text(subword_ids, subword_mask), cache)
         return hidden, cache
 
-    def generate_codes(self, hidden: mx.array, rng: KeyStream | None = None) -> mx.array:
-        """Depth loop: ``[cond; uncond]`` hidden [2B, T, dims] -> codes [B, T, Q] int32.
+    def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | None = None) -> mx.array:
+        """Depth loop of ``B`` sessions: guided hidden ``[2B, T, dims]`` -> codes ``[B, T, Q]`` int32.
 
-        With a key stream the fixed-shape loop runs as one compiled graph: its
-        keys are drawn up front in the order the loop consumes them (per pass:
-        component sample, then noise), so the codes are identical.
+        ``hidden`` is laid out ``[cond_0 .. cond_{B-1}; uncond_0 .. uncond_{B-1}]``
+        (:meth:`backbone_step`'s layout). With one key stream per session the
+        fixed-shape loop runs as one compiled graph: each stream's
+        ``2 * depth_passes`` keys are taken up front, in the order the loop
+        consumes them (per pass: component sample, then noise), and row ``b``
+        draws from ``rngs[b]``'s keys only, so its codes and its stream end as
+        that session run alone leaves them. Without key streams the draws come
+        from MLX's global random state, in the same order.
         """
-        if rng is None:
+        if rngs is None:
             return self._depth_loop(hidden, None)
-        keys = ear_tts_batch.take_keys(rng, 2 * self.depth_passes)
+        if not rngs or hidden.shape[0] != GUIDED_ROWS * len(rngs):
+            raise ValueError(
+                f"generate_codes: hidden has {hidden.shape[0]} rows, "
+                f"expected {GUIDED_ROWS} per session for {len(rngs)} key streams"
+            )
+        count = 2 * self.depth_passes
+        keys = mx.stack([take_keys(rng, count) for rng in rngs])
         if self._compiled_depth is None:
             # The module state is an input, so later weight updates are seen.
             self._compiled_depth = mx.compile(self._compiled_loop, inputs=self.state)
@@ -285,32 +324,7 @@ class EarTTS(nn.Module):
     def _compiled_loop(
         self, hidden: mx.array, keys: mx.array, tables: list[mx.array], norms: list[mx.array]
     ) -> mx.array:
-        return self._depth_loop(hidden, _KeyList(keys), (tables, norms))
-
-    def generate_codes_batch(self, hidden: mx.array, rngs: Sequence[KeyStream]) -> mx.array:
-        """:meth:`generate_codes` for many sessions, each with its own key stream.
-
-        ``hidden`` [2B, 1, dims] as :meth:`backbone_step_batch` lays it out;
-        row ``b`` of the codes [B, 1, Q] and ``rngs[b]`` end bit-identical to
-        ``generate_codes`` on session ``b`` alone (see ``ear_tts_batch``).
-        """
-        return ear_tts_batch.generate_codes_batch(self, hidden, rngs)
-
-    def compiled_depth_batch(self) -> Callable[..., mx.array]:
-        """The depth loop over per-session keys ``[B, count, 2]``, compiled (traced per B)."""
-        if self._compiled_depth_batch is None:
-            self._compiled_depth_batch = mx.compile(self._compiled_batch_loop, inputs=self.state)
-        return self._compiled_depth_batch
-
-    def _compiled_batch_loop(
-        self, hidden: mx.array, keys: mx.array, tables: list[mx.array], norms: list[mx.array]
-    ) -> mx.array:
-        return self._depth_loop(hidden, ear_tts_batch.KeyRows(keys), (tables, norms))
-
-    def codebook_arrays(self) -> tuple[list[mx.array], list[mx.array]]:
-        """Per-codebook tables and norms, as the compiled depth loops take them."""
-        books = self._codebook_tables()
-        return books.tables, books.norms
+        return self._depth_loop(hidden, KeyRows(keys), (tables, norms))
 
     def _codebook_tables(self) -> _CodebookTables:
         # Built once (``prepare``, at load) and again after ``update``; not
@@ -372,54 +386,54 @@ class EarTTS(nn.Module):
             done += count
         return codes
 
-    def step(
-        self,
-        prev_codes: mx.array,
-        subword_ids: mx.array,
-        cache: Cache,
-        rng: KeyStream | None = None,
-    ) -> mx.array:
-        """One frame: previous codes [B, 1, Q] + current subword [B, 1] -> codes [B, 1, Q]."""
-        return self.generate_codes(self.backbone_step(prev_codes, subword_ids, cache), rng)
-
     def backbone_step(
-        self,
-        prev_codes: mx.array,
-        subword_ids: mx.array,
-        cache: Cache,
-        token_id: int | None = None,
-    ) -> mx.array:
-        """The backbone half of :meth:`step`: ``[cond; uncond]`` hidden [2B, 1, dims].
-
-        ``token_id``: the one stream's text token as a host integer when the
-        caller already has it; the memoized embedding is then used without
-        reading ``subword_ids`` back (a host sync).
-        """
-        if token_id is None and subword_ids.shape == (1, 1):
-            token_id = subword_ids.item()
-        if token_id is not None:
-            text = self._with_uncond(self.embed_subword.token(token_id))
-        else:
-            text = self._text(subword_ids, mx.ones(subword_ids.shape, dtype=mx.bool_))
-        step = self.gemma_step()
-        if step.ready(prev_codes, cache):
-            return step(cache, prev_codes, text)
-        return self._run_backbone(self.embed_code(self.embed_codes(prev_codes)), text, cache)
-
-    def backbone_step_batch(
         self,
         previous: mx.array,
         text: mx.array,
         caches: Sequence[Cache],
-        text_ids: Sequence[int],
+        text_ids: Sequence[int] | None = None,
     ) -> mx.array:
-        """:meth:`backbone_step` for ``B`` sessions at any positions: hidden [2B, 1, dims].
+        """One backbone position of ``B`` sessions at any positions: ``[cond; uncond]``
+        hidden ``[2B, 1, dims]`` (session ``b`` owns rows ``b`` and ``B + b``).
 
-        Rows ``b`` and ``B + b`` (``ear_tts_batch.session_rows``) are
-        bit-identical to ``backbone_step(previous[b:b+1], text[b:b+1],
-        caches[b], text_ids[b])``, and ``caches[b]`` ends as that call leaves it.
+        ``previous`` ``[B, 1, Q]`` (each session's previous codes), ``text``
+        ``[B, 1]`` (its current text token), ``caches[b]`` session ``b``'s
+        backbone caches, which it reads at its own offset and advances.
+        ``text_ids``: the same tokens as host integers when the caller already
+        has them; the memoized subword embeddings are then used without
+        reading ``text`` back (a host sync). Sessions on the compiled path
+        (:class:`GemmaStep`, every one :meth:`~GemmaStep.ready`) run as one
+        batch; otherwise each runs alone through the plain backbone, laid out
+        the same. Every session's rows equal that session run alone.
         """
-        return ear_tts_batch.backbone_step_batch(self, previous, text, caches, text_ids)
+        sessions = len(caches)
+        if sessions == 0:
+            raise ValueError("backbone_step: caches is empty (need one per session)")
+        if previous.ndim != 3 or previous.shape[:2] != (sessions, 1):
+            raise ValueError(
+                f"backbone_step: previous must be [{sessions}, 1, Q], got {list(previous.shape)}"
+            )
+        if text.shape != (sessions, 1):
+            raise ValueError(f"backbone_step: text must be [{sessions}, 1], got {list(text.shape)}")
+        if text_ids is None:
+            text_ids = text[:, 0].tolist()
+        if len(text_ids) != sessions:
+            raise ValueError(
+                f"backbone_step: text_ids has {len(text_ids)} ids for {sessions} sessions"
+            )
+        cond = [self.embed_subword.token(int(i)) for i in text_ids]
+        step = self.gemma_step()
+        if all(step.ready(previous[b : b + 1], caches[b]) for b in range(sessions)):
+            return step(caches, GUIDED_ROWS, previous, self._with_uncond(mx.concatenate(cond)))
+        # Off the compiled path (the stack would need a mask): each session
+        # alone through the plain backbone, interleaved as the batch.
+        rows = [
+            self._run_backbone(self.embed_code(self.embed_codes(previous[b : b + 1])),
+                               self._with_uncond(cond[b]), caches[b])[:, None]
+            for b in range(sessions)
+        ]
+        joined = mx.concatenate(rows, axis=1)  # [2, B, 1, dims]
+        return joined.reshape(-1, *joined.shape[2:])
 
     def gemma_step(self) -> GemmaStep:
         """The compiled one-position backbone step (built on first use)."""

@@ -69,12 +69,18 @@ class Model(nn.Module):
         self.prepared_for = tokenizer
 
     def create_session(self, processor: Any):
-        """The offline / streaming runtime for this model and its tokenizer."""
+        """The offline / streaming runtime for this model and its tokenizer.
+
+        The runtime's own state lives there, not on the model: the EAR-TTS warm
+        start (computed when it is made) and the prompt cache. Make one and
+        keep it; every session it makes shares them.
+        """
         from ..runtime.session import VoiceChat
 
         return VoiceChat(self, processor)
 
     def create_streaming_session(self, processor: Any, options: Any = None):
+        """One streaming session from a new runtime (:meth:`create_session` makes many)."""
         return self.create_session(processor).create_streaming_session(options)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -10,9 +10,10 @@ elementwise work; attention layers run as usual between them. The layers'
 own ``__call__`` does the arithmetic, so the outputs are the uncompiled
 step's. :class:`GemmaStep` does the same for a Gemma-3 stack, whose every
 layer attends: it compiles the spans between the attention cores. On CPU, where per-op dispatch dominates small frames, this is the
-largest saving of the frame. :meth:`GemmaStep.batch` runs one position of
-many independent streams (each with its own caches, at its own offset): the
-compiled spans once over all their rows, the attention cores per stream.
+largest saving of the frame. Both run one position of many independent
+streams (each with its own caches, at its own offset): the compiled spans
+once over all their rows, the attention cores per stream; one stream is the
+case of one row.
 """
 
 from __future__ import annotations
@@ -52,28 +53,22 @@ class _Run:
         outputs = (x,) if self.head is None else tuple(self.head(x))
         return (*outputs, *new_state)
 
-    def __call__(self, x: mx.array, caches: list[Any]) -> tuple[mx.array, ...]:
-        return self.batch(x, [caches])
+    def __call__(self, x: mx.array, rows: Sequence[list[Any]]) -> tuple[mx.array, ...]:
+        """Row ``b`` of ``x`` with the Mamba2 states of ``rows[b]``: one call for all rows.
 
-    def batch(self, x: mx.array, sessions: list[list[Any]]) -> tuple[mx.array, ...]:
-        """Row ``b`` of ``x`` with the states of ``sessions[b]``: one call for all rows.
-
-        Each session's Mamba states (batch 1) are stacked along the batch axis
-        and split back after the run; every op of the run is row-independent,
-        so a row equals its session's own step.
+        The rows' states (batch 1 each) are stacked along the batch axis for
+        the run and each row's slice is written back into its own cache after
+        it; every op of the run is row-independent, so a row equals its own
+        step. One row stacks and slices nothing (MLX returns the array itself).
         """
         slots = self.slots
-        if len(sessions) == 1:
-            state = [a for s in slots for a in (sessions[0][s][0], sessions[0][s][1])]
-        else:
-            state = [mx.concatenate([c[s][j] for c in sessions]) for s in slots for j in (0, 1)]
+        state = [mx.concatenate([r[s].state[j] for r in rows]) for s in slots for j in (0, 1)]
         result = self._compiled(x, *state)
         outputs = len(result) - len(state)
         for i, s in enumerate(slots):
             conv, ssm = result[outputs + 2 * i], result[outputs + 2 * i + 1]
-            for b, caches in enumerate(sessions):
-                caches[s][0], caches[s][1] = (conv, ssm) if len(sessions) == 1 else \
-                    (conv[b : b + 1], ssm[b : b + 1])
+            for b, caches in enumerate(rows):
+                caches[s].state = [conv[b : b + 1], ssm[b : b + 1]]
         return result[:outputs]
 
 
@@ -116,30 +111,24 @@ class SegmentedStep:
             for s in self._mamba_slots
         )
 
-    def __call__(self, x: mx.array, caches: list[Any]) -> tuple[mx.array, ...]:
-        return self.batch(x, [caches])
-
-    def batch(self, x: mx.array, sessions: list[list[Any]]) -> tuple[mx.array, ...]:
-        """One position of many sessions: row ``b`` of ``x`` (``(B, 1, H)``) reads ``sessions[b]``.
+    def __call__(self, x: mx.array, rows: Sequence[list[Any]]) -> tuple[mx.array, ...]:
+        """One position of ``B`` streams: row ``b`` of ``x`` (``(B, 1, H)``) reads ``rows[b]``.
 
         The attention-free runs (Mamba2, MLP, head) take all rows at once; an
         attention layer runs each row against its own KV cache, since the
-        sessions sit at different positions (rows are never padded to a common
-        length, so each row's attention is its session's own). Every session
-        must be :meth:`ready`.
+        streams sit at different positions (rows are never padded to a common
+        length, so each row's attention is its stream's own). Every stream
+        must be :meth:`ready`; one stream is the ``B = 1`` case.
         """
         for part in self.plan:
             if isinstance(part, _Run):
-                x = part.batch(x, sessions)
+                x = part(x, rows)
                 if part.head is None:
                     x = x[0]
             else:
                 layer, slot = part
-                if len(sessions) == 1:
-                    x = layer(x, mask=None, cache=sessions[0][slot])
-                else:
-                    x = mx.concatenate([layer(x[b : b + 1], mask=None, cache=caches[slot])
-                                        for b, caches in enumerate(sessions)])
+                x = mx.concatenate([layer(x[b : b + 1], mask=None, cache=caches[slot])
+                                    for b, caches in enumerate(rows)])
         return x
 
 
@@ -205,29 +194,27 @@ class GemmaStep:
             )
         )
 
-    def batch(self, caches: Sequence[list[Any]], group: int, *inputs: mx.array) -> mx.array:
-        """One position of ``len(caches)`` independent streams in one batch.
+    def __call__(self, rows: Sequence[list[Any]], group: int, *inputs: mx.array) -> mx.array:
+        """One position of ``S = len(rows)`` independent streams in one batch.
 
         Stream ``s`` owns the rows ``s, s + S, ..., s + (group - 1) S`` of the
-        batch (``S`` streams; e.g. ``[cond; uncond]`` with ``group=2``), and its
-        own caches ``caches[s]``, which may sit at any offset. The fixed-shape
-        spans run once over all rows (RoPE with one offset per row); the
-        attention core runs per stream on its rows and its own cache objects,
-        never a padded common cache. Every stream's rows are bit-identical to
-        ``self(caches[s], ...)`` on its rows alone, and its caches end in the
-        same state, provided the spans' row-wise ops are (they are on MLX's CPU
-        backend: matmuls, norms, elementwise). Each stream must be :meth:`ready`.
+        batch (e.g. ``[cond; uncond]`` with ``group=2``), and its own caches
+        ``rows[s]``, which may sit at any offset. The fixed-shape spans run
+        once over all rows (RoPE with one offset per row); the attention core
+        runs per stream on its rows and its own cache objects, never a padded
+        common cache. Every stream's rows are bit-identical to the stream run
+        alone, and its caches end in the same state, provided the spans'
+        row-wise ops are (they are on MLX's CPU backend: matmuls, norms,
+        elementwise). Each stream must be :meth:`ready`; one stream is the
+        ``S = 1`` case.
         """
-        if len(caches) == 1:
-            return self(caches[0], *inputs)
 
         def offset(i: int) -> mx.array:
-            per_stream = [c[i].offset for c in caches]
-            return mx.array(per_stream * group, dtype=mx.int32)
+            return mx.array([c[i].offset for c in rows] * group, dtype=mx.int32)
 
         x, q, k, v = self._enter(offset(0), *inputs)
         for i, layer in enumerate(self.layers):
-            out = self._stream_cores(layer.self_attn, q, k, v, [c[i] for c in caches])
+            out = self._stream_cores(layer.self_attn, q, k, v, [c[i] for c in rows])
             if i + 1 < len(self.layers):
                 x, q, k, v = self._between[i](x, out, offset(i + 1))
             else:
@@ -240,22 +227,9 @@ class GemmaStep:
         """The attention core of each stream on its strided rows, re-interleaved."""
         streams = len(caches)
         outs = [
-            self._core(attn, q[s::streams], k[s::streams], v[s::streams], cache)
+            self._core(attn, q[s::streams], k[s::streams], v[s::streams], cache)[:, None]
             for s, cache in enumerate(caches)
         ]
-        # outs[s] is [group, ...]: row j of stream s goes back to row j * S + s.
-        stacked = mx.stack(outs, axis=1)
-        return stacked.reshape(-1, *stacked.shape[2:])
-
-    def __call__(self, caches: list[Any], *inputs: mx.array) -> mx.array:
-        def offset(i: int) -> mx.array:
-            return mx.array(caches[i].offset, dtype=mx.int32)
-
-        x, q, k, v = self._enter(offset(0), *inputs)
-        for i, layer in enumerate(self.layers):
-            out = self._core(layer.self_attn, q, k, v, caches[i])
-            if i + 1 < len(self.layers):
-                x, q, k, v = self._between[i](x, out, offset(i + 1))
-            else:
-                return self._exit(x, out)
-        raise ValueError("empty Gemma-3 stack")
+        # outs[s] is [group, 1, ...]: row j of stream s goes back to row j * S + s.
+        joined = mx.concatenate(outs, axis=1)
+        return joined.reshape(-1, *joined.shape[2:])

@@ -35,7 +35,6 @@ from .frame import ConversationState, FrameOutput, PerceptionSource, advance, fi
 from .options import SessionOptions
 from .profile import FrameClock, Profile, profile_env
 from .prompt import session_prompt
-from .prompt_cache import prompt_cache_of
 from .timeline import TimelineStep
 from .tool_calls import ToolChannel
 from .tools import ToolError
@@ -50,9 +49,10 @@ class Conversation:
         model, config = parent.model, parent.config
         self.model = model
         self.options = options
+        self._prompt_cache = parent.prompt_cache
         prompt, toolset = session_prompt(parent.tokenizer, model, options)
         self.compute = ConversationState(
-            model, perception, parent.new_rnnt_state(),
+            model, perception, parent.new_rnnt_state(), start=parent.warm_start,
             seed=options.seed, use_language_cache=options.use_language_cache,
         )
         hidden = config.special_text_ids
@@ -84,20 +84,19 @@ class Conversation:
 
     def _starting(self, prompt: list[int]) -> Iterator[int]:
         """Prefill the prompt (yielding the positions left), or continue from the
-        model's cached state for it."""
-        timeline, options = self.compute.timeline, self.options
-        cache = prompt_cache_of(self.model)
+        runtime's cached state for it (a ``state`` / ``meta_state`` round trip)."""
+        compute, options, cache = self.compute, self.options, self._prompt_cache
         if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
-            yield from timeline.prefill_steps(prompt, options.stop_prefill)
+            yield from compute.timeline.prefill_steps(prompt, options.stop_prefill)
             return
         key = (tuple(prompt), options.seed)
-        state = cache.get(key)
-        if state is not None:
-            timeline.restore(state)
+        snapshot = cache.get(key)
+        if snapshot is not None:
+            compute.restore(*snapshot)
             self.prompt_cache_hit = True
             return
-        yield from timeline.prefill_steps(prompt, options.stop_prefill)
-        cache.put(key, timeline.snapshot())
+        yield from compute.timeline.prefill_steps(prompt, options.stop_prefill)
+        cache.put(key, (compute.state, compute.meta_state))
 
     def start_steps(self) -> Iterator[int]:
         """The deferred start (see ``defer_start``)."""

@@ -29,12 +29,14 @@ from typing import Any, Callable, Union
 import mlx.core as mx
 import numpy as np
 
+from ..models.cache_state import split_state
+from ..models.codec_stream import CodecState
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream, push_frames
 from ..models.rnnt import RNNTFrame, RNNTState
 from ..models.rows import stack_rows, take_rows
 from .profile import FrameClock
-from .timeline import Timeline, TimelineStep, listen_batch, speak_batch
+from .timeline import Timeline, TimelineStep, WarmStart
 
 _NO_CLOCK = FrameClock(enabled=False)
 
@@ -123,22 +125,51 @@ class ConversationState:
     """Everything one conversation carries between frames, as one list of arrays.
 
     Perception source, Nemotron-H and EAR-TTS caches (in the :class:`Timeline`),
-    the RNNT carry and the codec stream. ``state`` lists them (mlx-lm's cache
-    convention), ``nbytes`` sizes them, ``release`` drops them.
+    the RNNT carry and the codec stream, in mlx-lm's cache convention:
+    ``state`` lists their arrays, ``meta_state`` the host values that lay
+    them out again, and ``state = ...`` restores arrays into the same layout;
+    :meth:`restore` takes a ``(state, meta_state)`` snapshot of any
+    conversation of the same model (the prompt cache restores a prefilled
+    one). Host books (the transcript's text, the mel frontend's sample tail)
+    stay with their streams. ``nbytes`` sizes the state, ``release`` drops it.
     """
 
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
-                 *, seed: int, use_language_cache: bool):
+                 *, start: WarmStart, seed: int, use_language_cache: bool):
         self.perception = perception
-        self.timeline = Timeline(model, seed=seed, use_language_cache=use_language_cache)
+        self.timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache)
         self.rnnt = rnnt
-        self.codec: Any = model.tts_model.audio_codec.make_state()
+        self.codec: CodecState | None = model.tts_model.audio_codec.make_state()
+
+    def _parts(self) -> tuple[Any, ...]:
+        return (self.perception, self.timeline, self.rnnt, self.codec)
 
     @property
     def state(self) -> list[mx.array]:
         if self.codec is None:  # released
             return []
-        return [*self.perception.state, *self.timeline.state, *self.rnnt.state, *self.codec.state]
+        return [a for part in self._parts() for a in part.state]
+
+    @state.setter
+    def state(self, value: list[mx.array]) -> None:
+        self.restore(value, self.meta_state)
+
+    @property
+    def meta_state(self) -> tuple:
+        """Each part's array count, then the timeline's and the codec's meta states."""
+        assert self.codec is not None, "the state was released"
+        return (tuple(len(part.state) for part in self._parts()),
+                self.timeline.meta_state, self.codec.meta_state)
+
+    def restore(self, state: list[mx.array], meta_state: tuple) -> None:
+        """Continue from a ``(state, meta_state)`` snapshot (mlx-lm's ``from_state``, in
+        place: the conversation keeps its networks and books). The arrays become this
+        conversation's own: give it a copy of a snapshot that is kept."""
+        counts, timeline, codec = meta_state
+        perception, timeline_arrays, rnnt, codec_arrays = split_state(state, counts)
+        self.perception.state, self.rnnt.state = perception, rnnt
+        self.timeline = Timeline.from_state(self.timeline.model, timeline_arrays, timeline)
+        self.codec = CodecState.from_state(codec_arrays, codec)
 
     @property
     def nbytes(self) -> int:
@@ -192,23 +223,27 @@ def advance_batch(
     hearing = Hearing(states, frames, clock)
     talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
     talkers = [states[b] for b in talking]
-    tokens = []
-    if talkers:
-        tokens = listen_batch([s.timeline for s in talkers], take_rows(hearing.projected, talking),
-                              [forced[b] for b in talking], clock)
-    mx.eval(*[t.ids for t in tokens], *hearing.arrays)
+    timeline = Timeline.merge([s.timeline for s in talkers]) if talkers else None
+    ids = []
+    if timeline is not None:
+        tokens = timeline.listen(take_rows(hearing.projected, talking),
+                                 [forced[b] for b in talking], clock=clock)
+        ids = [tokens.ids]
+    mx.eval(*ids, *hearing.arrays)
 
     # The user transcript does not feed the timeline: the RNNT's other tries
     # (after an emission) compute while the speech half is built.
     speaking = hearing.rest(clock)
     steps, outputs = [], []
-    if talkers:
-        steps = speak_batch([s.timeline for s in talkers], tokens, clock)
+    if timeline is not None:
+        steps = timeline.speak(tokens, clock)
+        for b, state in enumerate(talkers):
+            state.timeline = timeline.extract(b)
         clock.stage("tts", *[step.codes for step in steps])
         speech = model.tts_model
         codes = [speech.replace_control_codes(step.codes) for step in steps]
-        waveforms = speech.audio_codec.decode_step_batch([c.transpose(0, 2, 1) for c in codes],
-                                                         [s.codec for s in talkers])
+        waveforms = speech.audio_codec.decode_streams([c.transpose(0, 2, 1) for c in codes],
+                                                      [s.codec for s in talkers])
         for state, step, code, samples in zip(talkers, steps, codes, waveforms):
             outputs.append((samples[0, 0], code[0, 0].astype(mx.int32)))
             speaking += [step.codes, *outputs[-1], *state.codec.state]

@@ -1,16 +1,16 @@
-"""Timeline states after a system-prompt prefill, kept so a repeated prompt starts at once.
+"""Conversation states after a system-prompt prefill, kept so a repeated prompt starts at once.
 
 The state after prefill is a pure function of (model, prompt token ids, seed):
 the prefill reads the tokens with the language heads muted and the EAR-TTS
-sampling from the seed's stream. :class:`PromptCache` keeps such states in an
-LRU bounded in bytes and hands out copies (new cache objects and new array
-handles over the same values, see :func:`clone_state`), so a session started
-from it produces the same ids and codes as one that prefilled.
+sampling from the seed's stream. :class:`PromptCache` keeps such states, as
+``state`` / ``meta_state`` pairs (mlx-lm's round trip), in an LRU bounded in
+bytes and hands out copies (new array handles over the same values: the
+caches rebuilt from them write in place), so a session started from it
+produces the same ids and codes as one that prefilled.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from collections import OrderedDict
@@ -18,54 +18,23 @@ from typing import Any, Hashable
 
 import mlx.core as mx
 
+from ..models.cache_state import copy_arrays
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 256 * 2**20
 
-
-def clone_state(value: Any) -> Any:
-    """A copy of a state tree whose arrays are new handles over the same values.
-
-    Lists, tuples and dicts are rebuilt; mlx cache objects are shallow-copied
-    with their array and list attributes cloned. KV caches write with slice
-    assignment and Mamba caches replace list items: both touch only the copy.
-    """
-    if isinstance(value, mx.array):
-        return mx.array(value)
-    if isinstance(value, list):
-        return [clone_state(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(clone_state(v) for v in value)
-    if isinstance(value, dict):
-        return {k: clone_state(v) for k, v in value.items()}
-    if hasattr(value, "__dict__") and type(value).__module__.split(".")[0] in ("mlx_lm", "mlx_vlm"):
-        clone = copy.copy(value)
-        for name, item in vars(value).items():
-            if isinstance(item, (mx.array, list, tuple, dict)):
-                setattr(clone, name, clone_state(item))
-        return clone
-    return value  # ints, None, immutable host values
+Snapshot = tuple[list[mx.array], Any]  # (state, meta_state)
 
 
-def state_arrays(value: Any) -> list[mx.array]:
-    """Every array in a state tree (for evaluation and sizing)."""
-    if isinstance(value, mx.array):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [a for v in value for a in state_arrays(v)]
-    if isinstance(value, dict):
-        return [a for v in value.values() for a in state_arrays(v)]
-    if hasattr(value, "__dict__") and not isinstance(value, type):
-        return [a for v in vars(value).values() for a in state_arrays(v)]
-    return []
-
-
-def state_bytes(value: Any) -> int:
-    return sum(a.nbytes for a in state_arrays(value))
+def state_bytes(snapshot: Snapshot) -> int:
+    """Bytes of a snapshot's arrays."""
+    return sum(a.nbytes for a in snapshot[0])
 
 
 class PromptCache:
-    """LRU of prefilled timeline states, at most ``max_bytes`` in all (0 disables it)."""
+    """LRU of prefilled ``(state, meta_state)`` snapshots, at most ``max_bytes`` of arrays
+    in all (0 disables it)."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
@@ -73,14 +42,14 @@ class PromptCache:
         self.max_bytes = max_bytes
         self.bytes = 0
         self.hits = self.misses = 0
-        self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._entries: OrderedDict[Hashable, tuple[Snapshot, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: Hashable) -> Any | None:
-        """A private copy of the state stored under ``key``, or ``None``."""
+    def get(self, key: Hashable) -> Snapshot | None:
+        """A private copy of the snapshot stored under ``key``, or ``None``."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -89,15 +58,17 @@ class PromptCache:
             self._entries.move_to_end(key)
             self.hits += 1
         logger.debug("prompt cache hit (%d entries, %d bytes)", len(self._entries), self.bytes)
-        return clone_state(entry[0])
+        state, meta_state = entry[0]
+        return copy_arrays(state), meta_state
 
-    def put(self, key: Hashable, state: Any) -> bool:
-        """Store a copy of ``state`` (evaluated); ``False`` if it alone exceeds the budget."""
-        stored = clone_state(state)
+    def put(self, key: Hashable, snapshot: Snapshot) -> bool:
+        """Store a copy of ``(state, meta_state)`` (evaluated); ``False`` if it alone
+        exceeds the budget."""
+        stored = (copy_arrays(snapshot[0]), snapshot[1])
         size = state_bytes(stored)
         if size > self.max_bytes:
             return False
-        mx.eval(state_arrays(stored))
+        mx.eval(stored[0])
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -115,7 +86,3 @@ class PromptCache:
             self._entries.clear()
             self.bytes = 0
 
-
-def prompt_cache_of(model: Any) -> "PromptCache | None":
-    """The model's prompt cache: ``model.prompt_cache``, set by ``load`` (or a server's budget)."""
-    return getattr(model, "prompt_cache", None)

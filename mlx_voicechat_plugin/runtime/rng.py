@@ -40,15 +40,31 @@ def check_seed(seed: object, what: str = "seed") -> int:
 
 
 class RandomStream:
+    """One session's key, advanced by every draw; ``state`` is ``[key]`` (mlx-lm's convention)."""
+
     def __init__(self, seed: int):
-        self._key = mx.random.key(check_seed(seed))
+        self.key: mx.array | None = mx.random.key(check_seed(seed))
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [] if self.key is None else [self.key]
+
+    @state.setter
+    def state(self, value: list[mx.array]) -> None:
+        (self.key,) = value if value else (None,)
+
+    @classmethod
+    def from_state(cls, state: list[mx.array]) -> "RandomStream":
+        stream = cls.__new__(cls)
+        stream.state = state
+        return stream
 
     def next(self) -> mx.array:
         """The key for the next draw."""
-        self._key, sub = mx.random.split(self._key)
+        self.key, sub = mx.random.split(self.key)
         return sub
 
     def take(self, count: int) -> mx.array:
         """The keys of the next ``count`` draws, stacked ``[count, 2]`` (same as ``next`` each)."""
-        self._key, keys = _chain(count)(self._key)
+        self.key, keys = _chain(count)(self.key)
         return keys

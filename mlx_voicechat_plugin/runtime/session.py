@@ -35,6 +35,8 @@ from .options import (
     TranscriptionOptions,
     check_extra_decoding_seconds,
 )
+from .prompt_cache import PromptCache
+from .timeline import WarmStart
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +86,9 @@ class VoiceChat:
     """Binds a loaded model to its tokenizer; runs offline turns and makes streams.
 
     The model is only read: its one-time setup (the TTS's subword spellings,
-    codebook tables, warm start, prompt cache) is done by ``load``.
+    codebook tables) is done by ``load``. What the runtime keeps is here, not
+    on the model: the EAR-TTS warm start every conversation begins from
+    (computed once, when this is made) and the prompt cache.
     """
 
     def __init__(self, model: Model, processor: Any):
@@ -106,6 +110,19 @@ class VoiceChat:
         perception = stt.perception
         self._encoder = EncoderStream(perception.encoder, left_context=perception.att_context[0],
                                       positions=perception.window_positions())
+        self.prompt_cache: PromptCache | None = PromptCache()
+        self._warm_start: WarmStart | None = WarmStart.of(model)
+
+    @property
+    def warm_start(self) -> WarmStart:
+        """What every conversation's EAR-TTS starts from (set ``None`` to recompute it)."""
+        if self._warm_start is None:
+            self._warm_start = WarmStart.of(self.model)
+        return self._warm_start
+
+    @warm_start.setter
+    def warm_start(self, start: WarmStart | None) -> None:
+        self._warm_start = start
 
     def decode_text(self, ids: list[int] | np.ndarray) -> str:
         special = self.config.special_text_ids

@@ -295,7 +295,7 @@ class Engine:
             self.voicechat = self.loader(self.model_path)
             self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes)
             if self.prompt_cache_bytes is not None:
-                self.voicechat.model.prompt_cache = PromptCache(self.prompt_cache_bytes)
+                self.voicechat.prompt_cache = PromptCache(self.prompt_cache_bytes)
             logger.info("model loaded")
             if self.warm_up:
                 self._warm_up()
