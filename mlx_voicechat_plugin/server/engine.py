@@ -165,10 +165,6 @@ class Engine:
             self._reserved.discard(session_id)
 
     @property
-    def busy(self) -> bool:
-        return len(self._reserved) >= self.max_sessions
-
-    @property
     def sessions_in_use(self) -> int:
         return len(self._reserved)
 

@@ -38,7 +38,6 @@ class ErrorCode:
 class CloseCode:
     NORMAL = 1000
     POLICY_VIOLATION = 1008
-    MESSAGE_TOO_BIG = 1009
     TRY_AGAIN_LATER = 1013
 
 
@@ -66,10 +65,6 @@ def inference_error(exc: BaseException) -> ProtocolError:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(ID_HEX_CHARS // 2)}"
-
-
-def new_event_id() -> str:
-    return new_id("event")
 
 
 def new_session_id() -> str:
@@ -159,12 +154,10 @@ def encode_pcm16(samples: np.ndarray) -> str:
 # --- server events -----------------------------------------------------------
 
 
-def stamp(payload: dict[str, Any]) -> dict[str, Any]:
-    return {"event_id": new_event_id(), **payload}
-
-
 def dumps(payload: dict[str, Any]) -> str:
-    return json.dumps(stamp(payload), ensure_ascii=False, separators=(",", ":"))
+    """A server event as sent: stamped with a new ``event_id``, compact JSON."""
+    return json.dumps({"event_id": new_id("event"), **payload}, ensure_ascii=False,
+                      separators=(",", ":"))
 
 
 def bounded(message: str) -> str:

@@ -88,6 +88,7 @@ class GAConnection(Connection):
         self.config = GAConfig()
         self.responses = GAResponses(self.config)
         self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
+        self.requested = self.options_of(self.config)  # the session options it asks for
         self.opened_with: SessionOptions | None = None  # the options of the open session
         self.heard = 0  # samples the model has been given since it opened
         self.event_id: str | None = None  # of the client event being handled
@@ -129,7 +130,8 @@ class GAConnection(Connection):
             await self.append_audio(message.get("audio"))
         elif kind == "input_audio_buffer.commit":
             if not self.configured and self.config.turn_detection is None:
-                await self.open_engine(self.config)  # the response owed needs a timeline
+                # the response owed needs a timeline
+                await self.open_engine(self.config, self.requested)
             await self.send_all(self.responses.commit())
             if self.config.turn_detection is None:
                 self.last_audio = 0.0  # push-to-talk: the user's turn ended, answer now
@@ -160,7 +162,7 @@ class GAConnection(Connection):
             raise invalid("a session with output_modalities ['text'] transcribes the user "
                           "only and makes no responses")
         if not self.configured:
-            await self.open_engine(self.config)
+            await self.open_engine(self.config, self.requested)
         events = self.responses.request(params)
         if events is None:
             active = self.responses.active_response_id
@@ -174,8 +176,8 @@ class GAConnection(Connection):
 
     # --- session ----------------------------------------------------------
 
-    def options(self, config: GAConfig) -> SessionOptions:
-        """The engine session's options for ``config`` (built once, checked there)."""
+    def options_of(self, config: GAConfig) -> SessionOptions:
+        """The engine session's options ``config`` asks for (built, and so checked, here)."""
         return self.session_options(FIELDS, system_prompt=config.system_prompt,
                                     seed=config.seed, tools=config.engine_tools(),
                                     max_streaming_seconds=config.max_streaming_seconds,
@@ -183,7 +185,8 @@ class GAConnection(Connection):
 
     async def update(self, payload: Any) -> None:
         config = merge_session(self.config, payload)
-        if self.opened_with != self.options(config):
+        options = self.options_of(config)
+        if self.opened_with != options:
             if self.heard:
                 # The prompt and tools are prefilled: a new timeline starts, and
                 # what the model heard so far is forgotten (GA clients often send
@@ -193,17 +196,16 @@ class GAConnection(Connection):
                                self.heard / MODEL_INPUT_RATE)
                 await self.send_all(self.responses.restart())
                 self.heard = 0
-            await self.open_engine(config)
+            await self.open_engine(config, options)
         if config.input_format != self.config.input_format:
             self.input = InputAudio(config.input_format, MODEL_INPUT_RATE)
-        self.config = config
+        self.config, self.requested = config, options
         self.responses.configure(config)
         await self.send(session_event("session.updated", self.session_id, self.model_id,
                                       config))
 
-    async def open_engine(self, config: GAConfig) -> None:
-        """Open (or reopen, before any audio) the engine session for ``config``."""
-        options = self.options(config)
+    async def open_engine(self, config: GAConfig, options: SessionOptions) -> None:
+        """Open (or reopen) the engine session for ``config`` with its ``options``."""
         if config.output_modalities == ("text",) and options.tools is not None:
             raise init_failed("session.output_modalities ['text'] transcribes the user only; "
                               "tools need ['audio']")
@@ -222,7 +224,7 @@ class GAConnection(Connection):
 
     async def append_audio(self, audio: Any) -> None:
         if not self.configured:
-            await self.open_engine(self.config)
+            await self.open_engine(self.config, self.requested)
         try:
             samples = self.input(audio)
         except FormatError as exc:
