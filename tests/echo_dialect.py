@@ -13,6 +13,7 @@ from typing import Any
 
 from mlx_voicechat_plugin.server.commands import Translator
 from mlx_voicechat_plugin.server.connection import Connection, Dialect, Finished
+from mlx_voicechat_plugin.server.options import session_options
 from mlx_voicechat_plugin.server.wire import (
     CloseCode, decode_base64, dumps, invalid, load_object, pcm16_samples,
 )
@@ -44,7 +45,7 @@ class EchoConnection(Connection):
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         if message["op"] == "start":
-            options = self.session_options({"seed": "seed"}, seed=message.get("seed", 0))
+            options = session_options(self.limits, {"seed": "seed"}, seed=message.get("seed", 0))
             details = await self.open_session(options, EchoTranslator())
             await self.send({"type": "ready", "frame_samples": details.frame_samples})
         elif not self.configured:

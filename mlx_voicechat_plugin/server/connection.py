@@ -12,9 +12,9 @@ A dialect (:mod:`.dialects`) is a :class:`Connection` subclass that
 implements the hooks (:meth:`~Connection.greeting`,
 :meth:`~Connection.error_payload`, :meth:`~Connection.parse`,
 :meth:`~Connection.queues_audio`, :meth:`~Connection.dispatch`, optionally
-:meth:`~Connection.limit_reached`) and uses the shared services: typed
-options (:meth:`~Connection.session_options`), the engine session
-(:meth:`~Connection.open_session` with the dialect's translator), audio
+:meth:`~Connection.limit_reached`) and uses the shared services: the engine
+session (:meth:`~Connection.open_session` with typed options from
+:mod:`.options` and the dialect's translator), audio
 (:meth:`~Connection.feed_audio`), tool results, ordering
 (:meth:`~Connection.settle`) and sending. The app serves it as a
 :class:`Dialect`: its paths and its connection class.
@@ -26,8 +26,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from fastapi import WebSocket
@@ -35,7 +35,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from ..runtime.options import SessionOptions
 from ..runtime.streaming import ContextLimit
-from ..runtime.transcribe import TranscriptionOptions, TranscriptLimit
+from ..runtime.transcribe import TranscriptLimit
 from .commands import Close, OpenOptions, SessionDetails, Translator
 from .engine import Engine
 from .feed import InputFeed
@@ -60,14 +60,6 @@ def stream_full(exc: BaseException) -> bool:
     """Whether a frame's error is its stream reaching ``max_streaming_seconds``
     (:class:`ContextLimit`; a transcript's byte limit is another matter)."""
     return isinstance(exc, ContextLimit) and not isinstance(exc, TranscriptLimit)
-
-
-def client_fields(message: str, fields: Mapping[str, str]) -> str:
-    """An option's error message naming the client's field (``fields``: option -> field)."""
-    for option, name in fields.items():
-        if message.startswith(option + " "):
-            return name + message[len(option):]
-    return message
 
 
 class Connection:
@@ -156,26 +148,6 @@ class Connection:
             self.limit_reached()
 
     # --- the engine session ---------------------------------------------------------
-
-    def session_options(self, fields: Mapping[str, str], **values: Any) -> SessionOptions:
-        """A session's options, built (and so checked) once from the client's values.
-
-        A bad value is ``session_initialization_failed`` naming the client's
-        field (``fields``: option -> field). The server's bounds apply:
-        ``--max-session-seconds`` caps ``max_streaming_seconds``, and
-        ``--max-prompt-tokens``.
-        """
-        try:
-            options = SessionOptions(max_prompt_tokens=self.limits.max_prompt_tokens, **values)
-        except (TypeError, ValueError) as exc:
-            raise init_failed(client_fields(str(exc), fields)) from None
-        return replace(options, max_streaming_seconds=self.limits.clamp_streaming_seconds(
-            options.max_streaming_seconds))
-
-    def transcription_options(self, options: SessionOptions) -> TranscriptionOptions:
-        """A text-only session's options: the bound of ``options``, the server's transcript cap."""
-        return TranscriptionOptions(max_streaming_seconds=options.max_streaming_seconds,
-                                    max_transcript_bytes=self.limits.max_transcript_bytes)
 
     async def open_session(self, options: OpenOptions, translator: Translator) -> SessionDetails:
         """Open the engine session (closing one opened before), watching the socket while

@@ -53,7 +53,7 @@ from .limits import DEFAULT_BATCH_WAIT_MS
 from .metrics import EngineMetrics
 from .scheduler import BatchScheduler, StepCosts
 from .stepping import NOT_ACTIVE, InputStepper, notify
-from .warm_up import warm_up
+from .warm_up import run_warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -258,8 +258,8 @@ class Engine:
                 self.voicechat.model.prompt_cache = PromptCache(self.prompt_cache_bytes)
             logger.info("model loaded")
             if self.warm_up:
-                self.warm_batch_sizes = warm_up(self.voicechat, self.max_sessions,
-                                                self.step_costs, _clear_cache)
+                self.warm_batch_sizes = run_warm_up(self.voicechat, self.max_sessions,
+                                                    self.step_costs, _clear_cache)
         except Exception as exc:  # reported by /health and to each client
             logger.exception("failed to load %s", self.model_path)
             self.load_error = exc

@@ -27,7 +27,7 @@ WARM_UP_FRAMES = 80
 WARM_UP_STEPS_PER_SIZE = 3
 
 
-def warm_up(voicechat: Any, max_sessions: int, costs: StepCosts, clear: Callable[[], None],
+def run_warm_up(voicechat: Any, max_sessions: int, costs: StepCosts, clear: Callable[[], None],
             frames: int = WARM_UP_FRAMES) -> tuple[int, ...]:
     """Run the silent streams; the batch sizes compiled. ``clear`` frees MLX's cache after."""
     started = time.perf_counter()

@@ -47,6 +47,7 @@ from ...runtime.quoting import brief
 from ..connection import Connection, Dialect, Finished, stream_full
 from ..engine import Engine
 from ..limits import ServerLimits
+from ..options import session_options, transcription_options
 from ..wire import (
     CloseCode, ErrorCode, ProtocolError, inference_error, init_failed, invalid, load_object,
     new_id, parse_tool_output,
@@ -178,10 +179,10 @@ class GAConnection(Connection):
 
     def options_of(self, config: GAConfig) -> SessionOptions:
         """The engine session's options ``config`` asks for (built, and so checked, here)."""
-        return self.session_options(FIELDS, system_prompt=config.system_prompt,
-                                    seed=config.seed, tools=config.engine_tools(),
-                                    max_streaming_seconds=config.max_streaming_seconds,
-                                    turn_events=True)
+        return session_options(self.limits, FIELDS, system_prompt=config.system_prompt,
+                               seed=config.seed, tools=config.engine_tools(),
+                               max_streaming_seconds=config.max_streaming_seconds,
+                               turn_events=True)
 
     async def update(self, payload: Any) -> None:
         config = merge_session(self.config, payload)
@@ -206,14 +207,14 @@ class GAConnection(Connection):
 
     async def open_engine(self, config: GAConfig, options: SessionOptions) -> None:
         """Open (or reopen) the engine session for ``config`` with its ``options``."""
-        if config.output_modalities == ("text",) and options.tools is not None:
+        text_only = config.output_modalities == ("text",)
+        if text_only and options.tools is not None:
             raise init_failed("session.output_modalities ['text'] transcribes the user only; "
                               "tools need ['audio']")
         self.opened_with = None
         # Transcription only (perception + RNNT): the user transcript, no responses.
-        details = await self.open_session(
-            self.transcription_options(options) if config.output_modalities == ("text",)
-            else options, self.responses)
+        opened = transcription_options(self.limits, options) if text_only else options
+        details = await self.open_session(opened, self.responses)
         self.opened_with = options
         self.responses.configure(config, details.output_sample_rate,
                                  details.frame_samples / details.input_sample_rate)

@@ -19,6 +19,7 @@ from typing import Any, Union
 
 from ...runtime.quoting import brief
 from ..connection import Connection, Dialect, Finished
+from ..options import session_options, transcription_options
 from ..wire import (
     CloseCode, ErrorCode, ProtocolError, ToolOutput, decode_base64, init_failed, invalid,
     load_object, parse_tool_output, pcm16_samples,
@@ -187,12 +188,12 @@ class VLMConnection(Connection):
     async def configure(self, update: SessionUpdate) -> None:
         if self.configured:
             raise invalid("the active session cannot be reconfigured")
-        options = self.session_options(
-            FIELDS, system_prompt=update.system_prompt, seed=update.seed,
+        options = session_options(
+            self.limits, FIELDS, system_prompt=update.system_prompt, seed=update.seed,
             max_streaming_seconds=update.max_streaming_seconds, tools=update.tools)
-        details = await self.open_session(  # text-only: perception + RNNT, the user transcript
-            self.transcription_options(options) if update.text_only else options,
-            events.TRANSLATOR)
+        # Text-only: perception + RNNT, the user transcript.
+        opened = transcription_options(self.limits, options) if update.text_only else options
+        details = await self.open_session(opened, events.TRANSLATOR)
         logger.info("%s configured (seed %d, max %.1f s)", self.session_id, options.seed,
                     options.max_streaming_seconds)
         await self.send(events.session_updated(self.session_id, self.model_id, details))
