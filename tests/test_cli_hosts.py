@@ -146,7 +146,7 @@ def test_one_registry_serves_the_cli_and_the_hosts(capsys, monkeypatch):
     monkeypatch.setattr(cli, "run_command", lambda *a, **k: ran.append((a, k)) or 0)
     assert pickup.run_plugin_command("serve", "python -m mlx_vlm.server", ["--model", "x"]) == 0
     assert ran == [(("serve", ["--model", "x"]), {"prog": "python -m mlx_vlm.server",
-                                                   "tolerate_unknown": True})]
+                                                   "tolerate_unknown": True, "host": None})]
     monkeypatch.undo()
     with pytest.raises(ValueError, match="unknown command"):
         cli.run_command("nope", [])

@@ -7,6 +7,8 @@ import asyncio
 import numpy as np
 from tool_support import WEATHER
 
+from mlx_voicechat_plugin.runtime.options import SessionOptions
+from mlx_voicechat_plugin.server.dialects.vlm_events import TRANSLATOR
 from mlx_voicechat_plugin.server.engine import Engine
 
 
@@ -16,17 +18,17 @@ def test_frames_of_open_sessions_run_while_a_new_session_prefills(tiny_ckpt):
     engine.loaded.wait(120)
 
     async def scenario() -> tuple[int, int]:
-        await engine.submit_open("a")
+        await engine.open("a", SessionOptions(), TRANSLATOR)
         frame = np.zeros(engine.config.frame_samples, np.float32)
         # The rendered tool block is hundreds of prefill positions.
-        opening = engine.submit_open("b", tools=[WEATHER])
+        opening = engine.open("b", SessionOptions(tools=[WEATHER]), TRANSLATOR)
         during = 0
         while not opening.done():
-            await engine.push("a", frame, engine.config.input_sample_rate)
+            await engine.push("a", frame)
             during += 1
         details = await opening
-        after = await engine.push("b", frame, engine.config.input_sample_rate)
-        return during, details["frame_samples"], len(after) >= 0
+        after = await engine.push("b", frame)
+        return during, details.frame_samples, len(after) >= 0
 
     try:
         during, frame_samples, _ = asyncio.run(scenario())

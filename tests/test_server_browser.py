@@ -60,18 +60,17 @@ class CountingEngine(Engine):
                 self.texts[event["type"]] = full
         return events
 
-    def append(self, session_id, samples, sample_rate, feed, tag):
+    def append(self, session_id, samples, feed, tag):
         self.pushed_frames += 1  # the page sends one 80 ms chunk a message
         self.pushed_samples += int(samples.shape[0])
         self.peak = max(self.peak, float(np.max(np.abs(samples), initial=0.0)))
-        super().append(session_id, samples, sample_rate, feed, tag)
+        super().append(session_id, samples, feed, tag)
 
     def _deliver(self, feed, texts):
         super()._deliver(feed, self.record(texts))
 
     async def flush(self, session_id, pad_partial=True):
-        earlier, events = await super().flush(session_id, pad_partial)
-        return self.record(earlier), self.record(events)
+        return self.record(await super().flush(session_id, pad_partial))
 
 
 class Page:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soxr
 
-from mlx_voicechat_plugin.server.audio_formats import (
+from mlx_voicechat_plugin.server.dialects.ga_audio import (
     PCM,
     PCMA,
     PCMU,

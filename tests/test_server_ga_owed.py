@@ -14,7 +14,7 @@ from ga_support import API_KEY, MODEL
 from server_support import LiveServer, connect, recv, running, send
 
 from mlx_voicechat_plugin.server.app import create_app
-from mlx_voicechat_plugin.server.dialect_ga_responses import GAResponses
+from mlx_voicechat_plugin.server.dialects.ga_responses import GAResponses
 from mlx_voicechat_plugin.server.engine import Engine
 from mlx_voicechat_plugin.server.limits import ServerLimits
 
@@ -29,10 +29,10 @@ class SlowEngine(Engine):
         super().__init__(model_path)
         self.pushes = 0
 
-    async def push(self, session_id, samples, sample_rate):
+    async def push(self, session_id, samples):
         self.pushes += 1
         await asyncio.sleep(FRAME_DELAY)
-        return await super().push(session_id, samples, sample_rate)
+        return await super().push(session_id, samples)
 
 
 @pytest.fixture(scope="module")

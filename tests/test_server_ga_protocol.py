@@ -162,7 +162,7 @@ def test_g711_audio_goes_in_and_comes_out_as_g711(ws):
 
 
 def _encode_ulaw(samples) -> bytes:
-    from mlx_voicechat_plugin.server.audio_formats import PCMU, AudioFormat, encode
+    from mlx_voicechat_plugin.server.dialects.ga_audio import PCMU, AudioFormat, encode
 
     return encode(AudioFormat(PCMU, 8_000), samples)
 
@@ -263,3 +263,23 @@ def test_the_subprotocol_key_is_compared_in_constant_time_and_never_logged(serve
     text = "\n".join(r.getMessage() for r in caplog.records
                      if r.name.startswith(("mlx_voicechat_plugin", "uvicorn", "fastapi")))
     assert "connected" in text and API_KEY not in text
+
+
+def test_a_full_stream_ends_the_connection_normally(ws):
+    """The session's max_streaming_seconds reached by the client's audio: its error,
+    then close 1000 (the runtime's ContextLimit, carried as its type)."""
+    assert _update(ws, max_streaming_seconds=0.16)["type"] == "session.updated"
+    send(ws, _append(np.zeros(24_000 // 2, np.float32)))  # 0.5 s: past the two frames
+    events, code = until_closed(ws)
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert code == 1000 and errors and "max_streaming_seconds" in errors[0]["message"]
+
+
+def test_a_stream_filled_by_the_servers_silence_ends_normally(ws):
+    """The same bound reached by the silence run for an owed response."""
+    assert _update(ws, max_streaming_seconds=0.16,
+                   audio={"input": {"turn_detection": None}})["type"] == "session.updated"
+    send(ws, {"type": "input_audio_buffer.commit"})
+    events, code = until_closed(ws)
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert code == 1000 and errors and "max_streaming_seconds" in errors[0]["message"]

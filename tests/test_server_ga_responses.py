@@ -19,8 +19,8 @@ from mlx_voicechat_plugin.runtime.events import (
     TurnEnded,
     UserTranscriptDelta,
 )
-from mlx_voicechat_plugin.server.dialect_ga import GAConfig
-from mlx_voicechat_plugin.server.dialect_ga_responses import (
+from mlx_voicechat_plugin.server.dialects.ga_session import GAConfig
+from mlx_voicechat_plugin.server.dialects.ga_responses import (
     RESPONSE_GAP_SECONDS,
     TAIL_FRAMES,
     GAResponses,

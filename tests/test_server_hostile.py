@@ -33,7 +33,7 @@ from server_support import (
 from tool_support import short_tool_prompt
 from websockets.exceptions import InvalidStatus
 
-from mlx_voicechat_plugin.server import protocol
+from mlx_voicechat_plugin.server import wire
 from mlx_voicechat_plugin.server.app import create_app, origin_allowed
 from mlx_voicechat_plugin.server.limits import ServerLimits
 
@@ -63,13 +63,13 @@ def _pong(ws) -> None:
 # --- 2: nesting -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("depth", [protocol.MAX_JSON_DEPTH + 1, 1200])
+@pytest.mark.parametrize("depth", [wire.MAX_JSON_DEPTH + 1, 1200])
 def test_deeply_nested_json_is_an_invalid_request_and_the_connection_lives(ws, depth):
     """Finding 2: ~970+ levels raised RecursionError and dropped the connection."""
     recv(ws)
     send(ws, '{"type": "session.update", "session": {"x": ' + "[" * depth + "]" * depth + "}}")
     error = expect_error(ws, "invalid_request")
-    assert str(protocol.MAX_JSON_DEPTH) in error["error"]["message"]
+    assert str(wire.MAX_JSON_DEPTH) in error["error"]["message"]
     _pong(ws)
 
 
@@ -77,8 +77,8 @@ def test_json_depth_counts_without_recursion():
     deep: list = []
     for _ in range(5000):
         deep = [deep]
-    assert protocol.json_depth(deep) > protocol.MAX_JSON_DEPTH
-    assert protocol.json_depth({"a": [1, {"b": 2}]}) == 3 and protocol.json_depth(7) == 0
+    assert wire.json_depth(deep) > wire.MAX_JSON_DEPTH
+    assert wire.json_depth({"a": [1, {"b": 2}]}) == 3 and wire.json_depth(7) == 0
 
 
 # --- 4: echoes and repeated failures ------------------------------------
@@ -94,7 +94,7 @@ def test_errors_quote_at_most_a_short_prefix_of_client_input(ws, monkeypatch):
     send(ws, {"type": "conversation.item.create",
               "item": {"type": "function_call_output", "call_id": "c" * 500_000, "output": "{}"}})
     error = expect_error(ws, "invalid_request")
-    assert len(error["error"]["message"]) <= protocol.MAX_ERROR_CHARS
+    assert len(error["error"]["message"]) <= wire.MAX_ERROR_CHARS
     _pong(ws)
 
 

@@ -378,7 +378,7 @@ def test_engine_commands_run_between_transcription_steps(tiny_ckpt, voicechat):
         assert engine.transcriptions.try_admit(1)
         job, _ = engine.submit_transcription(np.zeros(16_000, np.float32))
         await asyncio.sleep(0.05)
-        await engine.submit("close", "nobody")  # any command: answered mid-job
+        await engine.close("nobody")  # any command: answered mid-job
         steps_before_reply = len(engine.log)
         assert not job.done()
         assert (await job).text == "finished"

@@ -11,12 +11,16 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .common import parse_args
 
+if TYPE_CHECKING:
+    from ..hosts.conventions import HostServer
+
 
 def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
-         tolerate_unknown: bool = False) -> int:
+         tolerate_unknown: bool = False, host: "HostServer | None" = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="build/demo", help="output directory")
     parser.add_argument("--size", default="tiny", choices=("tiny", "small"))

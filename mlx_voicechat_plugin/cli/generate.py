@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .common import parse_args, run_main
+
+if TYPE_CHECKING:
+    from ..hosts.conventions import HostServer
 
 
 OFFLINE_HINT = "mlx-voicechat generate --model CKPT --audio question.wav --output-audio answer.wav"
@@ -164,5 +167,6 @@ def _read_tool_files(args: argparse.Namespace) -> tuple[list[dict] | None, list[
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat generate",
-         tolerate_unknown: bool = False) -> int:
+         tolerate_unknown: bool = False, host: "HostServer | None" = None) -> int:
+    """The command (``host``: the registry's uniform argument; generate needs nothing of it)."""
     return run_main(parse, run, argv, prog, tolerate_unknown)

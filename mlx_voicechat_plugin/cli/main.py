@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-# name -> (module in this package with ``main(argv, prog, tolerate_unknown)``, help)
+if TYPE_CHECKING:
+    from ..hosts.conventions import HostServer
+
+# name -> (module in this package, help). Each module has the same entry point,
+# ``main(argv, prog, tolerate_unknown, host)``: ``host`` is the host server a
+# host's command ran it for (None from ``mlx-voicechat``); only ``serve`` has
+# conventions to follow, the others take it and need nothing from it.
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("generate", "one offline voice-chat turn"),
     "serve": ("serve", "the realtime WebSocket server"),
@@ -21,16 +27,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def run_command(command: str, argv: Sequence[str], prog: str | None = None,
-                tolerate_unknown: bool = False, **host: Any) -> int:
-    """Run registered ``command`` with ``argv`` (``prog`` names it in usage messages).
-
-    ``host`` (``serve`` only): the host server whose conventions it follows.
-    """
+                tolerate_unknown: bool = False, host: "HostServer | None" = None) -> int:
+    """Run registered ``command`` with ``argv`` (``prog`` names it in usage messages)."""
     if command not in COMMANDS:
         raise ValueError(f"unknown command {command!r}; one of {', '.join(COMMANDS)}")
     module = importlib.import_module(f"{__package__}.{COMMANDS[command][0]}")
     return module.main(list(argv), prog=prog or f"mlx-voicechat {command}",
-                       tolerate_unknown=tolerate_unknown, **host)
+                       tolerate_unknown=tolerate_unknown, host=host)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

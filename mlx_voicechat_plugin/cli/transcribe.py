@@ -16,9 +16,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .common import parse_args, run_main
+
+if TYPE_CHECKING:
+    from ..hosts.conventions import HostServer
 
 FORMATS = ("txt", "json")
 
@@ -116,5 +119,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat transcribe",
-         tolerate_unknown: bool = False) -> int:
+         tolerate_unknown: bool = False, host: "HostServer | None" = None) -> int:
+    """The command (``host``: the registry's uniform argument; transcribe needs nothing of it)."""
     return run_main(parse, run, argv, prog, tolerate_unknown)

@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 from types import CodeType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from .conventions import MLX_AUDIO, MLX_VLM, HostServer, flag_value
 
@@ -33,19 +33,25 @@ ENV_SWITCH = "MLX_VOICECHAT_HOST_PICKUP"
 # runs at every interpreter start and config imports MLX (a test pins them equal).
 MODEL_TYPE = "nemotron_voicechat"
 
-# Host module run by ``python -m`` -> (plugin command, program name).
-HOST_COMMANDS: dict[str, tuple[str, str]] = {
-    "mlx_vlm.generate.__main__": ("generate", "python -m mlx_vlm.generate"),
-    "mlx_audio.sts.generate": ("generate", "python -m mlx_audio.sts.generate"),
-    "mlx_audio.stt.generate": ("transcribe", "python -m mlx_audio.stt.generate"),
-    "mlx_vlm.server.__main__": ("serve", MLX_VLM.prog),
-    "mlx_audio.server": ("serve", MLX_AUDIO.prog),
+
+class HostCommand(NamedTuple):  # not a dataclass: this is imported at every interpreter start
+    """What a host module run by ``python -m`` becomes for a VoiceChat checkpoint."""
+
+    command: str  # the plugin command (from the registry in ``cli.main``)
+    prog: str  # the host's program name, in usage messages
+    server: HostServer | None = None  # a host server's conventions, which ``serve`` follows
+
+
+HOST_COMMANDS: dict[str, HostCommand] = {
+    "mlx_vlm.generate.__main__": HostCommand("generate", "python -m mlx_vlm.generate"),
+    "mlx_audio.sts.generate": HostCommand("generate", "python -m mlx_audio.sts.generate"),
+    "mlx_audio.stt.generate": HostCommand("transcribe", "python -m mlx_audio.stt.generate"),
+    "mlx_vlm.server.__main__": HostCommand("serve", MLX_VLM.prog, MLX_VLM),
+    "mlx_audio.server": HostCommand("serve", MLX_AUDIO.prog, MLX_AUDIO),
 }
-# Host server modules -> their conventions (how they name the model, their flags).
+# The host server modules and their conventions (how they name the model, their flags).
 HOST_SERVERS: dict[str, HostServer] = {
-    "mlx_vlm.server.__main__": MLX_VLM,
-    "mlx_audio.server": MLX_AUDIO,
-}
+    name: entry.server for name, entry in HOST_COMMANDS.items() if entry.server is not None}
 
 
 def enabled() -> bool:
@@ -87,8 +93,6 @@ def run_plugin_command(command: str, prog: str, argv: Sequence[str],
     """
     from ..cli.main import run_command
 
-    if host is None:
-        return run_command(command, argv, prog=prog, tolerate_unknown=True)
     return run_command(command, argv, prog=prog, tolerate_unknown=True, host=host)
 
 
@@ -99,13 +103,13 @@ def run_host_module(name: str, namespace: dict[str, Any]) -> None:
     """Body of a routed host module: the plugin for VoiceChat, else the host."""
     if namespace.get("__name__") == "__main__" and enabled():
         argv = sys.argv[1:]
-        host = HOST_SERVERS.get(name)
+        entry = HOST_COMMANDS[name]
+        host = entry.server
         model = host.model(argv) if host else model_argument(argv)
         if model and is_voicechat_checkpoint(model):
-            command, prog = HOST_COMMANDS[name]
             if host is not None:
                 argv = host.translate(argv)
-            raise SystemExit(run_plugin_command(command, prog, argv, host=host))
+            raise SystemExit(run_plugin_command(entry.command, entry.prog, argv, host=host))
     exec(_ORIGINAL_CODE[name], namespace)
 
 

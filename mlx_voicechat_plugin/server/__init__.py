@@ -1,7 +1,10 @@
 """Realtime WebSocket server for Nemotron VoiceChat (``mlx-voicechat serve``).
 
-``protocol`` holds the wire messages, ``engine`` the one thread that runs all
-MLX work, ``app`` the FastAPI application and ``limits`` the server's bounds.
+``dialects`` holds the wire dialects (one module each), ``connection`` the
+loop they share and ``wire`` what their wires share; ``engine`` is the one
+thread that runs all MLX work (its ``commands``, ``stepping`` of the
+sessions' input, ``jobs``), ``app`` the FastAPI application and ``limits``
+the server's bounds.
 """
 
 from __future__ import annotations

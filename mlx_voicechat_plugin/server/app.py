@@ -1,15 +1,16 @@
-"""The FastAPI application: the realtime routes (mlx-vlm and OpenAI GA dialects),
-``/v1/audio/transcriptions``, ``GET /health``, ``GET /metrics`` and 501 routes.
+"""The FastAPI application: the realtime routes of its dialects, ``/v1/audio/transcriptions``,
+``GET /health``, ``GET /metrics`` and 501 routes.
 
-``/v1/realtime`` speaks the mlx-vlm dialect (:class:`~.connection.Connection`),
-``/openai/v1/realtime`` OpenAI Realtime GA (:class:`~.connection_ga.GAConnection`);
-both share the engine's single session, after the API key, Origin and
+Each registered dialect (:data:`.dialects.DIALECTS` by default: mlx-vlm's at
+``/v1/realtime``, OpenAI Realtime GA's at ``/openai/v1/realtime``) is served
+at its paths; all share the engine's sessions, after the API key, Origin and
 ``?model=`` checks here. ``/openai/v1`` is one base URL for an OpenAI client:
 ``realtime``, ``models`` and ``audio/transcriptions`` (the same handler as
 ``/v1/audio/transcriptions``); ``/v1/models`` lists the model in mlx-vlm's
-shape. A browser, which cannot set headers on a WebSocket, may send the key as
-the ``openai-insecure-api-key.<KEY>`` subprotocol beside ``realtime``. The API key is never logged; ``?model=`` is only
-compared with the served names, never loaded.
+shape. A browser, which cannot set headers on a WebSocket, may send the key
+as the ``openai-insecure-api-key.<KEY>`` subprotocol beside ``realtime``. The
+API key is never logged; ``?model=`` is only compared with the served names,
+never loaded.
 
 The key is ``api_key`` (``--api-key``) when given; otherwise, as mlx-vlm's
 own server does, ``MLX_VLM_SERVER_API_KEY`` read on every request, so a key
@@ -32,16 +33,14 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from . import dialect_ga
-from .connection import Connection
-from .connection_ga import GAConnection
+from .connection import Dialect
+from .dialects import DIALECTS
 from .engine import Engine
 from .limits import ServerLimits
-from .protocol import CloseCode
+from .wire import CloseCode
 
 logger = logging.getLogger(__name__)
 
-REALTIME_PATH = "/v1/realtime"
 OPENAI_BASE = "/openai"  # + /v1/...: the OpenAI client's base URL
 KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + the API key (OpenAI's browser examples)
 REALTIME_SUBPROTOCOL = "realtime"
@@ -138,11 +137,13 @@ def create_app(
     engine: Engine | None = None,
     warm_up: bool = False,
     api_key_env: str | None = API_KEY_ENV,
+    dialects: Sequence[Dialect] = DIALECTS,
 ) -> FastAPI:
     """The realtime server for one checkpoint; the engine starts with the app.
 
     Without ``api_key``, the key is the ``api_key_env`` variable's value at
-    each request (none while it is unset or empty).
+    each request (none while it is unset or empty). ``dialects`` are served
+    at their paths (under ``api_prefix``).
     """
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
@@ -245,7 +246,7 @@ def create_app(
 
     async def unsupported() -> JSONResponse:
         message = (f"this server runs a speech-to-speech model; connect a WebSocket to "
-                   f"{prefix}{REALTIME_PATH} instead")
+                   f"{prefix}{dialects[0].paths[0]} instead")
         return JSONResponse({"error": {"code": "not_implemented", "message": message}}, 501)
 
     for path in UNSUPPORTED_PATHS:
@@ -266,7 +267,7 @@ def create_app(
         else:
             await websocket.close(code=CloseCode.POLICY_VIOLATION)
 
-    async def serve(websocket: WebSocket, dialect: type[Connection]) -> None:
+    async def serve(websocket: WebSocket, dialect: Dialect) -> None:
         allowed, subprotocol = websocket_auth(websocket, current_key())
         if not allowed:
             await deny(websocket, 401, "missing or invalid API key")
@@ -279,7 +280,7 @@ def create_app(
             await deny(websocket, 404, f"model {asked[:64]!r} is not served here; this server "
                        f"serves {model_id!r}")
             return
-        connection = dialect(websocket, engine, model_id, limits)
+        connection = dialect.connection(websocket, engine, model_id, limits)
         connection.subprotocol = subprotocol
         try:
             await connection.run()
@@ -291,12 +292,13 @@ def create_app(
             else:
                 logger.exception("%s failed", connection.session_id)
 
-    @app.websocket(prefix + REALTIME_PATH)
-    async def realtime(websocket: WebSocket) -> None:
-        await serve(websocket, Connection)
+    def add_dialect(dialect: Dialect) -> None:
+        async def realtime(websocket: WebSocket) -> None:
+            await serve(websocket, dialect)
 
-    @app.websocket(prefix + dialect_ga.REALTIME_PATH)
-    async def realtime_ga(websocket: WebSocket) -> None:
-        await serve(websocket, GAConnection)
+        for path in dialect.paths:
+            app.add_api_websocket_route(prefix + path, realtime, name=dialect.name)
 
+    for dialect in dialects:
+        add_dialect(dialect)
     return app

@@ -1,11 +1,23 @@
-"""One client's realtime conversation: the message loop between a WebSocket and the engine.
+"""One client's realtime conversation: the loop between a WebSocket and the engine, in no dialect.
 
-A connection runs: accept, ``session.created``, then messages until
-commit/cancel (close 1000), a timeout (close 1008), a client that stops
-reading its events (close 1008, ``client is not reading``) or the client
-leaving. Events go out through a bounded :class:`~.outbox.Outbox`. Audio
-payloads are never logged; client values are never used as paths
-(``session.model`` is ignored).
+A connection runs: accept, admission, its dialect's greeting, then client
+frames until the dialect ends it (:class:`Finished`), a timeout (close 1008),
+a client that stops reading its events (close 1008, ``client is not
+reading``) or the client leaving. Events go out through a bounded
+:class:`~.outbox.Outbox`; audio goes in through a bounded
+:class:`~.feed.InputFeed`. Audio payloads are never logged; client values
+are never used as paths.
+
+A dialect (:mod:`.dialects`) is a :class:`Connection` subclass that
+implements the hooks (:meth:`~Connection.greeting`,
+:meth:`~Connection.error_payload`, :meth:`~Connection.parse`,
+:meth:`~Connection.queues_audio`, :meth:`~Connection.dispatch`, optionally
+:meth:`~Connection.limit_reached`) and uses the shared services: the engine
+session (:meth:`~Connection.open_session` with typed options from
+:mod:`.options` and the dialect's translator), audio
+(:meth:`~Connection.feed_audio`), tool results, ordering
+(:meth:`~Connection.settle`) and sending. The app serves it as a
+:class:`Dialect`: its paths and its connection class.
 """
 
 from __future__ import annotations
@@ -14,25 +26,44 @@ import asyncio
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from . import protocol
+from ..runtime.options import SessionOptions
+from ..runtime.streaming import ContextLimit
+from ..runtime.transcribe import TranscriptLimit
+from .commands import Close, OpenOptions, SessionDetails, Translator
 from .engine import Engine
 from .feed import InputFeed
 from .limits import ServerLimits
 from .outbox import NOT_READING, ClientNotReading, Outbox
-from .protocol import CloseCode, ErrorCode, ProtocolError
+from .wire import (
+    CloseCode, ErrorCode, ProtocolError, dumps, inference_error, init_failed, new_session_id,
+)
 
 logger = logging.getLogger(__name__)
 
-INPUT_RATE, OUTPUT_RATE = 16_000, 22_050  # announced before the model is known
+
+class Finished(Exception):
+    """Ends the connection from a handler (or a halted input feed): close with ``code``."""
+
+    def __init__(self, code: int = CloseCode.NORMAL):
+        super().__init__(code)
+        self.code = code
+
+
+def stream_full(exc: BaseException) -> bool:
+    """Whether a frame's error is its stream reaching ``max_streaming_seconds``
+    (:class:`ContextLimit`; a transcript's byte limit is another matter)."""
+    return isinstance(exc, ContextLimit) and not isinstance(exc, TranscriptLimit)
 
 
 class Connection:
-    """One client's conversation with the engine."""
+    """One client's conversation with the engine; a dialect implements the hooks."""
 
     def __init__(self, websocket: WebSocket, engine: Engine, model_id: str,
                  limits: ServerLimits):
@@ -40,12 +71,12 @@ class Connection:
         self.engine = engine
         self.model_id = model_id
         self.limits = limits
-        self.session_id = protocol.new_session_id()
+        self.session_id = new_session_id()
         self.configured = False
         self.tools_set = False
         self.open = False  # the engine holds our streaming session
         self.closing: asyncio.Future | None = None  # the engine's close, once queued
-        self.frame_samples = 0
+        self.details: SessionDetails | None = None  # of the open session
         self.connected_at = time.monotonic()
         self.last_activity = self.connected_at  # last audio or successful request
         self.failed_updates = 0
@@ -55,21 +86,157 @@ class Connection:
         self.subprotocol: str | None = None  # selected at accept (a browser's "realtime")
         self.feed: InputFeed | None = None  # the session's input queue, from the first audio
 
+    # --- the dialect's hooks ----------------------------------------------------
+
+    def greeting(self) -> dict[str, Any]:
+        """The first event, sent once the connection is admitted."""
+        raise NotImplementedError
+
+    def error_payload(self, code: str, message: str) -> dict[str, Any]:
+        """The dialect's ``error`` event for ``code`` (an :class:`~.wire.ErrorCode`)."""
+        raise NotImplementedError
+
+    def parse(self, text: str) -> Any:
+        """One client text frame -> the dialect's message (:class:`ProtocolError` if bad)."""
+        raise NotImplementedError
+
+    def queues_audio(self, message: Any) -> bool:
+        """Whether ``message`` carries audio: queued, not awaited; anything else is
+        answered after the audio queued before it has run (:meth:`settle`)."""
+        raise NotImplementedError
+
+    async def dispatch(self, message: Any) -> None:
+        """Act on one message; raise :class:`Finished` to end the connection."""
+        raise NotImplementedError
+
+    def limit_reached(self) -> None:
+        """A frame failed at ``max_streaming_seconds`` (after its error went out); by
+        default the connection goes on (the client ends the stream)."""
+
+    # --- sending ----------------------------------------------------------------
+
     async def send(self, payload: dict[str, Any]) -> None:
-        self.outbox.put(protocol.dumps(payload))
+        self.outbox.put(dumps(payload))
+
+    async def send_all(self, payloads: list[dict[str, Any]]) -> None:
+        for payload in payloads:
+            await self.send(payload)
 
     async def send_error(self, code: str, message: str) -> None:
         logger.info("%s error %s: %s", self.session_id, code, message)
         await self.send(self.error_payload(code, message))
 
-    # --- what a dialect says differently (see connection_ga.GAConnection) ----
+    async def forward(self, texts: list[str]) -> None:
+        """Texts the engine translated, as they are."""
+        for text in texts:
+            self.outbox.put(text)
 
-    def error_payload(self, code: str, message: str) -> dict[str, Any]:
-        return protocol.error_event(code, message)
+    def deliver(self, texts: list[str]) -> None:
+        """A frame's events, from the engine (on the loop): into the outbox, in order."""
+        try:
+            for text in texts:
+                self.outbox.put(text)
+        except ClientNotReading as exc:
+            self.input_feed().halt(exc)
 
-    def greeting(self) -> dict[str, Any]:
-        """``session.created``, sent once the connection is admitted."""
-        return protocol.session_created(self.session_id, INPUT_RATE, OUTPUT_RATE)
+    def frame_error(self, exc: BaseException) -> None:
+        """A queued frame failed: ``inference_error`` (the rest of its append is dropped)."""
+        message = str(exc) or type(exc).__name__
+        logger.info("%s error %s: %s", self.session_id, ErrorCode.INFERENCE_ERROR, message)
+        self.deliver([dumps(self.error_payload(ErrorCode.INFERENCE_ERROR, message))])
+        if stream_full(exc):
+            self.limit_reached()
+
+    # --- the engine session ---------------------------------------------------------
+
+    async def open_session(self, options: OpenOptions, translator: Translator) -> SessionDetails:
+        """Open the engine session (closing one opened before), watching the socket while
+        its prompt prefills; a failure is ``session_initialization_failed``."""
+        if self.open:
+            self.open = False
+            await self.engine.close(self.session_id)
+        self.configured = False
+        opening = self.engine.open(self.session_id, options, translator)
+        self.open = True  # the engine may hold a stream from now on: release closes it
+        await self.watch(opening)
+        try:
+            details = opening.result()
+        except Exception as exc:
+            raise init_failed(str(exc)) from None
+        self.configured = True
+        self.tools_set = isinstance(options, SessionOptions) and options.tools is not None
+        self.details = details
+        return details
+
+    async def watch(self, opening: asyncio.Future) -> None:
+        """Wait for the engine to open the session while watching the socket.
+
+        A prefill is the one long engine command: if the client leaves or the
+        wall-clock cap passes meanwhile, the prefill is stopped between two
+        positions and the slot is freed. Messages that arrive meanwhile are
+        kept, in order, for the loop.
+        """
+        while not opening.done():
+            self.receive()
+            remaining = self.connected_at + self.limits.max_session_wall_seconds \
+                - time.monotonic()
+            done, _ = await asyncio.wait({opening, self.receiving}, timeout=max(remaining, 0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done or (self.receiving in done and
+                            self.receiving.result()["type"] == "websocket.disconnect"):
+                self.engine.abort(self.session_id)
+                await asyncio.wait({opening})
+                if done:
+                    raise WebSocketDisconnect(self.receiving.result().get("code", 1000))
+                return  # the deadline: the loop reports it
+            if self.receiving in done:
+                self.early.append(self.receiving.result())
+                self.receiving = None
+
+    async def feed_audio(self, samples: np.ndarray) -> None:
+        """Client audio at the session's input rate, queued (not awaited: its frames run
+        in batched steps with the other sessions' and their events come back in order);
+        the session counts as active."""
+        if not samples.shape[0]:
+            return
+        self.active()
+        await self.input_feed().append(samples)
+
+    def input_feed(self) -> InputFeed:
+        """The session's bounded input queue (``--max-buffered-seconds``)."""
+        if self.feed is None:
+            bound = self.limits.buffered_samples(self.details.input_sample_rate,
+                                                 self.details.frame_samples)
+            self.feed = InputFeed(self.engine, self.session_id, bound, self.deliver,
+                                  self.frame_error)
+        return self.feed
+
+    async def settle(self) -> None:
+        """Wait until the audio queued so far has run and its events went out: what
+        the client sends besides audio is answered in order, after them."""
+        if self.feed is not None:
+            await self.engine_call(self.engine.sync(self.session_id))
+
+    async def tool_output(self, call_id: str, output: str) -> None:
+        """A tool result: its tokens enter the timeline at the next frames."""
+        if not self.tools_set:
+            raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
+                                "function_call_output needs tools registered in session.update")
+        try:
+            await self.engine.tool_result(self.session_id, call_id, output)
+        except ValueError as exc:  # unknown / answered call_id, non-ASCII output
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        except Exception as exc:
+            raise inference_error(exc) from None
+
+    async def engine_call(self, call: Any) -> Any:
+        """Await an engine command; its failure is the client's ``inference_error``."""
+        try:
+            return await call
+        except Exception as exc:
+            raise inference_error(exc) from None
+
+    # --- lifetime -----------------------------------------------------------------
 
     def let_go(self) -> None:
         """Queue the engine's close (cancelling unflushed audio) and free the slot, now.
@@ -80,7 +247,7 @@ class Connection:
         """
         if self.open:
             self.open = False
-            self.closing = self.engine.submit("close", self.session_id)
+            self.closing = self.engine.submit(Close(self.session_id))
         self.engine.release(self.session_id)
 
     async def release(self) -> None:
@@ -151,21 +318,23 @@ class Connection:
         """Audio arrived or a request succeeded: the idle clock restarts."""
         self.last_activity = time.monotonic()
 
+    # --- the loop -------------------------------------------------------------------
+
     async def run(self) -> None:
         await self.ws.accept(subprotocol=self.subprotocol)
         self.outbox.start()
         try:
             if not self.engine.ready:
                 await self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
-                await self.finish(CloseCode.TRY_AGAIN_LATER)
-                return
+                raise Finished(CloseCode.TRY_AGAIN_LATER)
             if not self.engine.try_reserve(self.session_id):
                 await self.send_error(ErrorCode.SERVER_BUSY, self.engine.refusal)
-                await self.finish(CloseCode.TRY_AGAIN_LATER)
-                return
+                raise Finished(CloseCode.TRY_AGAIN_LATER)
             logger.info("%s connected", self.session_id)
             await self.send(self.greeting())
             await self.loop()
+        except Finished as end:
+            await self.finish(end.code)
         except WebSocketDisconnect:
             logger.info("%s disconnected", self.session_id)
         except ClientNotReading as exc:
@@ -180,31 +349,27 @@ class Connection:
             await self.outbox.stop()
 
     async def loop(self) -> None:
+        """Client frames, one at a time, until :class:`Finished` or the client leaves."""
         while True:
             deadline, reason = self.deadline()
             try:
                 message = await self.next_message(max(deadline - time.monotonic(), 0.0))
             except asyncio.TimeoutError:
                 await self.send_error(ErrorCode.INVALID_REQUEST, reason)
-                await self.finish(CloseCode.POLICY_VIOLATION)
-                return
+                raise Finished(CloseCode.POLICY_VIOLATION) from None
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
             try:
-                done = await self.handle(message)
+                await self.handle(message)
             except ProtocolError as exc:
                 await self.send_error(exc.code, exc.message)
-                done = False
                 if exc.code == ErrorCode.SESSION_INITIALIZATION_FAILED:
                     self.failed_updates += 1
                     if self.failed_updates >= self.limits.max_failed_updates:
                         await self.send_error(ErrorCode.INVALID_REQUEST,
                                               f"{self.failed_updates} failed session.update "
                                               "messages; closing")
-                        await self.finish(CloseCode.POLICY_VIOLATION)
-                        return
-            if done:
-                return
+                        raise Finished(CloseCode.POLICY_VIOLATION) from None
 
     def text_of(self, message: dict[str, Any]) -> str:
         text = message.get("text")
@@ -218,94 +383,22 @@ class Connection:
                                 f"{self.limits.max_message_bytes}-byte limit")
         return text
 
-    async def handle(self, raw: dict[str, Any]) -> bool:
-        """Handle one frame; ``True`` once the connection is finished."""
+    async def handle(self, raw: dict[str, Any]) -> None:
+        """One frame: checked, parsed by the dialect, answered after the audio before it."""
         try:
-            message = protocol.parse_message(self.text_of(raw))
+            message = self.parse(self.text_of(raw))
         except ProtocolError:
             await self.settle()
             raise
-        if not isinstance(message, protocol.AudioAppend):
+        audio = self.queues_audio(message)
+        if not audio:
             await self.settle()
-        if isinstance(message, protocol.Ping):
-            await self.send({"type": "session.pong"})
-            return False
-        if isinstance(message, protocol.SessionUpdate):
-            await self.configure(message)
-            self.active()
-            return False
-        if not self.configured:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, "send session.update before audio")
-        if isinstance(message, protocol.ToolOutput):
-            await self.tool_output(message)
-            self.active()
-            return False
-        if isinstance(message, protocol.AudioAppend):
-            await self.append(message)  # marks the session active when it carries audio
-            return False
-        if isinstance(message, protocol.Commit):
-            # As the reference orders them: the audio of frames appended
-            # before the commit, ``committed``, then the flushed frames.
-            earlier, events = await self.engine_call(
-                self.engine.flush(self.session_id, message.pad_partial))
-            await self.forward(earlier)
-            await self.send({"type": "input_audio_buffer.committed"})
-        else:
-            events = await self.engine_call(self.engine.cancel(self.session_id))
-        await self.forward(events)
-        await self.finish(CloseCode.NORMAL)
-        return True
-
-    async def configure(self, update: protocol.SessionUpdate) -> None:
-        if self.configured:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST,
-                                "the active session cannot be reconfigured")
-        seconds = self.limits.clamp_streaming_seconds(update.max_streaming_seconds)
-        if update.text_only:  # perception + RNNT only: the user transcript
-            opening = self.engine.submit(
-                "open", self.session_id, text_only=True, max_streaming_seconds=seconds,
-                max_transcript_bytes=self.limits.max_transcript_bytes)
-        else:
-            opening = self.engine.submit_open(
-                self.session_id, system_prompt=update.system_prompt, seed=update.seed,
-                max_streaming_seconds=seconds, tools=update.tools,
-                max_prompt_tokens=self.limits.max_prompt_tokens)
-        self.open = True  # the engine may hold a stream from now on: release closes it
-        await self.watch(opening)
         try:
-            details = opening.result()
-        except Exception as exc:
-            raise ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED, str(exc)) from None
-        self.configured = True
-        self.tools_set = update.tools is not None
-        self.frame_samples = details["frame_samples"]
-        logger.info("%s configured (seed %d, max %.1f s)", self.session_id, update.seed, seconds)
-        await self.send(protocol.session_updated(self.session_id, self.model_id, details))
-
-    async def watch(self, opening: asyncio.Future) -> None:
-        """Wait for the engine to open the session while watching the socket.
-
-        A prefill is the one long engine command: if the client leaves or the
-        wall-clock cap passes meanwhile, the prefill is stopped between two
-        positions and the slot is freed. Messages that arrive meanwhile are
-        kept, in order, for the loop.
-        """
-        while not opening.done():
-            self.receive()
-            remaining = self.connected_at + self.limits.max_session_wall_seconds \
-                - time.monotonic()
-            done, _ = await asyncio.wait({opening, self.receiving}, timeout=max(remaining, 0),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if not done or (self.receiving in done and
-                            self.receiving.result()["type"] == "websocket.disconnect"):
-                self.engine.abort(self.session_id)
-                await asyncio.wait({opening})
-                if done:
-                    raise WebSocketDisconnect(self.receiving.result().get("code", 1000))
-                return  # the deadline: the loop reports it
-            if self.receiving in done:
-                self.early.append(self.receiving.result())
-                self.receiving = None
+            await self.dispatch(message)
+        except ProtocolError:
+            if audio:  # its error goes out after the events of the audio before it
+                await self.settle()
+            raise
 
     async def next_message(self, timeout: float) -> dict[str, Any]:
         """The next client frame: kept ones first, then the socket (``TimeoutError``).
@@ -330,66 +423,12 @@ class Connection:
         self.receiving = None
         return message
 
-    async def tool_output(self, message: protocol.ToolOutput) -> None:
-        """A tool result: its tokens enter the timeline at the next frames."""
-        if not self.tools_set:
-            raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
-                                "function_call_output needs tools registered in session.update")
-        try:
-            await self.engine.tool_result(self.session_id, message.call_id, message.output)
-        except ValueError as exc:  # unknown / answered call_id, non-ASCII output
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
-        except Exception as exc:
-            raise ProtocolError(ErrorCode.INFERENCE_ERROR, str(exc) or type(exc).__name__) from None
 
-    async def settle(self) -> None:
-        """Wait until the audio queued so far has run and its events went out: what
-        the client sends besides audio is answered in order, after them."""
-        if self.feed is not None:
-            await self.engine_call(self.engine.sync(self.session_id))
+@dataclass(frozen=True)
+class Dialect:
+    """A wire dialect as the app serves it: its WebSocket paths (under ``--api-prefix``)
+    and the :class:`Connection` subclass that speaks it."""
 
-    async def append(self, message: protocol.AudioAppend) -> None:
-        try:
-            samples = protocol.decode_pcm16(message.audio)
-            rate = protocol.check_sample_rate(message.sample_rate)
-        except ProtocolError:
-            await self.settle()
-            raise
-        if samples.shape[0]:
-            self.active()
-        # Queued, not awaited: the frames run in batched steps with the other
-        # sessions' and their events come back in order (deliver / frame_error).
-        await self.input_feed().append(samples, rate)
-
-    def input_feed(self) -> InputFeed:
-        """The session's bounded input queue (``--max-buffered-seconds``)."""
-        if self.feed is None:
-            self.feed = InputFeed(self.engine, self.session_id,
-                                  self.limits.buffered_samples(INPUT_RATE, self.frame_samples),
-                                  self.deliver, self.frame_error)
-        return self.feed
-
-    def deliver(self, events: list[str]) -> None:
-        """A frame's events, from the engine (on the loop): into the outbox, in order."""
-        try:
-            for text in events:
-                self.outbox.put(text)
-        except ClientNotReading as exc:
-            self.input_feed().halt(exc)
-
-    def frame_error(self, exc: BaseException) -> None:
-        """A queued frame failed: ``inference_error`` (the rest of its append is dropped)."""
-        message = str(exc) or type(exc).__name__
-        logger.info("%s error %s: %s", self.session_id, ErrorCode.INFERENCE_ERROR, message)
-        self.deliver([protocol.dumps(self.error_payload(ErrorCode.INFERENCE_ERROR, message))])
-
-    async def engine_call(self, call: Any) -> list[str]:
-        """Await an engine command; its failure is the client's ``inference_error``."""
-        try:
-            return await call
-        except Exception as exc:
-            raise ProtocolError(ErrorCode.INFERENCE_ERROR, str(exc) or type(exc).__name__) from None
-
-    async def forward(self, events: list[str]) -> None:
-        for text in events:
-            self.outbox.put(text)
+    name: str
+    paths: tuple[str, ...]
+    connection: type[Connection]

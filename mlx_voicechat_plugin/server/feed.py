@@ -46,8 +46,9 @@ class InputFeed:
         self._room.set()
         self._tags = itertools.count()
 
-    async def append(self, samples: np.ndarray, rate: int) -> None:
-        """Queue one append's PCM; waits (not reading the socket) while the buffer is full."""
+    async def append(self, samples: np.ndarray) -> None:
+        """Queue one append's PCM (at the session's input rate); waits (not reading the
+        socket) while the buffer is full."""
         tag = ("append", next(self._tags))  # a failing frame drops the rest of this append
         start = 0
         while start < samples.shape[0]:
@@ -59,7 +60,7 @@ class InputFeed:
             piece = samples[start : start + room]
             self.buffered += piece.shape[0]
             self.peak = max(self.peak, self.buffered)
-            self.engine.append(self.session_id, piece, rate, self, tag)
+            self.engine.append(self.session_id, piece, self, tag)
             start += piece.shape[0]
 
     async def _wait_for_room(self) -> None:

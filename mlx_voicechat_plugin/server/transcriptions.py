@@ -7,7 +7,7 @@ multipart with ``file`` and optional ``model``, ``language``,
 400 whose ``error.param`` names it. The body is read up to
 ``max_upload_bytes`` (413 past it), the file decoded by the host's audio
 reader to mono 16 kHz (at most ``max_transcription_seconds``), and the
-transcription runs as an engine job (:mod:`.transcription_jobs`); at most
+transcription runs as an engine job (:mod:`.jobs`); at most
 ``max_transcriptions_in_flight`` are admitted at once (429 past it).
 
 With ``stream=true`` the response is server-sent events while the file is
@@ -228,14 +228,12 @@ def add_transcription_routes(app: FastAPI, engine: Engine, prefix: str,
                     if not getting.done():
                         getting.cancel()
                         break
-                    for text in getting.result():
-                        event = json.loads(text)
-                        yield _sse({"type": "transcript.text.delta", "delta": event["delta"]})
+                    for delta in getting.result():
+                        yield _sse({"type": "transcript.text.delta", "delta": delta.delta})
                 # Deltas were posted before the reply: drain them, then the result.
                 while not deltas.empty():
-                    for text in deltas.get_nowait():
-                        yield _sse({"type": "transcript.text.delta",
-                                    "delta": json.loads(text)["delta"]})
+                    for delta in deltas.get_nowait():
+                        yield _sse({"type": "transcript.text.delta", "delta": delta.delta})
                 try:
                     result = future.result()
                 except Exception as exc:
@@ -275,8 +273,8 @@ def add_transcription_routes(app: FastAPI, engine: Engine, prefix: str,
                                             limits.max_transcription_seconds)
             loop = asyncio.get_running_loop()
             deltas: asyncio.Queue = asyncio.Queue()
-            def post_deltas(texts: list[str]) -> None:  # engine thread
-                loop.call_soon_threadsafe(deltas.put_nowait, texts)
+            def post_deltas(step: list[Any]) -> None:  # engine thread: UserTranscriptDeltas
+                loop.call_soon_threadsafe(deltas.put_nowait, step)
 
             future, cancel = engine.submit_transcription(
                 audio, on_delta=post_deltas if parsed.stream else None,

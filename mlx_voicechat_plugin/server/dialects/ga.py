@@ -1,7 +1,10 @@
-"""A GA client's conversation: the shared connection loop, spoken as OpenAI Realtime GA.
+"""The OpenAI Realtime GA dialect (``/openai/v1/realtime``): the shared loop, spoken as GA.
 
-Same admission, limits, timeouts, origin policy, outbox backpressure and tool
-results as :class:`~.connection.Connection`; what differs is the language:
+A GA client's ``base_url`` is ``http://HOST:PORT/openai/v1``. Same admission,
+limits, timeouts, origin policy, outbox backpressure and tool results as
+:class:`~..connection.Connection`; what differs is the language (the session
+object: :mod:`.ga_session`; responses: :mod:`.ga_responses`; audio formats:
+:mod:`.ga_audio`):
 
 - ``session.update`` may come any number of times and merges (GA clients
   send partial ones). The engine session opens at the first ``session.update``
@@ -15,7 +18,7 @@ results as :class:`~.connection.Connection`; what differs is the language:
   resampled; neither ends the session. The model keeps listening until the
   client leaves (close 1000 is never needed).
 - ``response.create`` / ``response.cancel`` / ``conversation.item.truncate``
-  are accepted as described in :mod:`.dialect_ga_responses`.
+  are accepted as described in :mod:`.ga_responses`.
 - While a response is owed (opened or requested, not yet ``response.done``)
   and the client has sent no audio for :data:`STREAM_LULL_SECONDS` (at once
   after a commit with turn detection off), the connection runs the timeline
@@ -33,28 +36,48 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from fastapi import WebSocket
 
-from . import dialect_ga as ga
-from . import protocol
-from .audio_formats import FormatError, InputAudio
-from .connection import Connection
-from .dialect_ga_responses import GAResponses, tool_output_item
-from .engine import Engine
-from .limits import ServerLimits
-from .protocol import CloseCode, ErrorCode, ProtocolError
+from ...runtime.options import SessionOptions
+from ...runtime.quoting import brief
+from ..connection import Connection, Dialect, Finished, stream_full
+from ..engine import Engine
+from ..limits import ServerLimits
+from ..options import session_options, transcription_options
+from ..wire import (
+    CloseCode, ErrorCode, ProtocolError, inference_error, init_failed, invalid, load_object,
+    new_id, parse_tool_output,
+)
+from .ga_audio import FormatError, InputAudio
+from .ga_responses import GAResponses, tool_output_item
+from .ga_session import GAConfig, error_event, merge_session, session_event
 
 logger = logging.getLogger(__name__)
 
+REALTIME_PATH = "/openai/v1/realtime"
 MODEL_INPUT_RATE = 16_000
 # A client that sent no audio for this long is not streaming: while a response is
 # owed the server runs the timeline on silence (real-time clients send a chunk
 # every 20-100 ms).
 STREAM_LULL_SECONDS = 0.3
+CLIENT_EVENTS = (
+    "session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
+    "input_audio_buffer.clear", "conversation.item.create", "conversation.item.truncate",
+    "conversation.item.delete", "response.create", "response.cancel",
+)
+# The runtime's option -> the client's field, in error messages.
+FIELDS = {"system_prompt": "session.instructions", "seed": "session.seed",
+          "max_streaming_seconds": "session.max_streaming_seconds"}
+
+
+@dataclass(frozen=True)
+class ClientEvent:
+    kind: str
+    message: dict[str, Any]
 
 
 class GAConnection(Connection):
@@ -63,94 +86,108 @@ class GAConnection(Connection):
     def __init__(self, websocket: WebSocket, engine: Engine, model_id: str,
                  limits: ServerLimits):
         super().__init__(websocket, engine, model_id, limits)
-        self.config = ga.GAConfig()
+        self.config = GAConfig()
         self.responses = GAResponses(self.config)
         self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
-        self.opened_with: tuple[Any, ...] | None = None  # engine_options of the open session
+        self.requested = self.options_of(self.config)  # the session options it asks for
+        self.opened_with: SessionOptions | None = None  # the options of the open session
         self.heard = 0  # samples the model has been given since it opened
         self.event_id: str | None = None  # of the client event being handled
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
 
+    # --- the dialect -----------------------------------------------------------
+
     def greeting(self) -> dict[str, Any]:
-        return ga.session_event("session.created", self.session_id, self.model_id, self.config)
+        return session_event("session.created", self.session_id, self.model_id, self.config)
 
     def error_payload(self, code: str, message: str) -> dict[str, Any]:
-        return ga.error_event(code, message, self.event_id)
+        return error_event(code, message, self.event_id)
 
-    async def handle(self, raw: dict[str, Any]) -> bool:
+    def parse(self, text: str) -> ClientEvent:
+        """One text frame -> a GA client event; its ``event_id`` is echoed by its error."""
         self.event_id = None
-        try:
-            event = ga.parse_client_event(self.text_of(raw))
-        except ProtocolError as exc:
-            self.event_id = getattr(exc, "event_id", None)
-            await self.settle()
-            raise
-        self.event_id = event.event_id
-        message = event.message
-        if event.kind != "input_audio_buffer.append":
-            # The responses' state follows the frames run so far: the audio
-            # queued before this event runs (and its events go out) first.
-            await self.settle()
-        if event.kind == "session.update":
+        message = load_object(text)
+        event_id = message.get("event_id")
+        self.event_id = event_id if isinstance(event_id, str) else None
+        kind = message.get("type")
+        if kind not in CLIENT_EVENTS:
+            raise invalid(f"unsupported event type {brief(kind)}")
+        return ClientEvent(kind, message)
+
+    def queues_audio(self, event: ClientEvent) -> bool:
+        # The responses' state follows the frames run so far: the audio queued
+        # before any other event runs (and its events go out) first.
+        return event.kind == "input_audio_buffer.append"
+
+    def limit_reached(self) -> None:
+        """The stream is full: the connection ends normally."""
+        self.input_feed().halt(Finished(CloseCode.NORMAL))
+
+    async def dispatch(self, event: ClientEvent) -> None:
+        kind, message = event.kind, event.message
+        if kind == "session.update":
             await self.update(message.get("session"))
-        elif event.kind == "input_audio_buffer.append":
+        elif kind == "input_audio_buffer.append":
             await self.append_audio(message.get("audio"))
-        elif event.kind == "input_audio_buffer.commit":
+        elif kind == "input_audio_buffer.commit":
             if not self.configured and self.config.turn_detection is None:
-                await self.open_engine(self.config)  # the response owed needs a timeline
+                # the response owed needs a timeline
+                await self.open_engine(self.config, self.requested)
             await self.send_all(self.responses.commit())
             if self.config.turn_detection is None:
                 self.last_audio = 0.0  # push-to-talk: the user's turn ended, answer now
-        elif event.kind == "input_audio_buffer.clear":
+        elif kind == "input_audio_buffer.clear":
             self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
             await self.send({"type": "input_audio_buffer.cleared"})
-        elif event.kind == "conversation.item.create":
+        elif kind == "conversation.item.create":
             await self.create_item(message.get("item"))
-        elif event.kind == "conversation.item.truncate":
+        elif kind == "conversation.item.truncate":
             await self.truncate(message)
-        elif event.kind == "conversation.item.delete":
+        elif kind == "conversation.item.delete":
             item_id = message.get("item_id")
             if not isinstance(item_id, str):
-                raise ProtocolError(ErrorCode.INVALID_REQUEST, "item_id must be a string")
+                raise invalid("item_id must be a string")
             await self.send({"type": "conversation.item.deleted", "item_id": item_id})
-        elif event.kind == "response.create":
+        elif kind == "response.create":
             await self.create_response(message.get("response"))
-        elif event.kind == "response.cancel":
+        elif kind == "response.cancel":
             events = self.responses.cancel()
             if events is None:
                 raise ProtocolError("response_cancel_not_active",
                                     "there is no active response to cancel")
             await self.send_all(events)
         self.active()
-        return False
 
     async def create_response(self, params: Any) -> None:
         if self.config.output_modalities == ("text",):
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, "a session with output_modalities "
-                                "['text'] transcribes the user only and makes no responses")
+            raise invalid("a session with output_modalities ['text'] transcribes the user "
+                          "only and makes no responses")
         if not self.configured:
-            await self.open_engine(self.config)
+            await self.open_engine(self.config, self.requested)
         events = self.responses.request(params)
         if events is None:
             active = self.responses.active_response_id
             if active is None:
-                raise ProtocolError(ErrorCode.INVALID_REQUEST, "the stream has ended "
-                                    "(max_streaming_seconds): no more responses")
+                raise invalid("the stream has ended (max_streaming_seconds): no more responses")
             raise ProtocolError("conversation_already_has_active_response",
                                 f"the conversation already has an active response {active} "
                                 "and a response.create waiting for it; wait for its "
                                 "response.done")
         await self.send_all(events)
 
-    async def send_all(self, payloads: list[dict[str, Any]]) -> None:
-        for payload in payloads:
-            await self.send(payload)
-
     # --- session ----------------------------------------------------------
 
+    def options_of(self, config: GAConfig) -> SessionOptions:
+        """The engine session's options ``config`` asks for (built, and so checked, here)."""
+        return session_options(self.limits, FIELDS, system_prompt=config.system_prompt,
+                               seed=config.seed, tools=config.engine_tools(),
+                               max_streaming_seconds=config.max_streaming_seconds,
+                               turn_events=True)
+
     async def update(self, payload: Any) -> None:
-        config = ga.merge_session(self.config, payload)
-        if self.opened_with != config.engine_options():
+        config = merge_session(self.config, payload)
+        options = self.options_of(config)
+        if self.opened_with != options:
             if self.heard:
                 # The prompt and tools are prefilled: a new timeline starts, and
                 # what the model heard so far is forgotten (GA clients often send
@@ -160,88 +197,57 @@ class GAConnection(Connection):
                                self.heard / MODEL_INPUT_RATE)
                 await self.send_all(self.responses.restart())
                 self.heard = 0
-            await self.open_engine(config)
+            await self.open_engine(config, options)
         if config.input_format != self.config.input_format:
             self.input = InputAudio(config.input_format, MODEL_INPUT_RATE)
-        self.config = config
+        self.config, self.requested = config, options
         self.responses.configure(config)
-        await self.send(ga.session_event("session.updated", self.session_id, self.model_id,
-                                         config))
+        await self.send(session_event("session.updated", self.session_id, self.model_id,
+                                      config))
 
-    async def open_engine(self, config: ga.GAConfig) -> None:
-        """Open (or reopen, before any audio) the engine session for ``config``."""
-        if self.open:
-            self.open = False
-            await self.engine.submit("close", self.session_id)
-        self.configured = False
-        seconds = self.limits.clamp_streaming_seconds(config.max_streaming_seconds)
-        tools = config.engine_tools()
-        if config.output_modalities == ("text",):
-            # Transcription only (perception + RNNT): the user transcript, no responses.
-            if tools is not None:
-                raise ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED,
-                                    "session.output_modalities ['text'] transcribes the user "
-                                    "only; tools need ['audio']")
-            opening = self.engine.submit(
-                "open", self.session_id, text_only=True, max_streaming_seconds=seconds,
-                max_transcript_bytes=self.limits.max_transcript_bytes,
-                serializer=self.responses.translate)
-        else:
-            opening = self.engine.submit_open(
-                self.session_id, system_prompt=config.instructions or None, seed=config.seed,
-                max_streaming_seconds=seconds, tools=tools,
-                max_prompt_tokens=self.limits.max_prompt_tokens, turn_events=True,
-                serializer=self.responses.translate)
-        self.open = True
-        await self.watch(opening)
-        try:
-            details = opening.result()
-        except Exception as exc:
-            self.opened_with = None
-            raise ProtocolError(ErrorCode.SESSION_INITIALIZATION_FAILED, str(exc)) from None
-        self.configured = True
-        self.tools_set = tools is not None
-        self.frame_samples = details["frame_samples"]
-        self.opened_with = config.engine_options()
-        self.responses.configure(config, details["output_sample_rate"],
-                                 self.frame_samples / details["input_sample_rate"])
-        logger.info("%s configured (GA, seed %d, max %.1f s)", self.session_id, config.seed,
-                    seconds)
+    async def open_engine(self, config: GAConfig, options: SessionOptions) -> None:
+        """Open (or reopen) the engine session for ``config`` with its ``options``."""
+        text_only = config.output_modalities == ("text",)
+        if text_only and options.tools is not None:
+            raise init_failed("session.output_modalities ['text'] transcribes the user only; "
+                              "tools need ['audio']")
+        self.opened_with = None
+        # Transcription only (perception + RNNT): the user transcript, no responses.
+        opened = transcription_options(self.limits, options) if text_only else options
+        details = await self.open_session(opened, self.responses)
+        self.opened_with = options
+        self.responses.configure(config, details.output_sample_rate,
+                                 details.frame_samples / details.input_sample_rate)
+        logger.info("%s configured (GA, seed %d, max %.1f s)", self.session_id, options.seed,
+                    options.max_streaming_seconds)
 
     # --- audio ------------------------------------------------------------
 
     async def append_audio(self, audio: Any) -> None:
         if not self.configured:
-            await self.open_engine(self.config)
+            await self.open_engine(self.config, self.requested)
         try:
             samples = self.input(audio)
         except FormatError as exc:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
-        if not samples.shape[0]:
-            return
-        self.last_audio = time.monotonic()
-        await self.input_feed().append(samples, MODEL_INPUT_RATE)
+            raise invalid(str(exc)) from None
+        if samples.shape[0]:
+            self.last_audio = time.monotonic()
+        await self.feed_audio(samples)
         self.heard += samples.shape[0]
 
-    def frame_error(self, exc: BaseException) -> None:
-        super().frame_error(exc)
-        if _stream_full(str(exc)):
-            self.input_feed().halt(_StreamFull())
-
     async def push_frame(self, chunk: np.ndarray) -> None:
-        """One frame of server-made 16 kHz input, queued behind the client's audio
-        (the same session queue); waits for it to run, and its events go out."""
+        """One frame of server-made input, queued behind the client's audio (the same
+        session queue); waits for it to run, and its events go out. A full stream
+        ends the connection."""
         try:
-            events = await self.engine_call(self.engine.push(
-                self.session_id, chunk, MODEL_INPUT_RATE))
-        except ProtocolError as exc:
-            if _stream_full(exc.message):
-                await self.send_error(exc.code, exc.message)
-                await self.finish(CloseCode.NORMAL)
-                raise _Finished() from None
-            raise
+            texts = await self.engine.push(self.session_id, chunk)
+        except Exception as exc:
+            if stream_full(exc):
+                await self.send_error(ErrorCode.INFERENCE_ERROR, str(exc))
+                raise Finished(CloseCode.NORMAL) from None
+            raise inference_error(exc) from None
         self.heard += chunk.shape[0]
-        await self.forward(events)
+        await self.forward(texts)
 
     # --- owed responses: the timeline runs on silence -------------------------
 
@@ -278,7 +284,7 @@ class GAConnection(Connection):
         the owed response as ``failed`` (the session stays)."""
         self.responses.server_frames = True
         try:
-            await self.push_frame(np.zeros(self.frame_samples, np.float32))
+            await self.push_frame(np.zeros(self.details.frame_samples, np.float32))
         except ProtocolError as exc:
             await self.send_error(exc.code, exc.message)
             await self.send_all(self.responses.fail(exc.message))
@@ -289,22 +295,21 @@ class GAConnection(Connection):
 
     async def create_item(self, item: Any) -> None:
         if isinstance(item, dict) and item.get("type") == "function_call_output":
-            output = protocol.parse_item(item)
+            output = parse_tool_output(item)
             if not self.configured:
                 raise ProtocolError(ErrorCode.TOOLS_NOT_SET, "function_call_output needs tools "
                                     "registered in session.update")
-            await self.tool_output(protocol.ToolOutput(
-                self.responses.runtime_call_id(output.call_id), output.output))
+            await self.tool_output(self.responses.runtime_call_id(output.call_id), output.output)
             await self.send_all(self.responses.item_added(tool_output_item(item)))
             return
         if not isinstance(item, dict) or item.get("type") not in ("message", "function_call"):
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, "conversation.item.create supports "
-                                "items of type message, function_call and function_call_output")
+            raise invalid("conversation.item.create supports items of type message, "
+                          "function_call and function_call_output")
         logger.info("%s %s item acknowledged, not injected (the model hears only audio)",
                     self.session_id, item.get("type"))
         known = {key: item[key] for key in ("type", "role", "content", "call_id", "name",
                                             "arguments") if key in item}
-        added = {"id": item["id"] if isinstance(item.get("id"), str) else ga.new_id("item"),
+        added = {"id": item["id"] if isinstance(item.get("id"), str) else new_id("item"),
                  "object": "realtime.item", "status": "completed", **known}
         await self.send_all(self.responses.item_added(added))
 
@@ -312,34 +317,15 @@ class GAConnection(Connection):
         item_id, index, end = (message.get("item_id"), message.get("content_index", 0),
                                message.get("audio_end_ms"))
         if not isinstance(item_id, str):
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, "item_id must be a string")
+            raise invalid("item_id must be a string")
         if isinstance(end, bool) or not isinstance(end, int) or end < 0:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST,
-                                "audio_end_ms must be a non-negative integer")
+            raise invalid("audio_end_ms must be a non-negative integer")
         events = self.responses.truncate(item_id)
         if events is None:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, f"unknown item_id {item_id[:64]!r}")
+            raise invalid(f"unknown item_id {item_id[:64]!r}")
         await self.send_all(events)
         await self.send({"type": "conversation.item.truncated", "item_id": item_id,
                          "content_index": index, "audio_end_ms": end})
 
-    async def loop(self) -> None:
-        try:
-            await super().loop()
-        except _StreamFull:
-            await self.finish(CloseCode.NORMAL)
-        except _Finished:
-            return
 
-
-def _stream_full(message: str) -> bool:
-    """Whether an engine error is the session reaching ``max_streaming_seconds`` (it ends)."""
-    return "max_streaming_seconds" in message
-
-
-class _Finished(Exception):
-    """The connection has been finished from inside a handler."""
-
-
-class _StreamFull(_Finished):
-    """The session reached max_streaming_seconds: finish the connection normally."""
+DIALECT = Dialect("openai-realtime-ga", (REALTIME_PATH,), GAConnection)

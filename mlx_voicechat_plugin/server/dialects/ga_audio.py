@@ -12,13 +12,14 @@ maintained ``audioop-lts`` port from 3.13).
 from __future__ import annotations
 
 import base64
-import binascii
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import soxr
+
+from ..wire import decode_base64, pcm16_bytes, pcm16_samples
 
 with warnings.catch_warnings():  # deprecated in the standard library of 3.11/3.12 only
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -28,8 +29,6 @@ PCM = "audio/pcm"
 PCMU = "audio/pcmu"
 PCMA = "audio/pcma"
 RATES = {PCM: 24_000, PCMU: 8_000, PCMA: 8_000}
-PCM16_SCALE = 32768.0  # decode: int16 / 32768; encode: round(clip(x) * 32767)
-PCM16_OUTPUT_SCALE = 32767.0
 RESAMPLER_QUALITY = "HQ"
 
 
@@ -66,28 +65,20 @@ def decode(fmt: AudioFormat, data: bytes) -> np.ndarray:
         data = audioop.ulaw2lin(data, 2)
     elif fmt.type == PCMA:
         data = audioop.alaw2lin(data, 2)
-    elif len(data) % 2:
-        raise FormatError("audio/pcm audio must contain an even number of bytes")
-    return np.frombuffer(data, dtype="<i2").astype(np.float32) / PCM16_SCALE
+    try:
+        return pcm16_samples(data, PCM)
+    except ValueError as exc:
+        raise FormatError(str(exc)) from None
 
 
 def encode(fmt: AudioFormat, samples: np.ndarray) -> bytes:
     """Float samples at ``fmt.rate`` -> bytes in ``fmt``."""
-    pcm = np.round(np.clip(samples, -1.0, 1.0) * PCM16_OUTPUT_SCALE).astype("<i2").tobytes()
+    pcm = pcm16_bytes(samples)
     if fmt.type == PCMU:
         return audioop.lin2ulaw(pcm, 2)
     if fmt.type == PCMA:
         return audioop.lin2alaw(pcm, 2)
     return pcm
-
-
-def decode_base64(text: Any) -> bytes:
-    if not isinstance(text, str):
-        raise FormatError("audio must be base64 text")
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise FormatError("audio must be valid base64") from None
 
 
 class Resampler:
@@ -113,7 +104,11 @@ class InputAudio:
         self.resample = Resampler(fmt.rate, model_rate)
 
     def __call__(self, audio: Any) -> np.ndarray:
-        return self.resample(decode(self.format, decode_base64(audio)))
+        try:
+            data = decode_base64(audio, "base64")
+        except ValueError as exc:
+            raise FormatError(str(exc)) from None
+        return self.resample(decode(self.format, data))
 
 
 class OutputAudio:

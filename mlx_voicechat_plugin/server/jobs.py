@@ -1,13 +1,15 @@
-"""File transcriptions as engine jobs: stepped on the engine thread between commands.
+"""Engine jobs: long work stepped on the engine thread between commands and frames.
 
-A job is :meth:`Transcriber.steps` over one uploaded file. The engine runs one
-step of the oldest job (the file's perception, then 25 RNNT frames at a time)
-after every turn of commands and whenever none waits, so realtime sessions'
-frames are never queued behind a whole file, and a file still advances while
-sessions keep the queue busy.
-Each step's transcript deltas go to the job's ``on_delta`` (called on the
-engine thread; it posts to the event loop). The count of jobs admitted and
-not yet finished is bounded by the caller (:meth:`JobCounter.try_admit`).
+A job is a generator the engine advances one step at a time, round robin,
+after every turn of commands and whenever none waits: a file transcription
+(:meth:`Transcriber.steps`: the file's perception, then 25 RNNT frames at a
+time) or a session open (its prompt prefill in slices). So realtime
+sessions' frames are never queued behind a whole file or prompt, and a job
+still advances while sessions keep the queue busy.
+A step's yielded items (a transcription's deltas) go to the job's
+``on_step`` (called on the engine thread; it posts to the event loop). The
+count of file transcriptions admitted and not yet finished is bounded by the
+caller (:meth:`JobCounter.try_admit`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ from typing import Any, Callable, Generator
 
 logger = logging.getLogger(__name__)
 
-DeltaSink = Callable[[list[str]], None]
-
 
 class JobCounter:
-    """Transcriptions admitted and not yet finished, bounded (thread-safe)."""
+    """File transcriptions admitted and not yet finished, bounded (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -43,22 +43,21 @@ class JobCounter:
 
 
 @dataclass
-class TranscriptionJob:
-    """One file's steps; ``reply`` resolves the caller's future (value or error)."""
+class StepJob:
+    """One job's steps; ``reply`` resolves the caller's future (value or error)."""
 
     steps: Generator[list[Any], None, Any]
     reply: Callable[..., None]
-    on_delta: DeltaSink | None = None
-    serialise: Callable[[Any], str] = str
+    on_step: Callable[[list[Any]], None] | None = None  # a step's non-empty yield
     cancelled: threading.Event = field(default_factory=threading.Event)
-    done: Callable[[], None] = lambda: None
+    done: Callable[[], None] = lambda: None  # runs first when the job ends
 
 
 class JobQueue:
-    """The engine's pending transcription jobs, oldest first (engine thread only)."""
+    """The engine's pending jobs, oldest first (engine thread only)."""
 
     def __init__(self) -> None:
-        self._jobs: deque[TranscriptionJob] = deque()
+        self._jobs: deque[StepJob] = deque()
 
     def __bool__(self) -> bool:
         return bool(self._jobs)
@@ -66,7 +65,7 @@ class JobQueue:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def add(self, job: TranscriptionJob) -> None:
+    def add(self, job: StepJob) -> None:
         self._jobs.append(job)
 
     def step(self) -> None:
@@ -77,14 +76,14 @@ class JobQueue:
         try:
             if job.cancelled.is_set():
                 job.steps.close()
-                raise RuntimeError("transcription cancelled")
-            deltas = next(job.steps)
-            if deltas and job.on_delta is not None:
-                job.on_delta([job.serialise(d) for d in deltas])
+                raise RuntimeError("the job was cancelled")
+            items = next(job.steps)
+            if items and job.on_step is not None:
+                job.on_step(items)
         except StopIteration as finished:
             self._finish(job, value=finished.value)
         except Exception as exc:
-            logger.debug("transcription failed: %s", exc, exc_info=True)
+            logger.debug("engine job failed: %s", exc, exc_info=True)
             self._finish(job, error=exc)
 
     def fail_all(self, error: BaseException) -> None:
@@ -93,7 +92,7 @@ class JobQueue:
             job.steps.close()
             self._finish(job, error=error)
 
-    def _finish(self, job: TranscriptionJob, value: Any = None,
+    def _finish(self, job: StepJob, value: Any = None,
                 error: BaseException | None = None) -> None:
         self._jobs.popleft()
         # The slot is free before the reply leaves, so a client that sends
@@ -102,4 +101,4 @@ class JobQueue:
         try:
             job.reply(value, error=error)
         except Exception:  # never take the engine thread down with one job
-            logger.exception("replying to a finished transcription failed")
+            logger.exception("replying to a finished engine job failed")

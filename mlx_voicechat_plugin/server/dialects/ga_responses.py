@@ -46,9 +46,8 @@ responses. The mapping, one frame's runtime events at a time:
   ``metadata``; a second request while one waits is refused
   (``conversation_already_has_active_response``).
 
-:meth:`GAResponses.translate` runs on the engine thread (the engine's
-per-session serializer); the other methods on the connection's. A lock keeps
-them apart.
+:meth:`GAResponses.translate` runs on the engine thread (the session's
+translator); the other methods on the connection's. A lock keeps them apart.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.events import (
+from ...runtime.events import (
     AssistantTextDelta,
     Audio,
     Cancelled,
@@ -72,10 +71,11 @@ from ..runtime.events import (
     TurnEnded,
     UserTranscriptDelta,
 )
-from ..runtime.transcribe import TranscriptDone
-from . import protocol
-from .audio_formats import OutputAudio
-from .dialect_ga import GAConfig, error_event, new_id
+from ...runtime.transcribe import TranscriptDone
+from ..commands import Translator
+from ..wire import dumps, new_id
+from .ga_audio import OutputAudio
+from .ga_session import GAConfig, error_event
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class _UserItem:
     text: str = ""
 
 
-class GAResponses:
+class GAResponses(Translator):
     """The state of one GA session's conversation: its open response and user item."""
 
     def __init__(self, config: GAConfig, model_rate: int = 22_050,
@@ -172,7 +172,7 @@ class GAResponses:
             out: list[dict[str, Any]] = []
             for event in events:
                 self._event(event, out)
-            return [protocol.dumps(payload) for payload in out]
+            return [dumps(payload) for payload in out]
 
     def _event(self, event: Event, out: list[dict[str, Any]]) -> None:
         self.frame = max(self.frame, int(event.frame_index))

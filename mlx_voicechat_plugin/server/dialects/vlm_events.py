@@ -1,0 +1,121 @@
+"""The mlx-vlm dialect's server events: the session objects, errors and the model's events.
+
+For the kinds the reference serializer has (``mlx_vlm/server/realtime.py``,
+``_serialize_model_event``) the type names, field names and JSON types are
+the reference's; ``conformance.wire`` diffs them field for field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...runtime.events import (
+    AssistantTextDelta,
+    Audio,
+    Cancelled,
+    Done,
+    Event,
+    FunctionDelta,
+    ToolCall,
+    ToolCallInvalid,
+    ToolResultInjected,
+    ToolsWarning,
+    UserTranscriptDelta,
+)
+from ...runtime.transcribe import TranscriptDone
+from ..commands import SessionDetails, Translator
+from ..wire import ErrorCode, bounded, dumps, encode_pcm16
+
+
+def error_event(code: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"code": code, "message": bounded(message)}}
+
+
+def audio_format(sample_rate: int) -> dict[str, Any]:
+    return {"type": "pcm16", "sample_rate": sample_rate, "channels": 1}
+
+
+def audio_formats(input_rate: int, output_rate: int) -> dict[str, Any]:
+    return {"input_audio_format": audio_format(input_rate),
+            "output_audio_format": audio_format(output_rate)}
+
+
+def session_created(session_id: str, input_rate: int, output_rate: int) -> dict[str, Any]:
+    return {"type": "session.created", "session": {
+        "id": session_id, "state": "configuring", **audio_formats(input_rate, output_rate)}}
+
+
+def session_updated(session_id: str, model: str, details: SessionDetails) -> dict[str, Any]:
+    return {"type": "session.updated", "session": {
+        "id": session_id, "state": "ready", "model": model,
+        "frame_samples": details.frame_samples,
+        "max_streaming_seconds": details.max_streaming_seconds,
+        **audio_formats(details.input_sample_rate, details.output_sample_rate),
+        **({"output_modalities": ["text"]} if details.text_only else {}),
+    }}
+
+
+def model_event(event: Event) -> dict[str, Any]:
+    """A runtime event as its server event.
+
+    Text and function deltas carry ``delta``/``text``, the user transcript
+    ``delta``/``transcript``, audio its PCM16 in ``delta`` with
+    ``audio_codes``, as the reference's do.
+    """
+    index = {"frame_index": int(event.frame_index)}
+    if isinstance(event, AssistantTextDelta):
+        return {"type": "response.text.delta", "delta": event.delta, "text": event.text,
+                "token_id": int(event.token_id), **index}
+    if isinstance(event, FunctionDelta):
+        return {"type": "response.function.delta", "delta": event.delta, "text": event.text,
+                "token_id": int(event.token_id), **index}
+    if isinstance(event, UserTranscriptDelta):
+        return {"type": "conversation.item.input_audio_transcription.delta",
+                "delta": event.delta, "transcript": event.text, **index}
+    if isinstance(event, TranscriptDone):
+        return {"type": "conversation.item.input_audio_transcription.completed",
+                "transcript": event.text, **index}
+    if isinstance(event, Audio):
+        return {"type": "response.audio.delta", "delta": encode_pcm16(event.samples),
+                "format": "pcm16", "sample_rate": int(event.sample_rate), "channels": 1,
+                "audio_codes": np.asarray(event.audio_codes).astype(int).tolist(), **index}
+    if isinstance(event, Done):
+        return {"type": "response.done", **index}
+    if isinstance(event, Cancelled):
+        return {"type": "response.cancelled", **index}
+    if isinstance(event, ToolCall):
+        return {"type": "response.function_call_arguments.done", "call_id": event.call_id,
+                "name": event.name, "arguments": event.arguments, **index}
+    if isinstance(event, ToolCallInvalid):
+        payload = error_event(ErrorCode.TOOL_CALL_INVALID, event.message)
+        payload["error"].update(reason=event.reason, raw=event.raw, **index)
+        return payload
+    if isinstance(event, ToolResultInjected):
+        return {"type": "conversation.item.function_call_output.injected",
+                "call_id": event.call_id, "first_frame_index": int(event.first_frame),
+                "num_tokens": int(event.num_tokens), **index}
+    if isinstance(event, ToolsWarning):
+        return {"type": "session.warning", "message": event.message, **index}
+    raise TypeError(f"unsupported event {type(event).__name__}")
+
+
+class VLMTranslator(Translator):
+    """The mlx-vlm dialect's texts of a session's events (no state: one serves them all)."""
+
+    def translate(self, events: list[Event]) -> list[str]:
+        return [dumps(model_event(e)) for e in events]
+
+    def flushed(self, events: list[Event], first_frame: int) -> list[str]:
+        """As the reference orders a commit: the audio of frames run before it
+        (the last such frame's), ``input_audio_buffer.committed``, then the rest."""
+        lead = 0
+        while lead < len(events) and events[lead].frame_index < first_frame \
+                and isinstance(events[lead], Audio):
+            lead += 1
+        return [*self.translate(events[:lead]), dumps({"type": "input_audio_buffer.committed"}),
+                *self.translate(events[lead:])]
+
+
+TRANSLATOR = VLMTranslator()

@@ -1,0 +1,46 @@
+"""A session's options from what its client asked for: built once, at the edge, within bounds.
+
+A dialect reads its ``session.update`` into values; :func:`session_options`
+builds the runtime's :class:`SessionOptions` from them (its checks are the
+only ones the values get) and the engine's open carries that object. A bad
+value is the client's ``session_initialization_failed``, its message naming
+the client's field and the limit. The server's bounds apply here:
+``--max-session-seconds`` caps ``max_streaming_seconds``, and
+``--max-prompt-tokens`` and ``--max-transcript-bytes`` are set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+from ..runtime.options import SessionOptions
+from ..runtime.options import TranscriptionOptions
+from .limits import ServerLimits
+from .wire import init_failed
+
+
+def client_fields(message: str, fields: Mapping[str, str]) -> str:
+    """An option's error message naming the client's field (``fields``: option -> field)."""
+    for option, name in fields.items():
+        if message.startswith(option + " "):
+            return name + message[len(option):]
+    return message
+
+
+def session_options(limits: ServerLimits, fields: Mapping[str, str],
+                    **values: Any) -> SessionOptions:
+    """The session's options from the client's ``values`` (``fields`` names them)."""
+    try:
+        options = SessionOptions(max_prompt_tokens=limits.max_prompt_tokens, **values)
+    except (TypeError, ValueError) as exc:
+        raise init_failed(client_fields(str(exc), fields)) from None
+    return replace(options, max_streaming_seconds=limits.clamp_streaming_seconds(
+        options.max_streaming_seconds))
+
+
+def transcription_options(limits: ServerLimits,
+                          options: SessionOptions) -> TranscriptionOptions:
+    """A text-only session's options: the bound of ``options``, the server's transcript cap."""
+    return TranscriptionOptions(max_streaming_seconds=options.max_streaming_seconds,
+                                max_transcript_bytes=limits.max_transcript_bytes)
