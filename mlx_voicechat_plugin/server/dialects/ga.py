@@ -3,8 +3,8 @@
 A GA client's ``base_url`` is ``http://HOST:PORT/openai/v1``. Same admission,
 limits, timeouts, origin policy, outbox backpressure and tool results as
 :class:`~..connection.Connection`; what differs is the language (the session
-object: :mod:`.ga_session`; responses: :mod:`.ga_responses`; audio formats:
-:mod:`.ga_audio`):
+object: :mod:`.ga_session`; responses: :mod:`.ga_responses`, their wire shapes
+and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
 
 - ``session.update`` may come any number of times and merges (GA clients
   send partial ones). The engine session opens at the first ``session.update``
@@ -53,7 +53,8 @@ from ..wire import (
     new_id, parse_tool_output,
 )
 from .ga_audio import FormatError, InputAudio
-from .ga_responses import GAResponses, tool_output_item
+from .ga_items import tool_output_item
+from .ga_responses import GAResponses
 from .ga_session import GAConfig, error_event, merge_session, session_event
 
 logger = logging.getLogger(__name__)

@@ -74,6 +74,7 @@ from ...runtime.events import (
 from ...runtime.transcribe import TranscriptDone
 from ..commands import Translator
 from ..wire import dumps, new_id
+from . import ga_items
 from .ga_audio import OutputAudio
 from .ga_session import GAConfig, error_event
 
@@ -265,9 +266,7 @@ class GAResponses(Translator):
         index = len(response.output)
         call_id = "call_" + event.call_id.removeprefix("call_")[: MAX_CALL_ID_CHARS - 5]
         self.calls[call_id] = event.call_id
-        item = {"id": item_id, "object": "realtime.item", "type": "function_call",
-                "status": "in_progress", "call_id": call_id, "name": event.name,
-                "arguments": ""}
+        item = ga_items.function_call(item_id, call_id, event.name)
         where = {"response_id": response.id, "item_id": item_id, "output_index": index,
                  "call_id": call_id}
         out.append({"type": "response.output_item.added", "response_id": response.id,
@@ -277,7 +276,8 @@ class GAResponses(Translator):
                     "delta": event.arguments})
         out.append({"type": "response.function_call_arguments.done", **where,
                     "name": event.name, "arguments": event.arguments})
-        done = {**item, "status": "completed", "arguments": event.arguments}
+        done = ga_items.function_call(item_id, call_id, event.name, event.arguments,
+                                      "completed")
         self._add_item(done, out, "conversation.item.done")
         out.append({"type": "response.output_item.done", "response_id": response.id,
                     "output_index": index, "item": done})
@@ -320,15 +320,12 @@ class GAResponses(Translator):
         response = self.response
         message = _Message(new_id("item"), len(response.output))
         response.message = message
-        item = {"id": message.id, "object": "realtime.item", "type": "message",
-                "status": "in_progress", "role": "assistant", "content": []}
+        item = ga_items.assistant_message(message.id)
         out.append({"type": "response.output_item.added", "response_id": response.id,
                     "output_index": message.output_index, "item": item})
         self._add_item(item, out, "conversation.item.added")
-        part = {"type": "audio", "transcript": ""} if self._audio_out \
-            else {"type": "text", "text": ""}
         out.append({"type": "response.content_part.added", **self._part(response),
-                    "part": part})
+                    "part": ga_items.content_part(self._audio_out, "")})
 
     def _part(self, response: _Response) -> dict[str, Any]:
         return {"response_id": response.id, "item_id": response.message.id,
@@ -347,16 +344,13 @@ class GAResponses(Translator):
             out.append({"type": "response.output_audio.done", **where})
             out.append({"type": "response.output_audio_transcript.done", **where,
                         "transcript": message.text})
-            part = {"type": "audio", "transcript": message.text}
-            content = {"type": "output_audio", "transcript": message.text}
         else:
             out.append({"type": "response.output_text.done", **where, "text": message.text})
-            part = {"type": "text", "text": message.text}
-            content = {"type": "output_text", "text": message.text}
-        out.append({"type": "response.content_part.done", **where, "part": part})
-        item = {"id": message.id, "object": "realtime.item", "type": "message",
-                "status": "completed" if status == "completed" else "incomplete",
-                "role": "assistant", "content": [content]}
+        out.append({"type": "response.content_part.done", **where,
+                    "part": ga_items.content_part(self._audio_out, message.text)})
+        item = ga_items.assistant_message(
+            message.id, "completed" if status == "completed" else "incomplete",
+            [ga_items.message_content(self._audio_out, message.text)])
         self._add_item(item, out, "conversation.item.done")
         out.append({"type": "response.output_item.done", "response_id": response.id,
                     "output_index": message.output_index, "item": item})
@@ -376,33 +370,12 @@ class GAResponses(Translator):
                 self._finish(out, "cancelled")
 
     def _response_object(self, response: _Response, status: str = "in_progress") -> dict:
-        body: dict[str, Any] = {
-            "id": response.id, "object": "realtime.response", "status": status,
-            "status_details": None, "output": list(response.output),
-            "conversation_id": None, "output_modalities": list(self.config.output_modalities),
-            "max_output_tokens": "inf",
-            "audio": {"output": {"format": self.config.output_format.describe(),
-                                 "voice": self.config.voice}},
-            "usage": None, "metadata": response.metadata,
-        }
-        if status == "cancelled":
-            body["status_details"] = {"type": "cancelled", "reason": "client_cancelled"}
-        elif status == "incomplete":  # max_response_seconds of timeline passed
-            body["status_details"] = {"type": "incomplete", "reason": "max_output_tokens"}
-        elif status == "failed":
-            body["status_details"] = {"type": "failed", "error": {
-                "type": "server_error", "code": "inference_error", "message": self.failure}}
+        usage = None
         if status != "in_progress":
             heard = max(self.frame - response.first_frame + 1, 0)
-            spoken = response.text_tokens + response.audio_frames
-            body["usage"] = {
-                "total_tokens": heard + spoken, "input_tokens": heard, "output_tokens": spoken,
-                "input_token_details": {"text_tokens": 0, "audio_tokens": heard,
-                                        "cached_tokens": 0},
-                "output_token_details": {"text_tokens": response.text_tokens,
-                                         "audio_tokens": response.audio_frames},
-            }
-        return body
+            usage = ga_items.usage(heard, response.text_tokens, response.audio_frames)
+        return ga_items.response_object(response.id, self.config, response.output,
+                                        response.metadata, status, usage, self.failure)
 
     # --- the user item -------------------------------------------------------
 
@@ -417,9 +390,7 @@ class GAResponses(Translator):
                         "audio_end_ms": self._ms(user.last_frame + 1), "item_id": user.id})
         out.append({"type": "input_audio_buffer.committed",
                     "previous_item_id": self.last_item_id, "item_id": user.id})
-        item = {"id": user.id, "object": "realtime.item", "type": "message",
-                "status": "completed", "role": "user",
-                "content": [{"type": "input_audio", "transcript": user.text}]}
+        item = ga_items.user_message(user.id, user.text)
         self._add_item(item, out, "conversation.item.added")
         self._add_item(item, out, "conversation.item.done")
         out.append({"type": "conversation.item.input_audio_transcription.completed",
@@ -532,8 +503,3 @@ class GAResponses(Translator):
             self._add_item(item, out, "conversation.item.done")
             return out
 
-
-def tool_output_item(item: dict[str, Any]) -> dict[str, Any]:
-    return {"id": item.get("id") if isinstance(item.get("id"), str) else new_id("item"),
-            "object": "realtime.item", "type": "function_call_output", "status": "completed",
-            "call_id": item["call_id"], "output": item["output"]}
