@@ -233,14 +233,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
                      agent_port=args.agent_port, agent_host=args.host)
     run_server(app, host=args.host, port=args.port, log_level=args.log_level,
                **args.limits.uvicorn_options())  # uvicorn.run, draining on SIGTERM
-    # The server has stopped and its engine thread has ended. Leave without
-    # the interpreter's exit: MLX's thread-local state from the engine thread
-    # aborts it ("terminate called without an active exception", status 134),
-    # and a drained replica must exit 0.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return 0
 
 
 if __name__ == "__main__":

@@ -170,3 +170,6 @@ def run_server(app: Any, **options: Any) -> None:
 
     config = uvicorn.Config(app, **options)
     draining_server(config, app.state.drain).run()
+    # A forced stop skips the app's shutdown: stop the engine here too, so its
+    # thread ends (and frees its MLX streams) before the interpreter exits.
+    app.state.engine.stop()

@@ -273,7 +273,10 @@ class Engine:
             self.load_error = exc
         finally:
             self.loaded.set()
-        self._serve()
+        try:
+            self._serve()
+        finally:
+            _clear_streams()
 
     def _serve(self) -> None:
         frame_seconds = self.config.frame_duration if self.voicechat is not None else 0.08
@@ -458,3 +461,15 @@ def _clear_cache() -> None:
         mx.clear_cache()
     except Exception:  # pragma: no cover - MLX missing its cache API
         logger.debug("mx.clear_cache failed", exc_info=True)
+
+
+def _clear_streams() -> None:
+    """Free this thread's MLX streams before it ends: MLX leaves that to each thread, and
+    a process whose engine thread skipped it aborts at exit ("terminate called without
+    an active exception", status 134) instead of exiting 0 after a graceful stop."""
+    try:
+        import mlx.core as mx
+
+        mx.clear_streams()
+    except Exception:  # pragma: no cover - an MLX without clear_streams cleans up itself
+        logger.debug("mx.clear_streams failed", exc_info=True)
