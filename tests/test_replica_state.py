@@ -295,3 +295,73 @@ def test_a_second_sigterm_stops_at_once(tiny_ckpt, tmp_path):
         assert process.process.wait(TIMEOUT) == 0, process.output()
     finally:
         process.stop()
+
+
+class FakeEngine:
+    """The engine attributes a replica's status reads."""
+
+    max_sessions, sessions_in_use, max_state_bytes, state_bytes = 2, 1, None, 0
+    ready, running, load_error = True, True, None
+
+
+def test_an_engine_whose_thread_stopped_is_down_and_its_health_500():
+    from mlx_voicechat_plugin.server.replica import health_response, replica_status
+
+    engine = FakeEngine()
+    assert replica_status(engine).ready
+    engine.running = False
+    state = replica_status(engine)
+    assert not state.ready and state.free == 0
+    read = haproxy_reads(agent_line(state))
+    assert read["health"] == "down" and read["desc"] == "the engine thread stopped"
+    assert health_response(state, "m", engine).status_code == 500
+
+
+def test_a_draining_replica_has_no_free_slot_in_its_status():
+    from mlx_voicechat_plugin.server.replica import replica_status
+
+    state = replica_status(FakeEngine(), draining=True)
+    assert (state.sessions, state.free, state.capacity, state.ready) == (1, 0, 1, False)
+
+
+def test_a_model_that_failed_to_load_is_down_with_the_error_on_agent_and_health(tiny_ckpt):
+    from mlx_voicechat_plugin.server.engine import Engine
+
+    def broken(path):
+        raise RuntimeError("weights are missing")
+
+    live = LiveServer(create_app(tiny_ckpt, engine=Engine(str(tiny_ckpt), broken),
+                                 agent_port=0), wait_ready=False)
+    try:
+        body = live.wait_health(500)
+        assert body["status"] == "error" and "weights are missing" in body["error"]
+        assert body["ready"] is False and body["free"] == 0
+        read = haproxy_reads(agent_says(live.app.state.agent.port))
+        assert read["health"] == "down" and "weights are missing" in read["desc"]
+    finally:
+        live.stop()
+
+
+def test_a_loading_replica_is_down_until_the_model_is_ready_then_up(tiny_ckpt):
+    import threading
+
+    from mlx_voicechat_plugin.server.engine import Engine, load_voicechat
+
+    gate = threading.Event()
+
+    def slow(path):
+        gate.wait(TIMEOUT)
+        return load_voicechat(path)
+
+    live = LiveServer(create_app(tiny_ckpt, engine=Engine(str(tiny_ckpt), slow),
+                                 agent_port=0), wait_ready=False)
+    try:
+        port = live.app.state.agent.port
+        assert agent_says(port) == "down #loading the model\n"
+        assert live.health().status_code == 503
+        gate.set()
+        live.wait_health(200)
+        assert agent_says(port) == "up ready maxconn:1\n"
+    finally:
+        gate.set()
+        live.stop()

@@ -75,9 +75,12 @@ def engine_failure(engine: Any) -> str | None:
 
 
 def replica_status(engine: Any, draining: bool = False) -> ReplicaStatus:
-    return ReplicaStatus(loaded=engine.ready, draining=draining,
-                         failure=engine_failure(engine), sessions=engine.sessions_in_use,
-                         free=free_slots(engine))
+    """``engine``'s state now; nothing is free while it loads, drains or has failed."""
+    failure = engine_failure(engine)
+    admitting = engine.ready and not draining and failure is None
+    return ReplicaStatus(loaded=engine.ready, draining=draining, failure=failure,
+                         sessions=engine.sessions_in_use,
+                         free=free_slots(engine) if admitting else 0)
 
 
 def _reason(text: str) -> str:
