@@ -55,7 +55,6 @@ class Drain:
         self.loop: asyncio.AbstractEventLoop | None = None  # set by attach()
         self.open: dict[asyncio.Task, Any] = {}  # connection task -> its Connection
         self.ended: set[asyncio.Task] = set()  # tasks the stop cancelled
-        self.finished = asyncio.Event()
         self._runner: asyncio.Task | None = None
 
     @property
@@ -113,7 +112,6 @@ class Drain:
                 await asyncio.sleep(POLL_SECONDS / 5)
         self.state = STOPPED
         logger.info("drained")
-        self.finished.set()
         if self.on_drained is not None:
             self.on_drained()
 
