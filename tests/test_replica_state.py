@@ -365,3 +365,23 @@ def test_a_loading_replica_is_down_until_the_model_is_ready_then_up(tiny_ckpt):
     finally:
         gate.set()
         live.stop()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--agent-port", "0"], "--agent-port must be a TCP port"),
+    (["--agent-port", "8080"], "--agent-port must differ from --port"),
+    (["--drain-seconds", "-1"], "--drain-seconds must be >= 0"),
+])
+def test_serve_checks_the_replica_flags(argv, message, capsys):
+    from mlx_voicechat_plugin.cli import serve
+
+    with pytest.raises(SystemExit):
+        serve.parse(["-m", "ckpt", *argv], "serve", False)
+    assert message in capsys.readouterr().err
+
+
+def test_serve_leaves_the_agent_off_and_drains_30_s_by_default():
+    from mlx_voicechat_plugin.cli import serve
+
+    args = serve.parse(["-m", "ckpt"], "serve", False)
+    assert (args.agent_port, args.drain_seconds) == (None, 30.0)

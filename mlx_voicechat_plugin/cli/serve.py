@@ -174,6 +174,8 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
         parser.error(str(exc))
     if args.agent_port is not None and not 0 < args.agent_port < 65536:
         parser.error(f"--agent-port must be a TCP port (1-65535), got {args.agent_port}")
+    if args.agent_port is not None and args.agent_port == args.port:
+        parser.error(f"--agent-port must differ from --port ({args.port})")
     if not args.drain_seconds >= 0:
         parser.error(f"--drain-seconds must be >= 0, got {args.drain_seconds:g}")
     return args
