@@ -322,7 +322,8 @@ def test_a_sigterm_drains_one_replica_while_the_others_take_new_sessions(cluster
     assert replica.popen.wait(WAIT) == 0, replica.log.read_text()[-2000:]
     exited = time.monotonic()
     assert exited >= victim.closed_at - 0.5  # it outlived its last session
-    print(f"drain: SIGTERM to exit {exited - signalled:.2f} s; load {os.getloadavg()}")
+    print(f"drain: its session closed {victim.closed_at - signalled:.2f} s after the SIGTERM, "
+          f"exit 0 seen {exited - victim.closed_at:.2f} s later; load {os.getloadavg()}")
     replica.start()  # back for the next test
     until(lambda: balancer.status(victim.replica) == "UP", "the restarted replica up")
 
