@@ -38,7 +38,9 @@ from .dialects import DIALECTS
 from .drain import DEFAULT_DRAIN_SECONDS, Drain
 from .engine import Engine
 from .limits import ServerLimits
-from .replica import add_replica_metrics, agent_line, health_response, replica_status
+from .replica import (
+    ReplicaStatus, add_replica_metrics, agent_line, health_response, replica_status,
+)
 from .wire import CloseCode
 
 logger = logging.getLogger(__name__)
@@ -165,7 +167,11 @@ def create_app(
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)
     drain = Drain(engine, drain_seconds)
-    status = lambda: replica_status(engine, drain.draining)  # noqa: E731
+
+    def status() -> ReplicaStatus:
+        """The replica's state now, for /health, the agent-check and /metrics."""
+        return replica_status(engine, drain.draining)
+
     add_replica_metrics(engine.metrics, status)
 
     def current_key() -> str | None:
