@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DIR := build/demo
 
-.PHONY: venv install browser test test-real demo clean
+.PHONY: venv install browser haproxy test test-real demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,18 @@ browser:
 			|| echo "chromium unavailable: the browser test will skip"; \
 	fi
 
+# HAProxy for tests/test_replicas_haproxy.py (which skips without it); installed
+# only when CI is set, and only when missing.
+haproxy:
+	@if [ -n "$$CI" ]; then \
+		command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] \
+			|| (apt-get update -qq && apt-get install -y -qq haproxy) \
+			|| echo "haproxy unavailable: the replicas test will skip"; \
+	fi
+
 # pytest exits 5 when it collects nothing; treat that as a failure of the
 # suite's wiring rather than silently passing.
-test: $(VENV)/.installed browser
+test: $(VENV)/.installed browser haproxy
 	$(PY) -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 

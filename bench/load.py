@@ -27,6 +27,13 @@ it reads the server's ``/metrics`` before and after: the mean step batch size
 ``--num-streams`` (or ``--levels``) and, in the timed modes, prints the
 largest N whose p95 lateness stays under ``--late-ms`` with no drops and no
 refusals: size ``--max-sessions`` by that, not by what fits in memory.
+
+Pointed at a balancer in front of replicas (``deploy/haproxy.cfg``), the
+streams spread over the replicas and the largest real-time N is the whole
+deployment's; give every replica's ``/metrics`` (``--metrics-url URL1 URL2
+...``) to sum their step figures. A stream the balancer refuses (every
+replica full: a 503 after its queue timeout) counts as an error, as a
+``server_busy`` does.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -190,24 +197,26 @@ def metrics_url(ws_url: str) -> str:
     return urlunsplit((scheme, parts.netloc, path + "/metrics", "", ""))
 
 
-def read_metrics(url: str | None, headers: dict[str, str]) -> dict[str, float]:
-    """The engine's counters (``name -> value``); empty when ``/metrics`` is unreachable."""
+def read_metrics(url: str | Sequence[str] | None, headers: dict[str, str]) -> dict[str, float]:
+    """The engine's counters (``name -> value``), summed over ``url`` when it is several
+    (each replica behind a balancer); a ``/metrics`` that is unreachable adds nothing."""
     if not url:
         return {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                    timeout=10) as response:
-            text = response.read().decode()
-    except Exception:
-        return {}
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, _, value = line.rpartition(" ")
-            try:
-                values[name] = float(value)
-            except ValueError:
-                pass
+    for one in [url] if isinstance(url, str) else url:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(one, headers=headers),
+                                        timeout=10) as response:
+                text = response.read().decode()
+        except Exception:
+            continue
+        for line in text.splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                name, _, value = line.rpartition(" ")
+                try:
+                    values[name] = values.get(name, 0.0) + float(value)
+                except ValueError:
+                    pass
     return values
 
 
@@ -220,7 +229,7 @@ def _delta_ratio(after: dict, before: dict, top: str, bottom: str) -> float:
 
 def run_level(url: str, audio: np.ndarray, streams: int, headers: dict[str, str],
               mode: str = "paced", stagger_s: float = FRAME_SECONDS, burst: int = 10,
-              metrics: str | None = None) -> dict:
+              metrics: str | Sequence[str] | None = None) -> dict:
     start = Start(streams)
     results: list[StreamFigures] = [StreamFigures() for _ in range(streams)]
 
@@ -340,8 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--late-ms", type=float, default=80.0,
                         help="p95 lateness a level may have and still count as real time "
                              "(default %(default)s)")
-    parser.add_argument("--metrics-url", default=None,
-                        help="the server's /metrics (default: derived from --url)")
+    parser.add_argument("--metrics-url", nargs="+", action="extend", default=None,
+                        help="the server's /metrics (default: derived from --url); behind a "
+                             "balancer, every replica's /metrics, whose counters are summed "
+                             "(the derived one would be whichever replica the balancer picks)")
     parser.add_argument("--json", default=None, help="write every level's figures here")
     args = parser.parse_args(argv)
     if args.num_streams < 1 or args.seconds <= 0 or args.burst_frames < 1:

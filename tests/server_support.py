@@ -90,10 +90,10 @@ class ServerProcess:
     :meth:`stop`; its output goes to ``log`` (a file, readable while it runs)."""
 
     def __init__(self, module: str, args: list[str], log: Path, env: dict | None = None,
-                 startup_seconds: float = 120):
-        self.port = free_port()
+                 startup_seconds: float = 120, port: int | None = None):
+        self.port = port or free_port()
         self.log = log
-        with log.open("wb") as out:
+        with log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", module, *args, "--host", "127.0.0.1",
                  "--port", str(self.port)],

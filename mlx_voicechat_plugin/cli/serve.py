@@ -15,6 +15,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Sequence
 
+from ..server.drain import DEFAULT_DRAIN_SECONDS
 from ..server.limits import MIB, ServerLimits
 from .common import parse_args
 
@@ -52,6 +53,16 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default on; the kernels are "
                              "warmed at start-up, before /health reports ready)")
+    replica = parser.add_argument_group("replicas (behind a balancer: docs/replicas.md)")
+    replica.add_argument("--agent-port", type=int, default=None,
+                         help="answer HAProxy's agent-check on this TCP port (same host as "
+                              "--host): 'up ready maxconn:N' with N the sessions this replica "
+                              "holds, 'drain' while stopping, 'down #reason' before it is "
+                              "ready (default: off)")
+    replica.add_argument("--drain-seconds", type=float, default=DEFAULT_DRAIN_SECONDS,
+                         help="on SIGTERM, refuse new sessions and let open ones finish for "
+                              "up to this long, then close the rest (1001) and exit 0; a "
+                              "second SIGTERM stops at once (default: %(default)s)")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-message-bytes", type=int, default=defaults.max_message_bytes,
                         help="largest client message, checked before decoding (default: "
@@ -161,6 +172,12 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
                                    batch_fill=args.batch_fill)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.agent_port is not None and not 0 < args.agent_port < 65536:
+        parser.error(f"--agent-port must be a TCP port (1-65535), got {args.agent_port}")
+    if args.agent_port is not None and args.agent_port == args.port:
+        parser.error(f"--agent-port must differ from --port ({args.port})")
+    if not args.drain_seconds >= 0:
+        parser.error(f"--drain-seconds must be >= 0, got {args.drain_seconds:g}")
     return args
 
 
@@ -197,9 +214,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
          tolerate_unknown: bool = False, host: "HostServer | None" = None) -> int:
     args = parse(argv, prog, tolerate_unknown, host)
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
         from ..server.app import API_KEY_ENV, create_app
+        from ..server.drain import run_server
     except ImportError as exc:
         print(f"error: the server needs its extras: pip install 'mlx-voicechat-plugin[server]' "
               f"({exc})", file=sys.stderr)
@@ -213,9 +231,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
     compiled = compile_policy.apply(args.compile, long_running=True)
     app = create_app(args.model, alias=args.alias, api_key=args.api_key,
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
-                     limits=args.limits, warm_up=compiled)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                **args.limits.uvicorn_options())
+                     limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,
+                     agent_port=args.agent_port, agent_host=args.host)
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level,
+               **args.limits.uvicorn_options())  # uvicorn.run, draining on SIGTERM
     return 0
 
 

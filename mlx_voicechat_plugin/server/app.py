@@ -35,8 +35,12 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from .connection import Dialect
 from .dialects import DIALECTS
+from .drain import DEFAULT_DRAIN_SECONDS, Drain
 from .engine import Engine
 from .limits import ServerLimits
+from .replica import (
+    ReplicaStatus, add_replica_metrics, agent_line, health_response, replica_status,
+)
 from .wire import CloseCode
 
 logger = logging.getLogger(__name__)
@@ -138,12 +142,17 @@ def create_app(
     warm_up: bool = False,
     api_key_env: str | None = API_KEY_ENV,
     dialects: Sequence[Dialect] = DIALECTS,
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS,
+    agent_port: int | None = None,
+    agent_host: str = "127.0.0.1",
 ) -> FastAPI:
     """The realtime server for one checkpoint; the engine starts with the app.
 
     Without ``api_key``, the key is the ``api_key_env`` variable's value at
     each request (none while it is unset or empty). ``dialects`` are served
-    at their paths (under ``api_prefix``).
+    at their paths (under ``api_prefix``). ``app.state.drain`` stops it
+    gracefully (:mod:`.drain`, within ``drain_seconds``); with ``agent_port``
+    it answers HAProxy's agent-check there (:mod:`.agent`; 0: a free port).
     """
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
@@ -157,6 +166,13 @@ def create_app(
     served_names = {model_id, served_model_id(str(model_path)), str(model_path)}
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)
+    drain = Drain(engine, drain_seconds)
+
+    def status() -> ReplicaStatus:
+        """The replica's state now, for /health, the agent-check and /metrics."""
+        return replica_status(engine, drain.draining)
+
+    add_replica_metrics(engine.metrics, status)
 
     def current_key() -> str | None:
         """``--api-key``, else the key variable as it is now (mlx-vlm reads it per request)."""
@@ -166,11 +182,19 @@ def create_app(
         return bearer_ok(header, current_key())
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(app: FastAPI):
         engine.start()
+        drain.attach(asyncio.get_running_loop())
+        if agent_port is not None:
+            from .agent import CapacityAgent
+
+            app.state.agent = CapacityAgent(lambda: agent_line(status()), agent_host, agent_port)
+            await app.state.agent.start()
         try:
             yield
         finally:
+            if agent_port is not None:
+                await app.state.agent.stop()
             await asyncio.to_thread(engine.stop)
 
     # No /docs, /redoc or /openapi.json: they would be served without the API
@@ -178,6 +202,7 @@ def create_app(
     app = FastAPI(title="mlx-voicechat realtime", lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.limits, app.state.model_id = engine, limits, model_id
+    app.state.drain = drain
     if origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -186,15 +211,8 @@ def create_app(
 
     @app.get(prefix + "/health")
     async def health() -> JSONResponse:
-        if engine.load_error is not None:
-            return JSONResponse({"status": "error", "error": str(engine.load_error)}, 500)
-        if not engine.ready:
-            return JSONResponse({"status": "loading"}, 503)
-        return JSONResponse({
-            "status": "ok", "model": model_id, "session_active": engine.sessions_in_use > 0,
-            "sessions": engine.sessions_in_use, "max_sessions": engine.max_sessions,
-            "state_bytes": engine.state_bytes, "max_state_bytes": engine.max_state_bytes,
-        })
+        """The replica's state (:mod:`.replica`): 200 ready, 503 loading or draining, 500 failed."""
+        return health_response(status(), model_id, engine, engine.load_error)
 
     @app.get(prefix + "/metrics")
     async def metrics(request: Request) -> Response:
@@ -283,7 +301,7 @@ def create_app(
         connection = dialect.connection(websocket, engine, model_id, limits)
         connection.subprotocol = subprotocol
         try:
-            await connection.run()
+            await drain.serve(connection)  # connection.run(), ended by a graceful stop
         except WebSocketDisconnect:
             pass
         except Exception as exc:  # e.g. sending after the client went away

@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 # Longest a new session's prefill runs before the other sessions' frames do.
 PREFILL_SLICE_SECONDS = 0.02
+# Why a session is refused while the replica drains (:mod:`.drain`).
+DRAINING = "the server is shutting down; connect again to reach another replica"
 
 Loader = Callable[[str], Any]  # checkpoint path -> VoiceChat
 
@@ -100,6 +102,7 @@ class Engine:
         self._reservation = threading.Lock()
         self._reserved: set[str] = set()
         self.refusal = ""  # why the last reservation was refused
+        self.draining = False  # set by the replica's drain (:mod:`.drain`): admit no one
         self._jobs = JobQueue()  # engine thread only
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
         self.metrics.transcriptions_in_flight.set_function(lambda: self.transcriptions.in_flight)
@@ -127,6 +130,11 @@ class Engine:
         return self.loaded.is_set() and self.voicechat is not None
 
     @property
+    def running(self) -> bool:
+        """Whether the engine thread is alive (a dead one serves no one: see :mod:`.replica`)."""
+        return self._thread.is_alive()
+
+    @property
     def config(self) -> Any:
         return self.voicechat.config
 
@@ -151,8 +159,8 @@ class Engine:
     def try_reserve(self, session_id: str) -> bool:
         """Hold a slot for ``session_id``; ``False`` (see :attr:`refusal`) when none is left."""
         with self._reservation:
-            reason = admission_error(len(self._reserved), self.max_sessions, self.state_bytes,
-                                     self.max_state_bytes)
+            reason = DRAINING if self.draining else admission_error(
+                len(self._reserved), self.max_sessions, self.state_bytes, self.max_state_bytes)
             if reason is not None:
                 self.refusal = reason
                 self.metrics.refused.inc()
@@ -265,7 +273,10 @@ class Engine:
             self.load_error = exc
         finally:
             self.loaded.set()
-        self._serve()
+        try:
+            self._serve()
+        finally:
+            _clear_streams()
 
     def _serve(self) -> None:
         frame_seconds = self.config.frame_duration if self.voicechat is not None else 0.08
@@ -450,3 +461,15 @@ def _clear_cache() -> None:
         mx.clear_cache()
     except Exception:  # pragma: no cover - MLX missing its cache API
         logger.debug("mx.clear_cache failed", exc_info=True)
+
+
+def _clear_streams() -> None:
+    """Free this thread's MLX streams before it ends: MLX leaves that to each thread, and
+    a process whose engine thread skipped it aborts at exit ("terminate called without
+    an active exception", status 134) instead of exiting 0 after a graceful stop."""
+    try:
+        import mlx.core as mx
+
+        mx.clear_streams()
+    except Exception:  # pragma: no cover - an MLX without clear_streams cleans up itself
+        logger.debug("mx.clear_streams failed", exc_info=True)

@@ -37,6 +37,7 @@ class ErrorCode:
 
 class CloseCode:
     NORMAL = 1000
+    GOING_AWAY = 1001  # the server is stopping (:mod:`.drain`)
     POLICY_VIOLATION = 1008
     TRY_AGAIN_LATER = 1013
 
