@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 from .quoting import brief
 from .rng import check_seed
@@ -76,8 +75,6 @@ class SessionOptions(StreamLimits):
     profile: bool = False
     # Emit ``TurnEnded`` at the text channel's EOS (the GA dialect's responses).
     turn_events: bool = False
-    # Asked before each prefill position; True stops it (PrefillCancelled).
-    stop_prefill: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

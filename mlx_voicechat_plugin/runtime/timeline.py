@@ -19,7 +19,7 @@ back, for offline and streaming conversations alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
 
@@ -221,9 +221,7 @@ class Timeline:
 
     # --- one position -------------------------------------------------------------
 
-    def prefill_steps(
-        self, prompt_ids: list[int], should_stop: Callable[[], bool] | None = None
-    ) -> Iterator[int]:
+    def prefill_steps(self, prompt_ids: list[int]) -> Iterator[int]:
         """Read system-prompt tokens on the audio channel, one position each (one row).
 
         Yields the positions still to read after each one, so a caller that
@@ -232,9 +230,8 @@ class Timeline:
         on its own either way, so the state is the same. The embeddings enter
         in float32, the dtype of the audio embeddings they stand in for (the
         reference's offline path does the same; its streaming path feeds them
-        in bf16, see conformance/README.md). ``should_stop`` is asked before
-        every position; when it says so, :class:`PrefillCancelled` is raised
-        (the timeline is then unusable).
+        in bf16, see conformance/README.md). A caller that stops between two
+        positions (closes the generator) leaves the timeline unusable.
         """
         if not prompt_ids:
             return
@@ -243,8 +240,6 @@ class Timeline:
         ids = mx.array([prompt_ids], dtype=mx.int32)
         prompt = self.model.stt_model.embed_tokens(ids).astype(mx.float32)
         for p in range(len(prompt_ids)):
-            if should_stop is not None and should_stop():
-                raise PrefillCancelled(f"prefill stopped at position {p} of {len(prompt_ids)}")
             self.step(prompt[:, p : p + 1], generate=False)
             yield len(prompt_ids) - p - 1
 

@@ -8,13 +8,19 @@ reading``) or the client leaving. Events go out through a bounded
 :class:`~.feed.InputFeed`. Audio payloads are never logged; client values
 are never used as paths.
 
+The connection is its session's sink: the engine hands it, once per cycle
+and on this event loop, the frames' runtime events, a frame's error and the
+replies of its markers, in order (:meth:`~Connection.on_handoff`); the dialect
+translates the events here (:meth:`~Connection.translate`), so its state is
+only ever touched by this loop.
+
 A dialect (:mod:`.dialects`) is a :class:`Connection` subclass that
 implements the hooks (:meth:`~Connection.greeting`,
 :meth:`~Connection.error_payload`, :meth:`~Connection.parse`,
-:meth:`~Connection.queues_audio`, :meth:`~Connection.dispatch`, optionally
-:meth:`~Connection.limit_reached`) and uses the shared services: the engine
-session (:meth:`~Connection.open_session` with typed options from
-:mod:`.options` and the dialect's translator), audio
+:meth:`~Connection.queues_audio`, :meth:`~Connection.dispatch`,
+:meth:`~Connection.translate`, optionally :meth:`~Connection.limit_reached`)
+and uses the shared services: the engine session
+(:meth:`~Connection.open_session` with typed options from :mod:`.options`), audio
 (:meth:`~Connection.feed_audio`), tool results, ordering
 (:meth:`~Connection.settle`) and sending. The app serves it as a
 :class:`Dialect`: its paths and its connection class.
@@ -36,7 +42,8 @@ from starlette.websockets import WebSocketDisconnect
 from ..runtime.options import SessionOptions
 from ..runtime.streaming import ContextLimit
 from ..runtime.transcribe import TranscriptLimit
-from .commands import Close, OpenOptions, SessionDetails, Translator
+from .channel import Handoff
+from .commands import Close, OpenOptions, SessionDetails
 from .engine import Engine
 from .feed import InputFeed
 from .limits import ServerLimits
@@ -85,6 +92,8 @@ class Connection:
         self.outbox = Outbox(websocket, limits.max_pending_events)
         self.subprotocol: str | None = None  # selected at accept (a browser's "realtime")
         self.feed: InputFeed | None = None  # the session's input queue, from the first audio
+        self.event_loop: asyncio.AbstractEventLoop | None = None  # where the engine hands off
+        self.frames_run = 0  # frames of the session whose events were handed over
 
     # --- the dialect's hooks ----------------------------------------------------
 
@@ -109,6 +118,10 @@ class Connection:
         """Act on one message; raise :class:`Finished` to end the connection."""
         raise NotImplementedError
 
+    def translate(self, events: list) -> list[str]:
+        """One frame's (or a command's) runtime events as the texts sent, in order."""
+        raise NotImplementedError
+
     def limit_reached(self) -> None:
         """A frame failed at ``max_streaming_seconds`` (after its error went out); by
         default the connection goes on (the client ends the stream)."""
@@ -126,13 +139,30 @@ class Connection:
         logger.info("%s error %s: %s", self.session_id, code, message)
         await self.send(self.error_payload(code, message))
 
-    async def forward(self, texts: list[str]) -> None:
-        """Texts the engine translated, as they are."""
+    async def forward(self, events: list) -> None:
+        """Runtime events an engine command replied with (a commit's, a cancel's), sent."""
+        await self.send_texts(self.translate(events))
+
+    async def send_texts(self, texts: list[str]) -> None:
         for text in texts:
             self.outbox.put(text)
 
+    def on_handoff(self, handoff: Handoff) -> None:
+        """What the engine did for the session in one cycle (on the loop), in order: a
+        frame's events (translated here), a frame's error, a marker's reply."""
+        if handoff.consumed and self.feed is not None:
+            self.feed.consumed(handoff.consumed)
+        for entry in handoff.entries:
+            if isinstance(entry, list):
+                self.frames_run += 1
+                self.deliver(self.translate(entry))
+            elif isinstance(entry, BaseException):
+                self.frame_error(entry)
+            else:
+                entry.resolve()
+
     def deliver(self, texts: list[str]) -> None:
-        """A frame's events, from the engine (on the loop): into the outbox, in order."""
+        """Texts of the engine's output (on the loop): into the outbox, in order."""
         try:
             for text in texts:
                 self.outbox.put(text)
@@ -149,14 +179,15 @@ class Connection:
 
     # --- the engine session ---------------------------------------------------------
 
-    async def open_session(self, options: OpenOptions, translator: Translator) -> SessionDetails:
+    async def open_session(self, options: OpenOptions) -> SessionDetails:
         """Open the engine session (closing one opened before), watching the socket while
         its prompt prefills; a failure is ``session_initialization_failed``."""
         if self.open:
             self.open = False
             await self.engine.close(self.session_id)
         self.configured = False
-        opening = self.engine.open(self.session_id, options, translator)
+        self.event_loop, self.frames_run = asyncio.get_running_loop(), 0
+        opening = self.engine.open(self.session_id, options, self)
         self.open = True  # the engine may hold a stream from now on: release closes it
         await self.watch(opening)
         try:
@@ -207,8 +238,7 @@ class Connection:
         if self.feed is None:
             bound = self.limits.buffered_samples(self.details.input_sample_rate,
                                                  self.details.frame_samples)
-            self.feed = InputFeed(self.engine, self.session_id, bound, self.deliver,
-                                  self.frame_error)
+            self.feed = InputFeed(self.engine, self.session_id, bound, self)
         return self.feed
 
     async def settle(self) -> None:

@@ -46,15 +46,15 @@ responses. The mapping, one frame's runtime events at a time:
   ``metadata``; a second request while one waits is refused
   (``conversation_already_has_active_response``).
 
-:meth:`GAResponses.translate` runs on the engine thread (the session's
-translator); the other methods on the connection's. A lock keeps them apart.
+:meth:`GAResponses.translate` and the request methods all run on the
+connection's event loop (the engine hands the runtime events over there), so
+the state has one thread and no lock.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,6 @@ from ...runtime.events import (
     UserTranscriptDelta,
 )
 from ...runtime.transcribe import TranscriptDone
-from ..commands import Translator
 from ..wire import dumps, new_id
 from . import ga_items
 from .ga_audio import OutputAudio
@@ -119,12 +118,11 @@ class _UserItem:
     text: str = ""
 
 
-class GAResponses(Translator):
+class GAResponses:
     """The state of one GA session's conversation: its open response and user item."""
 
     def __init__(self, config: GAConfig, model_rate: int = 22_050,
                  frame_seconds: float = 0.08):
-        self.lock = threading.Lock()
         self.config = config
         self.model_rate, self.frame_seconds = model_rate, frame_seconds
         self.response: _Response | None = None
@@ -143,10 +141,9 @@ class GAResponses(Translator):
 
     def configure(self, config: GAConfig, model_rate: int | None = None,
                   frame_seconds: float | None = None) -> None:
-        with self.lock:
-            self.config = config
-            self.model_rate = model_rate or self.model_rate
-            self.frame_seconds = frame_seconds or self.frame_seconds
+        self.config = config
+        self.model_rate = model_rate or self.model_rate
+        self.frame_seconds = frame_seconds or self.frame_seconds
 
     # --- helpers ----------------------------------------------------------
 
@@ -166,14 +163,13 @@ class GAResponses(Translator):
             self.last_item_id = item["id"]
             self.items.add(item["id"])
 
-    # --- the engine thread: one frame's events -----------------------------
+    # --- one frame's events ---------------------------------------------------
 
     def translate(self, events: list[Event]) -> list[str]:
-        with self.lock:
-            out: list[dict[str, Any]] = []
-            for event in events:
-                self._event(event, out)
-            return [dumps(payload) for payload in out]
+        out: list[dict[str, Any]] = []
+        for event in events:
+            self._event(event, out)
+        return [dumps(payload) for payload in out]
 
     def _event(self, event: Event, out: list[dict[str, Any]]) -> None:
         self.frame = max(self.frame, int(event.frame_index))
@@ -397,7 +393,7 @@ class GAResponses(Translator):
                     "item_id": user.id, "content_index": 0, "transcript": user.text})
         return user.id
 
-    # --- the connection's thread: client requests ----------------------------
+    # --- client requests ---------------------------------------------------------
 
     @property
     def owes(self) -> bool:
@@ -407,67 +403,61 @@ class GAResponses(Translator):
     def commit(self) -> list[dict[str, Any]]:
         """``input_audio_buffer.commit``: the user item so far is committed; with
         turn detection off a response is owed (announced when the model speaks)."""
-        with self.lock:
-            out: list[dict[str, Any]] = []
-            if self.user is None:
-                item_id = new_id("item")
-                out.append({"type": "input_audio_buffer.committed",
-                            "previous_item_id": self.last_item_id, "item_id": item_id})
-            else:
-                self._close_user(out, stopped=False)
-            if self.config.turn_detection is None and self.response is None \
-                    and self._audio_out and not self.ended:
-                self._start(None, self.frame + 1)
-            return out
+        out: list[dict[str, Any]] = []
+        if self.user is None:
+            item_id = new_id("item")
+            out.append({"type": "input_audio_buffer.committed",
+                        "previous_item_id": self.last_item_id, "item_id": item_id})
+        else:
+            self._close_user(out, stopped=False)
+        if self.config.turn_detection is None and self.response is None \
+                and self._audio_out and not self.ended:
+            self._start(None, self.frame + 1)
+        return out
 
     def cancel(self) -> list[dict[str, Any]] | None:
         """``response.cancel``: the response's events, or ``None`` when none is active.
         The rest of the utterance (until its EOS or a pause) is not sent."""
-        with self.lock:
-            if self.response is None:
-                return None
-            out: list[dict[str, Any]] = []
-            self.muted_since = max(self.response.last_text_frame, self.frame)
-            self._finish(out, "cancelled")
-            return out
+        if self.response is None:
+            return None
+        out: list[dict[str, Any]] = []
+        self.muted_since = max(self.response.last_text_frame, self.frame)
+        self._finish(out, "cancelled")
+        return out
 
     def truncate(self, item_id: str) -> list[dict[str, Any]] | None:
         """``conversation.item.truncate``: cancels the response still speaking ``item_id``;
         ``None`` for an unknown item."""
-        with self.lock:
-            response = self.response
-            speaking = response is not None and response.message is not None \
-                and response.message.id == item_id
-            if not speaking and item_id not in self.items:
-                return None
+        response = self.response
+        speaking = response is not None and response.message is not None \
+            and response.message.id == item_id
+        if not speaking and item_id not in self.items:
+            return None
         if speaking:
             return self.cancel() or []
         return []
 
     def fail(self, message: str) -> list[dict[str, Any]]:
         """The timeline could not run: the owed response ends as ``failed``."""
-        with self.lock:
-            out: list[dict[str, Any]] = []
-            if self.response is not None:
-                self.failure = message
-                self._finish(out, "failed")
-                self.failure = None
-            return out
+        out: list[dict[str, Any]] = []
+        if self.response is not None:
+            self.failure = message
+            self._finish(out, "failed")
+            self.failure = None
+        return out
 
     def restart(self) -> list[dict[str, Any]]:
         """A new engine timeline: the open response and user item end, frames count anew."""
-        with self.lock:
-            out: list[dict[str, Any]] = []
-            if self.response is not None:
-                self._finish(out, "cancelled")
-            self._close_user(out, stopped=False)
-            self.frame, self.muted_since, self.ended = 0, None, False
-            return out
+        out: list[dict[str, Any]] = []
+        if self.response is not None:
+            self._finish(out, "cancelled")
+        self._close_user(out, stopped=False)
+        self.frame, self.muted_since, self.ended = 0, None, False
+        return out
 
     def runtime_call_id(self, call_id: str) -> str:
         """The runtime's id of a call announced as ``call_id`` (unknown ids pass through)."""
-        with self.lock:
-            return self.calls.get(call_id, call_id)
+        return self.calls.get(call_id, call_id)
 
     def request(self, response: Any) -> list[dict[str, Any]] | None:
         """``response.create``: ``response.created`` now (the model's next utterance fills
@@ -475,31 +465,28 @@ class GAResponses(Translator):
         response opens when the active one is done); ``None`` when a request already
         waits or the stream has ended."""
         metadata = response.get("metadata") if isinstance(response, dict) else None
-        with self.lock:
-            out: list[dict[str, Any]] = []
-            if self.response is None:
-                if self.ended:
-                    return None
-                self._start(None, self.frame + 1)
-            elif self.response.announced:
-                if self.waiting or self.ended:
-                    return None
-                self.waiting.append(metadata)
-                return out
-            self.response.metadata = metadata
-            self._announce(out)
+        out: list[dict[str, Any]] = []
+        if self.response is None:
+            if self.ended:
+                return None
+            self._start(None, self.frame + 1)
+        elif self.response.announced:
+            if self.waiting or self.ended:
+                return None
+            self.waiting.append(metadata)
             return out
+        self.response.metadata = metadata
+        self._announce(out)
+        return out
 
     @property
     def active_response_id(self) -> str | None:
-        with self.lock:
-            return None if self.response is None else self.response.id
+        return None if self.response is None else self.response.id
 
     def item_added(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         """A client-created item (a tool result): ``conversation.item.added`` / ``done``."""
-        with self.lock:
-            out: list[dict[str, Any]] = []
-            self._add_item(item, out, "conversation.item.added")
-            self._add_item(item, out, "conversation.item.done")
-            return out
+        out: list[dict[str, Any]] = []
+        self._add_item(item, out, "conversation.item.added")
+        self._add_item(item, out, "conversation.item.done")
+        return out
 
