@@ -34,6 +34,21 @@ def check_positive_int(value: object, what: str) -> int:
     return value
 
 
+def check_count(value: object, what: str) -> int:
+    """An integer >= 0 (0: off)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {brief(value)}")
+    return value
+
+
+def check_non_negative(value: object, what: str) -> float:
+    """A finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be >= 0, got {brief(value)}")
+    return float(value)
+
+
 @dataclass(kw_only=True)
 class StreamLimits:
     """What the streaming shell (:class:`~.streaming.StreamingShell`) enforces, for

@@ -249,7 +249,6 @@ class StreamingSession(StreamingShell):
         perception = parent.new_perception_stream(options.use_perception_cache)
         conversation = Conversation(parent, options, perception, defer_start)
         super().__init__(conversation, options, parent.config)
-        self.parent = parent
         self.model = parent.model
         self.config = parent.config
 

@@ -33,6 +33,7 @@ from ..models.cache_state import (
 )
 from ..models.duplex import LanguageState
 from ..models.model import Model
+from ..models.rows import take_rows
 from .profile import FrameClock
 from .rng import RandomStream
 
@@ -88,13 +89,6 @@ class WarmStart:
         """One conversation's backbone caches: new objects over new array handles of
         the same values, so conversations never see each other's writes."""
         return caches_from_state(copy_arrays(self.state), self.meta_state)
-
-
-def _rows(array: mx.array, rows: Sequence[int]) -> mx.array:
-    """The given rows of ``array`` in order (all of them: the array itself)."""
-    if list(rows) == list(range(array.shape[0])):
-        return array
-    return mx.concatenate([array[b : b + 1] for b in rows])
 
 
 class Timeline:
@@ -305,7 +299,8 @@ class Timeline:
             tts = self.model.tts_model.tts_model
             is_eos = (tokens.text == self.config.eos_token_id).reshape(-1, 1, 1)
             previous = mx.where(is_eos, self._silence, self.prev_codes)
-            hidden = tts.backbone_step(_rows(previous, talking), _rows(tokens.text[:, None], talking),
+            hidden = tts.backbone_step(take_rows(previous, talking),
+                                       take_rows(tokens.text[:, None], talking),
                                        [self.tts_caches[b] for b in talking],
                                        [ids[b][0] for b in talking])
             mx.async_eval(hidden)  # computes while the depth loop is built

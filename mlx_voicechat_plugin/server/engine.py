@@ -1,34 +1,27 @@
 """The engine thread: the only thread that touches MLX.
 
-Socket tasks queue :mod:`.commands` (open, append, sync, flush, cancel,
-tool result, close, transcribe; :meth:`Engine.submit` queues one at once)
-and await a one-shot reply (an asyncio future the engine resolves via
-``loop.call_soon_threadsafe``). A session's output leaves the engine as
-runtime events: once per cycle, one hand-off per session to its sink (its
-connection) on the event loop, with the frames' events, the marker replies
-in order and the client samples consumed (:mod:`.channel`). The connection
-translates them into its dialect there; the engine speaks no dialect, makes
-no JSON and encodes no audio.
+Socket tasks queue :mod:`.commands` (:meth:`Engine.submit`) and await a
+one-shot reply (an asyncio future resolved via ``loop.call_soon_threadsafe``).
+A session's output leaves the engine as runtime events: once per cycle, one
+hand-off per session to its sink (its connection) on the event loop, with
+the frames' events, the marker replies in order and the client samples
+consumed (:mod:`.channel`). The connection translates them into its dialect
+there; the engine speaks no dialect, makes no JSON and encodes no audio.
 
-The engine holds up to ``max_sessions`` streaming sessions in a
-:class:`~..runtime.pool.SessionPool`; a connection reserves a slot when it
-is accepted, so admission beyond ``max_sessions`` (or beyond
-``max_state_bytes`` of measured session state) is refused at once, and the
-reservation is released on every exit path. Audio does not wait for its
-reply: a connection hands PCM to its session's channel
-(:meth:`Engine.append`, through a bounded :class:`~.feed.InputFeed`), and
-the engine runs one pool step over the sessions with a frame ready
-(:mod:`.stepping`, when :mod:`.scheduler` says so; ``--batch-wait-ms``).
-Commit, cancel and tool results are markers in the same channel, behind the
-audio sent before them. The engine stops a prefill it runs when told
-(:meth:`Engine.abort`). A session is a full conversation or a text-only transcription stream
-(perception + RNNT only); both kinds share the pool and its steps.
+Up to ``max_sessions`` streaming sessions share a
+:class:`~..runtime.pool.SessionPool`; a connection reserves a slot when it is
+accepted (refused at once beyond ``max_sessions`` or ``max_state_bytes``),
+released on every exit path. Audio does not wait for its reply: a connection
+hands PCM to its session's channel (:meth:`Engine.append`, through a bounded
+:class:`~.feed.InputFeed`); commit, cancel and tool results are markers in
+the same channel, behind it; one pool step runs the sessions with a frame
+ready (:mod:`.stepping`, when :mod:`.scheduler` says so). A session is a full
+conversation or a text-only transcription stream; both share the steps.
 
 File transcriptions and session opens are jobs (:mod:`.jobs`), stepped round
-robin after every step and whenever nothing else is due: a file one step at
-a time (its perception, then 25 RNNT frames), a prefill in slices of
-``PREFILL_SLICE_SECONDS``, so neither realtime frames, files nor a new
-session starve; the caller bounds the files in flight.
+robin after every step and whenever nothing else is due (a file's perception,
+then 25 RNNT frames a step; a prefill in slices, which :meth:`Engine.abort`
+stops), so neither realtime frames, files nor a new session starve.
 """
 
 from __future__ import annotations
@@ -42,11 +35,9 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
-from ..runtime.options import TranscriptionOptions
 from ..runtime.pool import SessionPool, admission_error
 from ..runtime.prompt_cache import PromptCache
-from ..runtime.timeline import PrefillCancelled
-from .channel import Chunk, Handoff, SessionChannel, Sink, hand_off
+from .channel import Chunk, Handoff, Sink, hand_off
 from .commands import (
     Append, Cancel, Close, Command, DeltaSink, Flush, Open, OpenOptions, SessionDetails, Sync,
     ToolResult, Transcribe,
@@ -59,9 +50,6 @@ from .stepping import NOT_ACTIVE, Stepper
 from .warm_up import run_warm_up
 
 logger = logging.getLogger(__name__)
-
-# Longest a new session's prefill runs before the other sessions' frames do.
-PREFILL_SLICE_SECONDS = 0.02
 
 Loader = Callable[[str], Any]  # checkpoint path -> VoiceChat
 
@@ -358,45 +346,24 @@ class Engine:
                                self.transcriptions.release))
 
     def _add_open(self, command: Open) -> None:
-        """Open a session as a job: its prompt prefill runs in slices of at most
-        ``PREFILL_SLICE_SECONDS`` between the other sessions' steps, so a new
-        session's prefill holds them up by one slice at a time."""
+        """Open a session as a job (its prefill in slices, :meth:`Stepper.open_steps`);
+        :meth:`abort` stops it between two positions."""
         try:
-            pool = self._loaded()
+            self._loaded()
         except RuntimeError as exc:
             command.reply(error=exc)
             return
-        self._jobs.add(StepJob(self._open_steps(pool, command), command.reply))
+        self._jobs.add(StepJob(self._opening(command), command.reply))
 
-    def _open_steps(self, pool: SessionPool, command: Open
-                    ) -> Generator[list, None, SessionDetails]:
-        session_id, options = command.session_id, command.options
-        abort = self._aborts.get(session_id) or threading.Event()
-        opening = pool.open_steps(session_id, options)
+    def _opening(self, command: Open) -> Generator[list, None, SessionDetails]:
+        abort = self._aborts.get(command.session_id) or threading.Event()
         try:
-            slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
-            while True:
-                if abort.is_set():  # between two positions: the pool frees the slot
-                    raise PrefillCancelled("the session's prefill was stopped")
-                try:
-                    next(opening)
-                except StopIteration as opened:
-                    stream = opened.value
-                    break
-                if time.perf_counter() >= slice_end:
-                    yield []  # the others' frames run now
-                    slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
+            return (yield from self.stepper.open_steps(command, abort))
         except BaseException:
-            opening.close()
             _clear_cache()  # what a stopped or failed prefill allocated
             raise
         finally:
-            self._aborts.pop(session_id, None)
-            self.metrics.sessions(len(pool), pool.state_bytes)
-        self.stepper.channels[session_id] = SessionChannel(stream.frame_samples, command.sink)
-        return SessionDetails(stream.sample_rate, self.config.output_sample_rate,
-                              stream.frame_samples, stream.options.max_streaming_seconds,
-                              isinstance(options, TranscriptionOptions))
+            self._aborts.pop(command.session_id, None)
 
     # --- session commands --------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The open sessions' channels on the engine thread: markers run, batched pool steps, hand-offs.
 
-Each open session has a :class:`~.channel.SessionChannel`. In every engine
+Each open session has a :class:`~.channel.SessionChannel`, made when its
+open (a job: :meth:`Stepper.open_steps`) ends. In every engine
 cycle :meth:`Stepper.run_markers` runs the markers that reached the head of
 their channel (commit, cancel, a tool result, a barrier; the partial frame
 before a marker stays in its channel, a commit takes it along);
@@ -15,19 +16,24 @@ its own event loop.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Any
+from typing import Any, Generator
 
 from ..runtime.events import Cancelled
+from ..runtime.options import TranscriptionOptions
 from ..runtime.pool import SessionPool
+from ..runtime.timeline import PrefillCancelled
 from .channel import Reply, SessionChannel
-from .commands import Cancel, Command, Flush, Sync, ToolResult
+from .commands import Cancel, Command, Flush, Open, SessionDetails, Sync, ToolResult
 from .metrics import EngineMetrics
 from .scheduler import BatchScheduler
 
 logger = logging.getLogger(__name__)
 
 NOT_ACTIVE = "realtime session is not active"
+# Longest a new session's prefill runs before the other sessions' frames do.
+PREFILL_SLICE_SECONDS = 0.02
 
 
 class Stepper:
@@ -55,6 +61,39 @@ class Stepper:
             return False
         channel.add_marker(command)
         return True
+
+    # --- opening ----------------------------------------------------------------------
+
+    def open_steps(self, command: Open, abort: threading.Event
+                   ) -> Generator[list, None, SessionDetails]:
+        """Open a session, its prompt prefill in slices of at most
+        ``PREFILL_SLICE_SECONDS`` (yielding between them, so a new session's prefill
+        holds the others up by one slice at a time) until ``abort`` is set; then
+        its channel."""
+        pool, session_id, options = self.pool, command.session_id, command.options
+        opening = pool.open_steps(session_id, options)
+        try:
+            slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
+            while True:
+                if abort.is_set():  # between two positions: the pool frees the slot
+                    raise PrefillCancelled("the session's prefill was stopped")
+                try:
+                    next(opening)
+                except StopIteration as opened:
+                    stream = opened.value
+                    break
+                if time.perf_counter() >= slice_end:
+                    yield []  # the others' frames run now
+                    slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
+        except BaseException:
+            opening.close()
+            raise
+        finally:
+            self.metrics.sessions(len(pool), pool.state_bytes)
+        self.channels[session_id] = SessionChannel(stream.frame_samples, command.sink)
+        return SessionDetails(stream.sample_rate, pool.voicechat.config.output_sample_rate,
+                              stream.frame_samples, stream.options.max_streaming_seconds,
+                              isinstance(options, TranscriptionOptions))
 
     # --- markers --------------------------------------------------------------------
 

@@ -45,7 +45,8 @@ from fastapi import WebSocket
 
 from ...runtime.options import SessionOptions
 from ...runtime.quoting import brief
-from ..connection import Connection, Dialect, Finished, stream_full
+from ..connection import Connection, Dialect, Finished
+from ..engine_session import stream_full
 from ..engine import Engine
 from ..limits import ServerLimits
 from ..options import session_options, transcription_options

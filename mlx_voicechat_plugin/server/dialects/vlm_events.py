@@ -22,9 +22,9 @@ from ...runtime.events import (
     ToolCallInvalid,
     ToolResultInjected,
     ToolsWarning,
+    TranscriptDone,
     UserTranscriptDelta,
 )
-from ...runtime.transcribe import TranscriptDone
 from ..commands import SessionDetails
 from ..wire import ErrorCode, bounded, dumps, encode_pcm16
 
