@@ -11,7 +11,7 @@
 # What it is expected to print: per N, "together f/s" and "serial f/s" and
 # "x one" (together over one session), "exact True" at every N. On this
 # repository's 2-core CPU "x one" measured 1.35 / 1.96 / 2.32 at N = 2 / 4 / 8
-# on the small fixture (tiny: 1.61 / 1.93 / 2.05; README, "Serving many
+# on the small fixture (tiny: 1.61 / 1.93 / 2.05; docs/serving.md, "Serving many
 # sessions", whose table is the source of these figures); on a GPU, where a batched
 # step reads the weights once for all sessions, it should grow with N until
 # compute dominates. "exact False" would mean a CUDA kernel rounds a row

@@ -53,9 +53,12 @@ def _child(size: str, sessions: int, checkpoint: str) -> None:
 
                 pool.open(str(i), SessionOptions(seed=i))
 
+        # A frame of PCM a session (this revision), or (PCM, rate) (older ones).
+        paired = "tuple" in str(inspect.signature(pool.step).parameters["frames"].annotation)
+
         def run(k: int) -> None:
-            pool.step({str(i): (a[k * frame : (k + 1) * frame], None)
-                       for i, a in enumerate(audios)})
+            pool.step({str(i): (a[k * frame : (k + 1) * frame], None) if paired
+                       else a[k * frame : (k + 1) * frame] for i, a in enumerate(audios)})
     for k in range(WARM_FRAMES):
         run(k)
     print("ready", flush=True)

@@ -39,9 +39,9 @@ def _together(voicechat, audios: list[np.ndarray], frame: int, skip: int = 0
     for i in range(len(audios)):
         pool.open(str(i), SessionOptions(seed=i))
     seconds, timed = 0.0, 0
-    for index, start in enumerate(range(0, len(audios[0]), frame)):
+    for index, start in enumerate(range(0, len(audios[0]) - frame + 1, frame)):
         started = time.perf_counter()
-        result = pool.step({str(i): (a[start : start + frame], None) for i, a in enumerate(audios)})
+        result = pool.step({str(i): a[start : start + frame] for i, a in enumerate(audios)})
         if index >= skip:
             seconds += time.perf_counter() - started
             timed += result.frames

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_voicechat_plugin.server.commands import Translator
 from mlx_voicechat_plugin.server.connection import Connection, Dialect, Finished
 from mlx_voicechat_plugin.server.options import session_options
 from mlx_voicechat_plugin.server.wire import (
@@ -21,13 +20,11 @@ from mlx_voicechat_plugin.server.wire import (
 OPS = ("start", "audio", "stop")
 
 
-class EchoTranslator(Translator):
+class EchoConnection(Connection):
     def translate(self, events: list) -> list[str]:
         return [dumps({"type": "event", "kind": type(e).__name__, "frame": int(e.frame_index)})
                 for e in events]
 
-
-class EchoConnection(Connection):
     def greeting(self) -> dict[str, Any]:
         return {"type": "hello", "session": self.session_id}
 
@@ -46,7 +43,7 @@ class EchoConnection(Connection):
     async def dispatch(self, message: dict[str, Any]) -> None:
         if message["op"] == "start":
             options = session_options(self.limits, {"seed": "seed"}, seed=message.get("seed", 0))
-            details = await self.open_session(options, EchoTranslator())
+            details = await self.open_session(options)
             await self.send({"type": "ready", "frame_samples": details.frame_samples})
         elif not self.configured:
             raise invalid("send start first")

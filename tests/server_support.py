@@ -151,14 +151,14 @@ class FailingVoiceChat:
 
     def create_streaming_session(self, **options: Any) -> Any:
         stream = self.inner.create_streaming_session(**options)
-        take = stream.take_frames
+        check = stream.check_frame  # asked before each frame the pool runs
 
-        def failing_take(samples: Any, sample_rate: Any = None) -> Any:
+        def failing_check() -> None:
             if self.fails(stream):
                 raise RuntimeError("model exploded")
-            return take(samples, sample_rate)
+            check()
 
-        stream.take_frames = failing_take
+        stream.check_frame = failing_check
         return stream
 
 

@@ -263,14 +263,11 @@ def test_runtime_imports_have_no_cycle():
             visit(node, [node])
 
 
-def test_models_import_runtime_only_through_create_session():
+def test_models_import_no_runtime_and_the_runtime_binds_create_session():
     uses = {name: sorted(t for t in targets if ".runtime" in t)
             for name, targets in _graph("models").items()}
-    assert {k: v for k, v in uses.items() if v} == {
-        "mlx_voicechat_plugin.models.model": ["mlx_voicechat_plugin.runtime.session"]
-    }
-    tree = ast.parse((PACKAGE / "models" / "model.py").read_text())
-    (hook,) = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
-               and any(isinstance(n, ast.ImportFrom) and n.module and "runtime" in n.module
-                       for n in ast.walk(f))]
-    assert hook.name == "create_session"
+    assert {k: v for k, v in uses.items() if v} == {}
+    from mlx_voicechat_plugin.models.model import Model
+    from mlx_voicechat_plugin.runtime.session import VoiceChat
+
+    assert Model.runtime is VoiceChat  # model.create_session(processor) makes one

@@ -1,5 +1,8 @@
 """The docs match the code: flags the docs name for ``serve`` exist, defaults are shown,
-the deployment files parse as ``serve`` command lines, the conversion recipe works."""
+the deployment files parse as ``serve`` command lines, the conversion recipe works.
+
+The docs are the README (the front door) and the pages under ``docs/`` it
+links to; every check below reads all of them."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from mlx_voicechat_plugin.server.limits import MIB
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+PAGES = sorted((ROOT / "docs").glob("*.md"))
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 SERVE = re.compile(r"\bmlx-voicechat\s+serve\b")
@@ -27,7 +31,7 @@ SERVE = re.compile(r"\bmlx-voicechat\s+serve\b")
 OTHER = re.compile(r"\bmlx-voicechat\s+(?!serve\b)[a-z]+|\bpython3?\s+-m\s|\.py\b"
                    r"|^\s*(?:make|docker|curl|hf|huggingface-cli|pip|bash)\b"
                    r"|mlx_vlm\.server|mlx_audio\.server", re.M)
-# README sections about the server, where a bare `--flag` names a serve flag.
+# Sections about the server (README or docs/), where a bare `--flag` names a serve flag.
 SERVE_SECTIONS = frozenset({"Realtime server", "Transcription only",
                             "From the OpenAI SDK, Pipecat or LiveKit", "Server limits",
                             "Serving many sessions", "Deployment"})
@@ -136,13 +140,32 @@ def test_the_scanner_leaves_other_commands_and_other_sections_alone():
     assert set(_unknown(flags)) == {"--max-sesions", "--no-such-limit"}
 
 
-# --- README, SECURITY.md ----------------------------------------------------
+# --- README, docs/, SECURITY.md ----------------------------------------------
 
 
-def test_every_flag_the_readme_names_for_serve_is_in_serve_help():
-    flags = serve_flags(README.read_text(encoding="utf-8"))
+def docs_text() -> str:
+    """The README and every page of docs/, one after another."""
+    return "\n".join(p.read_text(encoding="utf-8") for p in [README, *PAGES])
+
+
+def test_the_readme_links_every_docs_page_and_every_link_resolves():
+    readme = README.read_text(encoding="utf-8")
+    assert PAGES and all(f"](docs/{p.name})" in readme for p in PAGES)
+    for page in [README, *PAGES]:
+        for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", page.read_text(encoding="utf-8")):
+            if not target.startswith(("http://", "https://")):
+                assert (page.parent / target).exists(), f"{page.name} links {target}"
+
+
+def test_every_flag_the_docs_name_for_serve_is_in_serve_help():
+    flags = serve_flags(docs_text())
     assert len(flags) >= 20  # the scan reaches the server sections
     assert _unknown(flags) == {}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_each_docs_page_names_only_serve_flags_serve_has(page):
+    assert _unknown(serve_flags(page.read_text(encoding="utf-8"))) == {}
 
 
 def test_every_flag_security_md_names_is_in_serve_help():
@@ -151,8 +174,8 @@ def test_every_flag_security_md_names_is_in_serve_help():
     assert _unknown(flags) == {}
 
 
-def test_the_readme_documents_the_bind_prefix_and_log_flags():
-    flags = serve_flags(README.read_text(encoding="utf-8"))
+def test_the_docs_document_the_bind_prefix_and_log_flags():
+    flags = serve_flags(docs_text())
     assert {"--host", "--port", "--api-prefix", "--log-level"} <= set(flags)
 
 
@@ -243,8 +266,8 @@ def test_the_launchd_agent_runs_serve_with_known_flags():
     assert args.host == "127.0.0.1" and args.api_key
 
 
-def test_the_readme_points_at_the_deployment_files():
-    text = README.read_text(encoding="utf-8")
+def test_the_docs_point_at_the_deployment_files():
+    text = docs_text()
     for path in ("Dockerfile", "deploy/mlx-voicechat.service",
                  "deploy/com.example.mlx-voicechat.plist"):
         assert f"`{path}`" in text and (ROOT / path).is_file()
@@ -262,20 +285,20 @@ def test_the_license_is_the_apache_2_text_pyproject_declares():
 
 def test_the_readme_quantization_recipe_gives_the_4bit_layout(tiny_ckpt, tiny_q4_ckpt,
                                                               tmp_path):
-    """The README's snippet, run on the bf16 fixture, equals the factory's 4-bit fixture."""
+    """The docs' snippet, run on the bf16 fixture, equals the factory's 4-bit fixture."""
     import mlx.nn as nn
     import numpy as np
 
     from mlx_voicechat_plugin import load
     from mlx_voicechat_plugin.testing.fixtures import question_signal
 
-    (snippet,) = [b for b in FENCE.findall(README.read_text(encoding="utf-8"))
+    (snippet,) = [b for b in FENCE.findall(docs_text())
                   if "from mlx_vlm.convert import convert" in b]
     out = tmp_path / "converted-q4"
     code = (snippet.replace('"path/to/bf16-checkpoint"', repr(str(tiny_ckpt)))
                    .replace('"path/to/4bit-checkpoint"', repr(str(out))))
     assert code != snippet
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/checkpoints.md", "exec"), {})
 
     def run(path):
         model, processor = load(path)

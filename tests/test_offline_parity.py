@@ -142,9 +142,9 @@ def test_any_rate_and_channel_count_is_resampled_to_16k_mono(tiny_ckpt, tmp_path
     assert len(result.text_tokens) == len(native.text_tokens)  # 1 s of 16 kHz mono
 
 
-def test_model_level_streaming_entry_point(tiny_ckpt):
+def test_streaming_entry_point_of_the_model_s_runtime(tiny_ckpt):
     from mlx_voicechat_plugin.runtime.options import SessionOptions
 
     (model, processor), _ = loaded(tiny_ckpt)
-    stream = model.create_streaming_session(processor, SessionOptions(seed=2))
+    stream = model.create_session(processor).create_streaming_session(SessionOptions(seed=2))
     assert stream.options.seed == 2 and not stream.closed

@@ -1,17 +1,16 @@
-"""The engine's per-session input queues and the rule that forms batched steps (no model)."""
+"""The engine's per-session channels and the rule that forms batched steps (no model)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from mlx_voicechat_plugin.server.channel import Chunk, SessionChannel
 from mlx_voicechat_plugin.server.scheduler import (
     EXPECT_FRAMES,
     FILL_LOAD,
     FILL_MARGIN,
     BatchScheduler,
-    Chunk,
-    SessionInput,
     StepCosts,
 )
 
@@ -19,8 +18,8 @@ FRAME = 4
 FRAME_SECONDS = 0.08
 
 
-def _queue(*chunks: np.ndarray, now: float = 0.0, tag: object = "a") -> SessionInput:
-    queue = SessionInput(FRAME, 16_000)
+def _queue(*chunks: np.ndarray, now: float = 0.0, tag: object = "a") -> SessionChannel:
+    queue = SessionChannel(FRAME)
     for samples in chunks:
         queue.add_chunk(Chunk(np.asarray(samples, np.float32), tag), now)
     return queue
@@ -33,7 +32,7 @@ def test_frames_are_cut_from_any_chunk_sizes_in_order():
     queue = _queue(*np.split(signal, cuts))
     frames = []
     while queue.frame_ready():
-        frames.append(queue.take_frame(0.0).samples)
+        frames.append(queue.take_frame(0.0)[0])
     assert len(frames) == 10
     np.testing.assert_array_equal(np.concatenate(frames), signal[: 10 * FRAME])
     assert queue.buffered == 3 and not queue.frame_ready()
@@ -41,37 +40,37 @@ def test_frames_are_cut_from_any_chunk_sizes_in_order():
 
 def test_a_frame_belongs_to_the_chunk_that_completes_it():
     first, second = Chunk(np.zeros(3, np.float32), "x"), Chunk(np.ones(3, np.float32), "y")
-    queue = SessionInput(FRAME, 16_000)
+    queue = SessionChannel(FRAME)
     queue.add_chunk(first, 0.0)
     assert not queue.frame_ready()
     queue.add_chunk(second, 0.0)
-    frame = queue.take_frame(0.0)
-    assert frame.owner is second and frame.finished == [first]
-    assert [n for _, n in frame.consumed] == [3, 1]
+    _, tag = queue.take_frame(0.0)
+    assert tag == second.tag and list(queue.items) == [second]
+    assert queue.out.consumed == 3 + 1
 
 
 def test_a_command_waits_for_the_frames_before_it_and_takes_the_partial_frame_along():
     queue = _queue(np.zeros(FRAME + 2))
-    queue.add_command("commit")
+    queue.add_marker("commit")
     queue.add_chunk(Chunk(np.zeros(FRAME, np.float32), "later"), 0.0)
-    assert queue.head_command() is None  # a whole frame comes first
+    assert queue.head_marker() is None  # a whole frame comes first
     queue.take_frame(0.0)
-    assert queue.head_command() == "commit"
-    residual, consumed, _ = queue.take_residual()
-    assert residual.shape[0] == 2 and queue.staged == 2
-    assert queue.pop_command(0.0) == "commit"
-    # The stream holds 2 samples: the next frame takes only 2 more.
+    assert queue.head_marker() == "commit"
+    assert queue.pop_marker(0.0) == "commit"
+    # The channel keeps the 2 samples: the next frame takes only 2 more.
     assert queue.frame_ready()
-    assert queue.take_frame(0.0).samples.shape[0] == FRAME - 2
+    samples, tag = queue.take_frame(0.0)
+    assert samples.shape[0] == FRAME and tag == "later"
 
 
 def test_a_failed_frame_drops_the_rest_of_its_append_only():
     queue = _queue(np.zeros(3 * FRAME), tag="bad")
     queue.add_chunk(Chunk(np.zeros(FRAME, np.float32), "good"), 0.0)
-    frame = queue.take_frame(0.0)
-    consumed, dropped = queue.drop_tag(frame.owner.tag, 0.0)
-    assert sum(n for _, n in consumed) == 2 * FRAME and len(dropped) == 1
-    assert queue.buffered == FRAME and queue.take_frame(0.0).owner.tag == "good"
+    _, tag = queue.take_frame(0.0)
+    consumed = queue.out.consumed
+    queue.drop_tag(tag, 0.0)
+    assert queue.out.consumed - consumed == 2 * FRAME
+    assert queue.buffered == FRAME and queue.take_frame(0.0)[1] == "good"
 
 
 def test_the_step_runs_at_once_when_every_streaming_session_has_a_frame():
@@ -123,7 +122,7 @@ def test_a_partial_frame_left_behind_does_not_hold_the_others():
     assert scheduler.wait(inputs, 2.0) == 0.0
 
 
-def _staggered(sessions: int, ready: int, now: float) -> dict[str, SessionInput]:
+def _staggered(sessions: int, ready: int, now: float) -> dict[str, SessionChannel]:
     """``sessions`` streaming clients, the first ``ready`` of them with a frame queued."""
     return {str(i): _queue(np.zeros(FRAME if i < ready else 1), now=now)
             for i in range(sessions)}

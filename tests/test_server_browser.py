@@ -20,7 +20,9 @@ import pytest
 from server_support import LiveServer
 from websockets.sync.client import connect
 
+from mlx_voicechat_plugin.runtime.events import AssistantTextDelta, UserTranscriptDelta
 from mlx_voicechat_plugin.server.app import create_app
+from mlx_voicechat_plugin.server.dialects.vlm_events import model_event
 from mlx_voicechat_plugin.server.engine import Engine
 
 PREFIX = "/api"
@@ -52,12 +54,12 @@ class CountingEngine(Engine):
         self.peak = 0.0
         self.texts: dict[str, str] = {}  # event type -> the latest full ``text``
 
-    def record(self, events: list[str]) -> list[str]:
-        for raw in events:
-            event = json.loads(raw)
-            full = event.get("transcript", event.get("text"))
-            if full is not None:
-                self.texts[event["type"]] = full
+    def record(self, events: list) -> list:
+        """Runtime events, as the mlx-vlm dialect names them."""
+        for event in events:
+            if isinstance(event, (AssistantTextDelta, UserTranscriptDelta)):
+                payload = model_event(event)
+                self.texts[payload["type"]] = payload.get("transcript", payload.get("text"))
         return events
 
     def append(self, session_id, samples, feed, tag):
@@ -66,8 +68,19 @@ class CountingEngine(Engine):
         self.peak = max(self.peak, float(np.max(np.abs(samples), initial=0.0)))
         super().append(session_id, samples, feed, tag)
 
-    def _deliver(self, feed, texts):
-        super()._deliver(feed, self.record(texts))
+    def open(self, session_id, options, sink):
+        engine = self
+
+        class Recording:  # the session's hand-offs, recorded on their way to the connection
+            event_loop = sink.event_loop
+
+            def on_handoff(self, handoff):
+                for entry in handoff.entries:
+                    if isinstance(entry, list):
+                        engine.record(entry)
+                sink.on_handoff(handoff)
+
+        return super().open(session_id, options, Recording())
 
     async def flush(self, session_id, pad_partial=True):
         return self.record(await super().flush(session_id, pad_partial))

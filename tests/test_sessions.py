@@ -86,11 +86,12 @@ def test_each_session_of_a_shared_run_equals_that_session_alone(voicechat, scena
                 pool.open(k, SessionOptions(**options))
         frames = {}
         for k in SESSIONS:
-            if k in pool and cursor[k] < len(audio[k]):
-                frames[k] = (audio[k][cursor[k] : cursor[k] + FRAME], None)
+            if k in pool and cursor[k] + FRAME <= len(audio[k]):
+                frames[k] = audio[k][cursor[k] : cursor[k] + FRAME]
                 cursor[k] += FRAME
-            elif k in pool:  # its input ended: it leaves at this step
-                events[k] += pool.flush(k)
+            elif k in pool:  # its input ended: it leaves at this step (its partial frame)
+                events[k] += pool.flush(k, partial=audio[k][cursor[k]:])
+                cursor[k] = len(audio[k])
                 pool.close(k)
         result = pool.step(frames)
         assert not result.errors and result.size == len(frames)
@@ -105,7 +106,7 @@ def test_a_step_runs_at_most_the_one_frame_each_session_was_given(voicechat):
     pool = SessionPool(voicechat, max_sessions=2)
     pool.open("fast")
     pool.open("idle")
-    result = pool.step({"fast": (np.zeros(FRAME, np.float32), None)})
+    result = pool.step({"fast": np.zeros(FRAME, np.float32)})
     assert result.frames == 1 and set(result.events) == {"fast"}
     assert pool.get("idle").frame_index == 0  # a session that sends nothing costs nothing
     pool.close_all()
@@ -115,11 +116,11 @@ def test_one_sessions_bad_input_fails_only_that_session(voicechat):
     pool = SessionPool(voicechat, max_sessions=2)
     pool.open("good")
     pool.open("bad")
-    result = pool.step({"good": (question_signal(0.08), None),
-                        "bad": (np.zeros(FRAME, np.float32), 8000)})
-    assert set(result.errors) == {"bad"} and "sample_rate" in str(result.errors["bad"])
+    result = pool.step({"good": question_signal(0.08),
+                        "bad": np.zeros(FRAME // 2, np.float32)})  # not one frame
+    assert set(result.errors) == {"bad"} and f"{FRAME} samples" in str(result.errors["bad"])
     assert result.events["good"] and pool.get("good").frame_index == 1
-    again = pool.step({"bad": (np.zeros(FRAME, np.float32), None)})  # still usable
+    again = pool.step({"bad": np.zeros(FRAME, np.float32)})  # still usable
     assert not again.errors and pool.get("bad").frame_index == 1
     pool.close_all()
 

@@ -302,7 +302,7 @@ def test_text_only_streams_share_a_pool_step_with_full_sessions(session, transcr
     pool.open("full", SessionOptions(seed=1))
     stream = pool.open("text", TranscriptionOptions())
     for start in range(0, 1280 * 20, 1280):
-        frames = {k: (a[start : start + 1280], None) for k, a in audio.items() if start < len(a)}
+        frames = {k: a[start : start + 1280] for k, a in audio.items() if start < len(a)}
         result = pool.step(frames)
         assert not result.errors
     assert stream.nbytes > 0 and pool.state_bytes > stream.nbytes  # measured, as full sessions
@@ -355,7 +355,7 @@ def test_a_text_only_stream_joins_the_full_sessions_listening_batch(session, tra
     events = {k: [] for k in audio}
     sizes = []
     for start in range(0, max(len(a) for a in audio.values()), 1280):
-        frames = {k: (a[start : start + 1280], None) for k, a in audio.items()
+        frames = {k: a[start : start + 1280] for k, a in audio.items()
                   if start + 1280 <= len(a)}
         if not frames:
             break

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,6 +39,9 @@ def _to_channels_last(value: mx.array, expected: tuple[int, ...]) -> mx.array:
 
 
 class Model(nn.Module):
+    # What create_session makes: runtime.session.VoiceChat, set when it is imported.
+    runtime: ClassVar[Callable[[Any, Any], Any] | None] = None
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -69,19 +72,19 @@ class Model(nn.Module):
         self.prepared_for = tokenizer
 
     def create_session(self, processor: Any):
-        """The offline / streaming runtime for this model and its tokenizer.
+        """The offline / streaming runtime for this model and its tokenizer (mlx-vlm's
+        ``model.create_session(processor)``): ``runtime.session.VoiceChat(model, processor)``.
 
         The runtime's own state lives there, not on the model: the EAR-TTS warm
         start (computed when it is made) and the prompt cache. Make one and
-        keep it; every session it makes shares them.
+        keep it; every session it makes shares them. Model code does not import
+        the runtime: the runtime builds its sessions from a model and registers
+        itself here (:attr:`runtime`) when it is imported (``load`` imports it).
         """
-        from ..runtime.session import VoiceChat
-
-        return VoiceChat(self, processor)
-
-    def create_streaming_session(self, processor: Any, options: Any = None):
-        """One streaming session from a new runtime (:meth:`create_session` makes many)."""
-        return self.create_session(processor).create_streaming_session(options)
+        if Model.runtime is None:
+            raise RuntimeError("no runtime: import mlx_voicechat_plugin.runtime.session "
+                               "(mlx_voicechat_plugin.load does)")
+        return Model.runtime(self, processor)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Map checkpoint tensors onto this module tree. Idempotent.

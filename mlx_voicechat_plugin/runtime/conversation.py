@@ -87,7 +87,7 @@ class Conversation:
         runtime's cached state for it (a ``state`` / ``meta_state`` round trip)."""
         compute, options, cache = self.compute, self.options, self._prompt_cache
         if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
-            yield from compute.timeline.prefill_steps(prompt, options.stop_prefill)
+            yield from compute.timeline.prefill_steps(prompt)
             return
         key = (tuple(prompt), options.seed)
         snapshot = cache.get(key)
@@ -95,7 +95,7 @@ class Conversation:
             compute.restore(*snapshot)
             self.prompt_cache_hit = True
             return
-        yield from compute.timeline.prefill_steps(prompt, options.stop_prefill)
+        yield from compute.timeline.prefill_steps(prompt)
         cache.put(key, (compute.state, compute.meta_state))
 
     def start_steps(self) -> Iterator[int]:

@@ -111,6 +111,14 @@ class Cancelled:
 
 
 @dataclass(frozen=True)
+class TranscriptDone:
+    """The final user transcript of a text-only stream (exactly one, at ``flush``)."""
+
+    frame_index: int
+    text: str
+
+
+@dataclass(frozen=True)
 class TurnEnded:
     """The text channel's end-of-turn token (EOS): the model ended its utterance.
 
@@ -173,6 +181,7 @@ Event = Union[
     ToolCallInvalid,
     ToolResultInjected,
     ToolsWarning,
+    TranscriptDone,
     TurnEnded,
 ]
 

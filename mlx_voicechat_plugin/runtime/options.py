@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 from .quoting import brief
 from .rng import check_seed
@@ -33,6 +32,21 @@ def check_positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{what} must be a positive integer, got {brief(value)}")
     return value
+
+
+def check_count(value: object, what: str) -> int:
+    """An integer >= 0 (0: off)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {brief(value)}")
+    return value
+
+
+def check_non_negative(value: object, what: str) -> float:
+    """A finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be >= 0, got {brief(value)}")
+    return float(value)
 
 
 @dataclass(kw_only=True)
@@ -76,8 +90,6 @@ class SessionOptions(StreamLimits):
     profile: bool = False
     # Emit ``TurnEnded`` at the text channel's EOS (the GA dialect's responses).
     turn_events: bool = False
-    # Asked before each prefill position; True stops it (PrefillCancelled).
-    stop_prefill: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -36,7 +36,7 @@ import numpy as np
 
 from .events import Event
 from .options import SessionOptions, TranscriptionOptions, check_positive_int
-from .streaming import ContextLimit, StreamingShell, step_cores
+from .streaming import StreamingShell, step_cores
 from .timeline import PrefillCancelled
 
 logger = logging.getLogger(__name__)
@@ -179,46 +179,38 @@ class SessionPool:
 
     # --- frames ---------------------------------------------------------------
 
-    def step(self, frames: dict[str, tuple[np.ndarray, int | None]]) -> StepResult:
-        """Advance each session in ``frames`` (id -> ``(pcm, sample_rate)``) by its chunk.
+    def step(self, frames: dict[str, np.ndarray]) -> StepResult:
+        """Advance each session in ``frames`` (id -> one native frame of PCM) by that frame.
 
-        The sessions' frames run as batched frames of all of them
-        (:func:`~.streaming.step_cores`); callers give each session at
-        most one frame of PCM per step (the server does). A session whose
-        input is refused, that reached its length limit or whose books
-        failed has its exception in ``errors``; the others go on.
+        The sessions' frames run as one batched frame of all of them
+        (:func:`~.streaming.step_cores`); the caller cuts the frames (the
+        server's session channels do). A session that has ended, reached its
+        length limit or whose books failed has its exception in ``errors``;
+        the others go on.
         """
         result = StepResult()
         started = time.perf_counter()
-        queued: dict[str, list[np.ndarray]] = {}
-        for session_id, (samples, rate) in frames.items():
+        ready = []
+        for session_id, frame in frames.items():
             try:
-                queued[session_id] = self.get(session_id).take_frames(samples, rate)
-                result.events[session_id] = []
-            except Exception as exc:  # bad input: this session only
+                stream = self.get(session_id)
+                if getattr(frame, "shape", None) != (stream.frame_samples,):
+                    raise ValueError(f"a step takes one frame of {stream.frame_samples} "
+                                     f"samples a session, got {getattr(frame, 'shape', frame)!r}")
+                stream.check_frame()
+            except Exception as exc:  # this session only
                 self._fail(result, session_id, exc)
-        while True:
-            ready = [k for k, q in queued.items() if q and k not in result.errors]
-            for session_id in list(ready):
-                stream = self.sessions[session_id]
-                try:
-                    stream.check_limit()
-                except ContextLimit as exc:
-                    stream.drop_pending()
-                    exc.events = result.events.pop(session_id)
-                    self._fail(result, session_id, exc)
-                    ready.remove(session_id)
-            if not ready:
-                break
-            streams = [self.sessions[k] for k in ready]
-            outcomes = step_cores([s.core for s in streams], [queued[k].pop(0) for k in ready])
-            result.frames += len(ready)
+            else:
+                ready.append(session_id)
+        if ready:
+            outcomes = step_cores([self.sessions[k].core for k in ready],
+                                  [frames[k] for k in ready])
+            result.frames = len(ready)
             for session_id, outcome in zip(ready, outcomes):
                 if isinstance(outcome, Exception):
-                    result.events.pop(session_id, None)
                     self._fail(result, session_id, outcome)
                 else:
-                    result.events[session_id] += outcome
+                    result.events[session_id] = outcome
         result.seconds = time.perf_counter() - started
         self._measure()
         return result
@@ -228,9 +220,11 @@ class SessionPool:
         result.events.pop(session_id, None)
         result.errors[session_id] = exc
 
-    def flush(self, session_id: str, pad_partial: bool = True) -> list[Event]:
+    def flush(self, session_id: str, pad_partial: bool = True,
+              partial: np.ndarray | None = None) -> list[Event]:
+        """End the session's input; ``partial``: the PCM short of a frame its caller held."""
         try:
-            return self.get(session_id).flush(pad_partial)
+            return self.get(session_id).flush(pad_partial, partial)
         finally:
             self._measure()
 

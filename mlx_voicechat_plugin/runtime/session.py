@@ -1,7 +1,7 @@
 """A loaded model bound to its tokenizer: offline turns, and the streams it makes.
 
-:class:`VoiceChat` (``model.create_session(processor)``; ``VoiceChatSession`` is
-its earlier name) holds what the model's sessions share (the tokenizer, the
+:class:`VoiceChat` (``VoiceChat(model, processor)``, or
+``model.create_session(processor)``) holds what the model's sessions share (the tokenizer, the
 greedy RNNT and the streaming encoder, whose graphs compile once) and makes
 streaming sessions and transcript-only streams.
 
@@ -244,5 +244,4 @@ class VoiceChat:
         )
 
 
-# The class's earlier name (it makes sessions; it is not one), kept for callers.
-VoiceChatSession = VoiceChat
+Model.runtime = VoiceChat  # model.create_session(processor) makes one

@@ -135,8 +135,10 @@ class StreamingShell:
             return TranscriptLimit(f"transcript reached max_transcript_bytes={limit}")
         return None
 
-    def check_limit(self) -> None:
-        """:class:`ContextLimit` once the next frame would pass a limit."""
+    def check_frame(self) -> None:
+        """Whether a frame may run now: :class:`SessionClosed` once the stream has ended,
+        :class:`ContextLimit` once the frame would pass a limit."""
+        self._check_open()
         reached = self.limit_reached()
         if reached is not None:
             raise reached
@@ -177,7 +179,7 @@ class StreamingShell:
         self._pending = np.zeros((0,), dtype=np.float32)
 
     def _frame(self, frame: np.ndarray) -> list[Event]:
-        self.check_limit()
+        self.check_frame()
         return self.core.frame(frame)
 
     # --- the API ---------------------------------------------------------
@@ -199,10 +201,13 @@ class StreamingShell:
                 raise
         return events
 
-    def flush(self, pad_partial: bool = True) -> list[Event]:
-        """End the input: optionally zero-pad and run the partial frame, then the core's
-        closing events and ``Done``; the stream is closed afterwards."""
+    def flush(self, pad_partial: bool = True, partial: np.ndarray | None = None) -> list[Event]:
+        """End the input: optionally zero-pad and run the partial frame (the one buffered
+        here, joined by ``partial``: what a caller that cut the frames itself held),
+        then the core's closing events and ``Done``; the stream is closed afterwards."""
         self._check_open()
+        if partial is not None and partial.shape[0]:
+            self._pending = np.concatenate([self._pending, partial])
         events: list[Event] = []
         try:
             # At a limit the partial frame is dropped: the stream still ends
@@ -244,7 +249,6 @@ class StreamingSession(StreamingShell):
         perception = parent.new_perception_stream(options.use_perception_cache)
         conversation = Conversation(parent, options, perception, defer_start)
         super().__init__(conversation, options, parent.config)
-        self.parent = parent
         self.model = parent.model
         self.config = parent.config
 

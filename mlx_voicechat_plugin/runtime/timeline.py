@@ -19,7 +19,7 @@ back, for offline and streaming conversations alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
 
@@ -33,6 +33,7 @@ from ..models.cache_state import (
 )
 from ..models.duplex import LanguageState
 from ..models.model import Model
+from ..models.rows import take_rows
 from .profile import FrameClock
 from .rng import RandomStream
 
@@ -88,13 +89,6 @@ class WarmStart:
         """One conversation's backbone caches: new objects over new array handles of
         the same values, so conversations never see each other's writes."""
         return caches_from_state(copy_arrays(self.state), self.meta_state)
-
-
-def _rows(array: mx.array, rows: Sequence[int]) -> mx.array:
-    """The given rows of ``array`` in order (all of them: the array itself)."""
-    if list(rows) == list(range(array.shape[0])):
-        return array
-    return mx.concatenate([array[b : b + 1] for b in rows])
 
 
 class Timeline:
@@ -221,9 +215,7 @@ class Timeline:
 
     # --- one position -------------------------------------------------------------
 
-    def prefill_steps(
-        self, prompt_ids: list[int], should_stop: Callable[[], bool] | None = None
-    ) -> Iterator[int]:
+    def prefill_steps(self, prompt_ids: list[int]) -> Iterator[int]:
         """Read system-prompt tokens on the audio channel, one position each (one row).
 
         Yields the positions still to read after each one, so a caller that
@@ -232,9 +224,8 @@ class Timeline:
         on its own either way, so the state is the same. The embeddings enter
         in float32, the dtype of the audio embeddings they stand in for (the
         reference's offline path does the same; its streaming path feeds them
-        in bf16, see conformance/README.md). ``should_stop`` is asked before
-        every position; when it says so, :class:`PrefillCancelled` is raised
-        (the timeline is then unusable).
+        in bf16, see conformance/README.md). A caller that stops between two
+        positions (closes the generator) leaves the timeline unusable.
         """
         if not prompt_ids:
             return
@@ -243,8 +234,6 @@ class Timeline:
         ids = mx.array([prompt_ids], dtype=mx.int32)
         prompt = self.model.stt_model.embed_tokens(ids).astype(mx.float32)
         for p in range(len(prompt_ids)):
-            if should_stop is not None and should_stop():
-                raise PrefillCancelled(f"prefill stopped at position {p} of {len(prompt_ids)}")
             self.step(prompt[:, p : p + 1], generate=False)
             yield len(prompt_ids) - p - 1
 
@@ -310,7 +299,8 @@ class Timeline:
             tts = self.model.tts_model.tts_model
             is_eos = (tokens.text == self.config.eos_token_id).reshape(-1, 1, 1)
             previous = mx.where(is_eos, self._silence, self.prev_codes)
-            hidden = tts.backbone_step(_rows(previous, talking), _rows(tokens.text[:, None], talking),
+            hidden = tts.backbone_step(take_rows(previous, talking),
+                                       take_rows(tokens.text[:, None], talking),
                                        [self.tts_caches[b] for b in talking],
                                        [ids[b][0] for b in talking])
             mx.async_eval(hidden)  # computes while the depth loop is built

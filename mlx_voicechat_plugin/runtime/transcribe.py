@@ -40,7 +40,7 @@ from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from .audio import AudioInput, load_waveform
-from .events import Event, UserTranscriptDelta
+from .events import Event, TranscriptDone, UserTranscriptDelta
 from .frame import Heard, advance
 from .options import TranscriptionOptions, check_positive_int
 from .streaming import StreamingShell, TranscriptLimit
@@ -61,14 +61,6 @@ def checkpoint_language(config: Any) -> str:
     """The language the checkpoint transcribes (``language`` in config.json, else English)."""
     language = getattr(config, "language", None)
     return language if isinstance(language, str) and language else DEFAULT_LANGUAGE
-
-
-@dataclass(frozen=True)
-class TranscriptDone:
-    """The final user transcript of a text-only stream (exactly one, at ``flush``)."""
-
-    frame_index: int
-    text: str
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Realtime WebSocket server for Nemotron VoiceChat (``mlx-voicechat serve``).
 
 ``dialects`` holds the wire dialects (one module each), ``connection`` the
-loop they share and ``wire`` what their wires share; ``engine`` is the one
-thread that runs all MLX work (its ``commands``, ``stepping`` of the
-sessions' input, ``jobs``), ``app`` the FastAPI application and ``limits``
-the server's bounds.
+loop they share (its engine side: ``engine_session``) and ``wire`` what their
+wires share; ``engine`` is the one thread that runs all MLX work (its
+``commands``, one ``channel`` per session where frames are cut, the
+``stepping`` of the channels in batched steps, ``jobs``), ``app`` the FastAPI
+application and ``limits`` the server's bounds, checked once.
 """
 
 from __future__ import annotations

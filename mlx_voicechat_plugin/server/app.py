@@ -163,7 +163,8 @@ def create_app(
     model_id = served_model_id(str(model_path), alias)
     # A client may name the model as the server was started with it (the
     # hosts' servers' convention: the path or hub id given), or by its id.
-    served_names = {model_id, served_model_id(str(model_path)), str(model_path)}
+    served_names = tuple(dict.fromkeys((model_id, served_model_id(str(model_path)),
+                                        str(model_path))))
     prefix = normalize_prefix(api_prefix)
     origins = tuple(o.rstrip("/") for o in allowed_origins)
     drain = Drain(engine, drain_seconds)
@@ -272,9 +273,8 @@ def create_app(
 
     from .transcriptions import add_transcription_routes
 
-    served = tuple(dict.fromkeys((model_id, served_model_id(str(model_path)), str(model_path))))
     for base in (prefix, prefix + OPENAI_BASE):  # one handler, mounted under both
-        add_transcription_routes(app, engine, base, served, limits, authorized,
+        add_transcription_routes(app, engine, base, served_names, limits, authorized,
                                  lambda origin: origin_allowed(origin, origins))
 
     async def deny(websocket: WebSocket, status: int, message: str) -> None:

@@ -3,13 +3,14 @@
 A socket task builds a command and queues it (:meth:`~.engine.Engine.submit`);
 the engine thread runs it and resolves the command's asyncio future on the
 task's loop (``loop.call_soon_threadsafe``). A command nobody awaits (an
-:class:`Append`) has no future: its frames' events go to its feed.
-Commands marked ``ordered`` wait in their session's input queue behind the
-audio sent before them (:mod:`.scheduler`).
+:class:`Append`) has no future: its frames' events go to the session's sink.
+Commands marked ``ordered`` are markers: they wait in their session's
+channel behind the audio sent before them (:mod:`.channel`), and their reply
+is resolved on the loop in its place among that session's events.
 
-A session's events leave the engine as the JSON texts of its dialect: the
-:class:`Open` command carries the dialect's :class:`Translator`, run on the
-engine thread for every frame and command of that session.
+A session's events leave the engine as runtime events (:mod:`..runtime.events`),
+never as JSON: the :class:`Open` command names the session's sink (its
+connection), which translates them on its event loop.
 """
 
 from __future__ import annotations
@@ -21,26 +22,12 @@ from typing import Any, Callable, ClassVar, Union
 
 import numpy as np
 
-from ..runtime.events import Event
 from ..runtime.options import SessionOptions
 from ..runtime.options import TranscriptionOptions
 
 DeltaSink = Callable[[list], None]  # a file transcription's deltas (engine thread)
 # What a session is opened with: a full conversation, or a text-only transcription.
 OpenOptions = Union[SessionOptions, TranscriptionOptions]
-
-
-class Translator:
-    """What a dialect makes of one session's runtime events (called on the engine thread)."""
-
-    def translate(self, events: list[Event]) -> list[str]:
-        """One frame's (or command's) events as the texts sent, in order."""
-        raise NotImplementedError
-
-    def flushed(self, events: list[Event], first_frame: int) -> list[str]:
-        """The events of the end of input (frames from ``first_frame`` on, then the end);
-        by default translated as any others."""
-        return self.translate(events)
 
 
 @dataclass(frozen=True)
@@ -63,21 +50,22 @@ class Command:
     ordered: ClassVar[bool] = False  # waits behind the audio queued before it
 
     def reply(self, value: Any = None, error: BaseException | None = None) -> None:
+        """Answer from the engine thread (resolved on the caller's loop)."""
         if self.future is None:
             return
-
-        def resolve() -> None:
-            if self.future.done():  # the awaiting task was cancelled
-                return
-            if error is not None:
-                self.future.set_exception(error)
-            else:
-                self.future.set_result(value)
-
         try:
-            self.loop.call_soon_threadsafe(resolve)
+            self.loop.call_soon_threadsafe(self.resolve, value, error)
         except RuntimeError:  # the loop has closed
             pass
+
+    def resolve(self, value: Any = None, error: BaseException | None = None) -> None:
+        """Answer on the caller's loop."""
+        if self.future is None or self.future.done():  # the awaiting task was cancelled
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(value)
 
 
 @dataclass
@@ -86,26 +74,20 @@ class Open(Command):
 
     session_id: str
     options: OpenOptions
-    translator: Translator
+    sink: Any  # a channel.Sink: its connection, translating the events on its loop
 
 
 @dataclass
 class Append(Command):
-    """PCM at the session's input rate for its queue; its frames' events (or a frame's
-    error) go to ``feed``; a failing frame drops the rest of the chunks of ``tag``."""
+    """PCM at the session's input rate for its channel; a failing frame drops the rest
+    of the chunks of ``tag``. ``sink`` hears of it if the session is not open;
+    ``counted``: the client's audio (its feed's room), else the server's silence."""
 
     session_id: str
     samples: np.ndarray
-    feed: Any  # an InputFeed
+    sink: Any
     tag: object
-
-
-@dataclass
-class Push(Command):
-    """PCM whose completed frames' events are the reply (its partial frame stays queued)."""
-
-    session_id: str
-    samples: np.ndarray
+    counted: bool = True
 
 
 @dataclass
@@ -118,7 +100,7 @@ class Sync(Command):
 
 @dataclass
 class Flush(Command):
-    """End the input; replies the texts of the rest of the stream (:meth:`Translator.flushed`)."""
+    """End the input (the partial frame handed over); replies the rest of the stream's events."""
 
     session_id: str
     pad_partial: bool = True
@@ -127,7 +109,7 @@ class Flush(Command):
 
 @dataclass
 class Cancel(Command):
-    """End the stream now; replies its texts (``Cancelled`` always among them)."""
+    """End the stream now; replies its events (``Cancelled`` always among them)."""
 
     session_id: str
     ordered: ClassVar[bool] = True
@@ -145,7 +127,7 @@ class ToolResult(Command):
 
 @dataclass
 class Close(Command):
-    """Forget the session: its queue is answered with an error, its stream cancelled."""
+    """Forget the session: its markers are answered with an error, its stream cancelled."""
 
     session_id: str
 

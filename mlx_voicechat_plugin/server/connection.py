@@ -8,13 +8,17 @@ reading``) or the client leaving. Events go out through a bounded
 :class:`~.feed.InputFeed`. Audio payloads are never logged; client values
 are never used as paths.
 
+The connection is the socket side; its engine side (the session, audio,
+markers, the engine's hand-offs, translated here by the dialect) is
+:class:`~.engine_session.EngineSession`, its base.
+
 A dialect (:mod:`.dialects`) is a :class:`Connection` subclass that
 implements the hooks (:meth:`~Connection.greeting`,
 :meth:`~Connection.error_payload`, :meth:`~Connection.parse`,
-:meth:`~Connection.queues_audio`, :meth:`~Connection.dispatch`, optionally
-:meth:`~Connection.limit_reached`) and uses the shared services: the engine
-session (:meth:`~Connection.open_session` with typed options from
-:mod:`.options` and the dialect's translator), audio
+:meth:`~Connection.queues_audio`, :meth:`~Connection.dispatch`,
+:meth:`~Connection.translate`, optionally :meth:`~Connection.limit_reached`)
+and uses the shared services: the engine session
+(:meth:`~Connection.open_session` with typed options from :mod:`.options`), audio
 (:meth:`~Connection.feed_audio`), tool results, ordering
 (:meth:`~Connection.settle`) and sending. The app serves it as a
 :class:`Dialect`: its paths and its connection class.
@@ -29,21 +33,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from ..runtime.options import SessionOptions
-from ..runtime.streaming import ContextLimit
-from ..runtime.transcribe import TranscriptLimit
-from .commands import Close, OpenOptions, SessionDetails, Translator
 from .engine import Engine
-from .feed import InputFeed
+from .engine_session import EngineSession
 from .limits import ServerLimits
 from .outbox import NOT_READING, ClientNotReading, Outbox
-from .wire import (
-    CloseCode, ErrorCode, ProtocolError, dumps, inference_error, init_failed, new_session_id,
-)
+from .wire import CloseCode, ErrorCode, ProtocolError, dumps
 
 logger = logging.getLogger(__name__)
 
@@ -56,27 +53,15 @@ class Finished(Exception):
         self.code = code
 
 
-def stream_full(exc: BaseException) -> bool:
-    """Whether a frame's error is its stream reaching ``max_streaming_seconds``
-    (:class:`ContextLimit`; a transcript's byte limit is another matter)."""
-    return isinstance(exc, ContextLimit) and not isinstance(exc, TranscriptLimit)
 
-
-class Connection:
+class Connection(EngineSession):
     """One client's conversation with the engine; a dialect implements the hooks."""
 
     def __init__(self, websocket: WebSocket, engine: Engine, model_id: str,
                  limits: ServerLimits):
+        super().__init__(engine, limits)
         self.ws = websocket
-        self.engine = engine
         self.model_id = model_id
-        self.limits = limits
-        self.session_id = new_session_id()
-        self.configured = False
-        self.tools_set = False
-        self.open = False  # the engine holds our streaming session
-        self.closing: asyncio.Future | None = None  # the engine's close, once queued
-        self.details: SessionDetails | None = None  # of the open session
         self.connected_at = time.monotonic()
         self.last_activity = self.connected_at  # last audio or successful request
         self.failed_updates = 0
@@ -84,7 +69,6 @@ class Connection:
         self.early: deque[dict[str, Any]] = deque()  # frames read while a prefill ran
         self.outbox = Outbox(websocket, limits.max_pending_events)
         self.subprotocol: str | None = None  # selected at accept (a browser's "realtime")
-        self.feed: InputFeed | None = None  # the session's input queue, from the first audio
 
     # --- the dialect's hooks ----------------------------------------------------
 
@@ -109,6 +93,10 @@ class Connection:
         """Act on one message; raise :class:`Finished` to end the connection."""
         raise NotImplementedError
 
+    def translate(self, events: list) -> list[str]:
+        """One frame's (or a command's) runtime events as the texts sent, in order."""
+        raise NotImplementedError
+
     def limit_reached(self) -> None:
         """A frame failed at ``max_streaming_seconds`` (after its error went out); by
         default the connection goes on (the client ends the stream)."""
@@ -126,47 +114,15 @@ class Connection:
         logger.info("%s error %s: %s", self.session_id, code, message)
         await self.send(self.error_payload(code, message))
 
-    async def forward(self, texts: list[str]) -> None:
-        """Texts the engine translated, as they are."""
+    async def forward(self, events: list) -> None:
+        """Runtime events an engine command replied with (a commit's, a cancel's), sent."""
+        await self.send_texts(self.translate(events))
+
+    async def send_texts(self, texts: list[str]) -> None:
         for text in texts:
             self.outbox.put(text)
 
-    def deliver(self, texts: list[str]) -> None:
-        """A frame's events, from the engine (on the loop): into the outbox, in order."""
-        try:
-            for text in texts:
-                self.outbox.put(text)
-        except ClientNotReading as exc:
-            self.input_feed().halt(exc)
-
-    def frame_error(self, exc: BaseException) -> None:
-        """A queued frame failed: ``inference_error`` (the rest of its append is dropped)."""
-        message = str(exc) or type(exc).__name__
-        logger.info("%s error %s: %s", self.session_id, ErrorCode.INFERENCE_ERROR, message)
-        self.deliver([dumps(self.error_payload(ErrorCode.INFERENCE_ERROR, message))])
-        if stream_full(exc):
-            self.limit_reached()
-
-    # --- the engine session ---------------------------------------------------------
-
-    async def open_session(self, options: OpenOptions, translator: Translator) -> SessionDetails:
-        """Open the engine session (closing one opened before), watching the socket while
-        its prompt prefills; a failure is ``session_initialization_failed``."""
-        if self.open:
-            self.open = False
-            await self.engine.close(self.session_id)
-        self.configured = False
-        opening = self.engine.open(self.session_id, options, translator)
-        self.open = True  # the engine may hold a stream from now on: release closes it
-        await self.watch(opening)
-        try:
-            details = opening.result()
-        except Exception as exc:
-            raise init_failed(str(exc)) from None
-        self.configured = True
-        self.tools_set = isinstance(options, SessionOptions) and options.tools is not None
-        self.details = details
-        return details
+    # --- the socket while the session opens ------------------------------------------
 
     async def watch(self, opening: asyncio.Future) -> None:
         """Wait for the engine to open the session while watching the socket.
@@ -193,72 +149,7 @@ class Connection:
                 self.early.append(self.receiving.result())
                 self.receiving = None
 
-    async def feed_audio(self, samples: np.ndarray) -> None:
-        """Client audio at the session's input rate, queued (not awaited: its frames run
-        in batched steps with the other sessions' and their events come back in order);
-        the session counts as active."""
-        if not samples.shape[0]:
-            return
-        self.active()
-        await self.input_feed().append(samples)
-
-    def input_feed(self) -> InputFeed:
-        """The session's bounded input queue (``--max-buffered-seconds``)."""
-        if self.feed is None:
-            bound = self.limits.buffered_samples(self.details.input_sample_rate,
-                                                 self.details.frame_samples)
-            self.feed = InputFeed(self.engine, self.session_id, bound, self.deliver,
-                                  self.frame_error)
-        return self.feed
-
-    async def settle(self) -> None:
-        """Wait until the audio queued so far has run and its events went out: what
-        the client sends besides audio is answered in order, after them."""
-        if self.feed is not None:
-            await self.engine_call(self.engine.sync(self.session_id))
-
-    async def tool_output(self, call_id: str, output: str) -> None:
-        """A tool result: its tokens enter the timeline at the next frames."""
-        if not self.tools_set:
-            raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
-                                "function_call_output needs tools registered in session.update")
-        try:
-            await self.engine.tool_result(self.session_id, call_id, output)
-        except ValueError as exc:  # unknown / answered call_id, non-ASCII output
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
-        except Exception as exc:
-            raise inference_error(exc) from None
-
-    async def engine_call(self, call: Any) -> Any:
-        """Await an engine command; its failure is the client's ``inference_error``."""
-        try:
-            return await call
-        except Exception as exc:
-            raise inference_error(exc) from None
-
     # --- lifetime -----------------------------------------------------------------
-
-    def let_go(self) -> None:
-        """Queue the engine's close (cancelling unflushed audio) and free the slot, now.
-
-        The close is queued before the slot is freed, and the engine runs its
-        commands in order, so a client reconnecting at once is admitted and
-        its session opens after this one is gone. Safe to call again.
-        """
-        if self.open:
-            self.open = False
-            self.closing = self.engine.submit(Close(self.session_id))
-        self.engine.release(self.session_id)
-
-    async def release(self) -> None:
-        """:meth:`let_go`, then wait for the engine to have closed the session."""
-        self.let_go()
-        closing, self.closing = self.closing, None
-        if closing is not None:
-            try:
-                await closing
-            except Exception:
-                logger.exception("closing %s failed", self.session_id)
 
     def _hung_up(self, receiving: asyncio.Future) -> None:
         """Done callback of every receive: a disconnect frees the slot at once.

@@ -1,31 +1,27 @@
 """The engine thread: the only thread that touches MLX.
 
-Socket tasks queue :mod:`.commands` (open, append, push, sync, flush, cancel,
-tool result, close, transcribe; :meth:`Engine.submit` queues one at once)
-and await a one-shot reply (an asyncio future the engine resolves via
-``loop.call_soon_threadsafe``). A session's events come back already
-translated to JSON text, base64 audio included, by the dialect that opened
-it (its :class:`~.commands.Translator`), so the event loop only forwards
-strings; the engine speaks no dialect itself.
+Socket tasks queue :mod:`.commands` (:meth:`Engine.submit`) and await a
+one-shot reply (an asyncio future resolved via ``loop.call_soon_threadsafe``).
+A session's output leaves the engine as runtime events: once per cycle, one
+hand-off per session to its sink (its connection) on the event loop, with
+the frames' events, the marker replies in order and the client samples
+consumed (:mod:`.channel`). The connection translates them into its dialect
+there; the engine speaks no dialect, makes no JSON and encodes no audio.
 
-The engine holds up to ``max_sessions`` streaming sessions in a
-:class:`~..runtime.pool.SessionPool`; a connection reserves a slot when it
-is accepted, so admission beyond ``max_sessions`` (or beyond
-``max_state_bytes`` of measured session state) is refused at once, and the
-reservation is released on every exit path. Audio does not wait for its
-reply: a connection hands PCM to its session's input queue
-(:meth:`Engine.append`, through a bounded :class:`~.feed.InputFeed`), and
-the engine runs one pool step over the sessions with a frame ready
-(:mod:`.stepping`, when :mod:`.scheduler` says so; ``--batch-wait-ms``).
-Commit, cancel and tool results queue behind the audio sent before them. A
-session is a full conversation or a text-only transcription stream
-(perception + RNNT only); both kinds share the pool and its steps.
+Up to ``max_sessions`` streaming sessions share a
+:class:`~..runtime.pool.SessionPool`; a connection reserves a slot when it is
+accepted (refused at once beyond ``max_sessions`` or ``max_state_bytes``),
+released on every exit path. Audio does not wait for its reply: a connection
+hands PCM to its session's channel (:meth:`Engine.append`, through a bounded
+:class:`~.feed.InputFeed`); commit, cancel and tool results are markers in
+the same channel, behind it; one pool step runs the sessions with a frame
+ready (:mod:`.stepping`, when :mod:`.scheduler` says so). A session is a full
+conversation or a text-only transcription stream; both share the steps.
 
 File transcriptions and session opens are jobs (:mod:`.jobs`), stepped round
-robin after every step and whenever nothing else is due: a file one step at
-a time (its perception, then 25 RNNT frames), a prefill in slices of
-``PREFILL_SLICE_SECONDS``, so neither realtime frames, files nor a new
-session starve; the caller bounds the files in flight.
+robin after every step and whenever nothing else is due (a file's perception,
+then 25 RNNT frames a step; a prefill in slices, which :meth:`Engine.abort`
+stops), so neither realtime frames, files nor a new session starve.
 """
 
 from __future__ import annotations
@@ -35,30 +31,26 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Callable, Generator
 
 import numpy as np
 
-from ..runtime.events import Cancelled
-from ..runtime.pool import SessionPool, admission_error, check_budgets
+from ..runtime.pool import SessionPool, admission_error
 from ..runtime.prompt_cache import PromptCache
-from ..runtime.options import TranscriptionOptions
+from .channel import Chunk, Handoff, Sink, hand_off
 from .commands import (
-    Append, Cancel, Close, Command, DeltaSink, Flush, Open, OpenOptions, Push, SessionDetails,
-    Sync, ToolResult, Transcribe, Translator,
+    Append, Cancel, Close, Command, DeltaSink, Flush, Open, OpenOptions, SessionDetails, Sync,
+    ToolResult, Transcribe,
 )
 from .jobs import JobCounter, JobQueue, StepJob
 from .limits import DEFAULT_BATCH_WAIT_MS
 from .metrics import EngineMetrics
 from .scheduler import BatchScheduler, StepCosts
-from .stepping import NOT_ACTIVE, InputStepper, notify
+from .stepping import NOT_ACTIVE, Stepper
 from .warm_up import run_warm_up
 
 logger = logging.getLogger(__name__)
 
-# Longest a new session's prefill runs before the other sessions' frames do.
-PREFILL_SLICE_SECONDS = 0.02
 # Why a session is refused while the replica drains (:mod:`.drain`).
 DRAINING = "the server is shutting down; connect again to reach another replica"
 
@@ -79,10 +71,7 @@ class Engine:
                  prompt_cache_bytes: int | None = None, warm_up: bool = False,
                  max_sessions: int = 1, max_state_bytes: int | None = None,
                  batch_wait: float = DEFAULT_BATCH_WAIT_MS / 1000, batch_fill: bool = True):
-        check_budgets(max_sessions, max_state_bytes)
-        if isinstance(batch_wait, bool) or not isinstance(batch_wait, (int, float)) \
-                or not batch_wait >= 0:
-            raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait!r}")
+        # The bounds are checked once, by ServerLimits (the server) or SessionPool.
         self.batch_wait = float(batch_wait)  # the collection deadline of a step
         self.batch_fill = batch_fill  # stretch it to fill batches once sessions need batching
         self.step_costs = StepCosts()  # measured step seconds by batch size (warm-up and live)
@@ -107,7 +96,8 @@ class Engine:
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
         self.metrics.transcriptions_in_flight.set_function(lambda: self.transcriptions.in_flight)
         self._transcriber: Any = None
-        self.inputs = InputStepper(self.metrics, self._deliver)  # engine thread only
+        self.stepper = Stepper(self.metrics)  # the sessions' channels (engine thread only)
+        self.input_peak_bytes = 0  # the most PCM one session's channel ever held
         self.warm_batch_sizes: tuple[int, ...] = ()  # compiled at start-up
         self._thread = threading.Thread(target=self._run, name="mlx-voicechat-engine",
                                         daemon=True)
@@ -145,15 +135,6 @@ class Engine:
 
         return checkpoint_language(self.config)
 
-    @property
-    def input_peak_bytes(self) -> int:
-        """The most PCM one session's queue ever held."""
-        return self.inputs.peak_bytes
-
-    @input_peak_bytes.setter
-    def input_peak_bytes(self, value: int) -> None:
-        self.inputs.peak_bytes = value
-
     # --- slot reservations ------------------------------------------------
 
     def try_reserve(self, session_id: str) -> bool:
@@ -190,14 +171,11 @@ class Engine:
         self._commands.put(command)
         return command.future
 
-    def open(self, session_id: str, options: OpenOptions,
-             translator: Translator) -> asyncio.Future:
-        """Queue the session's open (a future of its :class:`SessionDetails`); its events
-        will be ``translator``'s texts. :meth:`abort` stops its prefill between positions."""
-        abort = self._aborts.setdefault(session_id, threading.Event())
-        if not isinstance(options, TranscriptionOptions):
-            options = replace(options, stop_prefill=abort.is_set)
-        return self.submit(Open(session_id, options, translator))
+    def open(self, session_id: str, options: OpenOptions, sink: Sink) -> asyncio.Future:
+        """Queue the session's open (a future of its :class:`SessionDetails`); its
+        hand-offs go to ``sink``. :meth:`abort` stops its prefill between positions."""
+        self._aborts.setdefault(session_id, threading.Event())
+        return self.submit(Open(session_id, options, sink))
 
     def abort(self, session_id: str) -> None:
         """Stop ``session_id``'s prefill if it is running (any thread)."""
@@ -205,33 +183,36 @@ class Engine:
         if event is not None:
             event.set()
 
-    def append(self, session_id: str, samples: np.ndarray, feed: Any, tag: object) -> None:
-        """Queue PCM for ``session_id`` without waiting (call from the loop).
+    def append(self, session_id: str, samples: np.ndarray, sink: Sink | None,
+               tag: object) -> None:
+        """Queue the client's PCM for ``session_id`` without waiting (call from the loop).
 
-        Its frames' events, or a frame's error, go to ``feed``
-        (an :class:`~.feed.InputFeed`); a failing frame drops the rest of
-        the chunks queued with the same ``tag``.
+        Its frames' events, or a frame's error, go to the session's sink; a
+        failing frame drops the rest of the chunks queued with the same
+        ``tag``; ``sink`` hears of it when the session is not open.
         """
-        self._commands.put(Append(session_id, samples, feed, tag))
+        self._commands.put(Append(session_id, samples, sink, tag))
 
-    async def push(self, session_id: str, samples: np.ndarray) -> list[str]:
-        """Queue PCM and await the events of the frames it completes (its partial
-        frame stays queued for the next PCM); the first failing frame raises."""
-        return await self.submit(Push(session_id, samples))
+    async def push(self, session_id: str, samples: np.ndarray) -> None:
+        """The server's own PCM (silence), queued behind the client's audio in the same
+        channel; returns once it has run and its events went to the session's sink."""
+        self._commands.put(Append(session_id, samples, None, object(), counted=False))
+        await self.sync(session_id)
 
     async def sync(self, session_id: str) -> None:
         """Wait until every frame queued for ``session_id`` has run and its events went out."""
         await self.submit(Sync(session_id))
 
-    async def flush(self, session_id: str, pad_partial: bool = True) -> list[str]:
-        """End the input: the texts of the rest of the stream, in its dialect's order."""
+    async def flush(self, session_id: str, pad_partial: bool = True) -> list:
+        """End the input: the runtime events of the rest of the stream."""
         return await self.submit(Flush(session_id, pad_partial))
 
-    async def cancel(self, session_id: str) -> list[str]:
+    async def cancel(self, session_id: str) -> list:
+        """End the stream now: its runtime events (``Cancelled`` among them)."""
         return await self.submit(Cancel(session_id))
 
-    async def tool_result(self, session_id: str, call_id: str, output: str) -> list[str]:
-        return await self.submit(ToolResult(session_id, call_id, output))
+    async def tool_result(self, session_id: str, call_id: str, output: str) -> None:
+        await self.submit(ToolResult(session_id, call_id, output))
 
     async def close(self, session_id: str) -> None:
         await self.submit(Close(session_id))
@@ -280,12 +261,12 @@ class Engine:
 
     def _serve(self) -> None:
         frame_seconds = self.config.frame_duration if self.voicechat is not None else 0.08
-        self.inputs.pool = self.pool
-        self.inputs.scheduler = BatchScheduler(self.batch_wait, frame_seconds,
-                                               self.batch_fill, self.step_costs)
+        self.stepper.pool = self.pool
+        self.stepper.scheduler = BatchScheduler(self.batch_wait, frame_seconds,
+                                                self.batch_fill, self.step_costs)
         while self._cycle():
             pass
-        self.inputs.drop_all()
+        self.stepper.drop_all()
         self._jobs.fail_all(RuntimeError("the server is stopping"))
         if self.pool is not None:
             self.pool.close_all()
@@ -296,18 +277,19 @@ class Engine:
             if command is None:
                 return False
             self._dispatch(command)
-        self.inputs.run_heads(self._run_command)
-        if self.inputs.wait() == 0.0:
-            self.inputs.step()
+        self.stepper.run_markers()
+        if self.stepper.wait() == 0.0:
+            self.stepper.step()
         if self._jobs:  # a job advances at least once per cycle
             self._jobs.step()
+        self.stepper.send()  # one hand-off per session with output
         return True
 
     def _wait_seconds(self) -> float | None:
         """How long to wait for a command: 0 with work due, ``None`` with nothing to do."""
-        if self._jobs or self.inputs.commands_due():
+        if self._jobs or self.stepper.markers_due():
             return 0.0
-        return self.inputs.wait()
+        return self.stepper.wait()
 
     def _take_commands(self, timeout: float | None) -> list[Command | None]:
         try:
@@ -328,22 +310,32 @@ class Engine:
         return commands
 
     def _dispatch(self, command: Command) -> None:
-        if isinstance(command, (Append, Push)):
-            self.inputs.add(command)
-        elif self.inputs.queue(command):
-            pass  # an ordered command: it runs after the audio sent before it
+        if isinstance(command, Append):
+            self._append(command)
+        elif command.ordered:  # a marker: it runs after the audio sent before it
+            if not self.stepper.add_marker(command):
+                # A barrier for a session that is not open has nothing to wait for.
+                command.reply(None) if isinstance(command, Sync) \
+                    else command.reply(error=RuntimeError(NOT_ACTIVE))
         elif isinstance(command, Transcribe):
             self._add_transcription(command)
         elif isinstance(command, Open):
             self._add_open(command)
+        elif isinstance(command, Close):
+            self._close(command)
         else:
-            if isinstance(command, Close):
-                self.inputs.drop(command.session_id)
-            self._run_command(command)
+            command.reply(error=TypeError(f"not an engine command: {command!r}"))
 
-    def _deliver(self, feed: Any, texts: list[str]) -> None:
-        """A frame's event texts to the connection that queued them (on its loop)."""
-        notify(feed, "events", texts)
+    def _append(self, command: Append) -> None:
+        """PCM into its session's channel (framed there), or its refusal to ``sink``."""
+        channel = self.stepper.channels.get(command.session_id)
+        if channel is None:
+            length = command.samples.shape[0] if command.counted else 0
+            hand_off(command.sink, Handoff([RuntimeError(NOT_ACTIVE)], length))
+            return
+        channel.add_chunk(Chunk(command.samples, command.tag, command.counted),
+                          time.perf_counter())
+        self.input_peak_bytes = max(self.input_peak_bytes, channel.nbytes)
 
     # --- jobs: file transcriptions and session opens ----------------------------
 
@@ -366,41 +358,24 @@ class Engine:
                                self.transcriptions.release))
 
     def _add_open(self, command: Open) -> None:
-        """Open a session as a job: its prompt prefill runs in slices of at most
-        ``PREFILL_SLICE_SECONDS`` between the other sessions' steps, so a new
-        session's prefill holds them up by one slice at a time."""
+        """Open a session as a job (its prefill in slices, :meth:`Stepper.open_steps`);
+        :meth:`abort` stops it between two positions."""
         try:
-            pool = self._loaded()
+            self._loaded()
         except RuntimeError as exc:
             command.reply(error=exc)
             return
-        self._jobs.add(StepJob(self._open_steps(pool, command), command.reply))
+        self._jobs.add(StepJob(self._opening(command), command.reply))
 
-    def _open_steps(self, pool: SessionPool, command: Open
-                    ) -> Generator[list, None, SessionDetails]:
-        session_id, options = command.session_id, command.options
+    def _opening(self, command: Open) -> Generator[list, None, SessionDetails]:
+        abort = self._aborts.get(command.session_id) or threading.Event()
         try:
-            opening = pool.open_steps(session_id, options)
-            slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
-            while True:
-                try:
-                    next(opening)
-                except StopIteration as opened:
-                    stream = opened.value
-                    break
-                if time.perf_counter() >= slice_end:
-                    yield []  # the others' frames run now
-                    slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
+            return (yield from self.stepper.open_steps(command, abort))
         except BaseException:
             _clear_cache()  # what a stopped or failed prefill allocated
             raise
         finally:
-            self._aborts.pop(session_id, None)
-            self.metrics.sessions(len(pool), pool.state_bytes)
-        self.inputs.translators[session_id] = command.translator
-        return SessionDetails(stream.sample_rate, self.config.output_sample_rate,
-                              stream.frame_samples, stream.options.max_streaming_seconds,
-                              isinstance(options, TranscriptionOptions))
+            self._aborts.pop(command.session_id, None)
 
     # --- session commands --------------------------------------------------
 
@@ -410,48 +385,21 @@ class Engine:
             raise RuntimeError(f"model failed to load: {self.load_error}")
         return self.pool
 
-    def _run_command(self, command: Command) -> None:
-        try:
-            value = self._session_command(self._loaded(), command)
-        except Exception as exc:
-            # Reported to the client, and logged once there (send_error).
-            logger.debug("engine %s failed for %s: %s", type(command).__name__,
-                         command.session_id, exc, exc_info=True)
-            command.reply(error=exc)
-        else:
-            command.reply(value)
-
-    def _session_command(self, pool: SessionPool, command: Command) -> Any:
+    def _close(self, command: Close) -> None:
+        """Forget the session: its channel's markers answered, its stream cancelled."""
         session_id = command.session_id
-        if isinstance(command, Sync):  # every frame queued before it has run
-            return None
-        if isinstance(command, Close):
-            self.inputs.translators.pop(session_id, None)
-            if session_id in pool:
-                pool.close(session_id)
-                self.metrics.sessions(len(pool), pool.state_bytes)
-                if not len(pool):
-                    _clear_cache()
-            return None
-        if session_id not in pool:
-            raise RuntimeError(NOT_ACTIVE)
-        stream, translator = pool.get(session_id), self.inputs.translators[session_id]
-        if isinstance(command, Flush):
-            before, started = stream.frame_index, time.perf_counter()
-            events = pool.flush(session_id, pad_partial=command.pad_partial)
-            self.metrics.step(stream.frame_index - before, time.perf_counter() - started,
-                              self.config.frame_duration)
+        self.stepper.drop(session_id)
+        try:
+            pool = self._loaded()
+        except RuntimeError as exc:
+            command.reply(error=exc)
+            return
+        if session_id in pool:
+            pool.close(session_id)
             self.metrics.sessions(len(pool), pool.state_bytes)
-            return translator.flushed(events, before)
-        if isinstance(command, Cancel):
-            # A client that cancels always hears it cancelled, also after a
-            # failed commit closed the stream.
-            return translator.translate(pool.cancel(session_id)
-                                        or [Cancelled(stream.frame_index)])
-        if isinstance(command, ToolResult):
-            stream.submit_tool_result(command.call_id, command.output)
-            return []
-        raise TypeError(f"not a session command: {command!r}")
+            if not len(pool):
+                _clear_cache()
+        command.reply(None)
 
 
 def _clear_cache() -> None:

@@ -1,4 +1,4 @@
-"""A connection's side of its session's input queue: bounded, answered asynchronously.
+"""A connection's side of its session's channel: bounded, answered asynchronously.
 
 :meth:`InputFeed.append` hands PCM to the engine and returns without
 waiting for the frames to run, so a client's frames queue up and join the
@@ -7,41 +7,31 @@ for one session (``--max-buffered-seconds``); beyond that ``append`` waits
 for room, the connection stops reading its socket meanwhile, and TCP holds
 the client back: a flooding client costs its bound, never more memory.
 
-The engine answers on the event loop (``loop.call_soon_threadsafe``), in the
-order it ran the session's frames: :meth:`events` with each frame's event
-texts, :meth:`failed` with a frame's error, :meth:`consumed` as samples leave
-the queue. :attr:`halted` resolves (with an exception for the connection to
-raise) once the connection must stop, e.g. its client stopped reading.
+The engine reports the samples that left the channel in the session's
+hand-offs (:meth:`consumed`, called by the connection on its loop).
+:attr:`halted` resolves (with an exception for the connection to raise) once
+the connection must stop, e.g. its client stopped reading.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-
-Deliver = Callable[[list], None]  # event texts -> the connection's outbox
-Fail = Callable[[BaseException], None]  # a frame's error -> the connection
 
 
 class InputFeed:
     """One session's bounded PCM hand-over to the engine (event-loop side)."""
 
-    def __init__(self, engine: Any, session_id: str, max_samples: int, deliver: Deliver,
-                 fail: Fail):
-        if max_samples <= 0:
-            raise ValueError(f"max_samples must be positive, got {max_samples!r}")
+    def __init__(self, engine: Any, session_id: str, max_samples: int, sink: Any):
         self.engine = engine
         self.session_id = session_id
-        self.max_samples = max_samples
-        self.deliver = deliver
-        self.fail = fail
-        self.loop = asyncio.get_running_loop()
+        self.max_samples = max_samples  # at least a frame (ServerLimits.buffered_samples)
+        self.sink = sink  # told if the session is not open
         self.buffered = 0  # samples handed over and not yet taken into a frame
-        self.peak = 0  # the most ever buffered
-        self.halted: asyncio.Future = self.loop.create_future()
+        self.halted: asyncio.Future = asyncio.get_running_loop().create_future()
         self._room = asyncio.Event()
         self._room.set()
         self._tags = itertools.count()
@@ -59,8 +49,7 @@ class InputFeed:
                 continue
             piece = samples[start : start + room]
             self.buffered += piece.shape[0]
-            self.peak = max(self.peak, self.buffered)
-            self.engine.append(self.session_id, piece, self, tag)
+            self.engine.append(self.session_id, piece, self.sink, tag)
             start += piece.shape[0]
 
     async def _wait_for_room(self) -> None:
@@ -77,16 +66,8 @@ class InputFeed:
         if not self.halted.done():
             self.halted.set_result(exc)
 
-    # --- called on the loop by the engine ----------------------------------------
-
     def consumed(self, samples: int) -> None:
+        """``samples`` left the channel (on the loop): room for more."""
         self.buffered -= samples
         if self.buffered < self.max_samples:
             self._room.set()
-
-    def events(self, texts: list[str]) -> None:
-        if texts:
-            self.deliver(texts)
-
-    def failed(self, exc: BaseException) -> None:
-        self.fail(exc)

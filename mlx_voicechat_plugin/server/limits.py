@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from ..runtime.options import (
+    check_count, check_non_negative, check_positive_int, check_positive_seconds,
+)
 
 MIB = 1 << 20
 # The transport accepts a little more than ``max_message_bytes`` so that a
@@ -11,7 +14,7 @@ MIB = 1 << 20
 # past the transport cap is closed by the WebSocket layer with code 1009.
 TRANSPORT_SLACK_BYTES = 64 * 1024
 # How long a step's first ready frame may wait for the other sessions' frames
-# (measured with bench.load: README "Serving many sessions").
+# (measured with bench.load: docs/serving.md, "Serving many sessions").
 DEFAULT_BATCH_WAIT_MS = 30.0
 
 
@@ -43,33 +46,21 @@ class ServerLimits:
     batch_fill: bool = True  # past the unbatched capacity, wait for every streaming session
 
     def __post_init__(self) -> None:
-        if isinstance(self.prompt_cache_bytes, bool) or not isinstance(self.prompt_cache_bytes, int) \
-                or self.prompt_cache_bytes < 0:
-            raise ValueError(f"prompt_cache_bytes must be >= 0, got {self.prompt_cache_bytes!r}")
+        """Every bound checked once, here (the engine and the pool trust them), with the
+        runtime's checks; the message names the field (``serve`` prints it)."""
         for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
                      "max_prompt_tokens", "max_connections", "max_connections_per_client",
                      "max_sessions", "max_transcript_bytes", "max_upload_bytes",
                      "max_transcriptions_in_flight"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.max_state_bytes is not None and (
-                isinstance(self.max_state_bytes, bool) or not isinstance(self.max_state_bytes, int)
-                or self.max_state_bytes <= 0):
-            raise ValueError(f"max_state_bytes must be a positive integer, got "
-                             f"{self.max_state_bytes!r}")
+            check_positive_int(getattr(self, name), name)
+        if self.max_state_bytes is not None:
+            check_positive_int(self.max_state_bytes, "max_state_bytes")
+        check_count(self.prompt_cache_bytes, "prompt_cache_bytes")
         for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout",
                      "max_session_wall_seconds", "header_timeout", "max_transcription_seconds",
                      "max_buffered_seconds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-
-        if isinstance(self.batch_wait_ms, bool) or not isinstance(self.batch_wait_ms, (int, float)) \
-                or not math.isfinite(self.batch_wait_ms) or self.batch_wait_ms < 0:
-            raise ValueError(f"batch_wait_ms must be a non-negative number of milliseconds, "
-                             f"got {self.batch_wait_ms!r}")
+            check_positive_seconds(getattr(self, name), name)
+        check_non_negative(self.batch_wait_ms, "batch_wait_ms")
         if not isinstance(self.batch_fill, bool):
             raise ValueError(f"batch_fill must be true or false, got {self.batch_fill!r}")
 

@@ -1,11 +1,4 @@
-"""Per-session input queues and the rule that turns them into batched pool steps (engine thread).
-
-A connection hands PCM to its session's queue without waiting for each
-frame's events (:class:`~.feed.InputFeed`); session commands that must see
-the audio sent before them (commit, cancel, a tool result, a barrier) wait
-in the same queue, behind it. The engine cuts the queued PCM into native
-frames itself, so a client's chunk sizes never change which samples make a
-frame.
+"""The rule that turns the sessions' channels into batched pool steps (engine thread).
 
 :class:`BatchScheduler` decides when to step: at once when every session
 that is streaming has a frame ready, else when the ready frames have waited
@@ -32,11 +25,8 @@ idles a saturated engine.
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Iterator
 
-import numpy as np
+from .channel import SessionChannel
 
 # A session that sent nothing for this many frames is not waited for.
 EXPECT_FRAMES = 2
@@ -46,179 +36,6 @@ FILL_LOAD = 0.75
 FILL_MARGIN = 0.125
 # Weight of the newest step in the step-time averages.
 STEP_SMOOTHING = 0.2
-
-
-@dataclass
-class Chunk:
-    """PCM of one append (or one :meth:`Engine.push`) waiting to become frames."""
-
-    samples: np.ndarray
-    tag: object  # the append it came with: a frame's error drops the rest of it
-    feed: Any = None  # where the events of the frames it completes go (an InputFeed)
-    reply: Any = None  # or: the push command answered with them once it has run
-    offset: int = 0
-    events: list[str] = field(default_factory=list)  # a push's, until it is answered
-
-    @property
-    def left(self) -> int:
-        return self.samples.shape[0] - self.offset
-
-
-@dataclass
-class Frame:
-    """One native frame taken from a session's queue."""
-
-    samples: np.ndarray
-    owner: Chunk  # the chunk that completed it: its events and errors go there
-    consumed: list[tuple[Any, int]]  # (feed, samples) that left the queue
-    finished: list[Chunk]  # chunks all of whose samples have now left the queue
-
-
-class SessionInput:
-    """One session's queue: PCM chunks and the commands behind them, in arrival order."""
-
-    def __init__(self, frame_samples: int, rate: int):
-        self.frame_samples = frame_samples
-        self.rate = rate
-        self.items: deque[Any] = deque()  # Chunk or an engine command
-        self.staged = 0  # samples handed to the stream ahead of a command, not yet a frame
-        self.queued = 0  # samples in the chunks before the first command
-        self.ready_since: float | None = None  # when the head frame became complete
-        self.last_arrival = float("-inf")
-
-    # --- filling ----------------------------------------------------------------
-
-    def add_chunk(self, chunk: Chunk, now: float) -> None:
-        self.last_arrival = now
-        if not self.has_command():
-            self.queued += chunk.left
-        self.items.append(chunk)
-        self._mark(now)
-
-    def add_command(self, command: Any) -> None:
-        self.items.append(command)
-
-    def has_command(self) -> bool:
-        return any(not isinstance(item, Chunk) for item in self.items)
-
-    @property
-    def buffered(self) -> int:
-        """Samples waiting in the queue (all chunks, before and after commands)."""
-        return sum(item.left for item in self.items if isinstance(item, Chunk))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(item.samples[item.offset:].nbytes for item in self.items
-                   if isinstance(item, Chunk))
-
-    # --- what is ready ------------------------------------------------------------
-
-    def frame_ready(self) -> bool:
-        return self.staged + self.queued >= self.frame_samples
-
-    def expected(self, now: float, frame_seconds: float) -> bool:
-        """Whether a frame of this session is due soon (it is streaming)."""
-        return now - self.last_arrival <= EXPECT_FRAMES * frame_seconds
-
-    def head_command(self) -> Any:
-        """The command at the head once no frame can be cut before it, else ``None``."""
-        if self.frame_ready():
-            return None
-        for item in self.items:
-            if not isinstance(item, Chunk):
-                return item
-        return None
-
-    def _mark(self, now: float) -> None:
-        if self.frame_ready():
-            if self.ready_since is None:
-                self.ready_since = now
-        else:
-            self.ready_since = None
-
-    # --- taking -------------------------------------------------------------------
-
-    def take_frame(self, now: float) -> Frame:
-        """The next frame's samples (less what the stream already holds)."""
-        want = self.frame_samples - self.staged
-        pieces, consumed, finished = [], [], []
-        owner = None
-        while want:
-            chunk = self.items[0]
-            piece = chunk.samples[chunk.offset : chunk.offset + want]
-            chunk.offset += piece.shape[0]
-            want -= piece.shape[0]
-            pieces.append(piece)
-            consumed.append((chunk.feed, piece.shape[0]))
-            owner = chunk
-            if not chunk.left:
-                finished.append(self.items.popleft())
-        self.staged = 0
-        self._requeue(now)
-        return Frame(np.concatenate(pieces) if len(pieces) > 1 else pieces[0], owner, consumed,
-                     finished)
-
-    def take_residual(self) -> tuple[np.ndarray, list[tuple[Any, int]], list[Chunk]]:
-        """The partial frame before the head command: it is handed to the stream."""
-        pieces, consumed, finished = [], [], []
-        while self.items and isinstance(self.items[0], Chunk):
-            chunk = self.items.popleft()
-            pieces.append(chunk.samples[chunk.offset:])
-            consumed.append((chunk.feed, chunk.left))
-            chunk.offset = chunk.samples.shape[0]
-            finished.append(chunk)
-        samples = np.concatenate(pieces) if pieces else np.zeros((0,), np.float32)
-        self.staged += samples.shape[0]
-        self.queued = 0
-        return samples, consumed, finished
-
-    def pop_command(self, now: float) -> Any:
-        command = self.items.popleft()
-        self._requeue(now)
-        return command
-
-    def drop_tag(self, tag: object, now: float) -> tuple[list[tuple[Any, int]], list[Chunk]]:
-        """Forget the rest of one append (its frame failed)."""
-        consumed, dropped = [], []
-        kept: deque[Any] = deque()
-        for item in self.items:
-            if isinstance(item, Chunk) and item.tag is tag:
-                consumed.append((item.feed, item.left))
-                dropped.append(item)
-            else:
-                kept.append(item)
-        self.items = kept
-        self._requeue(now)
-        return consumed, dropped
-
-    def drain(self) -> Iterator[Any]:
-        """Every item left (the session is closing)."""
-        while self.items:
-            yield self.items.popleft()
-        self.queued = self.staged = 0
-        self.ready_since = None
-
-    def settled(self) -> Iterator[Chunk]:
-        """Unanswered pushes left in the queue that can complete no frame without more PCM."""
-        if self.frame_ready():
-            return
-        for item in self.items:
-            if not isinstance(item, Chunk):
-                return
-            if item.reply is not None:
-                yield item
-
-    def _requeue(self, now: float) -> None:
-        queued = 0
-        for item in self.items:
-            if not isinstance(item, Chunk):
-                break
-            queued += item.left
-        self.queued = queued
-        if not self.frame_ready():
-            self.ready_since = None
-        elif self.ready_since is None:
-            self.ready_since = now
 
 
 class StepCosts:
@@ -244,20 +61,18 @@ class BatchScheduler:
 
     def __init__(self, batch_wait: float, frame_seconds: float, fill: bool = True,
                  costs: StepCosts | None = None):
-        if batch_wait < 0:
-            raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait!r}")
         self.batch_wait = batch_wait
         self.frame_seconds = frame_seconds
         self.fill = fill
         self.costs = costs if costs is not None else StepCosts()
         self.free_since = time.perf_counter()  # when the engine last finished work
 
-    def ready(self, inputs: dict[str, SessionInput]) -> list[str]:
-        return [k for k, v in inputs.items() if v.frame_ready()]
+    def ready(self, channels: dict[str, SessionChannel]) -> list[str]:
+        return [k for k, v in channels.items() if v.frame_ready()]
 
-    def collection_start(self, inputs: dict[str, SessionInput], ready: list[str]) -> float:
+    def collection_start(self, channels: dict[str, SessionChannel], ready: list[str]) -> float:
         """Since when ready frames have waited with the engine free to run them."""
-        oldest = min(inputs[k].ready_since or self.free_since for k in ready)
+        oldest = min(channels[k].ready_since or self.free_since for k in ready)
         return max(oldest, self.free_since)
 
     def filling(self, sessions: int) -> bool:
@@ -266,21 +81,22 @@ class BatchScheduler:
         return self.fill and solo is not None \
             and sessions * solo > FILL_LOAD * self.frame_seconds
 
-    def wait(self, inputs: dict[str, SessionInput], now: float) -> float | None:
+    def wait(self, channels: dict[str, SessionChannel], now: float) -> float | None:
         """Seconds until the next step is due (0: now), ``None`` when no frame is ready."""
-        ready = self.ready(inputs)
+        ready = self.ready(channels)
         if not ready:
             return None
-        streaming = {k for k, v in inputs.items() if v.expected(now, self.frame_seconds)}
+        expect = EXPECT_FRAMES * self.frame_seconds
+        streaming = {k for k, v in channels.items() if now - v.last_arrival <= expect}
         if streaming <= set(ready):
             return 0.0
         if self.filling(len(streaming | set(ready))):
-            oldest = min(inputs[k].ready_since or self.free_since for k in ready)
+            oldest = min(channels[k].ready_since or self.free_since for k in ready)
             due = oldest + (1.0 - FILL_MARGIN) * self.frame_seconds
         elif self.batch_wait == 0.0:
             return 0.0
         else:
-            due = self.collection_start(inputs, ready) + self.batch_wait
+            due = self.collection_start(channels, ready) + self.batch_wait
         return max(due - now, 0.0)
 
     def record(self, size: int, seconds: float) -> None:

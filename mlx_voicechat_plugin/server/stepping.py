@@ -1,211 +1,186 @@
-"""The sessions' input queues on the engine thread: PCM chunks in, batched pool steps out.
+"""The open sessions' channels on the engine thread: markers run, batched pool steps, hand-offs.
 
-A connection's PCM (an :class:`~.commands.Append`, or an awaited
-:class:`~.commands.Push`) joins its session's :class:`~.scheduler.SessionInput`;
-ordered commands (flush, cancel, a tool result, a barrier) wait behind it.
-:meth:`InputStepper.step` cuts native frames and runs one pool step over
-the sessions with a frame ready (when :class:`~.scheduler.BatchScheduler`
-says so), each frame's events translated by the session's dialect and sent
-to the connection that queued them; :meth:`InputStepper.run_heads` hands a
-command reaching the head of its queue back to the engine, after the
-partial frame before it has gone to the stream.
-
-The PCM is at the session's input rate (its dialect checks or converts the
-client's); the stream checks the rest (that it is open, the samples) when the
-frame runs, and the pool's step reports a failure for that session only: it
-fails the append the frame came from.
+Each open session has a :class:`~.channel.SessionChannel`, made when its
+open (a job: :meth:`Stepper.open_steps`) ends. In every engine
+cycle :meth:`Stepper.run_markers` runs the markers that reached the head of
+their channel (commit, cancel, a tool result, a barrier; the partial frame
+before a marker stays in its channel, a commit takes it along);
+:meth:`Stepper.step` cuts one native frame of every session that has one
+ready, when :class:`~.scheduler.BatchScheduler` says so, and runs them as one
+:meth:`~..runtime.pool.SessionPool.step`; :meth:`Stepper.send` hands each
+session's runtime events, errors and marker replies to its sink, once per
+cycle. No JSON is made here: a session's connection translates its events on
+its own event loop.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Generator
 
-import numpy as np
-
-from ..runtime.audio import as_pcm_chunk
+from ..runtime.events import Cancelled
+from ..runtime.options import TranscriptionOptions
 from ..runtime.pool import SessionPool
-from .commands import Append, Command, Push, Translator
+from ..runtime.timeline import PrefillCancelled
+from .channel import Reply, SessionChannel
+from .commands import Cancel, Command, Flush, Open, SessionDetails, Sync, ToolResult
 from .metrics import EngineMetrics
-from .scheduler import BatchScheduler, Chunk, SessionInput
+from .scheduler import BatchScheduler
 
 logger = logging.getLogger(__name__)
 
 NOT_ACTIVE = "realtime session is not active"
-Deliver = Callable[[Any, list], None]  # (feed, a frame's texts) -> the connection
+# Longest a new session's prefill runs before the other sessions' frames do.
+PREFILL_SLICE_SECONDS = 0.02
 
 
-class InputStepper:
-    """Every session's input queue and translator (engine thread only)."""
+class Stepper:
+    """Every open session's channel (engine thread only)."""
 
-    def __init__(self, metrics: EngineMetrics, deliver: Deliver):
+    def __init__(self, metrics: EngineMetrics):
         self.metrics = metrics
-        self.deliver = deliver
         self.pool: SessionPool | None = None  # set once the model is loaded
         self.scheduler: BatchScheduler | None = None  # set when the engine starts serving
-        self.inputs: dict[str, SessionInput] = {}
-        self.translators: dict[str, Translator] = {}  # session -> its dialect's
-        self.peak_bytes = 0  # the most PCM one session's queue ever held
+        self.channels: dict[str, SessionChannel] = {}
 
     # --- what is due --------------------------------------------------------------
 
-    def commands_due(self) -> bool:
-        return any(i.head_command() is not None for i in self.inputs.values())
+    def markers_due(self) -> bool:
+        return any(c.head_marker() is not None for c in self.channels.values())
 
     def wait(self) -> float | None:
         """Seconds until the next step is due (0: now), ``None`` when no frame is ready."""
-        return self.scheduler.wait(self.inputs, time.perf_counter())
+        return self.scheduler.wait(self.channels, time.perf_counter())
 
-    def queue(self, command: Command) -> bool:
-        """Queue an ordered command behind its session's audio; ``False`` when none waits."""
-        if not command.ordered:
+    def add_marker(self, command: Command) -> bool:
+        """Queue a marker behind its session's audio; ``False`` when the session is not open."""
+        channel = self.channels.get(command.session_id)
+        if channel is None:
             return False
-        queue_ = self.inputs.get(command.session_id)
-        if queue_ is None or not queue_.items:
-            return False
-        queue_.add_command(command)
+        channel.add_marker(command)
         return True
 
-    # --- audio in -------------------------------------------------------------------
+    # --- opening ----------------------------------------------------------------------
 
-    def add(self, command: Append | Push) -> None:
-        """A chunk of PCM for a session's queue (framed later; the session must be open)."""
-        session_id, pool = command.session_id, self.pool
-        feed = command.feed if isinstance(command, Append) else None
-        tag = command.tag if isinstance(command, Append) else object()
-        chunk = Chunk(command.samples, tag, feed, command if feed is None else None)
+    def open_steps(self, command: Open, abort: threading.Event
+                   ) -> Generator[list, None, SessionDetails]:
+        """Open a session, its prompt prefill in slices of at most
+        ``PREFILL_SLICE_SECONDS`` (yielding between them, so a new session's prefill
+        holds the others up by one slice at a time) until ``abort`` is set; then
+        its channel."""
+        pool, session_id, options = self.pool, command.session_id, command.options
+        opening = pool.open_steps(session_id, options)
         try:
-            if pool is None or session_id not in pool:
-                raise RuntimeError(NOT_ACTIVE)
-            stream = pool.get(session_id)
-            chunk.samples = as_pcm_chunk(command.samples)
-        except Exception as exc:
-            self.consumed([(feed, _length(command.samples))])
-            self.fail(chunk, exc)
-            return
-        queue_ = self.inputs.get(session_id)
-        if queue_ is None:
-            queue_ = self.inputs[session_id] = SessionInput(stream.frame_samples,
-                                                            stream.sample_rate)
-        queue_.add_chunk(chunk, time.perf_counter())
-        self.peak_bytes = max(self.peak_bytes, queue_.nbytes)
-        self.answer_settled(queue_)
+            slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
+            while True:
+                if abort.is_set():  # between two positions: the pool frees the slot
+                    raise PrefillCancelled("the session's prefill was stopped")
+                try:
+                    next(opening)
+                except StopIteration as opened:
+                    stream = opened.value
+                    break
+                if time.perf_counter() >= slice_end:
+                    yield []  # the others' frames run now
+                    slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
+        except BaseException:
+            opening.close()
+            raise
+        finally:
+            self.metrics.sessions(len(pool), pool.state_bytes)
+        self.channels[session_id] = SessionChannel(stream.frame_samples, command.sink)
+        return SessionDetails(stream.sample_rate, pool.voicechat.config.output_sample_rate,
+                              stream.frame_samples, stream.options.max_streaming_seconds,
+                              isinstance(options, TranscriptionOptions))
 
-    def run_heads(self, run: Callable[[Command], None]) -> None:
-        """Run (with ``run``) the commands that reached the head of their session's queue."""
-        for session_id, queue_ in list(self.inputs.items()):
-            while (command := queue_.head_command()) is not None:
-                if queue_.items[0] is not command:  # a partial frame first: the stream keeps it
-                    samples, consumed, finished = queue_.take_residual()
-                    self.stage(session_id, samples, finished)
-                    self.consumed(consumed)
-                queue_.pop_command(time.perf_counter())
-                run(command)
+    # --- markers --------------------------------------------------------------------
 
-    def stage(self, session_id: str, samples: np.ndarray, finished: list[Chunk]) -> None:
-        """Hand a partial frame to the session's stream (it runs no frame)."""
-        result = self.pool.step({session_id: (samples, self.inputs[session_id].rate)})
-        error = result.errors.get(session_id)
-        if error is not None and finished:
-            self.fail(finished[-1], error)
-        for chunk in finished:
-            answer(chunk)
+    def run_markers(self) -> None:
+        """Run the markers that reached the head of their channel, in order."""
+        for session_id, channel in list(self.channels.items()):
+            while channel.head_marker() is not None:
+                command = channel.pop_marker(time.perf_counter())
+                try:
+                    value = self._marker(session_id, channel, command)
+                except Exception as exc:
+                    # Reported to the client, and logged once there (send_error).
+                    logger.debug("engine %s failed for %s: %s", type(command).__name__,
+                                 session_id, exc, exc_info=True)
+                    channel.emit(Reply(command, error=exc))
+                else:
+                    channel.emit(Reply(command, value))
 
-    # --- frames out -----------------------------------------------------------------
+    def _marker(self, session_id: str, channel: SessionChannel, command: Command) -> Any:
+        pool = self.pool
+        if isinstance(command, Sync):  # every frame queued before it has run
+            return None
+        stream = pool.get(session_id)
+        if isinstance(command, Flush):
+            before, started = stream.frame_index, time.perf_counter()
+            events = pool.flush(session_id, command.pad_partial, channel.take_partial())
+            self.metrics.step(stream.frame_index - before, time.perf_counter() - started,
+                              pool.voicechat.config.frame_duration)
+            self.metrics.sessions(len(pool), pool.state_bytes)
+            return events
+        if isinstance(command, Cancel):
+            channel.take_partial()  # what the stream was still to hear
+            # A client that cancels always hears it cancelled, also after a
+            # failed commit closed the stream.
+            return pool.cancel(session_id) or [Cancelled(stream.frame_index)]
+        if isinstance(command, ToolResult):
+            stream.submit_tool_result(command.call_id, command.output)
+            return None
+        raise TypeError(f"not a marker: {command!r}")
+
+    # --- frames ---------------------------------------------------------------------
 
     def step(self) -> None:
         """One pool step: a frame of every session that has one ready."""
-        pool, scheduler, config = self.pool, self.scheduler, self.pool.voicechat.config
-        ready = scheduler.ready(self.inputs)
+        pool, scheduler = self.pool, self.scheduler
+        config = pool.voicechat.config
+        ready = scheduler.ready(self.channels)
         now = started = time.perf_counter()
-        waited = now - scheduler.collection_start(self.inputs, ready)
-        frames = {k: self.inputs[k].take_frame(now) for k in ready}
-        result = pool.step({k: (f.samples, self.inputs[k].rate) for k, f in frames.items()})
+        waited = now - scheduler.collection_start(self.channels, ready)
+        frames, tags = {}, {}
+        for session_id in ready:
+            frames[session_id], tags[session_id] = self.channels[session_id].take_frame(now)
+        result = pool.step(frames)
         self.metrics.step(result.frames, result.seconds, config.frame_duration)
         self.metrics.collected(waited)
-        for session_id, frame in frames.items():
-            queue_ = self.inputs[session_id]
+        for session_id in ready:
+            channel = self.channels[session_id]
             error = result.errors.get(session_id)
-            if error is not None:
-                logger.debug("engine frame failed for %s: %s", session_id, error, exc_info=error)
-                consumed, _ = queue_.drop_tag(frame.owner.tag, time.perf_counter())
-                frame.consumed += consumed
-                self.fail(frame.owner, error)
-            else:
-                texts = self.translators[session_id].translate(result.events[session_id])
-                if frame.owner.reply is not None:
-                    frame.owner.events += texts
-                elif frame.owner.feed is not None and texts:
-                    self.deliver(frame.owner.feed, texts)
-            for chunk in frame.finished:
-                answer(chunk)
-            self.answer_settled(queue_)
-            self.consumed(frame.consumed)
+            if error is None:
+                channel.emit(result.events[session_id])
+                continue
+            logger.debug("engine frame failed for %s: %s", session_id, error, exc_info=error)
+            channel.drop_tag(tags[session_id], time.perf_counter())
+            channel.emit(error)
         self.metrics.sessions(len(pool), pool.state_bytes)
-        self.metrics.buffered(sum(q.buffered for q in self.inputs.values())
+        self.metrics.buffered(sum(c.buffered for c in self.channels.values())
                               / config.input_sample_rate)
         scheduler.free_since = time.perf_counter()
         scheduler.record(result.frames, scheduler.free_since - started)
 
-    def answer_settled(self, queue_: SessionInput) -> None:
-        for chunk in list(queue_.settled()):
-            answer(chunk)
-
-    @staticmethod
-    def fail(chunk: Chunk, error: BaseException) -> None:
-        if chunk.reply is not None:
-            chunk.reply.reply(error=error)
-            chunk.reply = None
-        elif chunk.feed is not None:
-            notify(chunk.feed, "failed", error)
-
-    @staticmethod
-    def consumed(consumed: list[tuple[Any, int]]) -> None:
-        """Tell each feed how many of its samples left the queue (its room for more)."""
-        totals: dict[int, tuple[Any, int]] = {}
-        for feed, samples in consumed:
-            if feed is not None and samples:
-                totals[id(feed)] = (feed, totals.get(id(feed), (feed, 0))[1] + samples)
-        for feed, samples in totals.values():
-            notify(feed, "consumed", samples)
+    def send(self) -> None:
+        """Every session's hand-off of this cycle, to its sink."""
+        for channel in self.channels.values():
+            channel.send()
 
     # --- closing ----------------------------------------------------------------------
 
     def drop(self, session_id: str) -> None:
-        """Forget a closing session's queue; what waits in it is answered with an error."""
-        queue_ = self.inputs.pop(session_id, None)
-        if queue_ is None:
+        """Forget a closing session's channel; its markers are answered with an error."""
+        channel = self.channels.pop(session_id, None)
+        if channel is None:
             return
         gone = RuntimeError(NOT_ACTIVE)
-        for item in queue_.drain():
-            if isinstance(item, Chunk):
-                self.consumed([(item.feed, item.left)])
-                if item.reply is not None:
-                    item.reply.reply(error=gone)
-            else:
-                item.reply(error=gone)
+        for marker in list(channel.drain()):
+            channel.emit(Reply(marker, error=gone))
+        channel.send()
 
     def drop_all(self) -> None:
-        for session_id in list(self.inputs):
+        for session_id in list(self.channels):
             self.drop(session_id)
-
-
-def answer(chunk: Chunk) -> None:
-    """Reply to a push with the events of the frames it completed."""
-    if chunk.reply is not None:
-        chunk.reply.reply(chunk.events)
-        chunk.reply = None
-
-
-def notify(feed: Any, method: str, value: Any) -> None:
-    """Call ``feed.method(value)`` on the feed's event loop, in order."""
-    try:
-        feed.loop.call_soon_threadsafe(getattr(feed, method), value)
-    except RuntimeError:  # the loop has closed
-        pass
-
-
-def _length(samples: Any) -> int:
-    shape = getattr(samples, "shape", None)
-    return int(shape[0]) if shape else 0

@@ -59,12 +59,12 @@ def _warm_up_batches(voicechat: Any, max_sessions: int, costs: StepCosts, frames
         for seed, session_id in enumerate(ids):
             pool.open(session_id, SessionOptions(seed=seed))
         for _ in range(frames):
-            result = pool.step({k: (silence, None) for k in ids})
+            result = pool.step({k: silence for k in ids})
         costs.record(len(ids), result.seconds)
         for size in range(max_sessions - 1, 0, -1):
             pool.close(ids[size])
             for _ in range(WARM_UP_STEPS_PER_SIZE):
-                result = pool.step({k: (silence, None) for k in ids[:size]})
+                result = pool.step({k: silence for k in ids[:size]})
             costs.record(size, result.seconds)  # the scheduler's first figures
     finally:
         pool.close_all()

@@ -22,7 +22,8 @@ and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
 - While a response is owed (opened or requested, not yet ``response.done``)
   and the client has sent no audio for :data:`STREAM_LULL_SECONDS` (at once
   after a commit with turn detection off), the connection runs the timeline
-  on silence, one ``Engine.push`` per frame, as fast as the engine steps it,
+  on silence, one frame at a time (:meth:`Engine.push`: the server's PCM, in
+  the session's channel behind the client's), as fast as the engine steps it,
   so the model can answer; the response's bound (``max_response_seconds``)
   ends it. The idle timeout does not run while a response is owed.
 - ``conversation.item.create`` answers a tool call with a
@@ -44,12 +45,13 @@ from fastapi import WebSocket
 
 from ...runtime.options import SessionOptions
 from ...runtime.quoting import brief
-from ..connection import Connection, Dialect, Finished, stream_full
+from ..connection import Connection, Dialect, Finished
+from ..engine_session import stream_full
 from ..engine import Engine
 from ..limits import ServerLimits
 from ..options import session_options, transcription_options
 from ..wire import (
-    CloseCode, ErrorCode, ProtocolError, inference_error, init_failed, invalid, load_object,
+    CloseCode, ErrorCode, ProtocolError, dumps, init_failed, invalid, load_object,
     new_id, parse_tool_output,
 )
 from .ga_audio import FormatError, InputAudio
@@ -119,6 +121,16 @@ class GAConnection(Connection):
         # The responses' state follows the frames run so far: the audio queued
         # before any other event runs (and its events go out) first.
         return event.kind == "input_audio_buffer.append"
+
+    def translate(self, events: list) -> list[str]:
+        return self.responses.translate(events)
+
+    def frame_error(self, exc: BaseException) -> None:
+        """A frame's error; one of the server's silence frames failing (not at the
+        stream's bound) ends the owed response as ``failed`` (the session stays)."""
+        super().frame_error(exc)
+        if self.responses.server_frames and not stream_full(exc):
+            self.deliver([dumps(e) for e in self.responses.fail(str(exc) or type(exc).__name__)])
 
     def limit_reached(self) -> None:
         """The stream is full: the connection ends normally."""
@@ -215,7 +227,7 @@ class GAConnection(Connection):
         self.opened_with = None
         # Transcription only (perception + RNNT): the user transcript, no responses.
         opened = transcription_options(self.limits, options) if text_only else options
-        details = await self.open_session(opened, self.responses)
+        details = await self.open_session(opened)
         self.opened_with = options
         self.responses.configure(config, details.output_sample_rate,
                                  details.frame_samples / details.input_sample_rate)
@@ -238,17 +250,10 @@ class GAConnection(Connection):
 
     async def push_frame(self, chunk: np.ndarray) -> None:
         """One frame of server-made input, queued behind the client's audio (the same
-        session queue); waits for it to run, and its events go out. A full stream
-        ends the connection."""
-        try:
-            texts = await self.engine.push(self.session_id, chunk)
-        except Exception as exc:
-            if stream_full(exc):
-                await self.send_error(ErrorCode.INFERENCE_ERROR, str(exc))
-                raise Finished(CloseCode.NORMAL) from None
-            raise inference_error(exc) from None
+        session channel); waits for it to run. Its events and its error go out as any
+        frame's (:meth:`frame_error`; a full stream ends the connection)."""
+        await self.engine_call(self.engine.push(self.session_id, chunk))
         self.heard += chunk.shape[0]
-        await self.forward(texts)
 
     # --- owed responses: the timeline runs on silence -------------------------
 

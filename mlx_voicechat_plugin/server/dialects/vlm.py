@@ -162,6 +162,9 @@ class VLMConnection(Connection):
     def queues_audio(self, message: ClientMessage) -> bool:
         return isinstance(message, AudioAppend)
 
+    def translate(self, runtime_events: list) -> list[str]:
+        return events.translate(runtime_events)
+
     async def dispatch(self, message: ClientMessage) -> None:
         if isinstance(message, Ping):
             await self.send({"type": "session.pong"})
@@ -178,8 +181,9 @@ class VLMConnection(Connection):
         elif isinstance(message, AudioAppend):
             await self.append(message)
         elif isinstance(message, Commit):
-            await self.forward(await self.engine_call(
-                self.engine.flush(self.session_id, message.pad_partial)))
+            flushed = await self.engine_call(self.engine.flush(self.session_id,
+                                                               message.pad_partial))
+            await self.send_texts(events.committed(flushed, self.frames_run))
             raise Finished(CloseCode.NORMAL)
         else:
             await self.forward(await self.engine_call(self.engine.cancel(self.session_id)))
@@ -193,7 +197,7 @@ class VLMConnection(Connection):
             max_streaming_seconds=update.max_streaming_seconds, tools=update.tools)
         # Text-only: perception + RNNT, the user transcript.
         opened = transcription_options(self.limits, options) if update.text_only else options
-        details = await self.open_session(opened, events.TRANSLATOR)
+        details = await self.open_session(opened)
         logger.info("%s configured (seed %d, max %.1f s)", self.session_id, options.seed,
                     options.max_streaming_seconds)
         await self.send(events.session_updated(self.session_id, self.model_id, details))

@@ -22,10 +22,10 @@ from ...runtime.events import (
     ToolCallInvalid,
     ToolResultInjected,
     ToolsWarning,
+    TranscriptDone,
     UserTranscriptDelta,
 )
-from ...runtime.transcribe import TranscriptDone
-from ..commands import SessionDetails, Translator
+from ..commands import SessionDetails
 from ..wire import ErrorCode, bounded, dumps, encode_pcm16
 
 
@@ -101,21 +101,18 @@ def model_event(event: Event) -> dict[str, Any]:
     raise TypeError(f"unsupported event {type(event).__name__}")
 
 
-class VLMTranslator(Translator):
-    """The mlx-vlm dialect's texts of a session's events (no state: one serves them all)."""
-
-    def translate(self, events: list[Event]) -> list[str]:
-        return [dumps(model_event(e)) for e in events]
-
-    def flushed(self, events: list[Event], first_frame: int) -> list[str]:
-        """As the reference orders a commit: the audio of frames run before it
-        (the last such frame's), ``input_audio_buffer.committed``, then the rest."""
-        lead = 0
-        while lead < len(events) and events[lead].frame_index < first_frame \
-                and isinstance(events[lead], Audio):
-            lead += 1
-        return [*self.translate(events[:lead]), dumps({"type": "input_audio_buffer.committed"}),
-                *self.translate(events[lead:])]
+def translate(events: list[Event]) -> list[str]:
+    """Runtime events as the texts sent, in order."""
+    return [dumps(model_event(e)) for e in events]
 
 
-TRANSLATOR = VLMTranslator()
+def committed(events: list[Event], first_frame: int) -> list[str]:
+    """A commit's events as the reference orders them: the audio of the frames run
+    before it (frames below ``first_frame``: the last such frame's),
+    ``input_audio_buffer.committed``, then the rest."""
+    lead = 0
+    while lead < len(events) and events[lead].frame_index < first_frame \
+            and isinstance(events[lead], Audio):
+        lead += 1
+    return [*translate(events[:lead]), dumps({"type": "input_audio_buffer.committed"}),
+            *translate(events[lead:])]
