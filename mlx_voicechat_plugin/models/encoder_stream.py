@@ -197,7 +197,9 @@ class EncoderStream:
 
     def _subsampling(self, window: mx.array) -> mx.array:
         pre_encode = self.encoder.pre_encode
-        return pre_encode(window, mx.array([window.shape[1]], dtype=mx.int32))[0]
+        # The lengths as host ints: pre_encode reads each one back (``int``), which
+        # for an array would be a host round trip per stream and frame uncompiled.
+        return pre_encode(window, [window.shape[1]] * window.shape[0])[0]
 
     def subsample(self, tail: SubsamplingTail, mel: mx.array) -> mx.array:
         """A stream's ``(1, n, F)`` new mel frames -> ``(1, k, D)`` new encoder-rate frames."""

@@ -76,6 +76,7 @@ class KernelCounter:
         self.primitives: Counter = Counter()
         self.evaluations = 0
         self.calls: list[str] = []
+        self.per_call: list[int] = []  # kernels of each evaluation, in order
         self._thread = 0
         self._saved: dict[tuple[Any, str], Callable] = {}
 
@@ -87,13 +88,14 @@ class KernelCounter:
         self.primitives = Counter()
         self.evaluations = 0
         self.calls = []
+        self.per_call = []
 
     def snapshot(self) -> dict[str, Any]:
         """Counts so far, as plain values."""
         return {"kernels": self.kernels, "evaluations": self.evaluations,
                 "matmuls": self.primitives.get("Matmul", 0) + self.primitives.get("AddMM", 0)
                 + self.primitives.get("QuantizedMatmul", 0),
-                "calls": list(self.calls)}
+                "calls": list(self.calls), "per_call": list(self.per_call)}
 
     # --- install / uninstall ---------------------------------------------
 
@@ -134,6 +136,7 @@ class KernelCounter:
             self.primitives.update(found)
             self.evaluations += 1
             self.calls.append(what)
+            self.per_call.append(kernel_count(found))
 
     def _wrap_eval(self, what: str) -> Callable[[Callable], Callable]:
         def make(original: Callable) -> Callable:

@@ -279,9 +279,9 @@ class Timeline:
         text = mx.argmax(text_logits[:, -1], axis=-1).astype(mx.int32)
         predicted = mx.argmax(function_logits[:, -1], axis=-1).astype(mx.int32)
         forced = [None for _ in rows] if forced is None else list(forced)
-        function = mx.concatenate([predicted[b : b + 1] if force is None
-                                   else mx.array([force], dtype=mx.int32)
-                                   for b, force in enumerate(forced)])
+        function = predicted if all(f is None for f in forced) else mx.concatenate(
+            [predicted[b : b + 1] if force is None else mx.array([force], dtype=mx.int32)
+             for b, force in enumerate(forced)])
         clock.stage("language", text, function)
         return self._take(text, function, [force is not None for force in forced])
 
