@@ -25,6 +25,8 @@ from mlx_vlm.models.base import create_attention_mask, scaled_dot_product_attent
 from mlx_vlm.models.cache import ArraysCache
 from mlx_vlm.models.gemma3.language import clip_residual
 
+from .rows import stack_rows, take_row
+
 MAMBA, ATTENTION = "M", "*"
 
 
@@ -62,13 +64,15 @@ class _Run:
         step. One row stacks and slices nothing (MLX returns the array itself).
         """
         slots = self.slots
-        state = [mx.concatenate([r[s].state[j] for r in rows]) for s in slots for j in (0, 1)]
+        # Rows written back by the previous step, in the same order, stack as the
+        # arrays they are rows of (``stack_rows``): no concatenation per step.
+        state = [stack_rows([r[s].state[j] for r in rows]) for s in slots for j in (0, 1)]
         result = self._compiled(x, *state)
         outputs = len(result) - len(state)
         for i, s in enumerate(slots):
             conv, ssm = result[outputs + 2 * i], result[outputs + 2 * i + 1]
             for b, caches in enumerate(rows):
-                caches[s].state = [conv[b : b + 1], ssm[b : b + 1]]
+                caches[s].state = [take_row(conv, b), take_row(ssm, b)]
         return result[:outputs]
 
 
