@@ -12,6 +12,9 @@ short keeps what it measured):
    steady frames: plain ``push_audio`` wall-clock p50 / p95 per frame, and a
    profiled run's per-stage p50 (perception, RNNT, language, TTS, codec),
    with the plugin / reference ratios.
+   ``agreement``: per stage, how the plugin's offline answer to a 3.1 s
+   question agrees with the reference's on this device (``conformance.diff``:
+   ids equal over the question, max abs of the float stages).
 2. ``pool``: the plugin's :class:`~mlx_voicechat_plugin.runtime.pool.SessionPool`
    at each N of ``--batches``: N sessions stepped ``--warm-frames`` steps, then
    ``--steps`` timed steps: step p50 / p95, frames/s (N / p50), state bytes per
@@ -109,6 +112,22 @@ def single_session(ours: Any, theirs: Any, audio: np.ndarray, frame: int, skip: 
     return out
 
 
+def agreement(loaded: tuple, seconds: float, rate: int) -> dict:
+    """How the plugin agrees with the reference on this device, per stage
+    (``conformance.diff``: offline, one question, the reference with its language cache)."""
+    from conformance.diff import run_pair
+
+    from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+    audio = mx.array(question_signal(seconds, sample_rate=rate))
+    diffs = run_pair(None, audio, extra_decoding_seconds=0.0, reference_language_cache=True,
+                     loaded=loaded)
+    out = {d.stage: {"equal": d.equal, "total": d.total, "first_mismatch": d.first_mismatch,
+                     "max_abs": d.max_abs, "tolerance": d.tolerance} for d in diffs}
+    _log("agreement: " + ", ".join(f"{k} {v['equal']}/{v['total']}" for k, v in out.items()))
+    return out
+
+
 def _event_key(event: Any) -> tuple:
     """An event as comparable host values (arrays as lists)."""
     values = []
@@ -182,13 +201,17 @@ def tiny_runs(seconds: float, tmp: Path) -> dict:
     from mlx_voicechat_plugin import load
     from mlx_voicechat_plugin.testing.fixtures import make_checkpoint, question_signal
 
+    from mlx_voicechat_plugin.runtime import compile_policy
+
     checkpoint = make_checkpoint(tmp / "tiny-s0", "tiny")
+    # As a user's short job runs it (``generate``, ``--stream``): the short-job policy.
+    compiled = compile_policy.apply(None, long_running=False)
     model, processor = load(checkpoint)
     ref, ref_processor = reference_load(str(checkpoint))
     ours, theirs = model.create_session(processor), ref.create_session(ref_processor)
     audio = question_signal(seconds)
     frame = model.config.frame_samples
-    out: dict[str, Any] = {"seconds_of_audio": seconds}
+    out: dict[str, Any] = {"seconds_of_audio": seconds, "compiled": compiled}
 
     def timed(run: Callable[[], Any]) -> float:
         began = time.perf_counter()
@@ -204,7 +227,8 @@ def tiny_runs(seconds: float, tmp: Path) -> dict:
     out["reference_generate_s"] = timed(lambda: theirs.generate(mx.array(audio)))
     out["plugin_stream_s"] = timed(lambda: stream(ours, lambda x: x))
     out["reference_stream_s"] = timed(lambda: stream(theirs, mx.array))
-    _log("tiny: " + ", ".join(f"{k} {v:.2f}" for k, v in out.items()))
+    _log("tiny: " + ", ".join(f"{k} {v:.2f}" for k, v in out.items() if k != "compiled")
+         + f" (compiled: {compiled})")
     return out
 
 
@@ -256,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny-seconds", type=float, default=QUESTION_SECONDS)
     parser.add_argument("--no-tiny", dest="tiny", action="store_false",
                         help="skip the tiny-fixture generate / stream timings")
+    parser.add_argument("--no-agreement", dest="agreement", action="store_false",
+                        help="skip the per-stage plugin / reference diff on this device")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="override the compile policy (default: the server's choice)")
     parser.add_argument("--out", default="bench-gpu.json")
@@ -287,7 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         rate, frame = model.config.input_sample_rate, model.config.frame_samples
         audio = _signal((args.warm_frames + args.frames) * model.config.frame_duration, rate)
         report.put("single", single_session(ours, theirs, audio, frame, args.warm_frames))
-        del ref, theirs
+        if args.agreement:
+            try:
+                report.put("agreement", agreement(((model, processor), (ref, ref_processor)),
+                                                  QUESTION_SECONDS, rate))
+            except Exception as exc:  # a diff that fails must not cost the batch curve
+                report.put("agreement", {"error": repr(exc)})
+                _log(f"agreement failed: {exc!r}")
+        del ref, ref_processor, theirs
         mx.clear_cache()
         pool_curve(ours, batches, args.warm_frames, args.steps, frame, rate, report)
         del model, ours

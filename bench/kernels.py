@@ -33,7 +33,7 @@ SIZES = ("tiny", "small", "medium", "full")
 
 def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> dict[str, Any]:
     """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps."""
-    from mlx_voicechat_plugin.runtime.kernels import KernelCounter
+    from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter
     from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
     from mlx_voicechat_plugin.testing.fixtures import question_signal
@@ -55,6 +55,8 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
                 with KernelCounter() as counter:
                     result = pool.step(chunk)
                 steps.append(counter.snapshot())
+                steps[-1]["primitives"] = {k: v for k, v in counter.primitives.items()
+                                           if k not in VIEWS}
             if result.errors:
                 raise RuntimeError(f"step {index}: {result.errors}")
     finally:
@@ -66,7 +68,8 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
 
     return {"batch": batch, "steps": len(steps), "kernels": summary("kernels"),
             "evaluations": summary("evaluations"), "matmuls": summary("matmuls"),
-            "calls": steps[-1]["calls"] if steps else []}
+            "calls": steps[-1]["calls"] if steps else [],
+            "primitives_last_step": steps[-1]["primitives"] if steps else {}}
 
 
 def load_fixture(size: str, seed: int = 0, tmp: str | None = None) -> tuple[Any, Any]:

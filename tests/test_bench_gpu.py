@@ -22,6 +22,9 @@ def test_gpu_bench_smoke_run_writes_every_section(tmp_path):
     for side in ("plugin", "reference"):
         assert set(report["single"][side]["stages_p50_ms"]) == set(gpu.STAGES)
         assert report["single"][side]["frame"]["p50_ms"] > 0
+    agreement = report["agreement"]
+    for stage in ("text_ids", "function_ids", "codes"):
+        assert agreement[stage]["equal"] == agreement[stage]["total"] > 0, agreement[stage]
     pool = report["pool"]
     assert [r["sessions"] for r in pool] == [1, 2]
     assert all(r["row0_equals_solo"] for r in pool)  # exact on the CPU
