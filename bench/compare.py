@@ -243,7 +243,7 @@ def _across_seeds(reports: dict[int, dict]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compare")
-    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--seeds", default="0",
                         help="fixture seeds, comma-separated: each is its own checkpoint of --size")
     parser.add_argument("--seconds", type=float, default=10.0, help="offline input length")

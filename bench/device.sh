@@ -1,37 +1,56 @@
 #!/usr/bin/env bash
-# The sessions benchmark on a GPU machine (mlx[cuda] on Linux, plain mlx on
-# macOS), ready for when one is lent:
+# The GPU bench on a lent NVIDIA machine (issue 32), one prepared command:
 #
-#   bash bench/device.sh            # from the repository root
+#   bash bench/device.sh        # from the repository root, on the GPU machine
 #
-# It makes a venv with mlx[cuda], installs the package, and runs
-# bench.sessions on the small and medium fixtures for N = 1, 2, 4, 8,
-# writing build/device/sessions_<size>.json and .png.
+# That machine has Python 3.12 with numpy, safetensors, tokenizers,
+# sentencepiece, transformers and matplotlib, but no MLX and no registry
+# access: MLX and the MLX hosts travel as cp312 wheels in .whl/ (ignored by
+# git; fetch them HERE first with `bash bench/gpu_wheels.sh`, then name .whl
+# in the device tool's `carry`). It installs them into /tmp/site, checks
+# that MLX sees the GPU, and runs
 #
-# What it is expected to print: per N, "together f/s" and "serial f/s" and
-# "x one" (together over one session), "exact True" at every N. On this
-# repository's 2-core CPU "x one" measured 1.35 / 1.96 / 2.32 at N = 2 / 4 / 8
-# on the small fixture (tiny: 1.61 / 1.93 / 2.05; docs/serving.md, "Serving many
-# sessions", whose table is the source of these figures); on a GPU, where a batched
-# step reads the weights once for all sessions, it should grow with N until
-# compute dominates. "exact False" would mean a CUDA kernel rounds a row
-# differently inside a larger batch: run tests/test_sessions.py there too.
-set -euo pipefail
+#   python -m bench.gpu --size full --out $OUT/bench-gpu.json --plot $OUT/bench-gpu.png
+#
+# (plugin and reference side by side at the released 11B's shapes: one
+# session per stage, the pool's batch curve N = 1..64, the tiny fixture's
+# generate and stream times), then the CPU-comparable kernel counts of the
+# medium fixture under the GPU backend. Progress lines go through
+# `grep --line-buffered` so the device tool's output tail shows them live;
+# the whole log is $OUT/bench-gpu.log. Every section of the JSON is written
+# as soon as it is measured, so a run cut short by the time limit keeps what
+# it measured. Budget: building `full` takes seconds on an H200, the
+# single-session section about 2 x 130 frames, each N of the curve
+# 72 + 21 steps; about 6-8 minutes in all (use timeout_s=600).
+#
+# Device tool call (the command is at most 2000 characters):
+#   run(command="bash bench/device.sh", carry=[".whl"], timeout_s=600)
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/device}
 mkdir -p "$OUT"
-python3 -m venv "$OUT/venv"
-"$OUT/venv/bin/pip" install -q --upgrade pip
-if [ "$(uname -s)" = "Linux" ]; then
-  # The project pins mlx[cpu] on Linux; the CUDA build replaces it here.
-  "$OUT/venv/bin/pip" install -q -e ".[bench]"
-  "$OUT/venv/bin/pip" uninstall -q -y mlx-cpu || true
-  "$OUT/venv/bin/pip" install -q "mlx[cuda]"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 else
-  "$OUT/venv/bin/pip" install -q -e ".[bench]"
+  echo "no .whl/: using the MLX already installed (pip install -e '.[cuda]')"
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
-"$OUT/venv/bin/python" -c "import mlx.core as mx; print('device:', mx.default_device())"
-for size in small medium; do
-  "$OUT/venv/bin/python" -m bench.sessions --size "$size" --sessions 1 2 4 8 --seconds 2 \
-    --json "$OUT/sessions_$size.json" --png "$OUT/sessions_$size.png"
-done
+"$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, 'device:', mx.default_device())" \
+  || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+# Progress: the bench's own lines, the kernel table and errors; everything to the log.
+progress='^\[bench|^ *[0-9]+ +[0-9]|fixture|Error|error|Traceback'
+timeout 450 "$PY" -m bench.gpu --size full --batches "${BATCHES:-1,2,4,8,16,32,64}" \
+  --out "$OUT/bench-gpu.json" --plot "$OUT/bench-gpu.png" 2>&1 \
+  | tee "$OUT/bench-gpu.log" | grep --line-buffered -E "$progress"
+status=${PIPESTATUS[0]}
+if [ "${KERNELS:-1}" = 1 ]; then
+  timeout 110 "$PY" -m bench.kernels --size medium --batch 1,16 --warm-frames 72 --frames 3 \
+    --json "$OUT/kernels-medium-gpu.json" 2>&1 | tee "$OUT/kernels.log" \
+    | grep --line-buffered -E "$progress"
+fi
+exit "$status"

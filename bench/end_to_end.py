@@ -58,7 +58,7 @@ def _child(side: str, checkpoint: str, seconds: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.end_to_end")
-    parser.add_argument("--size", default="medium", choices=("tiny", "small", "medium"))
+    parser.add_argument("--size", default="medium", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--seconds", type=float, default=3.0, help="question length")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "CHECKPOINT"), help=argparse.SUPPRESS)

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_voicechat_plugin.testing.fixtures import conversation_signal, make_checkpoint
 
     parser = argparse.ArgumentParser(prog="python -m bench.floors")
-    parser.add_argument("--size", default="medium", choices=("tiny", "small", "medium"))
+    parser.add_argument("--size", default="medium", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--seeds", default="0,1", help="fixture seeds, comma-separated")
     parser.add_argument("--frames", type=int, default=40, help="streaming frames per round")
     parser.add_argument("--rounds", type=int, default=5, help="plain streaming rounds")

@@ -35,7 +35,7 @@ def _rss_mb() -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.long_stream")
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--size", default="tiny", choices=("tiny", "small", "medium"))
+    parser.add_argument("--size", default="tiny", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--window", type=int, default=250, help="frames a report row")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)

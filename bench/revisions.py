@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.revisions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("other", help="the other checkout (with its own .venv)")
-    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--sessions", type=int, default=1)
     parser.add_argument("--frames", type=int, default=150, help="timed frames (<= 300)")
     parser.add_argument("--checkpoint", default=None,

@@ -74,7 +74,7 @@ def _one_after_another(voicechat, audios: list[np.ndarray], frame: int, skip: in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sessions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--skip-seconds", type=float, default=6.0,

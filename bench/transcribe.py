@@ -63,7 +63,7 @@ def _best_seconds(run: Callable[[], Any], rounds: int) -> tuple[float, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.transcribe")
-    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--frames", type=int, default=125, help="streaming frames per round")
     parser.add_argument("--seconds", type=float, default=10.0, help="file length")
     parser.add_argument("--rounds", type=int, default=3)

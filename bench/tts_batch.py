@@ -137,7 +137,7 @@ def measure(model: Any, count: int, frames: int, repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tts_batch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--frames", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)

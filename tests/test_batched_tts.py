@@ -243,3 +243,17 @@ def test_key_streams_without_take_are_drawn_key_by_key(model):
         _, want_codes = twin.single()
         assert _equal(codes[b : b + 1], want_codes)
         assert _equal(speakers[b].rng.key, twin.rng.key)
+
+
+def test_many_key_streams_take_their_keys_in_one_computation_exactly():
+    import numpy as np
+
+    together = [RandomStream(seed) for seed in (0, 5, 2**64 - 1)]
+    alone = [RandomStream(seed) for seed in (0, 5, 2**64 - 1)]
+    for count in (10, 10, 4):
+        many = RandomStream.take_many(together, count)
+        one = mx.stack([s.take(count) for s in alone])
+        assert np.array_equal(np.array(many), np.array(one))
+        assert all(np.array_equal(np.array(a.key), np.array(b.key))
+                   for a, b in zip(together, alone))
+    assert RandomStream.take_many(together[:1], 3).shape == (1, 3, 2)

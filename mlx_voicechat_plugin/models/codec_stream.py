@@ -28,6 +28,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning
 
+from .rows import stack_rows, take_row
+
 # The decoder's magnitude head saturates softly at this value (fixed by the
 # trained codec, not a config field).
 MAX_MAGNITUDE = 100.0
@@ -96,18 +98,17 @@ class CodecState:
         meta = rows[0].meta_state
         if any(r.meta_state != meta for r in rows):
             raise ValueError("codec streams merge only in the same phase (equal meta_state)")
-        contexts = [mx.concatenate([r.block_context[i] for r in rows])
+        contexts = [stack_rows([r.block_context[i] for r in rows])
                     for i in range(len(rows[0].block_context))]
-        frames = mx.concatenate([r.frames for r in rows])
+        frames = stack_rows([r.frames for r in rows])
         return cls(contexts, frames, rows[0].weights, *meta)
 
     def extract(self, index: int) -> "CodecState":
         """Row ``index`` as a one-row state (a one-row state: itself)."""
         if self.batch_size == 1:
             return self
-        row = slice(index, index + 1)
-        return CodecState([c[row] for c in self.block_context], self.frames[row], self.weights,
-                          *self.meta_state)
+        return CodecState([take_row(c, index) for c in self.block_context],
+                          take_row(self.frames, index), self.weights, *self.meta_state)
 
     def check_open(self) -> None:
         if self.closed:

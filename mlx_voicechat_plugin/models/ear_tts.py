@@ -59,7 +59,9 @@ Cache = list[Any]
 class KeyStream(Protocol):
     """A source of PRNG keys, one per draw (e.g. ``runtime.rng.RandomStream``).
 
-    A stream may also offer ``take(n)``: the next ``n`` keys stacked, in one call.
+    A stream may also offer ``take(n)``: the next ``n`` keys stacked, in one call;
+    and its class ``take_many(streams, n)``: ``take(n)`` of many streams at once,
+    ``[B, n, 2]``.
     """
 
     def next(self) -> mx.array: ...
@@ -314,7 +316,12 @@ class EarTTS(nn.Module):
                 f"expected {GUIDED_ROWS} per session for {len(rngs)} key streams"
             )
         count = 2 * self.depth_passes
-        keys = mx.stack([take_keys(rng, count) for rng in rngs])
+        kind = type(rngs[0])
+        take_many = getattr(kind, "take_many", None)
+        if take_many is not None and all(type(r) is kind for r in rngs):
+            keys = take_many(list(rngs), count)  # every session's keys in one computation
+        else:
+            keys = mx.stack([take_keys(rng, count) for rng in rngs])
         if self._compiled_depth is None:
             # The module state is an input, so later weight updates are seen.
             self._compiled_depth = mx.compile(self._compiled_loop, inputs=self.state)

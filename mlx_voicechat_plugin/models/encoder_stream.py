@@ -197,13 +197,37 @@ class EncoderStream:
 
     def _subsampling(self, window: mx.array) -> mx.array:
         pre_encode = self.encoder.pre_encode
-        return pre_encode(window, mx.array([window.shape[1]], dtype=mx.int32))[0]
+        # The lengths as host ints: pre_encode reads each one back (``int``), which
+        # for an array would be a host round trip per stream and frame uncompiled.
+        return pre_encode(window, [window.shape[1]] * window.shape[0])[0]
 
     def subsample(self, tail: SubsamplingTail, mel: mx.array) -> mx.array:
         """A stream's ``(1, n, F)`` new mel frames -> ``(1, k, D)`` new encoder-rate frames."""
-        cached = 0 if tail.cache is None else tail.cache.shape[1]
-        window = mel if tail.cache is None else mx.concatenate([tail.cache, mel], axis=1)
-        frames = self._run_subsampling(window)
+        return self.subsample_many([tail], [mel])[0]
+
+    def subsample_many(self, tails: list[SubsamplingTail], mels: list[mx.array]
+                       ) -> list[mx.array]:
+        """:meth:`subsample` of many streams: windows of equal shape (every stream past
+        its first frames) run the subsampling stack as one batch (its convolutions and
+        projection are row-independent, like the encoder's blocks); each stream keeps
+        its own tail."""
+        windows = [mel if tail.cache is None else mx.concatenate([tail.cache, mel], axis=1)
+                   for tail, mel in zip(tails, mels)]
+        groups: dict[tuple, list[int]] = {}
+        for b, window in enumerate(windows):
+            groups.setdefault(tuple(window.shape), []).append(b)
+        outputs: list[mx.array] = list(windows)
+        for members in groups.values():
+            out = self._run_subsampling(stack_rows([windows[b] for b in members]))
+            for j, b in enumerate(members):
+                outputs[b] = take_row(out, j)
+        return [self._advance_tail(tail, mel, window, frames)
+                for tail, mel, window, frames in zip(tails, mels, windows, outputs)]
+
+    def _advance_tail(self, tail: SubsamplingTail, mel: mx.array, window: mx.array,
+                      frames: mx.array) -> mx.array:
+        """A stream's books after its window ran: the new frames it has not returned yet."""
+        cached = window.shape[1] - mel.shape[1]
         # Encoder frame index of the window's first output.
         first = (tail.consumed - cached) // self.factor
         tail.consumed += mel.shape[1]
@@ -327,7 +351,7 @@ class EncoderStream:
         that started on the same frame) the per-layer blocks. Every row equals
         its stream run alone.
         """
-        xs = [self.subsample(c.tails[0], mel) for c, mel in zip(caches, mels)]
+        xs = self.subsample_many([c.tails[0] for c in caches], mels)
         if any(x.shape[1] != xs[0].shape[1] for x in xs):
             raise ValueError(f"streams brought {[x.shape[1] for x in xs]} encoder frames; "
                              "a batch takes as many from each")

@@ -31,6 +31,7 @@ from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
@@ -182,16 +183,17 @@ class GreedyRNNT:
             *(c[i] for i in range(self.layers)),
         ])
 
-    def _unrolled(self, tries: int, encoded: mx.array, prediction: mx.array, *state: mx.array):
-        """``tries`` greedy tries of ``B`` streams: ``encoded`` ``[B, 1, D]``, the carries
-        stacked on the first axis; each row's emission masks only its row."""
+    def _unrolled(self, tries: int, encoded: mx.array, active: mx.array, prediction: mx.array,
+                  *state: mx.array):
+        """``tries`` greedy tries of ``B`` streams: ``encoded`` ``[B, 1, D]``, ``active``
+        ``[B, 1]`` (a row that is not active emits nothing and keeps its carry), the
+        carries stacked on the first axis; each row's emission masks only its row."""
         dtype = encoded.dtype
         joint, layers = self.joint, self.layers
         embed, lstm = self.decoder.prediction["embed"], self.decoder.prediction["dec_rnn"].lstm
         h, c = list(state[:layers]), list(state[layers:])
         # The joint's encoder projection does not change within a frame.
         enc = joint.enc(encoded.reshape(encoded.shape[0], -1))
-        active = mx.ones((encoded.shape[0], 1), dtype=mx.bool_)
         symbols = []
         for _ in range(tries):
             x = enc + joint.pred(prediction)
@@ -212,7 +214,8 @@ class GreedyRNNT:
             active = emit
         return mx.stack(symbols, axis=1), prediction, *h, *c
 
-    def __call__(self, encoded: mx.array, carry: RNNTCarry, tries: int) -> mx.array:
+    def __call__(self, encoded: mx.array, carry: RNNTCarry, tries: int,
+                 active: list[bool] | None = None) -> mx.array:
         """``tries`` tries of ``(B, 1, d_model)`` frames from ``carry`` (updated in place):
         lazy ``(B, tries)`` symbols, blank after a row's first blank.
 
@@ -220,13 +223,32 @@ class GreedyRNNT:
         ``max_symbols - 1`` after an emission, is the whole frame
         (``max_symbols``) try for try: the split lets a caller read the first
         symbol where it syncs anyway and skip the rest on blank frames.
+        ``active`` (host flags, one per row; default all): rows that take the
+        tries; the others emit blanks and keep their carry bit for bit, so the
+        rest of a frame runs on every row in one fixed shape (one graph per
+        batch size, whichever rows emitted).
         """
         graph = self._graphs.get(tries)
         if graph is None:
             graph = self._graphs[tries] = mx.compile(partial(self._unrolled, tries))
-        symbols, *updated = graph(encoded, *carry.state)
+        rows = encoded.shape[0]
+        flags = np.ones((rows, 1), dtype=bool) if active is None else \
+            np.asarray(active, dtype=bool).reshape(rows, 1)
+        symbols, *updated = graph(encoded, mx.array(flags), *carry.state)
         carry.state = updated
         return symbols
+
+    def warm(self, batch_sizes: list[int], width: int, dtype: mx.Dtype) -> None:
+        """Trace (and, on a backend that builds kernels, build) the frame's graphs for
+        each batch size: the first try and the later tries, which a silent warm-up
+        never reaches (nothing is emitted). ``width``: the encoder's ``d_model``."""
+        for batch in batch_sizes:
+            carry = RNNTCarry.merge([self.initial(dtype) for _ in range(batch)])
+            encoded = mx.zeros((batch, 1, width), dtype=dtype)
+            symbols = [self(encoded, carry, 1)]
+            if self.max_symbols > 1:
+                symbols.append(self(encoded, carry, self.max_symbols - 1, [True] * batch))
+            mx.eval(symbols, carry.state)
 
 
 @dataclass
@@ -337,16 +359,15 @@ class RNNTFrame:
         self.heard = self.first.tolist()  # evaluated: no wait
         if greedy.max_symbols > 1:
             self.emitted = [j for j, (s,) in enumerate(self.heard) if s != greedy.blank_id]
-        after = carry
         if self.emitted:
-            after = carry if len(self.emitted) == len(self.rows) else \
-                RNNTCarry.merge([carry.extract(j) for j in self.emitted])
-            self.more = greedy(take_rows(self.encoded, self.emitted), after,
-                               greedy.max_symbols - 1)
-        rows = {j: k for k, j in enumerate(self.emitted)}
+            # Every row in one fixed shape, the rows that did not emit held (active
+            # False): no regrouping, and one compiled graph per batch size.
+            emitted = set(self.emitted)
+            self.more = greedy(self.encoded, carry, greedy.max_symbols - 1,
+                               [j in emitted for j in range(len(self.rows))])
         for j, b in enumerate(self.rows):
-            self.states[b].carry = after.extract(rows[j]) if j in rows else carry.extract(j)
-        return [] if self.more is None else [self.more, *after.state]
+            self.states[b].carry = carry.extract(j)
+        return [] if self.more is None else [self.more, *carry.state]
 
     def symbols(self) -> list[list[int] | None]:
         """After :meth:`rest`'s arrays were evaluated: each stream's symbols of the frame
@@ -355,7 +376,7 @@ class RNNTFrame:
         if self.first is None:
             return out
         more = [] if self.more is None else self.more.tolist()
-        rest = dict(zip(self.emitted, more))
+        rest = {j: more[j] for j in self.emitted}
         for j, b in enumerate(self.rows):
             out[b] = self.heard[j] + rest.get(j, [])
         return out

@@ -25,6 +25,8 @@ from mlx_vlm.models.base import create_attention_mask, scaled_dot_product_attent
 from mlx_vlm.models.cache import ArraysCache
 from mlx_vlm.models.gemma3.language import clip_residual
 
+from .rows import stack_rows, take_row
+
 MAMBA, ATTENTION = "M", "*"
 
 
@@ -62,14 +64,53 @@ class _Run:
         step. One row stacks and slices nothing (MLX returns the array itself).
         """
         slots = self.slots
-        state = [mx.concatenate([r[s].state[j] for r in rows]) for s in slots for j in (0, 1)]
+        # Rows written back by the previous step, in the same order, stack as the
+        # arrays they are rows of (``stack_rows``): no concatenation per step.
+        state = [stack_rows([r[s].state[j] for r in rows]) for s in slots for j in (0, 1)]
         result = self._compiled(x, *state)
         outputs = len(result) - len(state)
         for i, s in enumerate(slots):
             conv, ssm = result[outputs + 2 * i], result[outputs + 2 * i + 1]
             for b, caches in enumerate(rows):
-                caches[s].state = [conv[b : b + 1], ssm[b : b + 1]]
+                caches[s].state = [take_row(conv, b), take_row(ssm, b)]
         return result[:outputs]
+
+
+class _Attention:
+    """One Nemotron-H attention block of ``B`` streams: its norm and q/k/v projections
+    (compiled) and its output projection and residual (compiled) take every row at
+    once; only the core (cache update and SDPA) runs per stream, on that stream's
+    own cache object at its own offset. The block's own modules do the arithmetic,
+    in its order, so a row equals the block run on that row alone."""
+
+    def __init__(self, layer: Any, slot: int):
+        self.layer, self.slot = layer, slot
+        self._pre = mx.compile(self._project)
+        self._post = mx.compile(self._output)
+
+    def _project(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        attn = self.layer.mixer
+        h = self.layer.norm(x)
+        b, length, _ = h.shape
+        q = attn.q_proj(h).reshape(b, length, attn.num_heads, -1).transpose(0, 2, 1, 3)
+        k = attn.k_proj(h).reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+        v = attn.v_proj(h).reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+        return q, k, v
+
+    def _output(self, x: mx.array, out: mx.array) -> mx.array:
+        b, _, length, _ = out.shape
+        return x + self.layer.mixer.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+
+    def __call__(self, x: mx.array, rows: Sequence[list[Any]]) -> mx.array:
+        q, k, v = self._pre(x)
+        scale = self.layer.mixer.scale
+        outs = []
+        for b, caches in enumerate(rows):
+            cache = caches[self.slot]
+            keys, values = cache.update_and_fetch(k[b : b + 1], v[b : b + 1])
+            outs.append(scaled_dot_product_attention(q[b : b + 1], keys, values, cache=cache,
+                                                     scale=scale, mask=None))
+        return self._post(x, stack_rows(outs))
 
 
 class SegmentedStep:
@@ -82,7 +123,7 @@ class SegmentedStep:
     """
 
     def __init__(self, layers: Sequence[Any], head: Callable[[mx.array], Sequence[mx.array]]):
-        self.plan: list[Any] = []  # _Run or (attention layer, cache slot)
+        self.plan: list[Any] = []  # _Run or _Attention
         run: list[Any] = []
         run_slots: list[int | None] = []
         slot = 0
@@ -92,7 +133,7 @@ class SegmentedStep:
                 if run:
                     self.plan.append(_Run(run, run_slots, None))
                     run, run_slots = [], []
-                self.plan.append((layer, slot))
+                self.plan.append(_Attention(layer, slot))
                 slot += 1
             elif kind == MAMBA:
                 run.append(layer)
@@ -115,10 +156,11 @@ class SegmentedStep:
         """One position of ``B`` streams: row ``b`` of ``x`` (``(B, 1, H)``) reads ``rows[b]``.
 
         The attention-free runs (Mamba2, MLP, head) take all rows at once; an
-        attention layer runs each row against its own KV cache, since the
-        streams sit at different positions (rows are never padded to a common
-        length, so each row's attention is its stream's own). Every stream
-        must be :meth:`ready`; one stream is the ``B = 1`` case.
+        attention layer takes all rows through its projections and runs only
+        its core per row, against that row's own KV cache, since the streams
+        sit at different positions (rows are never padded to a common length,
+        so each row's attention is its stream's own). Every stream must be
+        :meth:`ready`; one stream is the ``B = 1`` case.
         """
         for part in self.plan:
             if isinstance(part, _Run):
@@ -126,9 +168,7 @@ class SegmentedStep:
                 if part.head is None:
                     x = x[0]
             else:
-                layer, slot = part
-                x = mx.concatenate([layer(x[b : b + 1], mask=None, cache=caches[slot])
-                                    for b, caches in enumerate(rows)])
+                x = part(x, rows)
         return x
 
 

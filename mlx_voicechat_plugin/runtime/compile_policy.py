@@ -14,8 +14,17 @@ not compiled                     1.28 s
 The outputs are identical (compiled steps are exact, ``tests/test_compiled_steps.py``).
 So the policy is:
 
-- GPU backends compile (their kernels build in milliseconds);
-- on the CPU, short jobs (``generate``, ``demo``, the offline and ``--stream``
+- Metal compiles (its fused kernels build in milliseconds);
+- CUDA is treated as the CPU: MLX's CUDA backend builds every fused kernel
+  with NVRTC at its first use, once per kernel and shape (seconds for a
+  whole model; the issue measured a tiny fixture's ``generate`` past 120 s),
+  and caches the result under ``<tmp>/mlx/<version>/ptx``
+  (``MLX_PTX_CACHE_DIR``). The compiled steps see one shape per batch size
+  and stage, never one per position or cache length (the RoPE offset is an
+  array input, the KV caches stay outside the compiled spans, the RNNT's
+  later tries run every row in one shape), so a warm-up compiles everything a
+  server will meet;
+- on the CPU (and CUDA), short jobs (``generate``, ``demo``, the offline and ``--stream``
   CLI) compile only when this model's kernels are known to be in the cache
   (a compiled run of the same configuration finished before: the server's
   warm-up, or ``--compile``, leaves a marker there), else run uncompiled: a
@@ -30,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -45,14 +55,38 @@ def on_cpu() -> bool:
     return mx.default_device().type == mx.DeviceType.cpu
 
 
+def backend() -> str:
+    """``"cpu"``, ``"cuda"`` or ``"metal"``: the backend of MLX's default device."""
+    if on_cpu():
+        return "cpu"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "cuda"
+    return "metal"
+
+
+# What a compiled kernel leaves in the cache, per backend that keeps one on disk.
+_KERNEL_FILES = {"cpu": "*.so", "cuda": "*.ptx"}
+
+
 def kernel_cache_dir() -> Path:
-    """Where MLX's CPU backend keeps compiled kernels (``std::filesystem::temp_directory_path``)."""
-    return Path(tempfile.gettempdir()) / "mlx" / mx.__version__ / "cpu"
+    """Where MLX keeps compiled kernels on this backend (``std::filesystem::temp_directory_path``
+    based: ``cpu`` for the CPU backend, ``ptx`` or ``MLX_PTX_CACHE_DIR`` for CUDA)."""
+    root = Path(tempfile.gettempdir()) / "mlx" / mx.__version__
+    if backend() == "cuda":
+        return Path(os.environ.get("MLX_PTX_CACHE_DIR") or root / "ptx")
+    return root / "cpu"
+
+
+def compiles_slowly() -> bool:
+    """Whether a fused kernel's first build is slow here (CPU: the C++ compiler; CUDA: NVRTC)."""
+    return backend() in _KERNEL_FILES
 
 
 def kernel_cache_is_cold() -> bool:
     directory = kernel_cache_dir()
-    return not directory.is_dir() or not any(directory.glob("*.so"))
+    pattern = _KERNEL_FILES.get(backend(), "*.so")
+    return not directory.is_dir() or not any(directory.glob(pattern))
 
 
 def model_key(config: dict) -> str:
@@ -84,7 +118,7 @@ def choose(requested: bool | None, *, long_running: bool, key: str | None = None
     """Whether to compile: ``requested`` if given, else the policy above."""
     if requested is not None:
         return requested
-    return long_running or not on_cpu() or is_warm(key)
+    return long_running or not compiles_slowly() or is_warm(key)
 
 
 def apply(requested: bool | None, *, long_running: bool, key: str | None = None) -> bool:
@@ -92,8 +126,9 @@ def apply(requested: bool | None, *, long_running: bool, key: str | None = None)
     enabled = choose(requested, long_running=long_running, key=key)
     if enabled:
         mx.enable_compile()
-        if on_cpu() and kernel_cache_is_cold():
-            print(f"compiling MLX CPU kernels for this model (first run on this machine, "
+        if compiles_slowly() and kernel_cache_is_cold():
+            print(f"compiling MLX {backend().upper()} kernels for this model "
+                  f"(first run on this machine, "
                   f"cached in {kernel_cache_dir()}); this can take a minute",
                   file=sys.stderr, flush=True)
     else:

@@ -34,7 +34,7 @@ from ..models.codec_stream import CodecState
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream, push_frames
 from ..models.rnnt import RNNTFrame, RNNTState
-from ..models.rows import stack_rows, take_rows
+from ..models.rows import stack_rows, take_row, take_rows
 from .profile import FrameClock
 from .timeline import Timeline, TimelineStep, WarmStart
 
@@ -96,10 +96,10 @@ class Hearing:
         self.arrays += self.rnnt.arrays
 
     def rest(self, clock: FrameClock) -> list[mx.array]:
-        """After the first evaluation: the RNNT's other tries, started; arrays to evaluate."""
+        """After the first evaluation: the RNNT's other tries, queued (they start with the
+        speaking half's evaluation, so a frame's evaluations do not depend on whether a
+        row emitted); arrays to evaluate."""
         arrays = self.rnnt.rest()
-        if arrays:
-            mx.async_eval(*arrays)
         clock.stage("rnnt", *arrays)
         return arrays
 
@@ -238,7 +238,7 @@ def advance_batch(
     mx.eval(*ids, *hearing.arrays)
 
     # The user transcript does not feed the timeline: the RNNT's other tries
-    # (after an emission) compute while the speech half is built.
+    # (after an emission) join the speech half's evaluation.
     speaking = hearing.rest(clock)
     steps, outputs = [], []
     if timeline is not None:
@@ -247,11 +247,14 @@ def advance_batch(
             state.timeline = timeline.extract(b)
         clock.stage("tts", *[step.codes for step in steps])
         speech = model.tts_model
-        codes = [speech.replace_control_codes(step.codes) for step in steps]
-        waveforms = speech.audio_codec.decode_streams([c.transpose(0, 2, 1) for c in codes],
+        # Control codes replaced once over every row's codes (rows are slices of it).
+        codes = speech.replace_control_codes(stack_rows([step.codes for step in steps]))
+        rows = [take_row(codes, b) for b in range(len(steps))]
+        waveforms = speech.audio_codec.decode_streams([c.transpose(0, 2, 1) for c in rows],
                                                       [s.codec for s in talkers])
-        for state, step, code, samples in zip(talkers, steps, codes, waveforms):
-            outputs.append((samples[0, 0], code[0, 0].astype(mx.int32)))
+        heard_codes = codes[:, 0].astype(mx.int32)
+        for b, (state, step, samples) in enumerate(zip(talkers, steps, waveforms)):
+            outputs.append((samples[0, 0], heard_codes[b]))
             speaking += [step.codes, *outputs[-1], *state.codec.state]
         mx.async_eval(*speaking)
         for b, step in zip(talking, steps):

@@ -15,9 +15,8 @@ import mlx.core as mx
 from .quoting import brief
 
 
-@lru_cache(maxsize=None)
-def _chain(count: int):
-    """Compiled ``count`` successive splits: ``key -> (next key, [count, 2] draw keys)``."""
+def _splits(count: int):
+    """``count`` successive splits: ``key -> (next key, [count, 2] draw keys)``."""
 
     def run(key: mx.array) -> tuple[mx.array, mx.array]:
         subs = []
@@ -26,7 +25,20 @@ def _chain(count: int):
             subs.append(sub)
         return key, mx.stack(subs)
 
-    return mx.compile(run)
+    return run
+
+
+@lru_cache(maxsize=None)
+def _chain(count: int):
+    """Compiled :func:`_splits` of one key."""
+    return mx.compile(_splits(count))
+
+
+@lru_cache(maxsize=None)
+def _chains(count: int):
+    """Compiled :func:`_splits` of ``[B, 2]`` keys, one chain per row (``vmap``: one
+    random-bits kernel per split for every row, each row's bits its key's own)."""
+    return mx.compile(mx.vmap(_splits(count)))
 
 
 MAX_SEED = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
@@ -68,3 +80,14 @@ class RandomStream:
         """The keys of the next ``count`` draws, stacked ``[count, 2]`` (same as ``next`` each)."""
         self.key, keys = _chain(count)(self.key)
         return keys
+
+    @staticmethod
+    def take_many(streams: list["RandomStream"], count: int) -> mx.array:
+        """:meth:`take` of every stream, ``[B, count, 2]``, as one computation for all of
+        them (each stream's keys and its next key equal its own :meth:`take`)."""
+        if len(streams) == 1:
+            return streams[0].take(count)[None]
+        keys, subs = _chains(count)(mx.stack([s.key for s in streams]))
+        for b, stream in enumerate(streams):
+            stream.key = keys[b]
+        return subs

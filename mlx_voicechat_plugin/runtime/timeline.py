@@ -33,7 +33,7 @@ from ..models.cache_state import (
 )
 from ..models.duplex import LanguageState
 from ..models.model import Model
-from ..models.rows import take_rows
+from ..models.rows import stack_rows, take_row, take_rows
 from .profile import FrameClock
 from .rng import RandomStream
 
@@ -148,7 +148,7 @@ class Timeline:
         return rows[0]._with(
             [p for t in rows for p in t.positions], [s for t in rows for s in t.language],
             [c for t in rows for c in t.tts_caches], [r for t in rows for r in t.rngs],
-            [mx.concatenate([getattr(t, name) for t in rows])
+            [stack_rows([getattr(t, name) for t in rows])
              for name in ("prev_text", "prev_function", "prev_codes")],
         )
 
@@ -156,10 +156,10 @@ class Timeline:
         """Row ``index`` as a one-row timeline (a one-row timeline: itself)."""
         if self.batch_size == 1:
             return self
-        row = slice(index, index + 1)
         return self._with([self.positions[index]], [self.language[index]],
                           [self.tts_caches[index]], [self.rngs[index]],
-                          [self.prev_text[row], self.prev_function[row], self.prev_codes[row]])
+                          [take_row(a, index)
+                           for a in (self.prev_text, self.prev_function, self.prev_codes)])
 
     # --- state ------------------------------------------------------------------
 
@@ -268,9 +268,9 @@ class Timeline:
         text = mx.argmax(text_logits[:, -1], axis=-1).astype(mx.int32)
         predicted = mx.argmax(function_logits[:, -1], axis=-1).astype(mx.int32)
         forced = [None for _ in rows] if forced is None else list(forced)
-        function = mx.concatenate([predicted[b : b + 1] if force is None
-                                   else mx.array([force], dtype=mx.int32)
-                                   for b, force in enumerate(forced)])
+        function = predicted if all(f is None for f in forced) else mx.concatenate(
+            [predicted[b : b + 1] if force is None else mx.array([force], dtype=mx.int32)
+             for b, force in enumerate(forced)])
         clock.stage("language", text, function)
         return self._take(text, function, [force is not None for force in forced])
 

@@ -2,9 +2,12 @@
 
 One stream alone (through flush), then ``max_sessions`` streams stepped
 together past the encoder's windows, closed one by one with a few steady
-steps at each size: every step size 1..max_sessions has been traced (and, on a
-cold kernel cache, built) before the first client, and the scheduler has its
-first measured step times.
+steps at each size, and the RNNT's graphs at every size (silence emits no
+symbol, so its later tries would otherwise first compile when a client
+speaks): every step size 1..max_sessions has been traced (and, on a cold
+kernel cache, built; on CUDA by NVRTC) before the first client, and the
+scheduler has its first measured step times. ``tests/test_compile_shapes.py``
+checks that speech after the warm-up traces nothing new.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def run_warm_up(voicechat: Any, max_sessions: int, costs: StepCosts, clear: Call
     started = time.perf_counter()
     stream = voicechat.create_streaming_session()
     stream.push_audio(np.zeros(frames * stream.frame_samples, np.float32))
+    _warm_up_transcript(voicechat, stream, max_sessions)
     stream.flush()
     if max_sessions > 1:
         _warm_up_batches(voicechat, max_sessions, costs, frames)
@@ -49,6 +53,17 @@ def run_warm_up(voicechat: Any, max_sessions: int, costs: StepCosts, clear: Call
     if path is not None:  # later short CLI runs of this model may compile
         compile_policy.mark_warm(compile_policy.model_key(read_config(path)))
     return tuple(range(1, max_sessions + 1))
+
+
+def _warm_up_transcript(voicechat: Any, stream: Any, max_sessions: int) -> None:
+    """The RNNT's graphs at every batch size: silence emits nothing, so the tries
+    after an emission (one shape per batch size) would otherwise first compile
+    when a client speaks."""
+    rnnt = stream.core.compute.rnnt
+    if not rnnt.enabled or rnnt.carry is None:
+        return
+    width = voicechat.config.audio_config.encoder.d_model
+    rnnt.greedy.warm(list(range(1, max_sessions + 1)), width, rnnt.carry.state[0].dtype)
 
 
 def _warm_up_batches(voicechat: Any, max_sessions: int, costs: StepCosts, frames: int) -> None:

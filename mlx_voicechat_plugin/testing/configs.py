@@ -3,7 +3,10 @@
 ``tiny`` matches ``shared/reference/checkpoint_layout_tiny.txt`` key for key;
 ``small`` keeps the real layer mix at benchmark-friendly widths; ``medium``
 has the released checkpoint's proportions, for benchmarks where compute
-dominates (``python -m bench.compare --size medium``).
+dominates (``python -m bench.compare --size medium``); ``full`` has the
+released 11B's shapes exactly (its LLM quantized 4-bit, group 64, like the
+``-4bit`` release; about 10.7 GiB), for the GPU bench (``python -m bench.gpu``):
+its weights are drawn on the device, and no test builds it on a CPU.
 """
 
 from __future__ import annotations
@@ -17,25 +20,35 @@ _REAL_PATTERN_PREFIX = "M-M-M-M*-M-M-M-"
 RNNT_VOCAB_SIZE_TINY = 64
 
 
-def _text_config(hidden: int, pattern: str, heads: int, kv_heads: int) -> dict:
-    head_dim = hidden // heads
-    mamba_head_dim = 16
+# The released backbone's whole layer pattern (56 layers: 27 Mamba2, 4 attention, 25 MLP).
+RELEASED_PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
+# ``full`` is quantized like the -4bit release (make_checkpoint's default for it).
+FULL_QUANTIZE_BITS = 4
+# Sizes whose weights are drawn with mx.random on the device, not numpy on the host.
+DRAWN_ON_DEVICE = frozenset({"full"})
+
+
+def _text_config(hidden: int, pattern: str, heads: int, kv_heads: int, *,
+                 head_dim: int | None = None, mamba_heads: int | None = None,
+                 mamba_head_dim: int = 16, ssm_state: int = 16, groups: int = 2,
+                 vocab: int = 1024, intermediate: int | None = None) -> dict:
+    head_dim = head_dim or hidden // heads
     return {
         "model_type": "nemotron_h",
-        "vocab_size": 1024,
+        "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
+        "intermediate_size": intermediate or 2 * hidden,
         "num_hidden_layers": len(pattern),
         "max_position_embeddings": 8192,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "attention_bias": False,
-        "mamba_num_heads": hidden // mamba_head_dim,
+        "mamba_num_heads": mamba_heads or hidden // mamba_head_dim,
         "mamba_head_dim": mamba_head_dim,
         "mamba_proj_bias": False,
-        "ssm_state_size": 16,
+        "ssm_state_size": ssm_state,
         "conv_kernel": 4,
-        "n_groups": 2,
+        "n_groups": groups,
         "mlp_bias": False,
         "layer_norm_epsilon": 1e-5,
         "use_bias": False,
@@ -219,6 +232,34 @@ def _medium() -> dict[str, Any]:
 
 
 CONFIGS["medium"] = _medium()
+
+
+def _full() -> dict[str, Any]:
+    """The released 11B's shapes (issue 32): every width, depth, head and vocabulary size."""
+    config = _voicechat_config(
+        _text_config(4480, RELEASED_PATTERN, heads=40, kv_heads=8, head_dim=128,
+                     mamba_heads=128, mamba_head_dim=80, ssm_state=128, groups=8,
+                     vocab=131_072, intermediate=15_680),
+        _audio_config(1024, layers=24, heads=8, output_dim=4480),
+        _tts_config(1152, layers=28, heads=16),
+    )
+    audio = config["audio_config"]
+    audio["encoder"]["subsampling_conv_channels"] = 256
+    audio["decoder"].update(pred_hidden=640, vocab_size=1024)
+    audio["joint"].update(joint_hidden=640, pred_hidden=640, num_classes=1024)
+    config["rnnt_blank_id"] = 1024
+    tts = config["tts_config"]
+    tts.update(head_dim=72, intermediate_size=4608, latent_size=512, sliding_window=7500,
+               sliding_window_pattern=6, query_pre_attn_scalar=256.0)
+    tts["character_encoder"].update(head_dim=72, intermediate_size=4608,
+                                    query_pre_attn_scalar=256.0)
+    tts["mog_head"].update(intermediate_size=4608, num_predictions=1024, low_rank=64,
+                           num_layers=3)
+    config["codec_config"].update(base_channels=384, blocks_per_stage=3, latent_dim=512)
+    return config
+
+
+CONFIGS["full"] = _full()
 
 
 def fixture_config(size: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ModelConfig
-from .configs import fixture_config
+from .configs import DRAWN_ON_DEVICE, FULL_QUANTIZE_BITS, fixture_config
 from .tokenizers import (
     build_text_tokenizer,
     train_rnnt_sentencepiece,
@@ -96,7 +96,15 @@ def _write_weights(weights: dict[str, mx.array], out_dir: Path) -> None:
 
 def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
                     quantize_bits: int | None = None) -> Path:
-    """Write fixture checkpoint ``size`` ("tiny" | "small") into ``out_dir``."""
+    """Write fixture checkpoint ``size`` ("tiny" | "small" | "medium" | "full") into ``out_dir``.
+
+    ``full`` (the released 11B's shapes, about 10.7 GiB) draws its weights on
+    MLX's default device and is quantized 4-bit like the release unless
+    ``quantize_bits`` says otherwise; build it on a GPU, not on a small CPU.
+    """
+    on_device = size in DRAWN_ON_DEVICE
+    if size == "full" and quantize_bits is None:
+        quantize_bits = FULL_QUANTIZE_BITS
     if quantize_bits is not None and quantize_bits not in SUPPORTED_BITS:
         raise ValueError(f"quantize_bits must be one of {SUPPORTED_BITS}, got {quantize_bits}")
     out = Path(out_dir)
@@ -110,6 +118,7 @@ def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
         eos_id=config.eos_token_id,
         silence_id=config.silence_token_id,
         pad_id=config.pad_token_id,
+        fill=on_device,
     )
     write_text_tokenizer(text, out)
     rnnt_vocab_size = config.audio_config.decoder.vocab_size
@@ -118,7 +127,10 @@ def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
     spm_model = train_rnnt_sentencepiece(rnnt_vocab_size, seed=seed)
     raw["rnnt_vocabulary"] = write_rnnt_tokenizer(spm_model, out / RNNT_TOKENIZER_DIR)
 
-    weights = build_weights(config, text.vocab, seed=seed, tuning=TUNINGS.get(size))
+    if on_device:
+        logger.info("drawing the %s fixture's weights on %s", size, mx.default_device())
+    weights = build_weights(config, text.vocab, seed=seed, tuning=TUNINGS.get(size),
+                            device=on_device)
     if quantize_bits is not None:
         weights = quantize_weights(weights, quantize_bits)
         quantization = {"group_size": QUANTIZATION_GROUP_SIZE, "bits": quantize_bits}

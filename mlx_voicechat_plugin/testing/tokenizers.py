@@ -109,10 +109,36 @@ class TextTokenizerFiles:
     vocab: dict[str, int]
 
 
+def _filler_tokens(vocab: dict[str, int], count: int) -> list[str]:
+    """``count`` new byte-level word tokens (``Ġq`` + lower-case letters) not in ``vocab``."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    out: list[str] = []
+    index = 0
+    while len(out) < count:
+        word, n = "", index
+        while True:
+            word = letters[n % 26] + word
+            n //= 26
+            if n == 0:
+                break
+        index += 1
+        token = f"{WORD_START_MARKER}q{word}"
+        if token not in vocab:
+            out.append(token)
+    return out
+
+
 def build_text_tokenizer(
-    vocab_size: int, bos_id: int, eos_id: int, silence_id: int, pad_id: int
+    vocab_size: int, bos_id: int, eos_id: int, silence_id: int, pad_id: int,
+    fill: bool = False,
 ) -> TextTokenizerFiles:
-    """Train the byte-level BPE on the embedded corpus up to ``vocab_size``."""
+    """Train the byte-level BPE on the embedded corpus up to ``vocab_size``.
+
+    ``fill``: where the corpus runs out of merges first (the released model's
+    131072-token vocabulary), the rest of the vocabulary is made of filler
+    word tokens (``Ġqab`` ...) that decode and spell like words; encoding
+    never produces them.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
 
@@ -136,6 +162,13 @@ def build_text_tokenizer(
     )
     tokenizer.train_from_iterator(corpus_lines(), trainer=trainer)
     vocab = tokenizer.get_vocab()
+    if fill and len(vocab) < vocab_size:
+        layout = json.loads(tokenizer.to_str())
+        start = len(layout["model"]["vocab"])
+        for offset, token in enumerate(_filler_tokens(vocab, vocab_size - len(vocab))):
+            layout["model"]["vocab"][token] = start + offset
+        tokenizer = Tokenizer.from_str(json.dumps(layout))
+        vocab = tokenizer.get_vocab()
     if len(vocab) != vocab_size:
         raise RuntimeError(
             f"BPE training reached {len(vocab)} tokens, expected {vocab_size}; "

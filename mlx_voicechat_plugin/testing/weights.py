@@ -79,22 +79,39 @@ TUNINGS: dict[str, Tuning] = {
 
 
 class _Tensors:
-    """Accumulates named tensors; one seeded generator per name."""
+    """Accumulates named tensors; one seeded generator per name.
 
-    def __init__(self, seed: int):
+    ``device=True`` (the ``full`` size) draws the large tensors (every
+    :meth:`normal`, and the language model's embedding and heads) with
+    ``mx.random`` on the default device, one key per name, lazily, instead
+    of numpy on the host; small tuned tensors still come from numpy.
+    """
+
+    def __init__(self, seed: int, device: bool = False):
         self.seed = seed
+        self.device = device
         self.arrays: dict[str, mx.array] = {}
 
     def rng(self, name: str) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+
+    def key(self, name: str) -> mx.array:
+        return mx.random.key((self.seed << 32) | zlib.crc32(name.encode()))
+
+    def standard_normal(self, name: str, shape: tuple[int, ...]) -> mx.array:
+        """A float32 standard normal draw on the device (``device`` mode)."""
+        return mx.random.normal(shape, key=self.key(name))
 
     def put(self, name: str, value: np.ndarray, dtype: mx.Dtype = mx.bfloat16) -> None:
         if name in self.arrays:
             raise KeyError(f"duplicate tensor {name}")
         self.arrays[name] = mx.array(value).astype(dtype)
 
-    def normal(self, name: str, shape: tuple[int, ...], std: float) -> np.ndarray:
-        value = self.rng(name).standard_normal(shape).astype(np.float32) * std
+    def normal(self, name: str, shape: tuple[int, ...], std: float) -> np.ndarray | mx.array:
+        if self.device:
+            value = self.standard_normal(name, shape) * std
+        else:
+            value = self.rng(name).standard_normal(shape).astype(np.float32) * std
         self.put(name, value)
         return value
 
@@ -137,8 +154,51 @@ class _Directions:
         return rows
 
 
+def _device_token_tables(t: _Tensors, config: ModelConfig, tuning: Tuning,
+                         dirs: _Directions) -> None:
+    """The embedding and both heads of :func:`_language_model`, drawn and tuned on the
+    device, vectorised (the same rule per token as the host loop)."""
+    text = config.text_config
+    hidden, vocab = text.hidden_size, text.vocab_size
+    root = math.sqrt(hidden)
+    basis = mx.array(np.stack([dirs.pad, dirs.eos, dirs.quiet]))  # orthonormal rows
+
+    def project_out(rows: mx.array) -> mx.array:
+        return rows - (rows @ basis.T) @ basis
+
+    key = "stt_model.embed_tokens.weight"
+    embed = project_out(t.standard_normal(key, (vocab, hidden)) / root)
+    ordinary = np.ones(vocab, bool)
+    ordinary[list(config.special_text_ids)] = False
+    classes = mx.array(np.arange(vocab) % 3)
+    feedback = mx.stack([basis[0], basis[1], -basis[2]])[classes]
+    embed = embed + tuning.feedback * root * mx.array(ordinary)[:, None] * feedback
+    is_eos = mx.array(np.arange(vocab) == config.eos_token_id)[:, None]
+    embed = embed - tuning.feedback * root * is_eos * basis[2]
+    t.put(key, embed)
+    for name, rows_to_dirs, boost in (
+        ("lm_head", {config.pad_token_id: dirs.pad, config.eos_token_id: dirs.eos},
+         tuning.text_boost),
+        ("function_head", {config.pad_token_id: dirs.quiet}, tuning.function_boost),
+    ):
+        key = f"stt_model.{name}.weight"
+        rows = project_out(t.standard_normal(key, (vocab, hidden)) / root)
+        for token, direction in rows_to_dirs.items():
+            rows[token] = tuning.special_jitter * rows[token] + boost * mx.array(direction) / root
+        t.put(key, rows)
+
+
 def _language_model(t: _Tensors, config: ModelConfig, tuning: Tuning,
                     dirs: _Directions) -> None:
+    if t.device:
+        _device_token_tables(t, config, tuning, dirs)
+    else:
+        _host_token_tables(t, config, tuning, dirs)
+    _language_layers(t, config, tuning)
+
+
+def _host_token_tables(t: _Tensors, config: ModelConfig, tuning: Tuning,
+                       dirs: _Directions) -> None:
     text = config.text_config
     hidden, vocab = text.hidden_size, text.vocab_size
     root = math.sqrt(hidden)
@@ -164,6 +224,11 @@ def _language_model(t: _Tensors, config: ModelConfig, tuning: Tuning,
             rows[token] = tuning.special_jitter * rows[token] + boost * direction / root
         t.put(key, rows.astype(np.float32))
 
+
+def _language_layers(t: _Tensors, config: ModelConfig, tuning: Tuning) -> None:
+    text = config.text_config
+    hidden = text.hidden_size
+    p = "stt_model"
     heads, head_dim = text.mamba_num_heads, text.mamba_head_dim
     inner = heads * head_dim
     conv_dim = inner + 2 * text.n_groups * text.ssm_state_size
@@ -451,10 +516,14 @@ def _codec(t: _Tensors, codec: CodecConfig, tuning: Tuning) -> None:
 
 
 def build_weights(config: ModelConfig, vocab: Mapping[str, int], seed: int = 0,
-                  tuning: Tuning | None = None) -> dict[str, mx.array]:
-    """All checkpoint tensors of ``config``, keyed and laid out as on disk."""
+                  tuning: Tuning | None = None, device: bool = False) -> dict[str, mx.array]:
+    """All checkpoint tensors of ``config``, keyed and laid out as on disk.
+
+    ``device``: draw the large tensors on MLX's default device, lazily (the
+    ``full`` size: seconds on a GPU where numpy would take minutes).
+    """
     tuning = tuning or Tuning()
-    t = _Tensors(seed)
+    t = _Tensors(seed, device=device)
     dirs = _Directions.draw(t, config.text_config.hidden_size)
     _language_model(t, config, tuning, dirs)
     _perception(t, config, tuning, dirs)

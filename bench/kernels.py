@@ -1,0 +1,129 @@
+"""Kernel primitives and evaluations per pool step, per batch size: the GPU's cost, counted on a CPU.
+
+    python -m bench.kernels --size medium --batch 1,16 [--compile/--no-compile]
+        [--warm-frames 72] [--frames 6] [--json out.json]
+
+For each N, N sessions (seeds 0..N-1, each its own speech signal) are opened
+in one :class:`~mlx_voicechat_plugin.runtime.pool.SessionPool` and stepped
+``--warm-frames`` frames untimed (the encoder's 70-frame windows fill; the
+steady shapes are the ones a long conversation runs), then ``--frames`` steps
+are counted with :class:`~mlx_voicechat_plugin.runtime.kernels.KernelCounter`:
+the MLX primitives evaluated per step (views excluded, a compiled fused chain
+counting once per call; at small batch a GPU launches about one kernel each)
+and the evaluations (graph-evaluating calls: ``mx.eval``, ``async_eval``,
+``item``, ``tolist``, numpy conversion) per step. Reported per N: median,
+min and max over the counted steps, and the matmuls among the primitives.
+Counts, never timings: they do not depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SIZES = ("tiny", "small", "medium", "full")
+
+
+def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> dict[str, Any]:
+    """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps."""
+    from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter
+    from mlx_voicechat_plugin.runtime.options import SessionOptions
+    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+    frame = voicechat.config.frame_samples
+    seconds = (warm_frames + frames + 1) * voicechat.config.frame_duration
+    audios = [question_signal(seconds, seed=i) for i in range(batch)]
+    pool = SessionPool(voicechat, max_sessions=batch)
+    ids = [str(i) for i in range(batch)]
+    for i in ids:
+        pool.open(i, SessionOptions(seed=int(i)))
+    steps = []
+    try:
+        for index in range(warm_frames + frames):
+            chunk = {k: (audios[int(k)][index * frame : (index + 1) * frame], None) for k in ids}
+            if index < warm_frames:
+                result = pool.step(chunk)
+            else:
+                with KernelCounter() as counter:
+                    result = pool.step(chunk)
+                steps.append(counter.snapshot())
+                steps[-1]["primitives"] = {k: v for k, v in counter.primitives.items()
+                                           if k not in VIEWS}
+            if result.errors:
+                raise RuntimeError(f"step {index}: {result.errors}")
+    finally:
+        pool.close_all()
+
+    def summary(key: str) -> dict[str, float]:
+        values = [s[key] for s in steps]
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    return {"batch": batch, "steps": len(steps), "kernels": summary("kernels"),
+            "evaluations": summary("evaluations"), "matmuls": summary("matmuls"),
+            "calls": steps[-1]["calls"] if steps else [],
+            "primitives_last_step": steps[-1]["primitives"] if steps else {}}
+
+
+def load_fixture(size: str, seed: int = 0, tmp: str | None = None) -> tuple[Any, Any]:
+    """The plugin's model and tokenizer of fixture ``size`` (``full``: built on the device)."""
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.testing.fixtures import make_checkpoint
+
+    root = Path(tmp or tempfile.mkdtemp(prefix="voicechat-bench-"))
+    return load(make_checkpoint(root / f"{size}-s{seed}", size, seed=seed))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.kernels", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="medium", choices=SIZES)
+    parser.add_argument("--batch", default="1,16", help="batch sizes N, comma-separated")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="mx.compile on (as a GPU runs it) or off")
+    parser.add_argument("--warm-frames", type=int, default=72,
+                        help="untimed steps first (the encoder's windows fill in 70)")
+    parser.add_argument("--frames", type=int, default=6, help="counted steps per N")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batch.split(",") if b.strip()]
+
+    import mlx.core as mx
+
+    from mlx_voicechat_plugin.runtime import compile_policy
+
+    compile_policy.apply(args.compile, long_running=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model, processor = load_fixture(args.size, tmp=tmp)
+    voicechat = model.create_session(processor)
+    rows = []
+    print(f"{args.size} fixture, compile {'on' if args.compile else 'off'}, "
+          f"{mx.default_device()}, counted after {args.warm_frames} frames", flush=True)
+    print(f"{'N':>3s} {'kernels/step':>13s} {'(min-max)':>13s} {'x N=1':>6s} "
+          f"{'matmuls':>8s} {'evals/step':>10s}", flush=True)
+    for n in batches:
+        row = count_steps(voicechat, n, args.warm_frames, args.frames)
+        rows.append(row)
+        base = rows[0]["kernels"]["median"]
+        k = row["kernels"]
+        print(f"{n:3d} {k['median']:13.0f} {k['min']:6.0f}-{k['max']:<6.0f} "
+              f"{k['median'] / base:6.2f} {row['matmuls']['median']:8.0f} "
+              f"{row['evaluations']['median']:10.0f}", flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(
+            {"size": args.size, "compile": args.compile, "device": str(mx.default_device()),
+             "warm_frames": args.warm_frames, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main())

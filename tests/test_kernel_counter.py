@@ -1,0 +1,101 @@
+"""The kernel counter (runtime/kernels.py) counts what was evaluated, not what was declared.
+
+Known small graphs give known counts: every non-view primitive once, views
+not at all, a compiled elementwise chain once per call, nothing for arrays
+already evaluated; one planted extra primitive changes the count by one. A
+pool step of the tiny fixture is counted too, and its evaluations do not grow
+with the batch.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_voicechat_plugin.runtime.kernels import KernelCounter, graph_primitives, kernel_count
+
+
+def _graph(extra: bool = False):
+    a = mx.arange(12, dtype=mx.float32).reshape(3, 4)  # Arange; Reshape is a view
+    b = a @ a.T  # Transpose (view), Matmul
+    c = mx.exp(b) + 1.0  # Exp, Add (the scalar's Broadcast is a view)
+    if extra:
+        c = mx.sin(c)  # the planted extra primitive
+    return c.sum(axis=-1)  # Sum, then a Squeeze (view)
+
+
+def test_a_known_graph_gives_its_known_count():
+    with KernelCounter() as counter:
+        mx.eval(_graph())
+    assert counter.evaluations == 1 and counter.calls == ["eval"]
+    views = {"Reshape", "Transpose", "Broadcast", "Squeeze"}  # seen, but not kernels
+    assert {n for n in counter.primitives if n not in views} == \
+        {"Arange", "Matmul", "Exp", "Add", "Sum"}, counter.primitives
+    assert all(counter.primitives[v] == 1 for v in views)
+    assert counter.kernels == 5
+
+
+@pytest.mark.parametrize("extra", [False, True])
+def test_a_planted_primitive_is_counted(extra):
+    with KernelCounter() as counter:
+        mx.eval(_graph(extra))
+    # Fails (by design) when the planted primitive is not seen.
+    assert counter.kernels == 5 + int(extra)
+
+
+def test_a_compiled_chain_counts_once_per_call():
+    chain = mx.compile(lambda x: mx.tanh(mx.exp(x) * 2.0 + x))
+    x = mx.ones((8,))
+    mx.eval(x)
+    with KernelCounter() as counter:
+        mx.eval(chain(x), chain(x + 1.0))
+    assert counter.kernels == 3, counter.primitives  # two fused calls and the Add
+    assert sum(n for k, n in counter.primitives.items() if k.startswith("Compiled")) == 2
+
+
+def test_evaluated_arrays_and_repeat_reads_are_not_evaluations():
+    a = mx.arange(4) * 2
+    with KernelCounter() as counter:
+        b = a + 1  # ``a`` is still lazy: Arange, Multiply, Add
+        mx.async_eval(b)  # synchronous while counting: later reads find nothing to do
+        mx.eval(b)
+        b.tolist()
+        np.array(b)
+        (b * 3).sum().item()  # Multiply, Sum
+    assert counter.calls == ["async_eval", "item"]
+    assert counter.evaluations == 2 and counter.kernels == 5
+
+
+def test_counter_restores_mlx_and_ignores_other_threads():
+    originals = (mx.eval, mx.async_eval, mx.array.item, np.array)
+    seen = []
+    with KernelCounter() as counter:
+        worker = threading.Thread(target=lambda: seen.append(mx.eval(mx.ones(3) + 1)))
+        worker.start()
+        worker.join()
+        with pytest.raises(RuntimeError):
+            KernelCounter().__enter__()
+    assert counter.evaluations == 0
+    assert (mx.eval, mx.async_eval, mx.array.item, np.array) == originals
+
+
+def test_graph_primitives_of_nothing_pending_is_empty():
+    a = mx.ones(3) * 2
+    mx.eval(a)
+    assert graph_primitives(a) == {} and kernel_count(graph_primitives([a, []])) == 0
+
+
+def test_a_pool_step_is_counted_and_its_evaluations_do_not_grow_with_n(tiny_ckpt):
+    from bench.kernels import count_steps
+    from mlx_voicechat_plugin import load
+
+    model, processor = load(tiny_ckpt)
+    voicechat = model.create_session(processor)
+    one = count_steps(voicechat, 1, warm_frames=8, frames=2)
+    three = count_steps(voicechat, 3, warm_frames=8, frames=2)
+    assert one["kernels"]["min"] > 100 and one["matmuls"]["min"] > 0
+    assert three["kernels"]["median"] >= one["kernels"]["median"]
+    assert three["evaluations"]["max"] <= one["evaluations"]["max"]
