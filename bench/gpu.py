@@ -160,7 +160,7 @@ def pool_curve(voicechat: Any, batches: list[int], warm: int, steps: int, frame:
         try:
             for index in range(warm + steps + 1):
                 chunk = audio[index * frame : (index + 1) * frame]
-                frames = {k: (chunk, None) for k in ids}  # every session hears the question
+                frames = {k: chunk for k in ids}  # every session hears the question
                 if index == warm + steps:
                     with KernelCounter() as counter:
                         result = pool.step(frames)

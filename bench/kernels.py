@@ -48,7 +48,7 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
     steps = []
     try:
         for index in range(warm_frames + frames):
-            chunk = {k: (audios[int(k)][index * frame : (index + 1) * frame], None) for k in ids}
+            chunk = {k: audios[int(k)][index * frame : (index + 1) * frame] for k in ids}
             if index < warm_frames:
                 result = pool.step(chunk)
             else:

@@ -90,7 +90,7 @@ def test_after_the_warm_up_speech_traces_nothing_new(tiny_ckpt, traces):
         pool.open(str(seed), SessionOptions(seed=seed))
     emitted = 0
     for index in range(len(audio[0]) // frame):
-        result = pool.step({str(s): (audio[s][index * frame : (index + 1) * frame], None)
+        result = pool.step({str(s): audio[s][index * frame : (index + 1) * frame]
                             for s in (0, 1)})
         assert not result.errors
         emitted += sum(1 for events in result.events.values() for e in events
