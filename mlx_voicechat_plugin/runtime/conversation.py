@@ -35,6 +35,7 @@ from .frame import ConversationState, FrameOutput, PerceptionSource, advance, fi
 from .options import SessionOptions
 from .profile import FrameClock, Profile, profile_env
 from .prompt import session_prompt
+from .reservation import SessionShape, context_frames
 from .timeline import TimelineStep
 from .tool_calls import ToolChannel
 from .tools import ToolError
@@ -51,9 +52,14 @@ class Conversation:
         self.options = options
         self._prompt_cache = parent.prompt_cache
         prompt, toolset = session_prompt(parent.tokenizer, model, options)
+        start = parent.warm_start
+        # The attention caches' shape: the prompt's positions and the bounded context.
+        self.shape = SessionShape(len(prompt), start.positions,
+                                  context_frames(options.context_seconds, config.frame_duration))
         self.compute = ConversationState(
-            model, perception, parent.new_rnnt_state(), start=parent.warm_start,
+            model, perception, parent.new_rnnt_state(), start=start,
             seed=options.seed, use_language_cache=options.use_language_cache,
+            context=self.shape.windows(),
         )
         hidden = config.special_text_ids
         self.text = TokenText(parent.tokenizer, hidden)
@@ -89,7 +95,7 @@ class Conversation:
         if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
             yield from compute.timeline.prefill_steps(prompt, options.stop_prefill)
             return
-        key = (tuple(prompt), options.seed)
+        key = (tuple(prompt), options.seed, self.shape.recent)  # the rings' sizes too
         snapshot = cache.get(key)
         if snapshot is not None:
             compute.restore(*snapshot)

@@ -141,9 +141,11 @@ class ConversationState:
     """
 
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
-                 *, start: WarmStart, seed: int, use_language_cache: bool):
+                 *, start: WarmStart, seed: int, use_language_cache: bool,
+                 context: Any = None):
         self.perception = perception
-        self.timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache)
+        self.timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
+                                 context=context)
         self.rnnt = rnnt
         self.codec: CodecState | None = model.tts_model.audio_codec.make_state()
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .quoting import brief
+from .reservation import DEFAULT_CONTEXT_SECONDS, check_context_seconds
 from .rng import check_seed
 from .tool_calls import DEFAULT_MAX_CALLS_PER_TURN
 from .tools import DEFAULT_MAX_TOOLS
@@ -73,6 +74,9 @@ class SessionOptions(StreamLimits):
     # System prompt + rendered tools, in tokens; checked before any work.
     max_prompt_tokens: int | None = None
     use_language_cache: bool = True
+    # Seconds of conversation the attention layers keep after the prompt (a ring;
+    # docs/long-conversations.md); 0 or None: unbounded, every position (the reference).
+    context_seconds: float | None = DEFAULT_CONTEXT_SECONDS
     profile: bool = False
     # Emit ``TurnEnded`` at the text channel's EOS (the GA dialect's responses).
     turn_events: bool = False
@@ -88,6 +92,7 @@ class SessionOptions(StreamLimits):
         check_positive_int(self.max_tool_calls_per_turn, "max_tool_calls_per_turn")
         if self.max_prompt_tokens is not None:
             check_positive_int(self.max_prompt_tokens, "max_prompt_tokens")
+        self.context_seconds = check_context_seconds(self.context_seconds)
 
 
 @dataclass
