@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .quoting import brief
-from .reservation import DEFAULT_CONTEXT_SECONDS, check_context_seconds
 from .rng import check_seed
 from .tool_calls import DEFAULT_MAX_CALLS_PER_TURN
 from .tools import DEFAULT_MAX_TOOLS
@@ -28,6 +27,20 @@ def check_positive_seconds(value: object, what: str) -> float:
             or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{what} must be > 0, got {brief(value)}")
     return float(value)
+
+
+# The model card: trained on audio contexts of at most 2 minutes.
+DEFAULT_CONTEXT_SECONDS = 120.0
+
+
+def check_context_seconds(value: object) -> float | None:
+    """``None`` or ``0``: unbounded; else a finite number of seconds above zero."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"context_seconds must be >= 0 seconds (0: unbounded), got {brief(value)}")
+    return float(value) or None
 
 
 def check_positive_int(value: object, what: str) -> int:

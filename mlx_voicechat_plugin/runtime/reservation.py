@@ -34,23 +34,12 @@ from typing import Any
 import numpy as np
 
 from ..models.context import ContextWindow, window_capacity
+from .options import SessionOptions
 
 logger = logging.getLogger(__name__)
 
-# The model card: trained on audio contexts of at most 2 minutes.
-DEFAULT_CONTEXT_SECONDS = 120.0
 KV_ITEMSIZE = 4  # float32 keys and values (the caches keep the fused inputs' dtype)
 GUIDED_ROWS = 2  # the backbone's [cond; uncond] rows per session
-
-
-def check_context_seconds(value: object) -> float | None:
-    """``None`` or ``0``: unbounded; else a finite number of seconds above zero."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < 0:
-        raise ValueError(f"context_seconds must be >= 0 (0: unbounded), got {value!r}")
-    return float(value) or None
 
 
 def context_frames(context_seconds: float | None, frame_duration: float) -> int | None:
@@ -154,8 +143,6 @@ class Reservations:
         """The largest non-KV state of a conversation, measured on a probe stream (no
         prompt, unbounded) over the frames that fill the encoder's window."""
         if self._fixed is None:
-            from .options import SessionOptions
-
             vc = self.voicechat
             config = vc.config
             stream = vc.create_streaming_session(options=SessionOptions(context_seconds=0))
