@@ -94,8 +94,9 @@ def bound(cache: Any, window: ContextWindow, sliding: int | None = None) -> Any:
     bounded = ContextCache(window)
     if cache.keys is not None:
         keys, values = cache.state
-        bounded.keys, bounded.values = keys, values
-        bounded.offset = bounded._idx = cache.offset
+        bounded.state = (keys, values)
+        # (keep, max_size, offset, write index): the next write lands after the rows.
+        bounded.meta_state = (window.keep, window.size, cache.offset, cache.offset)
     return bounded
 
 

@@ -174,5 +174,7 @@ class Reservations:
         if shape.recent is None and max_frames is None:
             raise ValueError("a session without a bounded context (context_seconds) needs "
                              "max_streaming_seconds to be reserved")
+        # PCM waiting for a frame: less than a frame once a push is split into frames.
+        pending = options.max_buffered_samples or self.voicechat.config.frame_samples
         return session_reservation(self.voicechat.config, shape, self.fixed_bytes(), max_frames,
-                                   options.max_buffered_samples)
+                                   pending)

@@ -37,6 +37,7 @@ from .connection import Dialect
 from .dialects import DIALECTS
 from .engine import Engine
 from .limits import ServerLimits
+from .options import session_options
 from .wire import CloseCode
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,8 @@ def create_app(
                               warm_up=warm_up, max_sessions=limits.max_sessions,
                               max_state_bytes=limits.max_state_bytes,
                               batch_wait=limits.batch_wait_ms / 1000,
-                              batch_fill=limits.batch_fill)
+                              batch_fill=limits.batch_fill,
+                              session_defaults=session_options(limits, {}))
     model_id = served_model_id(str(model_path), alias)
     # A client may name the model as the server was started with it (the
     # hosts' servers' convention: the path or hub id given), or by its id.
@@ -194,6 +196,8 @@ def create_app(
             "status": "ok", "model": model_id, "session_active": engine.sessions_in_use > 0,
             "sessions": engine.sessions_in_use, "max_sessions": engine.max_sessions,
             "state_bytes": engine.state_bytes, "max_state_bytes": engine.max_state_bytes,
+            "reserved_state_bytes": engine.reserved_bytes,
+            "context_seconds": limits.context_seconds,
         })
 
     @app.get(prefix + "/metrics")

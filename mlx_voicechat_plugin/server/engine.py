@@ -76,7 +76,8 @@ class Engine:
     def __init__(self, model_path: str, loader: Loader | None = None,
                  prompt_cache_bytes: int | None = None, warm_up: bool = False,
                  max_sessions: int = 1, max_state_bytes: int | None = None,
-                 batch_wait: float = DEFAULT_BATCH_WAIT_MS / 1000, batch_fill: bool = True):
+                 batch_wait: float = DEFAULT_BATCH_WAIT_MS / 1000, batch_fill: bool = True,
+                 session_defaults: Any = None):
         check_budgets(max_sessions, max_state_bytes)
         if isinstance(batch_wait, bool) or not isinstance(batch_wait, (int, float)) \
                 or not batch_wait >= 0:
@@ -86,6 +87,7 @@ class Engine:
         self.step_costs = StepCosts()  # measured step seconds by batch size (warm-up and live)
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
+        self.session_defaults = session_defaults  # a session's options when its client sets none
         self.pool: SessionPool | None = None
         self.metrics = EngineMetrics(max_sessions)
         self.model_path = model_path
@@ -151,8 +153,13 @@ class Engine:
     def try_reserve(self, session_id: str) -> bool:
         """Hold a slot for ``session_id``; ``False`` (see :attr:`refusal`) when none is left."""
         with self._reservation:
-            reason = admission_error(len(self._reserved), self.max_sessions, self.state_bytes,
-                                     self.max_state_bytes)
+            # A connection admitted but not yet opened counts the least a session reserves.
+            pool = self.pool
+            least = 0 if pool is None else pool.least_reservation()
+            waiting = max(len(self._reserved) - (0 if pool is None else len(pool)), 0)
+            reason = admission_error(len(self._reserved), self.max_sessions,
+                                     self.reserved_bytes + waiting * least,
+                                     self.max_state_bytes, least)
             if reason is not None:
                 self.refusal = reason
                 self.metrics.refused.inc()
@@ -172,6 +179,11 @@ class Engine:
     def state_bytes(self) -> int:
         """Measured bytes of the open sessions' state (updated by the engine thread)."""
         return 0 if self.pool is None else self.pool.state_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What the open sessions reserve: their worst-case state (:mod:`..runtime.reservation`)."""
+        return 0 if self.pool is None else self.pool.reserved_bytes
 
     # --- commands (from the event loop) ----------------------------------
 
@@ -253,7 +265,9 @@ class Engine:
         try:
             logger.info("loading %s", self.model_path)
             self.voicechat = self.loader(self.model_path)
-            self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes)
+            self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes,
+                                    self.session_defaults)
+            self.metrics.watch_reserved(lambda: self.reserved_bytes)
             if self.prompt_cache_bytes is not None:
                 self.voicechat.prompt_cache = PromptCache(self.prompt_cache_bytes)
             logger.info("model loaded")
