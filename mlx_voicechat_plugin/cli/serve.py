@@ -63,10 +63,10 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              "memory (default: %(default)s)")
     limits.add_argument("--context-seconds", type=float, default=defaults.context_seconds,
                         help="seconds of conversation a session's attention keeps after its "
-                             "prompt, in rings of constant memory (a client may ask for less; "
-                             "0: unbounded, the reference's growing caches, which "
-                             "--max-session-seconds then bounds; default: %(default)s, the "
-                             "model's trained context; docs/long-conversations.md)")
+                             "prompt, in rings of constant memory, as docs/long-conversations.md "
+                             "says; a client may ask for less, and 0 is unbounded (the "
+                             "reference's growing caches, which --max-session-seconds then "
+                             "bounds) (the model's trained context; default: %(default)s)")
     limits.add_argument("--update-timeout", type=float, default=defaults.update_timeout,
                         help="seconds a client has to send session.update (default: %(default)s)")
     limits.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout,

@@ -43,6 +43,10 @@ from .tools import ToolError
 if TYPE_CHECKING:
     from .session import VoiceChat
 
+# A conversation's cumulative texts (the events' ``text``: assistant text, function
+# channel, user transcript) keep their last 16 K characters once past 32 K.
+TEXT_KEEP_CHARS = 16 * 1024
+
 
 class Conversation:
     def __init__(self, parent: "VoiceChat", options: SessionOptions,
@@ -62,8 +66,9 @@ class Conversation:
             context=self.shape.windows(),
         )
         hidden = config.special_text_ids
-        self.text = TokenText(parent.tokenizer, hidden)
-        self.function = TokenText(parent.tokenizer, hidden)
+        self.text = TokenText(parent.tokenizer, hidden, TEXT_KEEP_CHARS)
+        self.function = TokenText(parent.tokenizer, hidden, TEXT_KEEP_CHARS)
+        self.compute.rnnt.keep_chars = TEXT_KEEP_CHARS
         codec = model.tts_model.audio_codec
         self.audio = AudioFrames(codec.samples_per_frame, config.output_sample_rate)
         self._turn_end_id = config.eos_token_id if options.turn_events else None
@@ -174,7 +179,8 @@ class Conversation:
         elif function_update is not None:
             events.append(FunctionDelta(index, out.function_id, *function_update))
             if self.tools is not None:
-                events.extend(self.tools.observe(self.function.text, index))
+                events.extend(self.tools.observe(self.function.text, index,
+                                                 self.function.dropped))
         return events
 
     # --- the end -------------------------------------------------------------
