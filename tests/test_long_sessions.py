@@ -204,3 +204,19 @@ def test_a_server_admits_n_reservations_and_stays_within_its_budget(budget_serve
             until_closed(ws)
     server.wait_idle()
     assert server.health().json()["reserved_state_bytes"] == 0
+
+
+def test_a_session_whose_prompt_does_not_fit_what_is_left_is_refused_at_open(budget_server):
+    server = budget_server
+    server.wait_idle()
+    with connect(server.ws()) as first, connect(server.ws()) as second:
+        configure(first, seed=0)  # reserves the least
+        assert recv(second)["type"] == "session.created"  # admitted at accept: the least fits
+        send(second, {"type": "session.update",
+                      "session": {"system_prompt": "Answer in one short sentence, please."}})
+        event = expect_error(second, "server_busy")
+        assert "--max-state-bytes" in event["error"]["message"]
+        assert server.health().json()["reserved_state_bytes"] == server.one
+        send(first, {"type": "session.cancel"})
+        until_closed(first)
+    server.wait_idle()

@@ -114,13 +114,13 @@ def _capacity(window: ContextWindow | None, sliding: int | None, positions: int 
     return window_capacity(window, sliding, positions)
 
 
-def minute_bytes(config: Any) -> int:
-    """What a minute of an unbounded conversation adds (every layer past its sliding
-    window, the release's case after 10 minutes)."""
-    llm_per, tts_per = position_bytes(config)
+def minute_bytes(config: Any, minute: int = 1, warm: int = 0, prompt: int = 0) -> int:
+    """What minute ``minute`` (1: the first) of an unbounded conversation adds to its
+    caches: every layer's position while the layer grows (the release's sliding layers
+    for their first 7500 frames, 10 minutes; its global layers always)."""
+    shape = SessionShape(prompt, warm, None)
     frames = round(60 / config.frame_duration)
-    return frames * (_attention_layers(config) * llm_per
-                     + config.tts_config.num_hidden_layers * tts_per)
+    return kv_bytes(config, shape, minute * frames) - kv_bytes(config, shape, (minute - 1) * frames)
 
 
 def session_reservation(config: Any, shape: SessionShape, fixed: int,

@@ -34,6 +34,7 @@ from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from ..runtime.options import SessionOptions
+from ..runtime.pool import PoolFull
 from ..runtime.streaming import ContextLimit
 from ..runtime.transcribe import TranscriptLimit
 from .commands import Close, OpenOptions, SessionDetails, Translator
@@ -161,6 +162,8 @@ class Connection:
         await self.watch(opening)
         try:
             details = opening.result()
+        except PoolFull as exc:  # its reservation does not fit --max-state-bytes
+            raise ProtocolError(ErrorCode.SERVER_BUSY, str(exc)) from None
         except Exception as exc:
             raise init_failed(str(exc)) from None
         self.configured = True
