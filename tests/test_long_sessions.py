@@ -220,3 +220,35 @@ def test_a_session_whose_prompt_does_not_fit_what_is_left_is_refused_at_open(bud
         send(first, {"type": "session.cancel"})
         until_closed(first)
     server.wait_idle()
+
+
+def test_a_client_asks_for_a_shorter_context_and_a_bad_one_is_named(budget_server):
+    server = budget_server
+    server.wait_idle()
+    with connect(server.ws()) as ws:
+        configure(ws, context_seconds=0.4)  # shorter than the server's: a smaller ring
+        assert server.health().json()["reserved_state_bytes"] < server.one
+        send(ws, {"type": "session.cancel"})
+        until_closed(ws)
+    server.wait_idle()
+    with connect(server.ws()) as ws:
+        assert recv(ws)["type"] == "session.created"
+        send(ws, {"type": "session.update", "session": {"context_seconds": -1}})
+        event = expect_error(ws, "session_initialization_failed")
+        assert "session.context_seconds" in event["error"]["message"]
+    server.wait_idle()
+
+
+def test_the_ga_session_carries_context_seconds_within_the_servers_bound():
+    from mlx_voicechat_plugin.server.dialects.ga import FIELDS
+    from mlx_voicechat_plugin.server.dialects.ga_session import GAConfig, merge_session
+
+    limits = ServerLimits(context_seconds=60)
+    config = merge_session(GAConfig(), {"context_seconds": 30})
+    options = session_options(limits, FIELDS, context_seconds=config.context_seconds)
+    assert options.context_seconds == 30
+    longer = session_options(limits, FIELDS, context_seconds=600)
+    unset = session_options(limits, FIELDS, context_seconds=merge_session(GAConfig(), {}).context_seconds)
+    assert longer.context_seconds == unset.context_seconds == 60
+    with pytest.raises(Exception, match="session.context_seconds"):
+        session_options(limits, FIELDS, context_seconds="long")

@@ -27,7 +27,7 @@ the measured state past the budget.
 from __future__ import annotations
 
 import logging
-import math
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,12 +132,16 @@ def session_reservation(config: Any, shape: SessionShape, fixed: int,
     return fixed + kv_bytes(config, shape, frames) + pcm
 
 
+# Fixed parts measured so far, per VoiceChat (a probe runs once per loaded model).
+_FIXED: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
 class Reservations:
     """The fixed part of one model's sessions, measured once (:meth:`fixed_bytes`)."""
 
     def __init__(self, voicechat: Any):
         self.voicechat = voicechat
-        self._fixed: int | None = None
+        self._fixed: int | None = _FIXED.get(voicechat)
 
     def fixed_bytes(self) -> int:
         """The largest non-KV state of a conversation, measured on a probe stream (no
@@ -157,7 +161,7 @@ class Reservations:
                     fixed = max(fixed, stream.core.compute.nbytes - kv)
             finally:
                 stream.cancel()
-            self._fixed = fixed
+            self._fixed = _FIXED[vc] = fixed
             logger.info("session state: %d fixed bytes, measured over %d frames", fixed, frames)
         return self._fixed
 
