@@ -156,3 +156,23 @@ def test_the_computed_growth_is_the_measured_one(model, start):
     shape = _shape(start, None, prompt=[])
     assert _nbytes(timeline) - mid == kv_bytes(model.config, shape, 5) - kv_bytes(model.config, shape, 2)
     assert before > 0
+
+
+def test_the_unbounded_path_is_the_references_and_the_default_equals_it_within_its_window(
+        loaded_pair, question_audio):
+    """``context_seconds=0`` is the reference's growing caches, bit for bit (frame 0's
+    codes aside, conformance divergence 1); the default 120 s window gives the same
+    bits on a clip far shorter than it."""
+    (model, processor), (ref, ref_processor) = loaded_pair
+    turn = dict(system_prompt="You are brief.", seed=1)
+    unbounded = model.create_session(processor).generate(
+        question_audio, extra_decoding_seconds=0.0, context_seconds=0, **turn)
+    default = model.create_session(processor).generate(
+        question_audio, extra_decoding_seconds=0.0, **turn)
+    theirs = ref.create_session(ref_processor).generate(question_audio, use_language_cache=True,
+                                                        **turn)
+    assert np.array_equal(unbounded.text_tokens, np.array(theirs.text_tokens))
+    assert np.array_equal(unbounded.function_tokens, np.array(theirs.function_tokens))
+    assert np.array_equal(unbounded.audio_codes[1:], np.array(theirs.audio_codes)[1:])
+    for field in ("text_tokens", "function_tokens", "audio_codes", "audio"):
+        assert getattr(default, field).tobytes() == getattr(unbounded, field).tobytes()
