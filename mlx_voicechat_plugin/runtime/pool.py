@@ -3,10 +3,13 @@
 :class:`SessionPool` is the in-process API (the server's engine thread, the
 tests and the benchmarks use it): ``open`` a session under an id, ``step``
 every session that has a frame ready by one frame, ``flush`` / ``cancel`` /
-``close`` it. Admission is bounded by the number of open sessions and by the
+``close`` it. Admission is bounded by the number of open sessions and by
+their reservations (:mod:`.reservation`: each session's worst-case state,
+computed from the config when it opens, before its prefill), which the
 measured bytes of their state arrays (:attr:`state_bytes`, summed from each
-session's ``nbytes``, not estimated); a refused ``open`` raises
-:class:`PoolFull`, and a closed session's slot and state are free at once.
+session's ``nbytes``) never pass; a refused ``open`` raises
+:class:`PoolFull`, and a closed session's slot, reservation and state are
+free at once.
 
 Fairness: one ``step`` advances each given session by at most one frame, so
 a client that sends faster than real time cannot take a second frame while

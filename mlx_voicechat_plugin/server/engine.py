@@ -11,7 +11,8 @@ strings; the engine speaks no dialect itself.
 The engine holds up to ``max_sessions`` streaming sessions in a
 :class:`~..runtime.pool.SessionPool`; a connection reserves a slot when it
 is accepted, so admission beyond ``max_sessions`` (or beyond
-``max_state_bytes`` of measured session state) is refused at once, and the
+``max_state_bytes`` of reserved session state, counting the least a session
+reserves for each connection not yet opened) is refused at once, and the
 reservation is released on every exit path. Audio does not wait for its
 reply: a connection hands PCM to its session's input queue
 (:meth:`Engine.append`, through a bounded :class:`~.feed.InputFeed`), and
