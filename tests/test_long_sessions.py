@@ -163,12 +163,15 @@ def budget_server(tiny_ckpt, voicechat):
     yield from running(live)
 
 
-def _frames_total(server) -> float:
+def _metric(server, name: str) -> float:
     import httpx
 
     text = httpx.get(server.http("/metrics")).text
-    return float(next(l for l in text.splitlines()
-                      if l.startswith("voicechat_frames_total")).split()[-1])
+    return float(next(l for l in text.splitlines() if l.startswith(name + " ")).split()[-1])
+
+
+def _frames_total(server) -> float:
+    return _metric(server, "voicechat_frames_total")
 
 
 def test_a_server_admits_n_reservations_and_stays_within_its_budget(budget_server):
@@ -212,10 +215,12 @@ def test_a_session_whose_prompt_does_not_fit_what_is_left_is_refused_at_open(bud
     with connect(server.ws()) as first, connect(server.ws()) as second:
         configure(first, seed=0)  # reserves the least
         assert recv(second)["type"] == "session.created"  # admitted at accept: the least fits
+        refused = _metric(server, "voicechat_admissions_refused_total")
         send(second, {"type": "session.update",
                       "session": {"system_prompt": "Answer in one short sentence, please."}})
         event = expect_error(second, "server_busy")
         assert "--max-state-bytes" in event["error"]["message"]
+        assert _metric(server, "voicechat_admissions_refused_total") == refused + 1
         assert server.health().json()["reserved_state_bytes"] == server.one
         send(first, {"type": "session.cancel"})
         until_closed(first)

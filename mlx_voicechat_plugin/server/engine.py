@@ -42,7 +42,7 @@ from typing import Any, Callable, Generator
 import numpy as np
 
 from ..runtime.events import Cancelled
-from ..runtime.pool import SessionPool, admission_error, check_budgets
+from ..runtime.pool import PoolFull, SessionPool, admission_error, check_budgets
 from ..runtime.prompt_cache import PromptCache
 from ..runtime.options import TranscriptionOptions
 from .commands import (
@@ -395,6 +395,9 @@ class Engine:
                 if time.perf_counter() >= slice_end:
                     yield []  # the others' frames run now
                     slice_end = time.perf_counter() + PREFILL_SLICE_SECONDS
+        except PoolFull:  # its reservation did not fit: server_busy
+            self.metrics.refused.inc()
+            raise
         except BaseException:
             _clear_cache()  # what a stopped or failed prefill allocated
             raise
