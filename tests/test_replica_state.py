@@ -31,7 +31,8 @@ from websockets.exceptions import ConnectionClosed
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.drain import STOPPED, Drain
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.replica import ReplicaStatus, agent_line, free_slots
+from mlx_voicechat_plugin.server.admission import Admission
+from mlx_voicechat_plugin.server.replica import ReplicaStatus, agent_line
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 TIMEOUT = 20.0
@@ -110,14 +111,32 @@ def test_a_draining_replica_reports_drain_and_no_capacity():
     assert (read["health"], read["admin"], read["maxconn"]) == (None, "drain", None)
 
 
-def test_free_slots_count_the_slots_and_none_at_the_state_budget():
-    class Engine:
-        max_sessions, sessions_in_use, max_state_bytes, state_bytes = 3, 1, None, 0
+class FakePool:
+    """One open session reserving 40 bytes of state; a new one reserves at least 40."""
 
-    engine = Engine()
-    assert free_slots(engine) == 2
-    engine.max_state_bytes, engine.state_bytes = 100, 100
-    assert free_slots(engine) == 0
+    state_bytes, reserved_bytes = 10, 40
+
+    def least_reservation(self) -> int:
+        return 40
+
+    def __len__(self) -> int:
+        return 1
+
+
+class NoCounter:
+    def inc(self) -> None:
+        pass
+
+
+def test_free_slots_count_the_slots_and_none_at_the_state_budget():
+    pool = FakePool()
+    admission = Admission(3, None, lambda: pool, NoCounter())
+    assert admission.try_reserve("open")
+    assert admission.free_slots() == 2
+    admission.max_state_bytes = 100  # room for one more reservation of 40
+    assert admission.free_slots() == 1
+    admission.max_state_bytes = 40  # the open session's reservation is the whole budget
+    assert admission.free_slots() == 0
 
 
 def test_drain_seconds_must_not_be_negative():
@@ -300,8 +319,13 @@ def test_a_second_sigterm_stops_at_once(tiny_ckpt, tmp_path):
 class FakeEngine:
     """The engine attributes a replica's status reads."""
 
-    max_sessions, sessions_in_use, max_state_bytes, state_bytes = 2, 1, None, 0
+    max_sessions, max_state_bytes = 2, None
     ready, running, load_error = True, True, None
+
+    def __init__(self) -> None:
+        pool = FakePool()
+        self.admission = Admission(self.max_sessions, None, lambda: pool, NoCounter())
+        self.admission.try_reserve("open")
 
 
 def test_an_engine_whose_thread_stopped_is_down_and_its_health_500():

@@ -27,6 +27,7 @@ from mlx_voicechat_plugin.runtime.events import (
 )
 from mlx_voicechat_plugin.runtime.options import SessionOptions
 from mlx_voicechat_plugin.runtime.pool import PoolFull, SessionPool
+from mlx_voicechat_plugin.runtime.reservation import Reservations
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
 from mlx_voicechat_plugin.testing.fixtures import question_signal
@@ -139,7 +140,10 @@ def test_slots_and_state_budget_refuse_clearly_and_free_on_close(voicechat):
     pool.close_all()
     assert pool.state_bytes == 0 and not len(pool)
 
-    budget = SessionPool(voicechat, max_sessions=8, max_state_bytes=one + one // 2)
+    # Admission counts each session's reservation, its worst-case state (issue 34).
+    reserved = Reservations(voicechat).of(SessionOptions(), 0)
+    assert reserved > one
+    budget = SessionPool(voicechat, max_sessions=8, max_state_bytes=reserved + reserved // 2)
     budget.open("first")
     with pytest.raises(PoolFull, match="--max-state-bytes"):
         budget.open("second")

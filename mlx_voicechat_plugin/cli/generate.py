@@ -12,6 +12,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Sequence
 
+from ..runtime.options import DEFAULT_CONTEXT_SECONDS
 from .common import parse_args, run_main
 
 if TYPE_CHECKING:
@@ -44,6 +45,10 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
     parser.add_argument("--video", nargs="*", help=argparse.SUPPRESS)
     parser.add_argument("--no-language-cache", action="store_true",
                         help="recompute the LLM history every frame (diagnostics)")
+    parser.add_argument("--context-seconds", type=float, default=DEFAULT_CONTEXT_SECONDS,
+                        help="seconds of conversation the attention layers keep after the "
+                             "prompt (constant memory past it; 0: unbounded, the reference; "
+                             "default: %(default)s)")
     parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default: on GPUs; off on the CPU, "
@@ -109,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         extra_decoding_seconds=args.extra_decoding_seconds,
         seed=args.seed,
         use_language_cache=not args.no_language_cache,
+        context_seconds=args.context_seconds,
         tools=tools,
     )
     result = session.generate(args.audio, **turn)

@@ -69,7 +69,15 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              f"{defaults.max_message_bytes // MIB} MiB)")
     limits.add_argument("--max-session-seconds", type=float,
                         default=defaults.max_session_seconds,
-                        help="seconds of audio one session may stream (default: %(default)s)")
+                        help="seconds of audio one session may stream; with a bounded "
+                             "--context-seconds a policy on the call's length, not on its "
+                             "memory (default: %(default)s)")
+    limits.add_argument("--context-seconds", type=float, default=defaults.context_seconds,
+                        help="seconds of conversation a session's attention keeps after its "
+                             "prompt, in rings of constant memory, as docs/long-conversations.md "
+                             "says; a client may ask for less, and 0 is unbounded (the "
+                             "reference's growing caches, which --max-session-seconds then "
+                             "bounds) (the model's trained context; default: %(default)s)")
     limits.add_argument("--update-timeout", type=float, default=defaults.update_timeout,
                         help="seconds a client has to send session.update (default: %(default)s)")
     limits.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout,
@@ -101,8 +109,10 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="realtime sessions served at once on the one loaded model "
                              "(default: %(default)s; size it with python -m bench.load)")
     limits.add_argument("--max-state-bytes", type=int, default=defaults.max_state_bytes,
-                        help="measured bytes of all sessions' state (caches) before new "
-                             "sessions are refused with server_busy (default: no budget)")
+                        help="bytes of state all sessions may reach: each session reserves "
+                             "its worst case (window + prompt, or --max-session-seconds "
+                             "unbounded) when it opens and is refused with server_busy when "
+                             "that does not fit (default: no budget)")
     limits.add_argument("--max-buffered-seconds", type=float,
                         default=defaults.max_buffered_seconds,
                         help="audio one session may queue ahead of the engine; past it the "
@@ -169,7 +179,8 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
                                        args.max_transcriptions_in_flight),
                                    max_buffered_seconds=args.max_buffered_seconds,
                                    batch_wait_ms=args.batch_wait_ms,
-                                   batch_fill=args.batch_fill)
+                                   batch_fill=args.batch_fill,
+                                   context_seconds=args.context_seconds)
     except ValueError as exc:
         parser.error(str(exc))
     if args.agent_port is not None and not 0 < args.agent_port < 65536:

@@ -27,6 +27,7 @@ def run_stream(session: Any, args: argparse.Namespace, started: float, loaded: f
         system_prompt=args.system_prompt, seed=args.seed,
         max_streaming_seconds=args.max_streaming_seconds,
         use_language_cache=not args.no_language_cache, profile=args.profile,
+        context_seconds=args.context_seconds,
     )
     total = -(-len(audio) // frame)
     show_progress = len(audio) / rate > PROGRESS_AFTER_SECONDS and sys.stderr.isatty()

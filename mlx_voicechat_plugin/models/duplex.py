@@ -18,6 +18,7 @@ from mlx_vlm.models.nemotron_h.language import NemotronHModel
 
 from ..config import ModelConfig
 from .cache_state import MetaState, cache_meta_state, cache_state, caches_from_state
+from .context import ContextWindow, ring
 from .perception import Perception
 from .segments import SegmentedStep
 
@@ -96,19 +97,27 @@ class DuplexSTT(nn.Module):
             text, function = self(mx.concatenate(state.history, axis=1))
         return text[:, -1:], function[:, -1:]
 
-    def make_state(self, use_cache: bool = True) -> "LanguageState":
-        """A conversation's fresh language state (``use_cache=False``: full recompute)."""
-        return LanguageState(self.make_cache() if use_cache else None)
+    def make_state(self, use_cache: bool = True,
+                   context: ContextWindow | None = None) -> "LanguageState":
+        """A conversation's fresh language state (``use_cache=False``: full recompute,
+        which is unbounded whatever ``context`` says)."""
+        return LanguageState(self.make_cache(context) if use_cache else None)
 
-    def make_cache(self) -> list[Any]:
-        """Mamba2 state for ``M`` layers and a growing KV cache for ``*`` layers."""
+    def make_cache(self, context: ContextWindow | None = None) -> list[Any]:
+        """Mamba2 state for ``M`` layers and a KV cache for ``*`` layers: growing, or
+        with ``context`` a ring of its sink and recent positions (:mod:`.context`)."""
         caches: list[Any] = []
         for layer in self.llm.layers:
             if layer.block_type == "M":
                 caches.append(ArraysCache(size=2))
             elif layer.block_type == "*":
-                caches.append(KVCache())
+                caches.append(KVCache() if context is None else ring(context))
         return caches
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers with a KV cache."""
+        return sum(1 for layer in self.llm.layers if layer.block_type == "*")
 
 
 class LanguageState:

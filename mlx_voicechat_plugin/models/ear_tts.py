@@ -47,6 +47,7 @@ from mlx_vlm.models.cache import KVCache, RotatingKVCache
 from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfig
 
 from ..config import TTSConfig
+from .context import ContextWindow, ring
 from .layers import OffsetRMSNorm
 from .mog_head import Keys, MoGHead, draw
 from .segments import GemmaStep
@@ -226,15 +227,21 @@ class EarTTS(nn.Module):
     def set_vocabulary(self, vocabulary: Mapping[str, int]) -> None:
         self.embed_subword.set_vocabulary(vocabulary)
 
-    def make_cache(self) -> Cache:
-        """Rotating caches on sliding-window layers, full caches on global ones."""
-        pattern = self.config.sliding_window_pattern
+    def make_cache(self, context: ContextWindow | None = None) -> Cache:
+        """Rotating caches on sliding-window layers, full caches on global ones; with
+        ``context``, each layer's ring in that bounded context (:func:`~.context.ring`)."""
+        if context is not None:
+            return [ring(context, s) for s in self.sliding_windows()]
         return [
-            KVCache()
-            if (i + 1) % pattern == 0
-            else RotatingKVCache(max_size=self.config.sliding_window, keep=0)
-            for i in range(self.config.num_hidden_layers)
+            KVCache() if s is None else RotatingKVCache(max_size=s, keep=0)
+            for s in self.sliding_windows()
         ]
+
+    def sliding_windows(self) -> list[int | None]:
+        """Each layer's own attention window in positions (``None``: a global layer)."""
+        pattern = self.config.sliding_window_pattern
+        return [None if (i + 1) % pattern == 0 else self.config.sliding_window
+                for i in range(self.config.num_hidden_layers)]
 
     def embed_codes(self, codes: mx.array) -> mx.array:
         """Codes [B, T, Q] -> summed codebook latents [B, T, latent], float32.

@@ -263,6 +263,10 @@ class RNNTState:
     # SentencePiece decoding is piece-wise concatenation, so the transcript
     # grows by each new piece's text instead of re-decoding every token.
     _raw: str = ""
+    # Bounded (a conversation of any length): past twice ``keep_chars`` the
+    # transcript keeps its last ``keep_chars`` characters and ``tokens`` as many
+    # tokens; ``None`` keeps everything (a file's transcription).
+    keep_chars: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -316,7 +320,20 @@ class RNNTState:
         text = self._raw.strip()
         delta = text[len(self.text) :] if text.startswith(self.text) else text
         self.text = text
+        if self.keep_chars is not None and len(text) > 2 * self.keep_chars:
+            self._bound(self.keep_chars)
         return delta
+
+    def _bound(self, keep: int) -> None:
+        """Keep the last ``keep`` characters (cut where no space starts, so the next
+        ``strip`` keeps them as they are) and as many tokens."""
+        cut = len(self.text) - keep
+        while cut < len(self.text) and self.text[cut].isspace():
+            cut += 1
+        lead = len(self._raw) - len(self._raw.lstrip())
+        self._raw = self._raw[lead + cut :]
+        self.text = self.text[cut:]
+        del self.tokens[: max(len(self.tokens) - keep, 0)]
 
 
 class RNNTFrame:

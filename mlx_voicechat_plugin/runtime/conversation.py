@@ -35,12 +35,17 @@ from .frame import ConversationState, FrameOutput, PerceptionSource, advance, fi
 from .options import SessionOptions
 from .profile import FrameClock, Profile, profile_env
 from .prompt import session_prompt
+from .reservation import SessionShape, context_frames
 from .timeline import TimelineStep
 from .tool_calls import ToolChannel
 from .tools import ToolError
 
 if TYPE_CHECKING:
     from .session import VoiceChat
+
+# A conversation's cumulative texts (the events' ``text``: assistant text, function
+# channel, user transcript) keep their last 16 K characters once past 32 K.
+TEXT_KEEP_CHARS = 16 * 1024
 
 
 class Conversation:
@@ -51,13 +56,19 @@ class Conversation:
         self.options = options
         self._prompt_cache = parent.prompt_cache
         prompt, toolset = session_prompt(parent.tokenizer, model, options)
+        start = parent.warm_start
+        # The attention caches' shape: the prompt's positions and the bounded context.
+        self.shape = SessionShape(len(prompt), start.positions,
+                                  context_frames(options.context_seconds, config.frame_duration))
         self.compute = ConversationState(
-            model, perception, parent.new_rnnt_state(), start=parent.warm_start,
+            model, perception, parent.new_rnnt_state(), start=start,
             seed=options.seed, use_language_cache=options.use_language_cache,
+            context=self.shape.windows(),
         )
         hidden = config.special_text_ids
-        self.text = TokenText(parent.tokenizer, hidden)
-        self.function = TokenText(parent.tokenizer, hidden)
+        self.text = TokenText(parent.tokenizer, hidden, TEXT_KEEP_CHARS)
+        self.function = TokenText(parent.tokenizer, hidden, TEXT_KEEP_CHARS)
+        self.compute.rnnt.keep_chars = TEXT_KEEP_CHARS
         codec = model.tts_model.audio_codec
         self.audio = AudioFrames(codec.samples_per_frame, config.output_sample_rate)
         self._turn_end_id = config.eos_token_id if options.turn_events else None
@@ -89,7 +100,7 @@ class Conversation:
         if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
             yield from compute.timeline.prefill_steps(prompt)
             return
-        key = (tuple(prompt), options.seed)
+        key = (tuple(prompt), options.seed, self.shape.recent)  # the rings' sizes too
         snapshot = cache.get(key)
         if snapshot is not None:
             compute.restore(*snapshot)
@@ -168,7 +179,8 @@ class Conversation:
         elif function_update is not None:
             events.append(FunctionDelta(index, out.function_id, *function_update))
             if self.tools is not None:
-                events.extend(self.tools.observe(self.function.text, index))
+                events.extend(self.tools.observe(self.function.text, index,
+                                                 self.function.dropped))
         return events
 
     # --- the end -------------------------------------------------------------

@@ -187,7 +187,9 @@ Event = Union[
 
 
 class TokenText:
-    """Cumulative detokenization of one channel's visible tokens, in time linear in its length.
+    """Cumulative detokenization of one channel's visible tokens, in time linear in its length
+    (and, with ``keep_chars``, in memory bounded: ``text`` is then the channel's last
+    ``keep_chars`` to ``2 * keep_chars`` characters).
 
     ``text`` is the decode of every visible token so far, as one
     ``tokenizer.decode`` call would give it; each visible token's ``delta`` is
@@ -208,7 +210,8 @@ class TokenText:
 
     CONTEXT_TOKENS = 8
 
-    def __init__(self, tokenizer: Any, hidden_ids: frozenset[int]):
+    def __init__(self, tokenizer: Any, hidden_ids: frozenset[int],
+                 keep_chars: int | None = None):
         self.tokenizer = tokenizer
         self.hidden_ids = hidden_ids
         self.tokens: list[int] = []
@@ -217,6 +220,13 @@ class TokenText:
         self._read = 0
         self._settled = ""
         self._context = ""  # decode(tokens[_prefix:_read])
+        # Bounded (a conversation of any length): once ``text`` passes twice
+        # ``keep_chars`` it keeps its last ``keep_chars`` characters (``dropped``
+        # counts the ones cut off its front), and settled tokens before the
+        # decode window are forgotten (``_head``: the text they decoded to).
+        self.keep_chars = keep_chars
+        self.dropped = 0
+        self._head = ""
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
@@ -230,7 +240,7 @@ class TokenText:
         if window.startswith(self._context):
             text = self._settled + window[len(self._context) :]
         else:
-            text = self._decode(self.tokens)
+            text = self._head + self._decode(self.tokens)
         if text.startswith(self.text):
             delta = text[len(self.text) :]
         else:
@@ -238,10 +248,25 @@ class TokenText:
         self.text = text
         if not text.endswith("\ufffd"):
             self._settle()
-        return delta, text
+        return delta, self.text
 
     def _settle(self) -> None:
         self._read = len(self.tokens)
         self._prefix = max(0, self._read - self.CONTEXT_TOKENS)
         self._settled = self.text
         self._context = self._decode(self.tokens[self._prefix : self._read])
+        if self.keep_chars is not None and len(self.text) > 2 * self.keep_chars:
+            self._bound(self.keep_chars)
+
+    def _bound(self, keep: int) -> None:
+        """Forget the settled tokens before the window and all but ``keep`` characters."""
+        if not self._settled.endswith(self._context):
+            return  # the window's text is not a suffix here: bound at a later token
+        self._head = self._settled[: len(self._settled) - len(self._context)]
+        del self.tokens[: self._prefix]
+        self._read -= self._prefix
+        self._prefix = 0
+        cut = min(len(self.text) - keep, len(self._head))
+        self.text, self._settled = self.text[cut:], self._settled[cut:]
+        self._head = self._head[cut:]
+        self.dropped += cut

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..models.cache_state import split_state
 from ..models.codec_stream import CodecState
+from ..models.context import ContextWindow
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream, push_frames
 from ..models.rnnt import RNNTFrame, RNNTState
@@ -141,9 +142,11 @@ class ConversationState:
     """
 
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
-                 *, start: WarmStart, seed: int, use_language_cache: bool):
+                 *, start: WarmStart, seed: int, use_language_cache: bool,
+                 context: tuple[ContextWindow, ContextWindow] | None = None):
         self.perception = perception
-        self.timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache)
+        self.timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
+                                 context=context)
         self.rnnt = rnnt
         self.codec: CodecState | None = model.tts_model.audio_codec.make_state()
 

@@ -28,6 +28,20 @@ def check_positive_seconds(value: object, what: str) -> float:
     return float(value)
 
 
+# The model card: trained on audio contexts of at most 2 minutes.
+DEFAULT_CONTEXT_SECONDS = 120.0
+
+
+def check_context_seconds(value: object) -> float | None:
+    """``None`` or ``0``: unbounded; else a finite number of seconds above zero."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"context_seconds must be >= 0 seconds (0: unbounded), got {brief(value)}")
+    return float(value) or None
+
+
 def check_positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{what} must be a positive integer, got {brief(value)}")
@@ -87,6 +101,9 @@ class SessionOptions(StreamLimits):
     # System prompt + rendered tools, in tokens; checked before any work.
     max_prompt_tokens: int | None = None
     use_language_cache: bool = True
+    # Seconds of conversation the attention layers keep after the prompt (a ring;
+    # docs/long-conversations.md); 0 or None: unbounded, every position (the reference).
+    context_seconds: float | None = DEFAULT_CONTEXT_SECONDS
     profile: bool = False
     # Emit ``TurnEnded`` at the text channel's EOS (the GA dialect's responses).
     turn_events: bool = False
@@ -100,6 +117,7 @@ class SessionOptions(StreamLimits):
         check_positive_int(self.max_tool_calls_per_turn, "max_tool_calls_per_turn")
         if self.max_prompt_tokens is not None:
             check_positive_int(self.max_prompt_tokens, "max_prompt_tokens")
+        self.context_seconds = check_context_seconds(self.context_seconds)
 
 
 @dataclass

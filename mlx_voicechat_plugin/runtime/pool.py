@@ -3,10 +3,13 @@
 :class:`SessionPool` is the in-process API (the server's engine thread, the
 tests and the benchmarks use it): ``open`` a session under an id, ``step``
 every session that has a frame ready by one frame, ``flush`` / ``cancel`` /
-``close`` it. Admission is bounded by the number of open sessions and by the
+``close`` it. Admission is bounded by the number of open sessions and by
+their reservations (:mod:`.reservation`: each session's worst-case state,
+computed from the config when it opens, before its prefill), which the
 measured bytes of their state arrays (:attr:`state_bytes`, summed from each
-session's ``nbytes``, not estimated); a refused ``open`` raises
-:class:`PoolFull`, and a closed session's slot and state are free at once.
+session's ``nbytes``) never pass; a refused ``open`` raises
+:class:`PoolFull`, and a closed session's slot, reservation and state are
+free at once.
 
 Fairness: one ``step`` advances each given session by at most one frame, so
 a client that sends faster than real time cannot take a second frame while
@@ -36,7 +39,8 @@ import numpy as np
 
 from .events import Event
 from .options import SessionOptions, TranscriptionOptions, check_positive_int
-from .streaming import StreamingShell, step_cores
+from .reservation import Reservations
+from .streaming import ContextLimit, StreamingShell, step_cores
 from .timeline import PrefillCancelled
 
 logger = logging.getLogger(__name__)
@@ -53,16 +57,22 @@ def check_budgets(max_sessions: int, max_state_bytes: int | None) -> None:
 
 
 def admission_error(in_use: int, max_sessions: int, state_bytes: int,
-                    max_state_bytes: int | None) -> str | None:
-    """Why one more session would be refused (``in_use`` slots taken), or ``None``."""
+                    max_state_bytes: int | None, next_bytes: int = 0) -> str | None:
+    """Why one more session would be refused (``in_use`` slots taken), or ``None``.
+
+    ``state_bytes`` is what the open sessions reserve (:mod:`.reservation`; their
+    worst case, which their measured state never passes), ``next_bytes`` the least
+    a new session reserves.
+    """
     if in_use >= max_sessions:
         if max_sessions == 1:
             return "another realtime VoiceChat session is already active"
         return (f"all {max_sessions} realtime session slots are in use "
                 f"(--max-sessions {max_sessions})")
-    if max_state_bytes is not None and state_bytes >= max_state_bytes:
-        return (f"session state uses {state_bytes} bytes, at the "
-                f"--max-state-bytes {max_state_bytes} budget")
+    if max_state_bytes is not None and (state_bytes >= max_state_bytes
+                                        or state_bytes + next_bytes > max_state_bytes):
+        return (f"sessions reserve {state_bytes} bytes of state; one more needs {next_bytes} "
+                f"and the --max-state-bytes budget is {max_state_bytes}")
     return None
 
 
@@ -84,13 +94,22 @@ class SessionPool:
     """Streaming sessions of one :class:`~.session.VoiceChat`, by id, within budgets."""
 
     def __init__(self, voicechat: Any, max_sessions: int = 1,
-                 max_state_bytes: int | None = None):
+                 max_state_bytes: int | None = None,
+                 default_options: SessionOptions | None = None):
+        """``default_options``: what a session gets when its client asks for nothing (the
+        server's bounds), the least a new session reserves at admission."""
         check_budgets(max_sessions, max_state_bytes)
+        self.default_options = default_options or SessionOptions()
         self.voicechat = voicechat
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
         self.sessions: dict[str, StreamingShell] = {}
         self.state_bytes = 0  # measured after every change (read from any thread)
+        self.reservations = Reservations(voicechat)
+        self.reserved: dict[str, int] = {}  # session -> its worst-case state bytes
+        # Measured and computed now, not at the first open (nor on another thread).
+        self._least = (0 if max_state_bytes is None
+                       else self.reservations.of(self.default_options, 0))
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -98,10 +117,21 @@ class SessionPool:
     def __contains__(self, session_id: object) -> bool:
         return session_id in self.sessions
 
+    @property
+    def reserved_bytes(self) -> int:
+        """What the open sessions reserve in all (read from any thread)."""
+        return sum(list(self.reserved.values()))
+
+    def least_reservation(self) -> int:
+        """The smallest reservation a new conversation can have (no prompt, default
+        options, this pool's bound on streaming seconds): what admission before the
+        options are known asks for."""
+        return self._least
+
     def admission_error(self) -> str | None:
         """Why one more session would be refused now, or ``None``."""
-        return admission_error(len(self.sessions), self.max_sessions, self.state_bytes,
-                               self.max_state_bytes)
+        return admission_error(len(self.sessions), self.max_sessions, self.reserved_bytes,
+                               self.max_state_bytes, self.least_reservation())
 
     def _measure(self) -> None:
         self.state_bytes = sum(s.nbytes for s in self.sessions.values())
@@ -145,6 +175,7 @@ class SessionPool:
             stream = self.voicechat.create_transcription_stream(options=options)
         self.sessions[session_id] = stream
         try:
+            self._reserve(session_id, stream, options)
             for left in stream.start_steps():
                 if self.sessions.get(session_id) is not stream:
                     raise PrefillCancelled("the session was closed during its prefill")
@@ -154,11 +185,24 @@ class SessionPool:
                 self.close(session_id)
             raise
         self._measure()
-        if self.max_state_bytes is not None and self.state_bytes > self.max_state_bytes:
-            self.close(session_id)
-            raise PoolFull(f"a new session's state would take the total to more than "
-                           f"--max-state-bytes {self.max_state_bytes}")
         return stream
+
+    def _reserve(self, session_id: str, stream: StreamingShell,
+                 options: SessionOptions | TranscriptionOptions) -> None:
+        """Reserve the new session's worst-case state (its prompt is known now, before
+        its prefill); :class:`PoolFull` when it does not fit the budget."""
+        if self.max_state_bytes is None:
+            return
+        if isinstance(options, SessionOptions):
+            need = self.reservations.of(options, stream.core.shape.prompt)
+        else:  # perception and the RNNT: a part of a conversation's fixed state
+            need = self.reservations.fixed_bytes()
+        taken = self.reserved_bytes
+        if taken + need > self.max_state_bytes:
+            raise PoolFull(f"a new session reserves {need} bytes of state; with the "
+                           f"{taken} bytes the open sessions reserve that passes "
+                           f"--max-state-bytes {self.max_state_bytes}")
+        self.reserved[session_id] = need
 
     def get(self, session_id: str) -> StreamingShell:
         try:
@@ -169,6 +213,7 @@ class SessionPool:
     def close(self, session_id: str) -> None:
         """Cancel the session if it is still running and free its slot and state."""
         stream = self.sessions.pop(session_id, None)
+        self.reserved.pop(session_id, None)
         if stream is not None and not stream.closed:
             stream.cancel()
         self._measure()

@@ -31,6 +31,7 @@ from ..models.cache_state import (
     copy_arrays,
     split_state,
 )
+from ..models.context import ContextWindow, bound_all
 from ..models.duplex import LanguageState
 from ..models.model import Model
 from ..models.rows import stack_rows, take_row, take_rows
@@ -74,6 +75,7 @@ class WarmStart:
     state: list[mx.array]
     meta_state: MetaState
     prev_codes: mx.array  # (1, 1, Q)
+    sliding: tuple[int | None, ...] = ()  # each backbone layer's own window (None: global)
 
     @classmethod
     def of(cls, model: Model) -> "WarmStart":
@@ -81,14 +83,24 @@ class WarmStart:
         speech = model.tts_model
         codes, ids, id_mask, audio_mask, latents = speech.warmup_inputs(model.config.pad_token_id)
         hidden, cache = speech.tts_model.warmup(codes, ids, id_mask, audio_mask, latents)
-        start = cls(cache_state(cache), cache_meta_state(cache), codes[:, -1:])
+        start = cls(cache_state(cache), cache_meta_state(cache), codes[:, -1:],
+                    tuple(speech.tts_model.sliding_windows()))
         mx.eval(hidden, start.prev_codes, start.state)
         return start
 
-    def fresh_cache(self) -> list[Any]:
+    def fresh_cache(self, context: ContextWindow | None = None) -> list[Any]:
         """One conversation's backbone caches: new objects over new array handles of
-        the same values, so conversations never see each other's writes."""
-        return caches_from_state(copy_arrays(self.state), self.meta_state)
+        the same values, so conversations never see each other's writes (``context``:
+        continued as rings of that bounded context, :mod:`~..models.context`)."""
+        caches = caches_from_state(copy_arrays(self.state), self.meta_state)
+        if context is None:
+            return caches
+        return bound_all(caches, context, self.sliding)
+
+    @property
+    def positions(self) -> int:
+        """Backbone positions the warm-up wrote."""
+        return max(c.offset for c in caches_from_state(self.state, self.meta_state))
 
 
 class Timeline:
@@ -107,11 +119,15 @@ class Timeline:
     """
 
     def __init__(self, model: Model, start: WarmStart, *, seed: int = 0,
-                 use_language_cache: bool = True):
+                 use_language_cache: bool = True,
+                 context: tuple[ContextWindow, ContextWindow] | None = None):
+        """``context``: the LLM's and the backbone's bounded contexts (``None``: unbounded)."""
         self._bind(model)
         pad = mx.array([[self.config.pad_token_id]], dtype=mx.int32)
-        self._set_rows([0], [model.stt_model.make_state(use_language_cache)],
-                       [start.fresh_cache()], [RandomStream(seed)], (pad, pad, start.prev_codes))
+        language, speech = (None, None) if context is None else context
+        self._set_rows([0], [model.stt_model.make_state(use_language_cache, language)],
+                       [start.fresh_cache(speech)], [RandomStream(seed)],
+                       (pad, pad, start.prev_codes))
 
     def _bind(self, model: Model) -> None:
         self.model = model

@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CALLS_PER_TURN = 4
 MAX_CALL_CHARS = 8192
+# The books of a session of any length: calls awaiting a result, and answered
+# call ids (a repeated result is refused as such), the oldest forgotten first.
+MAX_PENDING_CALLS = 256
+MAX_ANSWERED_CALLS = 1024
 
 
 def new_call_id() -> str:
@@ -63,14 +67,22 @@ class ToolCallParser:
         self._call_id = call_id
         self._consumed = 0  # characters of the cumulative text already parsed
         self._start: int | None = None  # where an open block's content begins
+        self._dropped = 0  # characters the text has lost off its front (a bounded channel)
         self.calls_this_turn = 0
 
     def new_turn(self) -> None:
         """The user spoke again: the per-turn call budget starts over."""
         self.calls_this_turn = 0
 
-    def feed(self, text: str, frame_index: int) -> list[ToolCall | ToolCallInvalid]:
-        """Parse the blocks completed in cumulative ``text``."""
+    def feed(self, text: str, frame_index: int, dropped: int = 0
+             ) -> list[ToolCall | ToolCallInvalid]:
+        """Parse the blocks completed in cumulative ``text`` (which has lost ``dropped``
+        characters off its front so far: a bounded channel, ``TokenText.dropped``)."""
+        shift, self._dropped = dropped - self._dropped, dropped
+        if shift:
+            self._consumed = max(self._consumed - shift, 0)
+            if self._start is not None:
+                self._start = max(self._start - shift, 0)
         events: list[ToolCall | ToolCallInvalid] = []
         while True:
             if self._start is None:
@@ -135,17 +147,19 @@ class ToolChannel:
         self.tokenizer = tokenizer
         self.parser = ToolCallParser(tools, max_calls_per_turn=max_calls_per_turn)
         self.pending: dict[str, ToolCall] = {}  # call_id -> call awaiting its result
-        self.answered: set[str] = set()
+        self.answered: dict[str, None] = {}  # answered call ids, oldest first
         self._queue: deque[tuple[str, int]] = deque()  # (call_id, token)
         self._injecting: dict[str, list[int]] = {}  # call_id -> [first_frame, count]
 
     # --- the function channel --------------------------------------------
 
-    def observe(self, text: str, frame_index: int) -> list[ToolCall | ToolCallInvalid]:
-        events = self.parser.feed(text, frame_index)
+    def observe(self, text: str, frame_index: int, dropped: int = 0
+                ) -> list[ToolCall | ToolCallInvalid]:
+        events = self.parser.feed(text, frame_index, dropped)
         for event in events:
             if isinstance(event, ToolCall):
                 self.pending[event.call_id] = event
+                _forget_oldest(self.pending, MAX_PENDING_CALLS)
         return events
 
     def finish(self, text: str, frame_index: int) -> list[ToolCallInvalid]:
@@ -163,7 +177,8 @@ class ToolChannel:
             raise ToolError(f"unknown tool call id {brief(call_id)}")
         tokens = self.tokenizer.encode(render_tool_response(output), add_special_tokens=False)
         del self.pending[call_id]
-        self.answered.add(call_id)
+        self.answered[call_id] = None
+        _forget_oldest(self.answered, MAX_ANSWERED_CALLS)
         self._queue.extend((call_id, int(t)) for t in tokens)
         return len(tokens)
 
@@ -184,3 +199,9 @@ class ToolChannel:
     @property
     def injecting(self) -> bool:
         return bool(self._queue)
+
+
+def _forget_oldest(book: dict, most: int) -> None:
+    """Drop the oldest entries of an insertion-ordered ``book`` past ``most``."""
+    while len(book) > most:
+        del book[next(iter(book))]

@@ -38,6 +38,7 @@ from .dialects import DIALECTS
 from .drain import DEFAULT_DRAIN_SECONDS, Drain
 from .engine import Engine
 from .limits import ServerLimits
+from .options import session_options
 from .replica import (
     ReplicaStatus, add_replica_metrics, agent_line, health_response, replica_status,
 )
@@ -159,7 +160,8 @@ def create_app(
                               warm_up=warm_up, max_sessions=limits.max_sessions,
                               max_state_bytes=limits.max_state_bytes,
                               batch_wait=limits.batch_wait_ms / 1000,
-                              batch_fill=limits.batch_fill)
+                              batch_fill=limits.batch_fill,
+                              session_defaults=session_options(limits, {}))
     model_id = served_model_id(str(model_path), alias)
     # A client may name the model as the server was started with it (the
     # hosts' servers' convention: the path or hub id given), or by its id.
@@ -213,7 +215,8 @@ def create_app(
     @app.get(prefix + "/health")
     async def health() -> JSONResponse:
         """The replica's state (:mod:`.replica`): 200 ready, 503 loading or draining, 500 failed."""
-        return health_response(status(), model_id, engine, engine.load_error)
+        return health_response(status(), model_id, engine, engine.load_error,
+                               context_seconds=limits.context_seconds)
 
     @app.get(prefix + "/metrics")
     async def metrics(request: Request) -> Response:

@@ -218,8 +218,8 @@ class Connection(EngineSession):
             if not self.engine.ready:
                 await self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                 raise Finished(CloseCode.TRY_AGAIN_LATER)
-            if not self.engine.try_reserve(self.session_id):
-                await self.send_error(ErrorCode.SERVER_BUSY, self.engine.refusal)
+            if not self.engine.admission.try_reserve(self.session_id):
+                await self.send_error(ErrorCode.SERVER_BUSY, self.engine.admission.refusal)
                 raise Finished(CloseCode.TRY_AGAIN_LATER)
             logger.info("%s connected", self.session_id)
             await self.send(self.greeting())

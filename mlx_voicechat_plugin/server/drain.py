@@ -72,7 +72,7 @@ class Drain:
         if self.state != SERVING:
             return False
         self.state = DRAINING
-        self.engine.draining = True
+        self.engine.admission.draining = True
         self.deadline = self.clock() + self.seconds
         self.reason = f"server shutting down: still open after --drain-seconds {self.seconds:g}"
         logger.info("draining: %d sessions open, %d transcriptions in flight; new sessions "

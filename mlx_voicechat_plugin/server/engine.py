@@ -10,7 +10,8 @@ there; the engine speaks no dialect, makes no JSON and encodes no audio.
 
 Up to ``max_sessions`` streaming sessions share a
 :class:`~..runtime.pool.SessionPool`; a connection reserves a slot when it is
-accepted (refused at once beyond ``max_sessions`` or ``max_state_bytes``),
+accepted (refused at once by :mod:`.admission`: draining, ``max_sessions``, or
+``max_state_bytes`` of reserved worst-case state),
 released on every exit path. Audio does not wait for its reply: a connection
 hands PCM to its session's channel (:meth:`Engine.append`, through a bounded
 :class:`~.feed.InputFeed`); commit, cancel and tool results are markers in
@@ -35,8 +36,9 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
-from ..runtime.pool import SessionPool, admission_error
+from ..runtime.pool import PoolFull, SessionPool
 from ..runtime.prompt_cache import PromptCache
+from .admission import Admission
 from .channel import Chunk, Handoff, Sink, hand_off
 from .commands import (
     Append, Cancel, Close, Command, DeltaSink, Flush, Open, OpenOptions, SessionDetails, Sync,
@@ -50,9 +52,6 @@ from .stepping import NOT_ACTIVE, Stepper
 from .warm_up import run_warm_up
 
 logger = logging.getLogger(__name__)
-
-# Why a session is refused while the replica drains (:mod:`.drain`).
-DRAINING = "the server is shutting down; connect again to reach another replica"
 
 Loader = Callable[[str], Any]  # checkpoint path -> VoiceChat
 
@@ -70,13 +69,15 @@ class Engine:
     def __init__(self, model_path: str, loader: Loader | None = None,
                  prompt_cache_bytes: int | None = None, warm_up: bool = False,
                  max_sessions: int = 1, max_state_bytes: int | None = None,
-                 batch_wait: float = DEFAULT_BATCH_WAIT_MS / 1000, batch_fill: bool = True):
+                 batch_wait: float = DEFAULT_BATCH_WAIT_MS / 1000, batch_fill: bool = True,
+                 session_defaults: Any = None):
         # The bounds are checked once, by ServerLimits (the server) or SessionPool.
         self.batch_wait = float(batch_wait)  # the collection deadline of a step
         self.batch_fill = batch_fill  # stretch it to fill batches once sessions need batching
         self.step_costs = StepCosts()  # measured step seconds by batch size (warm-up and live)
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
+        self.session_defaults = session_defaults  # a session's options when its client sets none
         self.pool: SessionPool | None = None
         self.metrics = EngineMetrics(max_sessions)
         self.model_path = model_path
@@ -88,10 +89,8 @@ class Engine:
         self.loaded = threading.Event()
         self._commands: queue.Queue[Command | None] = queue.Queue()
         self._aborts: dict[str, threading.Event] = {}  # session -> stop its prefill
-        self._reservation = threading.Lock()
-        self._reserved: set[str] = set()
-        self.refusal = ""  # why the last reservation was refused
-        self.draining = False  # set by the replica's drain (:mod:`.drain`): admit no one
+        self.admission = Admission(max_sessions, max_state_bytes, lambda: self.pool,
+                                   self.metrics.refused)
         self._jobs = JobQueue()  # engine thread only
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
         self.metrics.transcriptions_in_flight.set_function(lambda: self.transcriptions.in_flight)
@@ -134,33 +133,6 @@ class Engine:
         from ..runtime.transcribe import checkpoint_language
 
         return checkpoint_language(self.config)
-
-    # --- slot reservations ------------------------------------------------
-
-    def try_reserve(self, session_id: str) -> bool:
-        """Hold a slot for ``session_id``; ``False`` (see :attr:`refusal`) when none is left."""
-        with self._reservation:
-            reason = DRAINING if self.draining else admission_error(
-                len(self._reserved), self.max_sessions, self.state_bytes, self.max_state_bytes)
-            if reason is not None:
-                self.refusal = reason
-                self.metrics.refused.inc()
-                return False
-            self._reserved.add(session_id)
-            return True
-
-    def release(self, session_id: str) -> None:
-        with self._reservation:
-            self._reserved.discard(session_id)
-
-    @property
-    def sessions_in_use(self) -> int:
-        return len(self._reserved)
-
-    @property
-    def state_bytes(self) -> int:
-        """Measured bytes of the open sessions' state (updated by the engine thread)."""
-        return 0 if self.pool is None else self.pool.state_bytes
 
     # --- commands (from the event loop) ----------------------------------
 
@@ -242,7 +214,9 @@ class Engine:
         try:
             logger.info("loading %s", self.model_path)
             self.voicechat = self.loader(self.model_path)
-            self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes)
+            self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes,
+                                    self.session_defaults)
+            self.metrics.watch_reserved(lambda: self.admission.reserved_bytes)
             if self.prompt_cache_bytes is not None:
                 self.voicechat.prompt_cache = PromptCache(self.prompt_cache_bytes)
             logger.info("model loaded")
@@ -371,6 +345,9 @@ class Engine:
         abort = self._aborts.get(command.session_id) or threading.Event()
         try:
             return (yield from self.stepper.open_steps(command, abort))
+        except PoolFull:  # its reservation did not fit: server_busy
+            self.metrics.refused.inc()
+            raise
         except BaseException:
             _clear_cache()  # what a stopped or failed prefill allocated
             raise

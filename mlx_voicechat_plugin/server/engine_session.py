@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.options import SessionOptions
+from ..runtime.pool import PoolFull
 from ..runtime.streaming import ContextLimit, TranscriptLimit
 from .channel import Handoff
 from .commands import Close, OpenOptions, SessionDetails
@@ -104,6 +105,8 @@ class EngineSession:
         await self.watch(opening)
         try:
             details = opening.result()
+        except PoolFull as exc:  # its reservation does not fit --max-state-bytes
+            raise ProtocolError(ErrorCode.SERVER_BUSY, str(exc)) from None
         except Exception as exc:
             raise init_failed(str(exc)) from None
         self.configured = True
@@ -165,7 +168,7 @@ class EngineSession:
         if self.open:
             self.open = False
             self.closing = self.engine.submit(Close(self.session_id))
-        self.engine.release(self.session_id)
+        self.engine.admission.release(self.session_id)
 
     async def release(self) -> None:
         """:meth:`let_go`, then wait for the engine to have closed the session."""

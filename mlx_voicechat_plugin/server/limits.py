@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..runtime.options import (
-    check_count, check_non_negative, check_positive_int, check_positive_seconds,
+    DEFAULT_CONTEXT_SECONDS, check_context_seconds, check_count, check_non_negative,
+    check_positive_int, check_positive_seconds,
 )
 
 MIB = 1 << 20
@@ -44,6 +45,8 @@ class ServerLimits:
     max_buffered_seconds: float = 2.0  # audio one session may queue ahead of the engine
     batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS  # a step's collection deadline (0: never wait)
     batch_fill: bool = True  # past the unbatched capacity, wait for every streaming session
+    # Seconds of conversation a session's attention keeps after its prompt (None: unbounded).
+    context_seconds: float | None = DEFAULT_CONTEXT_SECONDS
 
     def __post_init__(self) -> None:
         """Every bound checked once, here (the engine and the pool trust them), with the
@@ -61,6 +64,7 @@ class ServerLimits:
                      "max_buffered_seconds"):
             check_positive_seconds(getattr(self, name), name)
         check_non_negative(self.batch_wait_ms, "batch_wait_ms")
+        object.__setattr__(self, "context_seconds", check_context_seconds(self.context_seconds))
         if not isinstance(self.batch_fill, bool):
             raise ValueError(f"batch_fill must be true or false, got {self.batch_fill!r}")
 
@@ -80,6 +84,13 @@ class ServerLimits:
     def transport_max_bytes(self) -> int:
         """The WebSocket layer's own frame cap (``ws_max_size``)."""
         return self.max_message_bytes + TRANSPORT_SLACK_BYTES
+
+    def clamp_context_seconds(self, requested: float | None) -> float | None:
+        """A session's ``context_seconds``: the request (unset: the server's), at most the
+        server's bound (``--context-seconds``; a client cannot ask for an unbounded one)."""
+        if requested is None:
+            return self.context_seconds
+        return requested if self.context_seconds is None else min(requested, self.context_seconds)
 
     def clamp_streaming_seconds(self, requested: float | None) -> float:
         """A session's ``max_streaming_seconds``: the request, at most the server's cap."""

@@ -8,6 +8,8 @@ registry, so several servers in one process (the tests) do not share counts.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -28,6 +30,9 @@ class EngineMetrics:
         self.capacity.set(max_sessions)
         self.state = Gauge("voicechat_session_state_bytes",
                            "Measured bytes of the open sessions' state arrays", registry=r)
+        self.reserved = Gauge("voicechat_session_reserved_bytes",
+                              "Worst-case state the open sessions reserve (admission counts it)",
+                              registry=r)
         self.frames = Counter("voicechat_frames", "80 ms frames run, all sessions", registry=r)
         self.late = Counter("voicechat_late_frames",
                             "Frames of steps slower than one frame of wall time", registry=r)
@@ -82,6 +87,10 @@ class EngineMetrics:
     def sessions(self, active: int, state_bytes: int) -> None:
         self.active.set(active)
         self.state.set(state_bytes)
+
+    def watch_reserved(self, reserved: Callable[[], int]) -> None:
+        """Read the reserved bytes from ``reserved`` at each scrape."""
+        self.reserved.set_function(reserved)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

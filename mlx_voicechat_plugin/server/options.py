@@ -6,7 +6,9 @@ only ones the values get) and the engine's open carries that object. A bad
 value is the client's ``session_initialization_failed``, its message naming
 the client's field and the limit. The server's bounds apply here:
 ``--max-session-seconds`` caps ``max_streaming_seconds``, and
-``--max-prompt-tokens`` and ``--max-transcript-bytes`` are set.
+``--max-prompt-tokens`` and ``--max-transcript-bytes`` are set, and
+``--context-seconds`` is a session's bounded context (a client may ask for a
+shorter one).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ def client_fields(message: str, fields: Mapping[str, str]) -> str:
 def session_options(limits: ServerLimits, fields: Mapping[str, str],
                     **values: Any) -> SessionOptions:
     """The session's options from the client's ``values`` (``fields`` names them)."""
+    values.setdefault("context_seconds", None)
     try:
         options = SessionOptions(max_prompt_tokens=limits.max_prompt_tokens, **values)
     except (TypeError, ValueError) as exc:
         raise init_failed(client_fields(str(exc), fields)) from None
     return replace(options, max_streaming_seconds=limits.clamp_streaming_seconds(
-        options.max_streaming_seconds))
+        options.max_streaming_seconds), context_seconds=limits.clamp_context_seconds(
+        options.context_seconds))
 
 
 def transcription_options(limits: ServerLimits,

@@ -7,7 +7,9 @@ served by :mod:`.agent` on ``--agent-port``) and ``GET /health``
 send new sessions here; 503: loading or draining; 500: failed).
 
 The capacity is the number of sessions the replica holds at most right now:
-the sessions open plus the free slots (:func:`free_slots`). HAProxy counts its
+the sessions open plus the free slots (:meth:`~.admission.Admission.free_slots`:
+``--max-sessions``, and the sessions whose reserved state still fits
+``--max-state-bytes``). HAProxy counts its
 own connections to the server against ``maxconn``, so reporting the total
 (not the free count) lets it fill each replica to exactly what it admits and
 queue the rest, never sending a session to a full replica.
@@ -53,18 +55,6 @@ class ReplicaStatus:
         return self.sessions + self.free
 
 
-def free_slots(engine: Any) -> int:
-    """Sessions ``engine`` would admit now (the one place a new admission bound joins).
-
-    ``--max-sessions`` less the slots taken; none while the measured state is
-    at ``--max-state-bytes`` (as :func:`~..runtime.pool.admission_error` judges).
-    """
-    free = engine.max_sessions - engine.sessions_in_use
-    if engine.max_state_bytes is not None and engine.state_bytes >= engine.max_state_bytes:
-        free = 0
-    return max(free, 0)
-
-
 def engine_failure(engine: Any) -> str | None:
     """Why the engine cannot serve: its load error, or its thread having stopped."""
     if engine.load_error is not None:
@@ -79,8 +69,8 @@ def replica_status(engine: Any, draining: bool = False) -> ReplicaStatus:
     failure = engine_failure(engine)
     admitting = engine.ready and not draining and failure is None
     return ReplicaStatus(loaded=engine.ready, draining=draining, failure=failure,
-                         sessions=engine.sessions_in_use,
-                         free=free_slots(engine) if admitting else 0)
+                         sessions=engine.admission.sessions_in_use,
+                         free=engine.admission.free_slots() if admitting else 0)
 
 
 def _reason(text: str) -> str:
@@ -107,7 +97,8 @@ def agent_line(status: ReplicaStatus) -> str:
 
 
 def health_response(status: ReplicaStatus, model_id: str, engine: Any,
-                    load_error: BaseException | None = None) -> JSONResponse:
+                    load_error: BaseException | None = None,
+                    context_seconds: float | None = None) -> JSONResponse:
     """``GET /health``: 200 while new sessions may come, 503 loading or draining, 500 failed."""
     body: dict[str, Any] = {
         "ready": status.ready, "draining": status.draining,
@@ -119,8 +110,11 @@ def health_response(status: ReplicaStatus, model_id: str, engine: Any,
         return JSONResponse({"status": "error", "error": error, **body}, 500)
     if not status.loaded:
         return JSONResponse({"status": "loading", **body}, 503)
+    admission = engine.admission
     body.update({"model": model_id, "session_active": status.sessions > 0,
-                 "state_bytes": engine.state_bytes, "max_state_bytes": engine.max_state_bytes})
+                 "state_bytes": admission.state_bytes, "max_state_bytes": engine.max_state_bytes,
+                 "reserved_state_bytes": admission.reserved_bytes,
+                 "context_seconds": context_seconds})
     if status.draining:
         return JSONResponse({"status": "draining", **body}, 503)
     return JSONResponse({"status": "ok", **body})

@@ -254,9 +254,9 @@ def add_transcription_routes(app: FastAPI, engine: Engine, prefix: str,
                                 "invalid_api_key").response()
         if not origin_ok(request.headers.get("origin")):
             return RequestError(403, "origin not allowed", None, "origin_not_allowed").response()
-        if not engine.ready or engine.draining:
+        if not engine.ready or engine.admission.draining:
             message = ("the model failed to load" if engine.load_error is not None
-                       else "the server is shutting down" if engine.draining
+                       else "the server is shutting down" if engine.admission.draining
                        else "the model is not loaded yet")
             return RequestError(503, message, None, "server_busy").response()
         if not engine.transcriptions.try_admit(limits.max_transcriptions_in_flight):

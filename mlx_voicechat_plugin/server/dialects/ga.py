@@ -74,7 +74,8 @@ CLIENT_EVENTS = (
 )
 # The runtime's option -> the client's field, in error messages.
 FIELDS = {"system_prompt": "session.instructions", "seed": "session.seed",
-          "max_streaming_seconds": "session.max_streaming_seconds"}
+          "max_streaming_seconds": "session.max_streaming_seconds",
+          "context_seconds": "session.context_seconds"}
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class GAConnection(Connection):
         return session_options(self.limits, FIELDS, system_prompt=config.system_prompt,
                                seed=config.seed, tools=config.engine_tools(),
                                max_streaming_seconds=config.max_streaming_seconds,
-                               turn_events=True)
+                               context_seconds=config.context_seconds, turn_events=True)
 
     async def update(self, payload: Any) -> None:
         config = merge_session(self.config, payload)

@@ -4,7 +4,7 @@ GA clients send partial updates (LiveKit sends its tools in one of their
 own), so each ``session.update`` merges into a :class:`GAConfig`. Unknown
 session keys are ignored, known ones are checked and named in the error;
 the fields the runtime's options hold (``instructions``, ``seed``,
-``max_streaming_seconds``) are checked once, when the connection builds the
+``max_streaming_seconds``, ``context_seconds``) are checked once, when the connection builds the
 session's options from the config (:mod:`.ga`).
 """
 
@@ -50,6 +50,7 @@ class GAConfig:
     speed: float = 1.0
     seed: Any = 0  # extension, as in the mlx-vlm dialect
     max_streaming_seconds: Any = None  # extension, as in the mlx-vlm dialect
+    context_seconds: Any = None  # extension: the bounded context (None: the server's)
     max_response_seconds: float = DEFAULT_MAX_RESPONSE_SECONDS  # extension, see above
 
     @property
@@ -98,6 +99,8 @@ def merge_session(config: GAConfig, payload: Any) -> GAConfig:
         changes["seed"] = 0 if payload["seed"] is None else payload["seed"]
     if "max_streaming_seconds" in payload:
         changes["max_streaming_seconds"] = payload["max_streaming_seconds"]
+    if "context_seconds" in payload:
+        changes["context_seconds"] = payload["context_seconds"]
     if payload.get("max_response_seconds") is not None:
         changes["max_response_seconds"] = _response_seconds(payload["max_response_seconds"])
     return replace(config, **changes)

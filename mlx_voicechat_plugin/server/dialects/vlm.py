@@ -34,7 +34,8 @@ OUTPUT_SAMPLE_RATE = 22_050  # announced before the model is known
 MODALITIES = ("text", "audio")
 # The runtime's option -> the client's field, in error messages.
 FIELDS = {"system_prompt": "session.system_prompt", "seed": "session.seed",
-          "max_streaming_seconds": "session.max_streaming_seconds"}
+          "max_streaming_seconds": "session.max_streaming_seconds",
+          "context_seconds": "session.context_seconds"}
 
 
 # --- client messages ----------------------------------------------------
@@ -49,6 +50,7 @@ class SessionUpdate:
     max_streaming_seconds: Any = None
     tools: list[Any] | None = None  # validated by the runtime when the session opens
     output_modalities: tuple[str, ...] = MODALITIES
+    context_seconds: Any = None  # the bounded context (None: the server's)
 
     @property
     def text_only(self) -> bool:
@@ -95,7 +97,8 @@ def parse_session(payload: Any) -> SessionUpdate:
                           "(output_modalities ['text']) only transcribes")
     seed = payload.get("seed")
     return SessionUpdate(payload.get("system_prompt"), 0 if seed is None else seed,
-                         payload.get("max_streaming_seconds"), tools, modalities)
+                         payload.get("max_streaming_seconds"), tools, modalities,
+                         payload.get("context_seconds"))
 
 
 def parse_modalities(value: Any) -> tuple[str, ...]:
@@ -194,7 +197,8 @@ class VLMConnection(Connection):
             raise invalid("the active session cannot be reconfigured")
         options = session_options(
             self.limits, FIELDS, system_prompt=update.system_prompt, seed=update.seed,
-            max_streaming_seconds=update.max_streaming_seconds, tools=update.tools)
+            max_streaming_seconds=update.max_streaming_seconds, tools=update.tools,
+            context_seconds=update.context_seconds)
         # Text-only: perception + RNNT, the user transcript.
         opened = transcription_options(self.limits, options) if update.text_only else options
         details = await self.open_session(opened)

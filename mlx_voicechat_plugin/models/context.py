@@ -1,0 +1,114 @@
+"""A bounded attention context: the prompt's positions (a sink) plus a recent window, in a ring.
+
+Unbounded, an attention layer's KV cache holds every position of the
+conversation, so state and per-frame attention grow with it. Bounded, a
+layer keeps the first ``keep`` positions (the prompt: the system prompt on
+the LLM, the speaker prompt and the system prompt's frames on the EAR-TTS
+backbone, so the prompt keeps steering the model) and the most recent
+``recent`` positions after them. That is mlx-lm's
+``RotatingKVCache(max_size=keep + recent, keep=keep)``; :class:`ContextCache`
+is it with its whole ring allocated at its first one-position write (its
+``step`` is its ``max_size``), so a session's memory is constant from its
+first frame on.
+
+Exactness: until the ring is full (``offset <= keep + recent``) a ring
+returns the same keys and values, in the same order, as a growing
+``KVCache`` (slices ``[:offset]`` of its buffer), so attention over it is
+bit-identical; the tests check ids and codes against the unbounded path.
+Once full, each new position overwrites the oldest non-sink one and the ring
+is read whole, in ring order (one query attends to every position it holds;
+no mask is needed). Positions are absolute: ``offset`` keeps counting, and
+RoPE (the EAR-TTS backbone's) rotates at it, so query-key distances stay
+the true ones across the wrap. The Nemotron-H attention layers take no RoPE
+(the Mamba2 layers carry the order).
+
+A sliding-window layer (the backbone's local layers, window ``S``) keeps its
+own rule inside the bounded context: it keeps whichever ring is smaller, its
+own ``RotatingKVCache(S)`` (unchanged: its rule already drops the prompt) when
+``S < keep + recent``, else the bounded ring (its own rule never reaches
+inside the context then). Either way it is unchanged until the context is
+full.
+
+``state`` / ``meta_state`` are mlx-lm's (:mod:`.cache_state`): before the
+wrap the rows written so far, after it the whole ring and its write index,
+so a restored ring continues exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from mlx_vlm.models.cache import KVCache, RotatingKVCache
+
+
+@dataclass(frozen=True)
+class ContextWindow:
+    """One stack's bounded context: ``keep`` sink positions and ``recent`` positions after."""
+
+    keep: int
+    recent: int
+
+    def __post_init__(self) -> None:
+        if self.keep < 0 or self.recent < 1:
+            raise ValueError(f"a context window needs keep >= 0 and recent >= 1, "
+                             f"got keep={self.keep}, recent={self.recent}")
+
+    @property
+    def size(self) -> int:
+        """Positions a full ring holds."""
+        return self.keep + self.recent
+
+
+class ContextCache(RotatingKVCache):
+    """``RotatingKVCache(keep + recent, keep)`` allocated whole at its first one-position write."""
+
+    def __init__(self, window: ContextWindow):
+        super().__init__(max_size=window.size, keep=window.keep)
+
+    @property  # type: ignore[override]
+    def step(self) -> int:
+        # RotatingKVCache grows by ``min(step, max_size - offset)``: one growth, to the ring.
+        return self.max_size
+
+
+def ring(window: ContextWindow, sliding: int | None = None) -> Any:
+    """An empty cache of one layer in a bounded context (``sliding``: the layer's own window)."""
+    if sliding is not None and sliding < window.size:
+        return RotatingKVCache(max_size=sliding, keep=0)
+    return ContextCache(window)
+
+
+def bound(cache: Any, window: ContextWindow, sliding: int | None = None) -> Any:
+    """``cache`` (a layer's ``KVCache`` or sliding ``RotatingKVCache``, holding at most
+    ``window.keep`` positions) continued in a bounded context: a ring over its rows."""
+    if sliding is not None and sliding < window.size:
+        return cache  # the layer's own window is the smaller ring
+    if not isinstance(cache, (KVCache, RotatingKVCache)):
+        raise TypeError(f"cannot bound a {type(cache).__name__}")
+    if cache.offset > window.keep:
+        raise ValueError(f"a cache at offset {cache.offset} is past the context's "
+                         f"{window.keep} kept positions")
+    if isinstance(cache, RotatingKVCache) and cache.offset > cache.max_size:
+        raise ValueError("a wrapped sliding cache cannot be bounded")
+    bounded = ContextCache(window)
+    if cache.keys is not None:
+        keys, values = cache.state
+        bounded.state = (keys, values)
+        # (keep, max_size, offset, write index): the next write lands after the rows.
+        bounded.meta_state = (window.keep, window.size, cache.offset, cache.offset)
+    return bounded
+
+
+def window_capacity(window: ContextWindow | None, sliding: int | None, positions: int) -> int:
+    """Positions a layer's cache holds at most over ``positions`` positions in all."""
+    held = positions if window is None else min(positions, window.size)
+    return held if sliding is None else min(held, sliding)
+
+
+def bound_all(caches: Sequence[Any], window: ContextWindow,
+              sliding: Sequence[int | None]) -> list[Any]:
+    """:func:`bound` per layer (``sliding[i]``: layer ``i``'s own window, ``None`` if global)."""
+    if len(caches) != len(sliding):
+        raise ValueError(f"{len(caches)} caches but {len(sliding)} layer windows")
+    return [bound(c, window, s) for c, s in zip(caches, sliding)]

@@ -1,0 +1,184 @@
+"""What one session's state may reach: its bounded context, and the bytes it reserves at open.
+
+A conversation's state is constant apart from its attention KV caches (the
+Nemotron-H attention layers and every EAR-TTS backbone layer). With a
+bounded context (``context_seconds``, :mod:`~..models.context`) those are
+rings of ``prompt + window`` positions; without one they grow by one
+position a frame up to the session's ``max_streaming_seconds``. So a
+session's worst case is known when it opens, from the config:
+
+- the KV part (:func:`kv_bytes`): per position, ``2 (K, V) x kv_heads x
+  head_dim x 4 bytes`` (the caches hold float32: the fused inputs are
+  float32) per LLM attention layer, and the same times two rows (the
+  ``[cond; uncond]`` guidance batch) per backbone layer; positions per layer
+  are the ring's size (or the sliding window when smaller), or the prompt
+  plus every frame the session may run;
+- the fixed part (Mamba2 states, the encoder's 70-frame windows, the RNNT
+  carry, the codec stream, previous tokens and keys): measured once per
+  model on a probe stream run until the encoder window is full
+  (:meth:`Reservations.fixed_bytes`), plus the PCM a session may buffer.
+
+:class:`~.pool.SessionPool` reserves :func:`session_reservation` of a
+session before its prefill and admits it only if the reservations of the
+open sessions and its own fit ``--max-state-bytes``, so growth never takes
+the measured state past the budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..models.context import ContextWindow, window_capacity
+from .options import SessionOptions
+
+logger = logging.getLogger(__name__)
+
+KV_ITEMSIZE = 4  # float32 keys and values (the caches keep the fused inputs' dtype)
+GUIDED_ROWS = 2  # the backbone's [cond; uncond] rows per session
+
+
+def context_frames(context_seconds: float | None, frame_duration: float) -> int | None:
+    """Frames of a bounded context (at least one), ``None`` when unbounded."""
+    if not context_seconds:
+        return None
+    return max(1, round(context_seconds / frame_duration))
+
+
+@dataclass(frozen=True)
+class SessionShape:
+    """What fixes a conversation's attention caches: its prompt's LLM positions, the
+    backbone positions of the warm start, and the bounded context's frames (or ``None``)."""
+
+    prompt: int
+    warm: int
+    recent: int | None
+
+    def windows(self) -> tuple[ContextWindow, ContextWindow] | None:
+        """The LLM's and the backbone's contexts: the LLM keeps the prompt's positions,
+        the backbone the warm start and the prompt's frames after the first (the first
+        position has no TTS step)."""
+        if self.recent is None:
+            return None
+        return (ContextWindow(self.prompt, self.recent),
+                ContextWindow(self.warm + max(self.prompt - 1, 0), self.recent))
+
+    def positions(self, frames: int) -> tuple[int, int]:
+        """LLM and backbone positions written after ``frames`` conversation frames."""
+        return self.prompt + frames, self.warm + max(self.prompt + frames - 1, 0)
+
+
+def _attention_layers(config: Any) -> int:
+    return str(config.text_config.hybrid_override_pattern).count("*")
+
+
+def _head_dim(c: Any) -> int:
+    return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+
+def position_bytes(config: Any) -> tuple[int, int]:
+    """KV bytes of one position: per LLM attention layer, per backbone layer."""
+    text, tts = config.text_config, config.tts_config
+    llm = 2 * text.num_key_value_heads * _head_dim(text) * KV_ITEMSIZE
+    return llm, 2 * tts.num_key_value_heads * _head_dim(tts) * KV_ITEMSIZE * GUIDED_ROWS
+
+
+def sliding_windows(config: Any) -> list[int | None]:
+    """Each backbone layer's own window (``None``: global), as EarTTS lays them out."""
+    tts = config.tts_config
+    return [None if (i + 1) % tts.sliding_window_pattern == 0 else tts.sliding_window
+            for i in range(tts.num_hidden_layers)]
+
+
+def kv_bytes(config: Any, shape: SessionShape, frames: int | None) -> int:
+    """Bytes the attention caches hold after ``frames`` frames (``None``: ever, which
+    needs a bounded context)."""
+    if frames is None and shape.recent is None:
+        raise ValueError("an unbounded context has no worst case without a frame limit")
+    llm_window, tts_window = shape.windows() or (None, None)
+    llm_at, tts_at = shape.positions(frames) if frames is not None else (None, None)
+    llm_per, tts_per = position_bytes(config)
+    llm = _attention_layers(config) * _capacity(llm_window, None, llm_at) * llm_per
+    tts = sum(_capacity(tts_window, s, tts_at) for s in sliding_windows(config)) * tts_per
+    return llm + tts
+
+
+def _capacity(window: ContextWindow | None, sliding: int | None, positions: int | None) -> int:
+    if positions is None:
+        assert window is not None
+        return window.size if sliding is None else min(window.size, sliding)
+    return window_capacity(window, sliding, positions)
+
+
+def minute_bytes(config: Any, minute: int = 1, warm: int = 0, prompt: int = 0) -> int:
+    """What minute ``minute`` (1: the first) of an unbounded conversation adds to its
+    caches: every layer's position while the layer grows (the release's sliding layers
+    for their first 7500 frames, 10 minutes; its global layers always)."""
+    shape = SessionShape(prompt, warm, None)
+    frames = round(60 / config.frame_duration)
+    return kv_bytes(config, shape, minute * frames) - kv_bytes(config, shape, (minute - 1) * frames)
+
+
+def session_reservation(config: Any, shape: SessionShape, fixed: int,
+                        max_frames: int | None, buffered_samples: int | None = None) -> int:
+    """A session's worst-case state bytes: the fixed part, the KV caches at their
+    largest (a full ring, or ``max_frames`` frames), and its PCM buffer."""
+    frames = None if shape.recent is not None else max_frames
+    pcm = 0 if buffered_samples is None else buffered_samples * np.dtype(np.float32).itemsize
+    return fixed + kv_bytes(config, shape, frames) + pcm
+
+
+# Fixed parts measured so far, per VoiceChat (a probe runs once per loaded model).
+_FIXED: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+class Reservations:
+    """The fixed part of one model's sessions, measured once (:meth:`fixed_bytes`)."""
+
+    def __init__(self, voicechat: Any):
+        self.voicechat = voicechat
+        self._fixed: int | None = _FIXED.get(voicechat)
+
+    def fixed_bytes(self) -> int:
+        """The largest non-KV state of a conversation, measured on a probe stream (no
+        prompt, unbounded) over the frames that fill the encoder's window."""
+        if self._fixed is None:
+            vc = self.voicechat
+            config = vc.config
+            stream = vc.create_streaming_session(options=SessionOptions(context_seconds=0))
+            frames = vc.model.stt_model.perception.att_context[0] + 2
+            silence = np.zeros((config.frame_samples,), np.float32)
+            fixed = 0
+            try:
+                shape = SessionShape(0, vc.warm_start.positions, None)
+                for frame in range(frames):
+                    stream.push_audio(silence)
+                    kv = kv_bytes(config, shape, frame + 1)
+                    fixed = max(fixed, stream.core.compute.nbytes - kv)
+            finally:
+                stream.cancel()
+            self._fixed = _FIXED[vc] = fixed
+            logger.info("session state: %d fixed bytes, measured over %d frames", fixed, frames)
+        return self._fixed
+
+    def shape(self, prompt: int, context_seconds: float | None) -> SessionShape:
+        vc = self.voicechat
+        return SessionShape(prompt, vc.warm_start.positions,
+                            context_frames(context_seconds, vc.config.frame_duration))
+
+    def of(self, options: Any, prompt: int) -> int:
+        """The reservation of a session with these options and ``prompt`` LLM positions."""
+        max_frames = (None if options.max_streaming_seconds is None
+                      else int(options.max_streaming_seconds / self.voicechat.config.frame_duration))
+        shape = self.shape(prompt, options.context_seconds)
+        if shape.recent is None and max_frames is None:
+            raise ValueError("a session without a bounded context (context_seconds) needs "
+                             "max_streaming_seconds to be reserved")
+        # PCM waiting for a frame: less than a frame once a push is split into frames.
+        pending = options.max_buffered_samples or self.voicechat.config.frame_samples
+        return session_reservation(self.voicechat.config, shape, self.fixed_bytes(), max_frames,
+                                   pending)
