@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import io
 import re
-import threading
 from collections import Counter
 from typing import Any, Callable
 
 import mlx.core as mx
-import numpy as np
+
+from .eval_patch import EvalPatch, array_leaves
 
 # Primitives that are views or no-ops (no kernel on any backend), by DOT label.
 VIEWS = frozenset({
@@ -43,12 +43,11 @@ VIEWS = frozenset({
 })
 
 _NODE = re.compile(r'^\{ (\d+) \[label ="([^"]+)", shape=rectangle\]; \}$', re.M)
-_ARRAY_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__")
 
 
 def graph_primitives(*arrays: Any) -> Counter:
     """The primitives (views included) still to be evaluated for ``arrays``, by name."""
-    leaves = [a for a in _flatten(arrays)]
+    leaves = [a for a in array_leaves(arrays)]
     if not leaves:
         return Counter()
     buffer = io.StringIO()
@@ -61,7 +60,7 @@ def kernel_count(primitives: Counter) -> int:
     return sum(n for name, n in primitives.items() if name not in VIEWS)
 
 
-class KernelCounter:
+class KernelCounter(EvalPatch):
     """Context manager: counts evaluated primitives and evaluations on this thread.
 
     ``primitives`` (a :class:`~collections.Counter` by name, views included),
@@ -69,16 +68,12 @@ class KernelCounter:
     :meth:`reset`; ``calls`` lists what each evaluation was.
     """
 
-    _lock = threading.Lock()
-    _active: "KernelCounter | None" = None
-
     def __init__(self) -> None:
+        super().__init__()
         self.primitives: Counter = Counter()
         self.evaluations = 0
         self.calls: list[str] = []
         self.per_call: list[int] = []  # kernels of each evaluation, in order
-        self._thread = 0
-        self._saved: dict[tuple[Any, str], Callable] = {}
 
     @property
     def kernels(self) -> int:
@@ -97,38 +92,7 @@ class KernelCounter:
                 + self.primitives.get("QuantizedMatmul", 0),
                 "calls": list(self.calls), "per_call": list(self.per_call)}
 
-    # --- install / uninstall ---------------------------------------------
-
-    def __enter__(self) -> "KernelCounter":
-        with KernelCounter._lock:
-            if KernelCounter._active is not None:
-                raise RuntimeError("a KernelCounter is already active")
-            KernelCounter._active = self
-        self._thread = threading.get_ident()
-        self._patch(mx, "eval", self._wrap_eval("eval"))
-        self._patch(mx, "async_eval", self._wrap_eval("async_eval"))
-        for name in _ARRAY_METHODS:
-            self._patch(mx.array, name, self._wrap_method(name))
-        for name in ("array", "asarray"):
-            self._patch(np, name, self._wrap_numpy(name))
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for (owner, name), original in self._saved.items():
-            setattr(owner, name, original)
-        self._saved.clear()
-        with KernelCounter._lock:
-            KernelCounter._active = None
-
-    def _patch(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
-        original = getattr(owner, name)
-        self._saved[(owner, name)] = original
-        setattr(owner, name, make(original))
-
     # --- counting ----------------------------------------------------------
-
-    def _mine(self) -> bool:
-        return threading.get_ident() == self._thread
 
     def _count(self, what: str, arrays: Any) -> None:
         found = graph_primitives(arrays)
@@ -138,19 +102,21 @@ class KernelCounter:
             self.calls.append(what)
             self.per_call.append(kernel_count(found))
 
-    def _wrap_eval(self, what: str) -> Callable[[Callable], Callable]:
-        def make(original: Callable) -> Callable:
-            evaluate = self._saved[(mx, "eval")] if what == "async_eval" else original
+    def _wrap_eval(self, original: Callable) -> Callable:
+        return self._counted("eval", original, original)
 
-            def counted(*args: Any) -> Any:
-                if not self._mine():
-                    return original(*args)
-                self._count(what, args)
-                return evaluate(*args)  # async_eval: synchronous while counting
+    def _wrap_async_eval(self, original: Callable) -> Callable:
+        # async_eval is synchronous while counting (its graph is counted as it evaluates)
+        return self._counted("async_eval", original, self._original(mx, "eval"))
 
-            return counted
+    def _counted(self, what: str, original: Callable, evaluate: Callable) -> Callable:
+        def counted(*args: Any) -> Any:
+            if not self._mine():
+                return original(*args)
+            self._count(what, args)
+            return evaluate(*args)
 
-        return make
+        return counted
 
     def _wrap_method(self, name: str) -> Callable[[Callable], Callable]:
         def make(original: Callable) -> Callable:
@@ -173,16 +139,3 @@ class KernelCounter:
             return counted
 
         return make
-
-
-def _flatten(values: Any):
-    """The ``mx.array`` leaves of eval's arguments (arrays, lists, tuples, dicts)."""
-    stack = [values]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, mx.array):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif isinstance(value, dict):
-            stack.extend(value.values())

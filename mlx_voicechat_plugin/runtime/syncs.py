@@ -18,30 +18,24 @@ syncs it should. It counts what happened, nothing is declared by the caller.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable
 
 import mlx.core as mx
-import numpy as np
 
-_ARRAY_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__")
+from .eval_patch import EvalPatch, array_leaves
 
 
-class HostSyncCounter:
+class HostSyncCounter(EvalPatch):
     """Context manager: counts host syncs on the current thread while active."""
 
-    _lock = threading.Lock()
-    _active: "HostSyncCounter | None" = None
-
     def __init__(self) -> None:
+        super().__init__()
         self.count = 0
         self.wait_ms = 0.0
         self.async_eval_ms = 0.0
         self.calls: list[str] = []  # what each counted sync was, in order
         self._evaluated: dict[int, mx.array] = {}  # id -> array, kept alive
-        self._thread = 0
-        self._saved: dict[tuple[Any, str], Callable] = {}
 
     def reset(self) -> None:
         self.count = 0
@@ -49,39 +43,10 @@ class HostSyncCounter:
         self.calls = []
         self._evaluated.clear()
 
-    # --- install / uninstall ---------------------------------------------
-
-    def __enter__(self) -> "HostSyncCounter":
-        with HostSyncCounter._lock:
-            if HostSyncCounter._active is not None:
-                raise RuntimeError("a HostSyncCounter is already active")
-            HostSyncCounter._active = self
-        self._thread = threading.get_ident()
-        self._patch(mx, "eval", self._wrap_eval)
-        self._patch(mx, "async_eval", self._wrap_async_eval)
-        for name in _ARRAY_METHODS:
-            self._patch(mx.array, name, self._wrap_method(name))
-        for name in ("array", "asarray"):
-            self._patch(np, name, self._wrap_numpy(name))
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for (owner, name), original in self._saved.items():
-            setattr(owner, name, original)
-        self._saved.clear()
+    def _closed(self) -> None:
         self._evaluated.clear()
-        with HostSyncCounter._lock:
-            HostSyncCounter._active = None
-
-    def _patch(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
-        original = getattr(owner, name)
-        self._saved[(owner, name)] = original
-        setattr(owner, name, make(original))
 
     # --- bookkeeping -----------------------------------------------------
-
-    def _mine(self) -> bool:
-        return threading.get_ident() == self._thread
 
     def _timed(self, what: str, call: Callable[[], Any]) -> Any:
         start = time.perf_counter()
@@ -93,7 +58,7 @@ class HostSyncCounter:
             self.calls.append(what)
 
     def _remember(self, arrays: tuple[Any, ...]) -> None:
-        for value in _flatten(arrays):
+        for value in array_leaves(arrays):
             self._evaluated[id(value)] = value
 
     def _is_evaluated(self, value: Any) -> bool:
@@ -103,7 +68,7 @@ class HostSyncCounter:
 
     def _wrap_eval(self, original: Callable) -> Callable:
         def counted_eval(*args: Any) -> Any:
-            if not self._mine() or not any(True for _ in _flatten(args)):
+            if not self._mine() or not any(True for _ in array_leaves(args)):
                 return original(*args)
             result = self._timed("eval", lambda: original(*args))
             self._remember(args)
@@ -145,16 +110,3 @@ class HostSyncCounter:
             return counted
 
         return make
-
-
-def _flatten(values: Any):
-    """The ``mx.array`` leaves of eval's arguments (arrays, lists, tuples, dicts)."""
-    stack = [values]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, mx.array):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif isinstance(value, dict):
-            stack.extend(value.values())
