@@ -35,6 +35,24 @@ def tiny_q8_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_checkpoint(root / "tiny-q8", "tiny", quantize_bits=8)
 
 
+@pytest.fixture(scope="module")
+def tiny_model(tiny_ckpt: Path):
+    """The tiny checkpoint loaded, its vocabulary spelled for the TTS (one per test module)."""
+    from mlx_voicechat_plugin import load
+
+    model, processor = load(tiny_ckpt)
+    model.create_session(processor)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_start(tiny_model):
+    """The tiny model's warm start (:class:`~mlx_voicechat_plugin.runtime.timeline.WarmStart`)."""
+    from mlx_voicechat_plugin.runtime.timeline import WarmStart
+
+    return WarmStart.of(tiny_model)
+
+
 @pytest.fixture(scope="session", params=["tiny", "tiny-q4"])
 def parity_ckpt(request: pytest.FixtureRequest, tiny_ckpt: Path, tiny_q4_ckpt: Path) -> Path:
     """Each checkpoint flavour that network parity must hold for."""

@@ -16,23 +16,19 @@ import pytest
 from mlx_voicechat_plugin.models.cache_state import copy_arrays
 from mlx_voicechat_plugin.models.context import ContextCache, ContextWindow, bound
 from mlx_voicechat_plugin.runtime.reservation import SessionShape, kv_bytes
-from mlx_voicechat_plugin.runtime.timeline import Timeline, WarmStart
+from mlx_voicechat_plugin.runtime.timeline import Timeline
 
 PROMPT = [5, 9, 3, 7, 11, 2]  # system-prompt token ids: six LLM positions
 
 
 @pytest.fixture(scope="module")
-def model(tiny_ckpt):
-    from mlx_voicechat_plugin import load
-
-    model, processor = load(tiny_ckpt)
-    model.create_session(processor)  # spells the vocabulary for the TTS
-    return model
+def model(tiny_model):
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
-def start(model):
-    return WarmStart.of(model)
+def start(tiny_start):
+    return tiny_start
 
 
 def _audio(model, position: int, rows: int = 1) -> mx.array:

@@ -14,21 +14,17 @@ import pytest
 from mlx_voicechat_plugin.models.cache_state import copy_arrays
 from mlx_voicechat_plugin.models.codec_stream import CodecState
 from mlx_voicechat_plugin.runtime.rng import RandomStream
-from mlx_voicechat_plugin.runtime.timeline import Timeline, WarmStart
+from mlx_voicechat_plugin.runtime.timeline import Timeline
 
 
 @pytest.fixture(scope="module")
-def model(tiny_ckpt):
-    from mlx_voicechat_plugin import load
-
-    model, processor = load(tiny_ckpt)
-    model.create_session(processor)  # spells the vocabulary for the TTS
-    return model
+def model(tiny_model):
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
-def start(model):
-    return WarmStart.of(model)
+def start(tiny_start):
+    return tiny_start
 
 
 def _equal(a: mx.array, b: mx.array) -> bool:
