@@ -5,10 +5,15 @@
 #
 # That machine has Python 3.12 with numpy, safetensors, tokenizers,
 # sentencepiece, transformers and matplotlib, but no MLX and no registry
-# access: MLX and the MLX hosts travel as cp312 wheels in .whl/ (ignored by
-# git; fetch them HERE first with `bash bench/gpu_wheels.sh`, then name .whl
-# in the device tool's `carry`). It installs them into /tmp/site, checks
-# that MLX sees the GPU, and runs
+# access: MLX and the MLX hosts travel as cp312 wheels (ignored by git; fetch
+# them HERE first with `bash bench/gpu_wheels.sh`). mlx-cuda-13 (about 90 MB)
+# is over the 64 MiB one call carries, so the wheels travel in two calls back
+# to back (the machine stays warm 30 s between them): the first carries .whl/
+# (every other wheel and the first half of mlx-cuda-13) and only copies it to
+# /tmp/gpu-wheels; the second carries .whl2/ (the other half), joins the
+# halves, installs the wheels into /tmp/site with pip and then unpacks the
+# CUDA part over them (pip's --upgrade replaces mlx/, so it comes last),
+# checks that MLX sees the GPU, and runs
 #
 #   python -m bench.gpu --size full --out $OUT/bench-gpu.json --plot $OUT/bench-gpu.png
 #
@@ -23,20 +28,31 @@
 # single-session section about 2 x 130 frames, each N of the curve
 # 72 + 21 steps; about 6-8 minutes in all (use timeout_s=600).
 #
-# Device tool call (the command is at most 2000 characters):
-#   run(command="bash bench/device.sh", carry=[".whl"], timeout_s=600)
+# Device tool calls (each command at most 2000 characters), at once one after the other:
+#   run(command="bash bench/device.sh stage", carry=[".whl"], timeout_s=120)
+#   run(command="bash bench/device.sh", carry=[".whl2"], timeout_s=600)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/device}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+WHEELS=/tmp/gpu-wheels  # the first call's wheels, kept on the warm machine
+if [ "${1:-}" = stage ]; then
+  mkdir -p "$WHEELS" && cp .whl/* "$WHEELS"/ && ls "$WHEELS" | wc -l | sed 's/$/ files staged/'
+  exit 0
+fi
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+    --target /tmp/site "$WHEELS"/*.whl || exit 1
+  if [ -f "$WHEELS/mlx_cuda_13.name" ]; then
+    cuda=/tmp/$(cat "$WHEELS/mlx_cuda_13.name")
+    cat "$WHEELS"/mlx_cuda_13.part-0 .whl2/mlx_cuda_13.part-1 > "$cuda" || exit 1
+    "$PY" -m zipfile -e "$cuda" /tmp/site || exit 1
+  fi
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 else
-  echo "no .whl/: using the MLX already installed (pip install -e '.[cuda]')"
+  echo "no staged wheels: using the MLX already installed (pip install -e '.[cuda]')"
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 "$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, 'device:', mx.default_device())" \
