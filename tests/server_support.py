@@ -120,12 +120,7 @@ class ServerProcess:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process)
 
 
 def running(live: "LiveServer"):
@@ -256,3 +251,13 @@ def connect_storm(live: "LiveServer", clients: int, slots: int) -> list[tuple[st
     for thread in threads:
         thread.join(20)
     return results
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s; reaped either way."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)

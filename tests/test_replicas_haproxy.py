@@ -36,6 +36,7 @@ from server_support import (
     connect,
     free_port,
     send,
+    stop_process,
     until_closed,
 )
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -141,12 +142,7 @@ class Balancer:
         return self.stats()[name]["status"]
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process)
 
 
 @pytest.fixture(scope="module")
@@ -289,21 +285,29 @@ def test_a_session_silent_past_the_client_and_server_timeouts_stays_open(cluster
     assert session.code == 1000 and session.events[-1]["type"] == "response.done"
 
 
-def test_a_sigterm_drains_one_replica_while_the_others_take_new_sessions(cluster):
-    balancer, replicas = cluster
-    settle(balancer)
-    audio = audio_for(1.6)  # 20 frames, paced: still streaming when the SIGTERM lands
-    sessions = open_sessions(balancer, 3)  # one per replica
+def stream_one_per_replica(balancer: Balancer, replicas: dict[str, Replica], audio: np.ndarray,
+                           after: float, signum: int) -> tuple[list[Session], list[threading.Thread]]:
+    """Sessions of seeds 0, 1, 2 (one per replica) streaming ``audio`` paced, each on
+    its own thread; ``after`` seconds in, ``signum`` goes to the first session's replica."""
+    sessions = open_sessions(balancer, 3)
     assert sorted(s.replica for s in sessions) == sorted(NAMES)
-    victim = sessions[0]
-    replica = replicas[victim.replica]
     clients = [threading.Thread(target=s.stream, args=(audio, 0.08), daemon=True)
                for s in sessions]
     for thread in clients:
         thread.start()
-    time.sleep(0.3)
-    replica.popen.send_signal(signal.SIGTERM)
+    time.sleep(after)
+    replicas[sessions[0].replica].popen.send_signal(signum)
+    return sessions, clients
+
+
+def test_a_sigterm_drains_one_replica_while_the_others_take_new_sessions(cluster):
+    balancer, replicas = cluster
+    settle(balancer)
+    audio = audio_for(1.6)  # 20 frames, paced: still streaming when the SIGTERM lands
+    sessions, clients = stream_one_per_replica(balancer, replicas, audio, 0.3, signal.SIGTERM)
     signalled = time.monotonic()
+    victim = sessions[0]
+    replica = replicas[victim.replica]
     until(lambda: stopped_taking(balancer.status(victim.replica)), "HAProxy to see the drain")
     assert replica.popen.poll() is None  # still serving its session
     newcomers = open_sessions(balancer, 2, seed=10)
@@ -340,17 +344,10 @@ def test_a_killed_replica_fails_alone_and_takes_sessions_again_once_restarted(cl
         solo[seed] = session.outputs()
         assert solo[seed]["codes"] and solo[seed]["text"]
     settle(balancer)
-    sessions = open_sessions(balancer, 3)  # seeds 0, 1, 2: one per replica
-    assert sorted(s.replica for s in sessions) == sorted(NAMES)
+    sessions, clients = stream_one_per_replica(balancer, replicas, audio, 0.4, signal.SIGKILL)
+    killed = time.monotonic()
     victim = sessions[0]
     replica = replicas[victim.replica]
-    clients = [threading.Thread(target=s.stream, args=(audio, 0.08), daemon=True)
-               for s in sessions]
-    for thread in clients:
-        thread.start()
-    time.sleep(0.4)
-    replica.popen.send_signal(signal.SIGKILL)
-    killed = time.monotonic()
     clients[0].join(WAIT)
     assert victim.closed_at is not None and victim.code != 1000
     closed_after = victim.closed_at - killed
