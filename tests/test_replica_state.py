@@ -28,10 +28,10 @@ from server_support import (
 )
 from websockets.exceptions import ConnectionClosed
 
+from mlx_voicechat_plugin.server.admission import Admission
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.drain import STOPPED, Drain
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.admission import Admission
 from mlx_voicechat_plugin.server.replica import ReplicaStatus, agent_line
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
