@@ -40,7 +40,7 @@ import numpy as np
 from .events import Event
 from .options import SessionOptions, TranscriptionOptions, check_positive_int
 from .reservation import Reservations
-from .streaming import ContextLimit, StreamingShell, step_cores
+from .streaming import StreamingShell, step_cores
 from .timeline import PrefillCancelled
 
 logger = logging.getLogger(__name__)
