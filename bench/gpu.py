@@ -21,6 +21,9 @@ short keeps what it measured):
    session, peak memory, the kernels and evaluations of one counted step
    (:mod:`bench.kernels`), and whether session 0's ids and codes equal its
    run at N = 1 (batched rows against their solo run on this device).
+   ``rows``: the same with sessions that started at different frames (their
+   attention rings differ in length, so the batched core masks), with the
+   batched attention cores and with the exact per-row ones.
 3. ``tiny``: on the tiny fixture, both sides' offline ``generate`` and a
    streaming session over a ``--tiny-seconds`` question, wall-clock.
 
@@ -194,6 +197,57 @@ def pool_curve(voicechat: Any, batches: list[int], warm: int, steps: int, frame:
     return rows
 
 
+def row_agreement(voicechat: Any, frame: int, rate: int, sessions: int = 4,
+                  frames: int = 48, stagger: int = 6) -> dict:
+    """Batched rows against their solo runs when the sessions started at different frames
+    (their rings differ in length, so the batched attention core masks the shorter ones):
+    whether session 0's ids and codes equal its solo run, with the batched cores and with
+    the exact per-row cores (``MLX_VOICECHAT_PER_ROW_ATTENTION``), and the largest sample
+    difference."""
+    from mlx_voicechat_plugin.models import kv_arena
+    from mlx_voicechat_plugin.runtime.options import SessionOptions
+    from mlx_voicechat_plugin.runtime.pool import SessionPool
+
+    audio = _signal((frames + 1) * frame / rate, rate)
+
+    def run(count: int) -> list:
+        pool = SessionPool(voicechat, max_sessions=count)
+        trace: list = []
+        try:
+            for index in range(frames + (count - 1) * stagger):
+                for s in range(count):
+                    if index == s * stagger:
+                        pool.open(str(s), SessionOptions(seed=0))
+                chunk = {str(s): audio[(index - s * stagger) * frame:][:frame]
+                         for s in range(count) if s * stagger <= index < s * stagger + frames}
+                result = pool.step(chunk)
+                if result.errors:
+                    raise RuntimeError(f"rows: step {index}: {result.errors}")
+                trace += [_event_key(e) for e in result.events.get("0", [])]
+        finally:
+            pool.close_all()
+        return trace
+
+    def samples(trace: list) -> np.ndarray:
+        return np.concatenate([np.asarray(v, np.float32).ravel() for e in trace for v in e[1:]
+                               if isinstance(v, list) and len(v) > 64] or [np.zeros(0)])
+
+    out: dict[str, Any] = {"sessions": sessions, "stagger_frames": stagger}
+    try:
+        for name, batched in (("batched", True), ("per_row", False)):
+            kv_arena.set_batched_cores(batched)
+            solo, many = run(1), run(sessions)
+            a, b = samples(solo), samples(many)
+            same = a.shape == b.shape
+            out[name] = {"row0_equals_solo": many == solo,
+                         "max_abs_samples": float(np.abs(a - b).max()) if same and a.size else None}
+    finally:
+        kv_arena.set_batched_cores(None)
+    _log(f"rows (staggered starts): batched row 0 = solo {out['batched']['row0_equals_solo']}, "
+         f"per-row {out['per_row']['row0_equals_solo']}")
+    return out
+
+
 def tiny_runs(seconds: float, tmp: Path) -> dict:
     """Offline ``generate`` and one streaming session on the tiny fixture, both sides."""
     from mlx_vlm.utils import load as reference_load
@@ -323,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         del ref, ref_processor, theirs
         mx.clear_cache()
         pool_curve(ours, batches, args.warm_frames, args.steps, frame, rate, report)
+        report.put("rows", row_agreement(ours, frame, rate))
         del model, ours
         mx.clear_cache()
         if args.tiny:

@@ -1,7 +1,7 @@
 """Kernel primitives and evaluations per pool step, per batch size: the GPU's cost, counted on a CPU.
 
     python -m bench.kernels --size medium --batch 1,16 [--compile/--no-compile]
-        [--warm-frames 72] [--frames 6] [--json out.json]
+        [--warm-frames 72] [--frames 6] [--per-row-attention] [--json out.json]
 
 For each N, N sessions (seeds 0..N-1, each its own speech signal) are opened
 in one :class:`~mlx_voicechat_plugin.runtime.pool.SessionPool` and stepped
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-frames", type=int, default=72,
                         help="untimed steps first (the encoder's windows fill in 70)")
     parser.add_argument("--frames", type=int, default=6, help="counted steps per N")
+    parser.add_argument("--per-row-attention", action="store_true",
+                        help="each session's attention core on its own ring (the exact path "
+                             "kept for GPUs; default: one core for all sessions)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batch.split(",") if b.strip()]
@@ -100,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_voicechat_plugin.runtime import compile_policy
 
     compile_policy.apply(args.compile, long_running=True)
+    if args.per_row_attention:
+        from mlx_voicechat_plugin.models import kv_arena
+
+        kv_arena.set_batched_cores(False)
     with tempfile.TemporaryDirectory() as tmp:
         model, processor = load_fixture(args.size, tmp=tmp)
     voicechat = model.create_session(processor)

@@ -2,7 +2,7 @@
 
 Its figures are for a GPU; here it only has to produce every section of its
 report (one session per stage on both sides, the pool's batch curve with
-kernels and the batched-row check, the tiny generate and stream timings).
+kernels and the batched-row checks, the tiny generate and stream timings).
 """
 
 from __future__ import annotations
@@ -29,5 +29,8 @@ def test_gpu_bench_smoke_run_writes_every_section(tmp_path):
     assert [r["sessions"] for r in pool] == [1, 2]
     assert all(r["row0_equals_solo"] for r in pool)  # exact on the CPU
     assert all(r["kernels_per_step"] > 0 and r["state_bytes_per_session_start"] > 0 for r in pool)
+    rows = report["rows"]  # staggered sessions: masked batched cores, and the per-row ones
+    assert rows["batched"]["row0_equals_solo"] and rows["per_row"]["row0_equals_solo"]
+    assert rows["batched"]["max_abs_samples"] == 0.0
     assert set(report["tiny"]) >= {"plugin_generate_s", "reference_generate_s",
                                    "plugin_stream_s", "reference_stream_s"}

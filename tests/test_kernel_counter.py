@@ -94,6 +94,9 @@ def test_a_pool_step_is_counted_and_its_evaluations_do_not_grow_with_n(tiny_ckpt
 
     model, processor = load(tiny_ckpt)
     voicechat = model.create_session(processor)
+    # A first run memoizes the subword embeddings of the tokens row 0 says (a new
+    # token's embedding is computed once per model), so both counts below see them.
+    count_steps(voicechat, 1, warm_frames=8, frames=2)
     one = count_steps(voicechat, 1, warm_frames=8, frames=2)
     three = count_steps(voicechat, 3, warm_frames=8, frames=2)
     assert one["kernels"]["min"] > 100 and one["matmuls"]["min"] > 0

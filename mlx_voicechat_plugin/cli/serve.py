@@ -53,6 +53,9 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default on; the kernels are "
                              "warmed at start-up, before /health reports ready)")
+    parser.add_argument("--per-row-attention", action="store_true",
+                        help="run each session's attention core on its own ring, the exact "
+                             "path, instead of one masked core for the batch (docs/gpu.md)")
     replica = parser.add_argument_group("replicas (behind a balancer: docs/replicas.md)")
     replica.add_argument("--agent-port", type=int, default=None,
                          help="answer HAProxy's agent-check on this TCP port (same host as "
@@ -240,6 +243,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
     from ..runtime import compile_policy
 
     compiled = compile_policy.apply(args.compile, long_running=True)
+    if args.per_row_attention:
+        from ..models import kv_arena
+
+        kv_arena.set_batched_cores(False)
     app = create_app(args.model, alias=args.alias, api_key=args.api_key,
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
                      limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,

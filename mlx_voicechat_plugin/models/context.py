@@ -24,7 +24,7 @@ the true ones across the wrap. The Nemotron-H attention layers take no RoPE
 
 A sliding-window layer (the backbone's local layers, window ``S``) keeps its
 own rule inside the bounded context: it keeps whichever ring is smaller, its
-own ``RotatingKVCache(S)`` (unchanged: its rule already drops the prompt) when
+own ring of ``S`` (a ``RingCache(S)``, ``RotatingKVCache(S)``'s rule: it already drops the prompt) when
 ``S < keep + recent``, else the bounded ring (its own rule never reaches
 inside the context then). Either way it is unchanged until the context is
 full.
@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from mlx_vlm.models.cache import KVCache, RotatingKVCache
+
+from .kv_arena import RingCache
 
 
 @dataclass(frozen=True)
@@ -60,22 +62,18 @@ class ContextWindow:
         return self.keep + self.recent
 
 
-class ContextCache(RotatingKVCache):
-    """``RotatingKVCache(keep + recent, keep)`` allocated whole at its first one-position write."""
+class ContextCache(RingCache):
+    """``RotatingKVCache(keep + recent, keep)`` allocated whole at its first one-position write
+    (a :class:`~.kv_arena.RingCache`, so sessions stepping together share one write)."""
 
     def __init__(self, window: ContextWindow):
         super().__init__(max_size=window.size, keep=window.keep)
-
-    @property  # type: ignore[override]
-    def step(self) -> int:
-        # RotatingKVCache grows by ``min(step, max_size - offset)``: one growth, to the ring.
-        return self.max_size
 
 
 def ring(window: ContextWindow, sliding: int | None = None) -> Any:
     """An empty cache of one layer in a bounded context (``sliding``: the layer's own window)."""
     if sliding is not None and sliding < window.size:
-        return RotatingKVCache(max_size=sliding, keep=0)
+        return RingCache(max_size=sliding, keep=0)
     return ContextCache(window)
 
 
@@ -83,7 +81,10 @@ def bound(cache: Any, window: ContextWindow, sliding: int | None = None) -> Any:
     """``cache`` (a layer's ``KVCache`` or sliding ``RotatingKVCache``, holding at most
     ``window.keep`` positions) continued in a bounded context: a ring over its rows."""
     if sliding is not None and sliding < window.size:
-        return cache  # the layer's own window is the smaller ring
+        # The layer's own window is the smaller ring: the same ring, as a RingCache.
+        if type(cache) is RotatingKVCache and cache.max_size == sliding:
+            return RingCache.from_state(cache.state, cache.meta_state)
+        return cache
     if not isinstance(cache, (KVCache, RotatingKVCache)):
         raise TypeError(f"cannot bound a {type(cache).__name__}")
     if cache.offset > window.keep:

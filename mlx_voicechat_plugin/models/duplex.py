@@ -19,6 +19,7 @@ from mlx_vlm.models.nemotron_h.language import NemotronHModel
 from ..config import ModelConfig
 from .cache_state import MetaState, cache_meta_state, cache_state, caches_from_state
 from .context import ContextWindow, ring
+from .kv_arena import release
 from .perception import Perception
 from .segments import SegmentedStep
 
@@ -166,4 +167,5 @@ class LanguageState:
         return cls(None, list(state))
 
     def release(self) -> None:
+        release(self.cache or [])  # rows an arena holds for this conversation
         self.cache, self.history = None, []

@@ -25,6 +25,7 @@ from mlx_vlm.models.base import create_attention_mask, scaled_dot_product_attent
 from mlx_vlm.models.cache import ArraysCache
 from mlx_vlm.models.gemma3.language import clip_residual
 
+from .kv_arena import LayerCores
 from .rows import stack_rows, take_row
 
 MAMBA, ATTENTION = "M", "*"
@@ -85,6 +86,7 @@ class _Attention:
 
     def __init__(self, layer: Any, slot: int):
         self.layer, self.slot = layer, slot
+        self.cores = LayerCores()
         self._pre = mx.compile(self._project)
         self._post = mx.compile(self._output)
 
@@ -104,13 +106,17 @@ class _Attention:
     def __call__(self, x: mx.array, rows: Sequence[list[Any]]) -> mx.array:
         q, k, v = self._pre(x)
         scale = self.layer.mixer.scale
-        outs = []
-        for b, caches in enumerate(rows):
-            cache = caches[self.slot]
-            keys, values = cache.update_and_fetch(k[b : b + 1], v[b : b + 1])
-            outs.append(scaled_dot_product_attention(q[b : b + 1], keys, values, cache=cache,
-                                                     scale=scale, mask=None))
-        return self._post(x, stack_rows(outs))
+        caches = [r[self.slot] for r in rows]
+
+        def alone() -> mx.array:
+            outs = []
+            for b, cache in enumerate(caches):
+                keys, values = cache.update_and_fetch(k[b : b + 1], v[b : b + 1])
+                outs.append(scaled_dot_product_attention(q[b : b + 1], keys, values, cache=cache,
+                                                         scale=scale, mask=None))
+            return stack_rows(outs)
+
+        return self._post(x, self.cores(q, k, v, caches, 1, scale, alone))
 
 
 class SegmentedStep:
@@ -195,6 +201,7 @@ class GemmaStep:
             for i in range(last)
         ]
         self._exit = mx.compile(lambda x, out: model.norm(self._post(last, x, out)))
+        self._cores = [LayerCores() for _ in self.layers]
 
     def _pre(self, i: int, x: mx.array, offset: mx.array) -> tuple[mx.array, ...]:
         attn = self.layers[i].self_attn
@@ -254,7 +261,9 @@ class GemmaStep:
 
         x, q, k, v = self._enter(offset(0), *inputs)
         for i, layer in enumerate(self.layers):
-            out = self._stream_cores(layer.self_attn, q, k, v, [c[i] for c in rows])
+            caches = [c[i] for c in rows]
+            out = self._cores[i](q, k, v, caches, group, layer.self_attn.scale,
+                                 lambda: self._stream_cores(layer.self_attn, q, k, v, caches))
             if i + 1 < len(self.layers):
                 x, q, k, v = self._between[i](x, out, offset(i + 1))
             else:

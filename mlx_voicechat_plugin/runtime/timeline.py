@@ -33,6 +33,7 @@ from ..models.cache_state import (
 )
 from ..models.context import ContextWindow, bound_all
 from ..models.duplex import LanguageState
+from ..models.kv_arena import release as release_caches
 from ..models.model import Model
 from ..models.rows import stack_rows, take_row, take_rows
 from .profile import FrameClock
@@ -226,6 +227,8 @@ class Timeline:
             language.release()
         for rng in self.rngs:
             rng.state = []
+        for caches in self.tts_caches:
+            release_caches(caches)  # rows an arena holds for this conversation
         self.tts_caches = [[] for _ in self.tts_caches]
         self.prev_text = self.prev_function = self.prev_codes = None
 

@@ -1,0 +1,251 @@
+"""One attention layer's KV rings of many sessions as one array: one write and one core a step.
+
+A session's attention layer keeps its keys and values in a ring of ``M``
+positions (:class:`RingCache`: the bounded context's ring, or a sliding
+layer's own window), allocated whole at its first one-position write. When
+``S`` sessions step together, each layer would write ``S`` rings and run ``S``
+attention cores: two cache writes and a core per row, launches that grow with
+the batch. A :class:`KVArena` holds the ``S`` rings of one layer stacked in
+one ``[G * S, H, M, D]`` array (row ``j * S + s``: row ``j`` of session ``s``,
+the batch layout of the step; ``G`` rows a session, 2 for the backbone's
+``[cond; uncond]``) and keeps it across steps while the same sessions step in
+the same order (the steady state of a pool): each step writes every row's new
+position with one scatter (at each ring's own write index), and attends
+with one ``scaled_dot_product_attention`` over the first ``L`` positions
+(``L`` the longest ring's length), rows shorter than ``L`` masked. Rings that
+are all full need no mask. When the sessions change, the arena is rebuilt
+from the rows (one copy), and a session that leaves takes its rows back.
+
+Exactness: the scatter writes each row exactly where the ring's own
+``update_and_fetch`` would (:class:`RingCache` keeps its bookkeeping,
+``offset`` and the write index, on the host as mlx-lm's ``RotatingKVCache``
+does), so the stored keys and values are the same bits. A masked row's core
+adds exact zeros for the masked positions; on MLX's CPU backend (x86) the
+batched core equals each row's own core bit for bit (``tests/test_kv_arena.py``
+checks it over lengths, heads and dtypes, and the pool's solo-vs-batched tests
+run through it). A GPU kernel may order the reduction differently for a
+longer masked row: ``MLX_VOICECHAT_PER_ROW_ATTENTION=1`` (or
+:func:`set_batched_cores`) keeps the arena's single write but runs each row's
+core on its own ring, the exact path (``conformance/README.md``).
+
+A cache adopted by an arena holds no arrays of its own: reading ``keys`` or
+``state`` gives views of its rows; anything that writes through the cache
+(``update_and_fetch``, ``state = ...``) first takes its rows back
+(:meth:`RingCache.detach`). So the arena's arrays have one owner and each
+step's scatter updates them in place.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+import numpy as np
+from mlx_vlm.models.cache import RotatingKVCache
+
+ENV_PER_ROW = "MLX_VOICECHAT_PER_ROW_ATTENTION"
+_batched: bool | None = None
+
+
+def set_batched_cores(on: bool | None) -> None:
+    """Batched attention cores on or off (``None``: the environment decides, default on)."""
+    global _batched
+    _batched = on
+
+
+def batched_cores() -> bool:
+    """Whether an arena attends all its rows in one core (else each row on its own ring)."""
+    if _batched is not None:
+        return _batched
+    return os.environ.get(ENV_PER_ROW, "") not in ("1", "true", "yes")
+
+
+class RingCache(RotatingKVCache):
+    """mlx-lm's ``RotatingKVCache(max_size, keep)`` allocated whole at its first
+    one-position write (its ``step`` is its ``max_size``), which a :class:`KVArena`
+    may adopt. Returns the same keys and values as ``RotatingKVCache``."""
+
+    _arena: "KVArena | None" = None
+    _slot = 0
+    _keys: mx.array | None = None
+    _values: mx.array | None = None
+
+    @property  # type: ignore[override]
+    def step(self) -> int:
+        # RotatingKVCache grows by ``min(step, max_size - offset)``: one growth, to the ring.
+        return self.max_size
+
+    @property  # type: ignore[override]
+    def keys(self) -> mx.array | None:
+        return self._arena.row(self._slot)[0] if self._arena is not None else self._keys
+
+    @keys.setter
+    def keys(self, value: mx.array | None) -> None:
+        self.detach()
+        self._keys = value
+
+    @property  # type: ignore[override]
+    def values(self) -> mx.array | None:
+        return self._arena.row(self._slot)[1] if self._arena is not None else self._values
+
+    @values.setter
+    def values(self, value: mx.array | None) -> None:
+        self.detach()
+        self._values = value
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.detach()
+        return super().update_and_fetch(keys, values)
+
+    @property
+    def whole(self) -> bool:
+        """Its ring is allocated whole (every later one-position write lands inside it)."""
+        return self._arena is not None or (
+            self._keys is not None and self._keys.shape[2] == self.max_size)
+
+    def detach(self, keep: bool = True) -> None:
+        """Take its rows back from its arena (views of them; ``keep=False``: drop them)."""
+        arena, self._arena = self._arena, None
+        if arena is not None:
+            rows = arena.leave(self._slot)
+            self._keys, self._values = rows if keep else (None, None)
+
+
+def release(caches: Sequence[Any]) -> None:
+    """A session's caches are being dropped: let the arenas that hold its rows know."""
+    for cache in caches:
+        if isinstance(cache, RingCache):
+            cache.detach(keep=False)
+
+
+class KVArena:
+    """The rings of ``S`` sessions' caches of one layer, ``G`` rows each, as one array."""
+
+    def __init__(self, caches: Sequence[RingCache], group: int):
+        keys = [c.keys for c in caches]
+        values = [c.values for c in caches]
+        self.caches: list[RingCache | None] = list(caches)
+        self.group = group
+        self.keys: mx.array | None = self._stack(keys)
+        self.values: mx.array | None = self._stack(values)
+        for slot, cache in enumerate(caches):
+            cache.detach(keep=False)
+            cache._keys = cache._values = None  # the arena holds its rows now
+            cache._arena, cache._slot = self, slot
+
+    def _stack(self, rows: list[mx.array]) -> mx.array:
+        if self.group == 1:
+            return mx.concatenate(rows)
+        return mx.stack(rows, axis=1).reshape(-1, *rows[0].shape[1:])  # row j * S + s
+
+    @property
+    def sessions(self) -> int:
+        return len(self.caches)
+
+    def holds(self, caches: Sequence[Any]) -> bool:
+        """Exactly these caches, in this order, all still adopted."""
+        return len(caches) == len(self.caches) and all(
+            a is b and a._arena is self for a, b in zip(caches, self.caches))
+
+    def row(self, slot: int) -> tuple[mx.array, mx.array]:
+        """Session ``slot``'s rows, ``[G, H, M, D]`` views of the arena."""
+        assert self.keys is not None and self.values is not None
+        if self.group == 1:
+            return self.keys[slot : slot + 1], self.values[slot : slot + 1]
+        shape = (self.group, self.sessions, *self.keys.shape[1:])
+        return self.keys.reshape(shape)[:, slot], self.values.reshape(shape)[:, slot]
+
+    def leave(self, slot: int) -> tuple[mx.array, mx.array]:
+        """Session ``slot`` takes its rows back; the last one out frees the arena."""
+        rows = self.row(slot)
+        self.caches[slot] = None
+        if all(c is None for c in self.caches):
+            self.keys = self.values = None
+        return rows
+
+    def dissolve(self) -> None:
+        """Every session still adopted takes its rows back."""
+        for cache in self.caches:
+            if cache is not None and cache._arena is self:
+                cache.detach()
+
+    def attend(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float,
+               batched: bool) -> mx.array:
+        """Write one position of every row and attend: ``[G * S, H, 1, D]`` in, same out.
+
+        The write index and length of each ring advance on the host exactly
+        as ``RotatingKVCache``'s one-position write does.
+        """
+        assert self.keys is not None and self.values is not None
+        positions, lengths = [], []
+        for cache in self.caches:
+            assert cache is not None
+            if cache._idx == cache.max_size:  # rotate past the kept sink
+                cache._idx = cache.keep
+            positions.append(cache._idx)
+            cache._idx += 1
+            cache.offset += 1
+            lengths.append(min(cache.offset, cache.max_size))
+        index = mx.array(positions * self.group, dtype=mx.int32).reshape(-1, 1, 1, 1)
+        self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
+        self.values = mx.put_along_axis(self.values, index, values, axis=2)
+        if not batched:
+            return self._per_row(queries, scale, lengths)
+        longest = max(lengths)
+        ring_keys, ring_values = self.keys, self.values
+        if longest < ring_keys.shape[2]:
+            ring_keys, ring_values = ring_keys[:, :, :longest], ring_values[:, :, :longest]
+        mask = None
+        if min(lengths) < longest:
+            rows = np.array(lengths * self.group)[:, None]
+            mask = mx.array(np.arange(longest)[None, :] < rows).reshape(len(rows), 1, 1, longest)
+        return mx.fast.scaled_dot_product_attention(
+            queries, ring_keys, ring_values, scale=scale, mask=mask)
+
+    def _per_row(self, queries: mx.array, scale: float, lengths: list[int]) -> mx.array:
+        """Each session's core on its own rows (the exact path on any backend)."""
+        sessions = self.sessions
+        outs = []
+        for slot, length in enumerate(lengths):
+            k, v = self.row(slot)
+            outs.append(mx.fast.scaled_dot_product_attention(
+                queries[slot::sessions], k[:, :, :length], v[:, :, :length], scale=scale)[:, None])
+        joined = mx.concatenate(outs, axis=1)  # [G, S, ...]: row j of session s -> j * S + s
+        return joined.reshape(-1, *joined.shape[2:])
+
+
+class LayerCores:
+    """One attention layer's cores over the sessions of a step: through a :class:`KVArena`
+    when they allow (two or more sessions, one position, whole rings of one size),
+    else each session on its own cache (``alone``)."""
+
+    def __init__(self) -> None:
+        self.arena: KVArena | None = None
+
+    def __call__(self, queries: mx.array, keys: mx.array, values: mx.array,
+                 caches: Sequence[Any], group: int, scale: float,
+                 alone: Callable[[], mx.array]) -> mx.array:
+        if not self._fits(caches, keys, group):
+            self.drop()
+            return alone()
+        if self.arena is None or not self.arena.holds(caches):
+            self.drop()
+            self.arena = KVArena(caches, group)
+        return self.arena.attend(queries, keys, values, scale, batched_cores())
+
+    def drop(self) -> None:
+        if self.arena is not None:
+            self.arena.dissolve()
+            self.arena = None
+
+    @staticmethod
+    def _fits(caches: Sequence[Any], keys: mx.array, group: int) -> bool:
+        if len(caches) < 2 or keys.shape[2] != 1:
+            return False
+        first = caches[0]
+        if not all(isinstance(c, RingCache) and c.whole for c in caches):
+            return False
+        shape = (group, *keys.shape[1:2], first.max_size, keys.shape[3])
+        return all(c.max_size == first.max_size and c.keep == first.keep
+                   and c.keys.shape == shape and c.keys.dtype == keys.dtype for c in caches)

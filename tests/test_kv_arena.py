@@ -1,0 +1,178 @@
+"""The KV arena: one write and one attention core per layer for every session of a step.
+
+Each session's ring, adopted by a :class:`KVArena`, must hold the same bits
+and give the same attention as that session's own ``RotatingKVCache`` (the
+reference's cache class), across the ring's wrap past its kept sink; the
+batched core must equal each row's own core; a cache taken back from the
+arena continues exactly; and the launches of a layer's step must not grow
+with the sessions.
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_vlm.models.cache import RotatingKVCache
+
+from mlx_voicechat_plugin.models import kv_arena
+from mlx_voicechat_plugin.models.kv_arena import KVArena, LayerCores, RingCache
+from mlx_voicechat_plugin.runtime.kernels import KernelCounter
+
+HEADS, KV_HEADS, DIM = 4, 2, 16
+
+
+@pytest.fixture(autouse=True)
+def default_cores():
+    yield
+    kv_arena.set_batched_cores(None)
+
+
+def _pair(max_size: int, keep: int, written: int, group: int, seed: int):
+    """A reference ``RotatingKVCache`` and a ``RingCache`` after the same writes."""
+    mx.random.seed(seed)
+    reference, ring = RotatingKVCache(max_size=max_size, keep=keep), RingCache(max_size, keep)
+    for _ in range(written):
+        k, v = mx.random.normal((2, group, KV_HEADS, 1, DIM))
+        reference.update_and_fetch(k, v)
+        ring.update_and_fetch(k, v)
+    return reference, ring
+
+
+def _alone(q: mx.array, cache: RotatingKVCache, k: mx.array, v: mx.array) -> mx.array:
+    keys, values = cache.update_and_fetch(k, v)
+    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=DIM**-0.5)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("group", [1, 2])
+def test_arena_steps_equal_each_sessions_own_ring_across_the_wrap(batched, group):
+    kv_arena.set_batched_cores(batched)
+    max_size, keep = 12, 3
+    written = [1, 5, 11, 12, 20]  # filling, full, wrapped past the sink
+    pairs = [_pair(max_size, keep, n, group, seed) for seed, n in enumerate(written)]
+    references, rings = [p[0] for p in pairs], [p[1] for p in pairs]
+    cores = LayerCores()
+    sessions = len(rings)
+    for step in range(15):
+        mx.random.seed(100 + step)
+        q = mx.random.normal((group * sessions, HEADS, 1, DIM))
+        k, v = mx.random.normal((2, group * sessions, KV_HEADS, 1, DIM))
+        out = cores(q, k, v, rings, group, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
+        for s, reference in enumerate(references):
+            rows = slice(s, None, sessions)
+            expected = _alone(q[rows], reference, k[rows], v[rows])
+            assert mx.array_equal(out[rows], expected), (step, s)
+            assert rings[s].offset == reference.offset and rings[s]._idx == reference._idx
+    for reference, ring in zip(references, rings):  # state as the reference's
+        for a, b in zip(ring.state, reference.state):
+            assert mx.array_equal(a, b)
+        assert ring.meta_state == reference.meta_state
+
+
+def test_a_cache_taken_back_from_its_arena_continues_exactly():
+    pairs = [_pair(10, 2, n, 1, seed) for seed, n in enumerate([4, 9])]
+    cores = LayerCores()
+    rings = [p[1] for p in pairs]
+    for step in range(3):
+        q = mx.random.normal((2, HEADS, 1, DIM))
+        k, v = mx.random.normal((2, 2, KV_HEADS, 1, DIM))
+        cores(q, k, v, rings, 1, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
+        for s in range(2):
+            pairs[s][0].update_and_fetch(k[s : s + 1], v[s : s + 1])
+    assert all(r._arena is cores.arena for r in rings)
+    # The first session steps alone: it takes its rows back, the other stays adopted.
+    q = mx.random.normal((1, HEADS, 1, DIM))
+    k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
+    assert mx.array_equal(_alone(q, rings[0], k, v), _alone(q, pairs[0][0], k, v))
+    assert rings[0]._arena is None and rings[1]._arena is cores.arena
+    assert not cores.arena.holds(rings)
+    # The next step of both rebuilds the arena from the rows as they are.
+    q = mx.random.normal((2, HEADS, 1, DIM))
+    k, v = mx.random.normal((2, 2, KV_HEADS, 1, DIM))
+    out = cores(q, k, v, rings, 1, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
+    for s in range(2):
+        assert mx.array_equal(out[s : s + 1], _alone(q[s : s + 1], pairs[s][0], k[s : s + 1],
+                                                     v[s : s + 1]))
+
+
+def test_released_sessions_free_the_arena():
+    rings = [_pair(8, 0, 8, 1, seed)[1] for seed in range(3)]
+    cores = LayerCores()
+    q = mx.random.normal((3, HEADS, 1, DIM))
+    k, v = mx.random.normal((2, 3, KV_HEADS, 1, DIM))
+    cores(q, k, v, rings, 1, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
+    arena = cores.arena
+    kv_arena.release(rings[:2])
+    assert arena.keys is not None  # one session still adopted
+    kv_arena.release(rings[2:])
+    assert arena.keys is None and arena.values is None
+    assert all(r.keys is None for r in rings)
+
+
+def test_one_session_or_unequal_rings_step_alone():
+    called = []
+    cores = LayerCores()
+    q = mx.random.normal((2, HEADS, 1, DIM))
+    k, v = mx.random.normal((2, 2, KV_HEADS, 1, DIM))
+    one = [_pair(8, 0, 8, 1, 0)[1]]
+    cores(q[:1], k[:1], v[:1], one, 1, 1.0, alone=lambda: called.append(1) or q[:1])
+    unequal = [_pair(8, 0, 8, 1, 0)[1], _pair(9, 0, 9, 1, 1)[1]]
+    cores(q, k, v, unequal, 1, 1.0, alone=lambda: called.append(2) or q)
+    growing = [_pair(300, 0, 1, 1, 0)[1], RotatingKVCache(max_size=300)]
+    cores(q, k, v, growing, 1, 1.0, alone=lambda: called.append(3) or q)
+    assert called == [1, 2, 3] and cores.arena is None
+
+
+def test_the_masked_batched_core_equals_each_rows_core_on_this_backend():
+    """What the default relies on: rows shorter than the longest, masked, attend exactly
+    as alone (MLX's CPU backend; a GPU's agreement is measured by bench.gpu)."""
+    rng = random.Random(1)
+    for heads, kv_heads, dim, size, dtype in [(16, 4, 72, 400, mx.float32),
+                                              (40, 8, 128, 300, mx.float32),
+                                              (8, 4, 64, 200, mx.bfloat16)]:
+        sessions, group = rng.randint(2, 6), rng.choice([1, 2])
+        lengths = [size] + [rng.randint(1, size) for _ in range(sessions - 1)]
+        keys, values = (mx.random.normal((2, group * sessions, kv_heads, size, dim)) * 3).astype(dtype)
+        q = mx.random.normal((group * sessions, heads, 1, dim)).astype(dtype)
+        mask = mx.array(np.arange(size)[None] < np.array(lengths * group)[:, None])
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=dim**-0.5,
+                                                   mask=mask[:, None, None, :])
+        for s, length in enumerate(lengths):
+            rows = slice(s, None, sessions)
+            alone = mx.fast.scaled_dot_product_attention(
+                q[rows], keys[rows][:, :, :length], values[rows][:, :, :length], scale=dim**-0.5)
+            assert mx.array_equal(out[rows], alone), (heads, dim, dtype, length)
+
+
+@pytest.mark.parametrize("batched, grows", [(True, False), (False, True)])
+def test_a_layers_launches_do_not_grow_with_the_sessions(batched, grows):
+    """One scatter per K and V and one core for any number of sessions (batched);
+    the exact per-row path still writes once but runs a core per session."""
+    kv_arena.set_batched_cores(batched)
+
+    def launches(sessions: int) -> int:
+        rings = [_pair(16, 2, 10 + s, 1, s)[1] for s in range(sessions)]
+        cores = LayerCores()
+        q = mx.random.normal((sessions, HEADS, 1, DIM))
+        k, v = mx.random.normal((2, sessions, KV_HEADS, 1, DIM))
+        mx.eval(q, k, v, *[a for r in rings for a in r.state])
+        cores(q, k, v, rings, 1, 1.0, alone=lambda: pytest.fail("not batched"))  # builds it
+        mx.eval(cores.arena.keys, cores.arena.values)
+        with KernelCounter() as counter:
+            mx.eval(cores(q, k, v, rings, 1, 1.0, alone=lambda: pytest.fail("not batched")))
+        return counter.kernels
+
+    two, eight = launches(2), launches(8)
+    assert (eight > two) == grows, (two, eight)
+
+
+def test_an_arena_is_built_from_rows_in_the_step_layout():
+    rings = [_pair(6, 0, 6, 2, seed)[1] for seed in range(3)]
+    rows = [r.keys for r in rings]
+    arena = KVArena(rings, group=2)
+    for s, row in enumerate(rows):
+        assert mx.array_equal(arena.keys[s], row[0]) and mx.array_equal(arena.keys[3 + s], row[1])
+        assert mx.array_equal(rings[s].keys, row)
