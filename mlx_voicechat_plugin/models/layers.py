@@ -5,6 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from .fused import gated_mlp
+
 
 class OffsetRMSNorm(nn.Module):
     """RMSNorm with scale ``1 + weight``, computed in float32, returned in input dtype."""
@@ -30,4 +32,4 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(hidden_dims, dims, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
+        return gated_mlp(self, x)  # gate and up as one product once fused

@@ -15,6 +15,7 @@ from mlx.utils import tree_flatten
 from ..config import ModelConfig
 from .duplex import DuplexSTT
 from .speech import SpeechDecoder
+from .fused import fuse_projections
 from .weight_layout import relayout
 
 # Deterministic mel filterbank / window buffers of the NeMo featurizer; the
@@ -62,11 +63,18 @@ class Model(nn.Module):
         The TTS's subword spellings come from the LLM tokenizer's vocabulary,
         and its codebook tables from the loaded weights. Sessions only read them.
         The float32 weight matrices are stored transposed where that gives the
-        same bits faster (``weight_layout``); before any compiled step is traced.
+        same bits faster (``weight_layout``), and projections of one input are
+        stacked into one product where that gives the same bits (``fused``);
+        before any compiled step is traced.
         """
         # The MoG head reads ``proj_mus`` block by block, never as a layer.
         self.layout_moved = relayout(self, skip=lambda name: name.endswith(".proj_mus"))
         tts = self.tts_model.tts_model
+        # The projections the one-position steps read together, as one product each.
+        self.fused_blocks = fuse_projections(
+            [block for layer in tts.backbone.layers for block in (layer.self_attn, layer.mlp)]
+            + [layer.mixer for layer in self.layers if layer.block_type == "*"]
+            + [residual.mlp for residual in tts.mog_head.mlp_stack[:-1]])
         tts.set_vocabulary(tokenizer.get_vocab())
         tts.prepare()
         self.prepared_for = tokenizer

@@ -25,6 +25,7 @@ from mlx_vlm.models.base import create_attention_mask, scaled_dot_product_attent
 from mlx_vlm.models.cache import ArraysCache
 from mlx_vlm.models.gemma3.language import clip_residual
 
+from .fused import gated_mlp, project
 from .kv_arena import LayerCores
 from .rows import stack_rows, take_row
 
@@ -94,9 +95,10 @@ class _Attention:
         attn = self.layer.mixer
         h = self.layer.norm(x)
         b, length, _ = h.shape
-        q = attn.q_proj(h).reshape(b, length, attn.num_heads, -1).transpose(0, 2, 1, 3)
-        k = attn.k_proj(h).reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-        v = attn.v_proj(h).reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+        q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
+        q = q.reshape(b, length, attn.num_heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
         return q, k, v
 
     def _output(self, x: mx.array, out: mx.array) -> mx.array:
@@ -208,9 +210,10 @@ class GemmaStep:
         x = clip_residual(x)
         h = self.layers[i].input_layernorm(x)
         b, length, _ = h.shape
-        q = attn.q_proj(h).reshape(b, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
-        k = attn.k_proj(h).reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = attn.v_proj(h).reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
+        q = q.reshape(b, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q = attn.rope(attn.q_norm(q), offset=offset)
         k = attn.rope(attn.k_norm(k), offset=offset)
         return x, q, k, v
@@ -220,7 +223,7 @@ class GemmaStep:
         b, _, length, _ = out.shape
         r = layer.self_attn.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
         h = clip_residual(x + layer.post_attention_layernorm(r))
-        r = layer.mlp(layer.pre_feedforward_layernorm(h))
+        r = gated_mlp(layer.mlp, layer.pre_feedforward_layernorm(h))
         return clip_residual(h + layer.post_feedforward_layernorm(r))
 
     @staticmethod

@@ -1,0 +1,171 @@
+"""Projections that read the same input, as one matrix product.
+
+An attention block multiplies its input by three matrices (q, k, v) and a
+gated MLP by two (gate, up). At the one or two rows a frame multiplies, each
+product is mostly its launch: a GPU frame pays per kernel, whatever the
+matrix sizes. :class:`Fused` stacks such matrices along their outputs, so one
+product gives every block of outputs; each output is the same sum of the same
+products in the same order as in its own product, so the bits are the same
+where the device computes a column block independently of the others (MLX's
+CPU backend does, float and quantized). That is probed on the running device
+with the real matrices (:func:`fuse`, at several row counts) before anything
+is fused; where it does not hold the modules stay separate.
+
+The modules keep working on their own (the plain paths: prefill, warm-up, a
+stream's first frame): their weights become views of the stacked matrix, so
+the weights are held once. Fusing happens at ``Model.prepare``, after
+``weight_layout``; replacing weights afterwards needs ``prepare`` again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .weight_layout import RowMajorLinear, layouts_agree, row_major
+
+logger = logging.getLogger(__name__)
+
+# Row counts a fused product must agree at: one stream, its [cond; uncond] pair,
+# and batches of sessions.
+PROBE_ROWS = (1, 2, 8, 32)
+
+
+class Fused:
+    """Several bias-free linear layers over one input as one product.
+
+    ``fused(x)`` returns the layers' outputs, in order, as views of one product.
+    """
+
+    def __init__(self, layer: nn.Module, sizes: Sequence[int]):
+        self.layer = layer
+        self.sizes = tuple(sizes)
+        self.splits = [sum(self.sizes[: i + 1]) for i in range(len(self.sizes) - 1)]
+        self.parts: list[tuple[Any, mx.array]] = []  # (module, its weight view) once fused
+
+    def serves(self, modules: Sequence[Any]) -> bool:
+        """Still these modules with the weights it was stacked from (a module replaced,
+        e.g. quantized, or a weight updated since, falls back to the modules)."""
+        return len(modules) == len(self.parts) and all(
+            m is module and m.get("weight") is weight
+            for m, (module, weight) in zip(modules, self.parts))
+
+    def __call__(self, x: mx.array) -> list[mx.array]:
+        return mx.split(self.layer(x), self.splits, axis=-1)
+
+
+def _plain(module: Any) -> bool:
+    return type(module) in (nn.Linear, RowMajorLinear) and "bias" not in module
+
+
+def _quantized(module: Any) -> bool:
+    return type(module) is nn.QuantizedLinear and "bias" not in module
+
+
+def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
+    """The stacked layer, and each module's weight arrays as views of it."""
+    first = modules[0]
+    if all(_plain(m) for m in modules):
+        dtype = first.weight.dtype
+        if any(m.weight.dtype != dtype or m.weight.shape[1] != first.weight.shape[1]
+               for m in modules):
+            return None
+        weight = mx.concatenate([m.weight for m in modules])
+        if layouts_agree(dtype):  # weight_layout stored every such matrix transposed
+            weight = row_major(weight)
+        layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        layer.weight = weight
+        return layer, [weight]
+    if all(_quantized(m) for m in modules):
+        if any((m.bits, m.group_size, m.mode) != (first.bits, first.group_size, first.mode)
+               or m.weight.shape[1] != first.weight.shape[1] for m in modules):
+            return None
+        layer = nn.QuantizedLinear.__new__(nn.QuantizedLinear)  # no random weights drawn
+        nn.Module.__init__(layer)
+        layer.group_size, layer.bits, layer.mode = first.group_size, first.bits, first.mode
+        layer.biases = None
+        names = [n for n in ("weight", "scales", "biases") if first.get(n) is not None]
+        for name in names:
+            setattr(layer, name, mx.concatenate([m[name] for m in modules]))
+        layer.freeze()
+        return layer, [layer[n] for n in names]
+    return None
+
+
+def _agrees(fused: Fused, modules: Sequence[Any]) -> bool:
+    inputs = (modules[0].weight.shape[1] * 32 // modules[0].bits
+              if _quantized(modules[0]) else modules[0].weight.shape[1])
+    dtype = mx.float32 if _quantized(modules[0]) else modules[0].weight.dtype
+    key = mx.random.key(11)
+    for rows in PROBE_ROWS:
+        key, sub = mx.random.split(key)
+        x = mx.random.normal((rows, inputs), key=sub).astype(dtype)
+        apart = [m(x) for m in modules]
+        together = fused(x)
+        mx.eval(apart, together)
+        if not all(mx.array_equal(a, b).item() for a, b in zip(apart, together)):
+            return False
+    return True
+
+
+def fuse(modules: Sequence[Any]) -> Fused | None:
+    """``modules`` (bias-free linear layers of one input) as one :class:`Fused`, or
+    ``None`` when they cannot be stacked or the stacked product would change a bit
+    on this device. On success each module's weights become views of the stack."""
+    stacked = _stack(modules)
+    if stacked is None:
+        return None
+    layer, arrays = stacked
+    mx.eval(arrays)
+    fused = Fused(layer, [m.weight.shape[0] for m in modules])
+    if not _agrees(fused, modules):
+        return None
+    start = 0
+    for module, size in zip(modules, fused.sizes):
+        for name in ("weight", "scales", "biases"):
+            if module.get(name) is not None:
+                setattr(module, name, layer[name][start : start + size])
+        fused.parts.append((module, module.weight))
+        start += size
+    return fused
+
+
+def fuse_projections(blocks: Sequence[Any]) -> int:
+    """Fuse each block's q/k/v (an attention block: ``q_proj``, ``k_proj``, ``v_proj``)
+    or gate/up (a gated MLP: ``gate_proj``, ``up_proj``). The fused layer is kept
+    on the block as ``fused_qkv`` / ``fused_gate_up`` (a plain attribute, not a
+    parameter), where the step code finds it (:func:`project`, :func:`gated_mlp`).
+    Returns how many blocks were fused."""
+    done = 0
+    for block in blocks:
+        if all(hasattr(block, n) for n in ("q_proj", "k_proj", "v_proj")):
+            name, modules = "fused_qkv", [block.q_proj, block.k_proj, block.v_proj]
+        elif all(hasattr(block, n) for n in ("gate_proj", "up_proj")):
+            name, modules = "fused_gate_up", [block.gate_proj, block.up_proj]
+        else:
+            raise TypeError(f"{type(block).__name__} has no projections to fuse")
+        fused = fuse(modules)
+        if fused is not None:
+            setattr(block, name, fused)
+            done += 1
+    if blocks and not done:
+        logger.info("projections kept apart: stacked products differ on this device")
+    return done
+
+
+def project(owner: Any, name: str, modules: Sequence[Any], x: mx.array) -> list[mx.array]:
+    """``[m(x) for m in modules]``, as one product when ``owner`` has them fused."""
+    fused = getattr(owner, name, None)
+    if fused is not None and fused.serves(modules):
+        return fused(x)
+    return [m(x) for m in modules]
+
+
+def gated_mlp(mlp: Any, x: mx.array) -> mx.array:
+    """``down(gelu_tanh(gate(x)) * up(x))`` (Gemma-3's MLP and EAR-TTS's), gate/up fused
+    when they are; the same expression as the modules' own call."""
+    gate, up = project(mlp, "fused_gate_up", (mlp.gate_proj, mlp.up_proj), x)
+    return mlp.down_proj(nn.gelu_approx(gate) * up)
