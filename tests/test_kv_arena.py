@@ -82,12 +82,12 @@ def test_a_cache_taken_back_from_its_arena_continues_exactly():
         cores(q, k, v, rings, 1, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
         for s in range(2):
             pairs[s][0].update_and_fetch(k[s : s + 1], v[s : s + 1])
-    assert all(r._arena is cores.arena for r in rings)
+    assert all(r.arena is cores.arena for r in rings)
     # The first session steps alone: it takes its rows back, the other stays adopted.
     q = mx.random.normal((1, HEADS, 1, DIM))
     k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
     assert mx.array_equal(_alone(q, rings[0], k, v), _alone(q, pairs[0][0], k, v))
-    assert rings[0]._arena is None and rings[1]._arena is cores.arena
+    assert rings[0].arena is None and rings[1].arena is cores.arena
     assert not cores.arena.holds(rings)
     # The next step of both rebuilds the arena from the rows as they are.
     q = mx.random.normal((2, HEADS, 1, DIM))

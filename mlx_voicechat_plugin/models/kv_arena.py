@@ -99,6 +99,27 @@ class RingCache(RotatingKVCache):
         return super().update_and_fetch(keys, values)
 
     @property
+    def arena(self) -> "KVArena | None":
+        """The arena holding its rows, if one does."""
+        return self._arena
+
+    def adopt(self, arena: "KVArena", slot: int) -> None:
+        """Its rows are now ``arena``'s row ``slot`` (it holds no arrays of its own)."""
+        self.detach(keep=False)
+        self._keys = self._values = None
+        self._arena, self._slot = arena, slot
+
+    def next_position(self) -> int:
+        """Advance by one position and return the ring index it is written at: the
+        bookkeeping of ``RotatingKVCache``'s one-position write into a whole ring."""
+        if self._idx == self.max_size:  # rotate past the kept sink
+            self._idx = self.keep
+        position = self._idx
+        self._idx += 1
+        self.offset += 1
+        return position
+
+    @property
     def whole(self) -> bool:
         """Its ring is allocated whole (every later one-position write lands inside it)."""
         return self._arena is not None or (
@@ -130,9 +151,7 @@ class KVArena:
         self.keys: mx.array | None = self._stack(keys)
         self.values: mx.array | None = self._stack(values)
         for slot, cache in enumerate(caches):
-            cache.detach(keep=False)
-            cache._keys = cache._values = None  # the arena holds its rows now
-            cache._arena, cache._slot = self, slot
+            cache.adopt(self, slot)
 
     def _stack(self, rows: list[mx.array]) -> mx.array:
         if self.group == 1:
@@ -146,7 +165,7 @@ class KVArena:
     def holds(self, caches: Sequence[Any]) -> bool:
         """Exactly these caches, in this order, all still adopted."""
         return len(caches) == len(self.caches) and all(
-            a is b and a._arena is self for a, b in zip(caches, self.caches))
+            a is b and a.arena is self for a, b in zip(caches, self.caches))
 
     def row(self, slot: int) -> tuple[mx.array, mx.array]:
         """Session ``slot``'s rows, ``[G, H, M, D]`` views of the arena."""
@@ -167,7 +186,7 @@ class KVArena:
     def dissolve(self) -> None:
         """Every session still adopted takes its rows back."""
         for cache in self.caches:
-            if cache is not None and cache._arena is self:
+            if cache is not None and cache.arena is self:
                 cache.detach()
 
     def attend(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float,
@@ -181,12 +200,8 @@ class KVArena:
         positions, lengths = [], []
         for cache in self.caches:
             assert cache is not None
-            if cache._idx == cache.max_size:  # rotate past the kept sink
-                cache._idx = cache.keep
-            positions.append(cache._idx)
-            cache._idx += 1
-            cache.offset += 1
-            lengths.append(min(cache.offset, cache.max_size))
+            positions.append(cache.next_position())
+            lengths.append(cache.size())
         index = mx.array(positions * self.group, dtype=mx.int32).reshape(-1, 1, 1, 1)
         self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
         self.values = mx.put_along_axis(self.values, index, values, axis=2)
