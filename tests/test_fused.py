@@ -59,18 +59,35 @@ def test_the_modules_weights_become_views_of_the_stack():
         assert mx.array_equal(module.weight, weight)
 
 
-def test_a_replaced_or_updated_module_falls_back_to_the_modules():
+def test_a_replaced_module_falls_back_to_the_modules():
     block = Attention()
     fuse_projections([block])
     x = mx.random.normal((1, 64))
-    block.k_proj.weight = block.k_proj.weight * 2  # updated after fusing
+    nn.quantize(block, group_size=32, bits=4)  # replaced modules
     modules = (block.q_proj, block.k_proj, block.v_proj)
     assert not block.fused_qkv.serves(modules)
     for a, b in zip(project(block, "fused_qkv", modules, x), _outputs(block, x)):
         assert mx.array_equal(a, b)
-    nn.quantize(block, group_size=32, bits=4)  # replaced modules
-    modules = (block.q_proj, block.k_proj, block.v_proj)
-    assert not block.fused_qkv.serves(modules)
+
+
+def test_updated_weights_forget_the_stacks(tiny_model):
+    model = tiny_model
+    layer = model.tts_model.tts_model.backbone.layers[0]
+    assert layer.self_attn.fused_qkv is not None
+    model.update(model.parameters())  # what load_weights does
+    assert layer.self_attn.fused_qkv is None and layer.mlp.fused_gate_up is None
+    model.fused_blocks = fuse_projections(model._projection_blocks())  # as prepare does
+    assert layer.self_attn.fused_qkv is not None
+
+
+def test_a_compiled_trace_with_the_modules_state_keeps_the_stack_in_use():
+    """mx.compile(inputs=state) hands the arrays back as new objects after a trace."""
+    mlp = GatedMLP(32, 96)
+    fuse_projections([mlp])
+    x = mx.random.normal((2, 32))
+    mx.compile(lambda x: mlp(x), inputs=mlp.state)(x)
+    assert mlp.fused_gate_up.serves((mlp.gate_proj, mlp.up_proj))
+    assert graph_primitives(mlp(x)).get("Matmul") == 2
 
 
 def test_a_device_whose_stacked_product_differs_keeps_them_apart(monkeypatch):

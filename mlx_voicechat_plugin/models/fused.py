@@ -14,7 +14,8 @@ is fused; where it does not hold the modules stay separate.
 The modules keep working on their own (the plain paths: prefill, warm-up, a
 stream's first frame): their weights become views of the stacked matrix, so
 the weights are held once. Fusing happens at ``Model.prepare``, after
-``weight_layout``; replacing weights afterwards needs ``prepare`` again.
+``weight_layout``; ``Model.update`` forgets them (new weights are not
+stacked until ``prepare`` runs again).
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ class Fused:
         self.layer = layer
         self.sizes = tuple(sizes)
         self.splits = [sum(self.sizes[: i + 1]) for i in range(len(self.sizes) - 1)]
-        self.parts: list[tuple[Any, mx.array]] = []  # (module, its weight view) once fused
+        self.modules: list[Any] = []  # the modules it stands for, once fused
 
     def serves(self, modules: Sequence[Any]) -> bool:
-        """Still these modules with the weights it was stacked from (a module replaced,
-        e.g. quantized, or a weight updated since, falls back to the modules)."""
-        return len(modules) == len(self.parts) and all(
-            m is module and m.get("weight") is weight
-            for m, (module, weight) in zip(modules, self.parts))
+        """Still these module objects (one replaced since, e.g. quantized, falls back to
+        the modules). Not the weights' identity: ``mx.compile(..., inputs=state)`` hands
+        a module's arrays back as new objects after a trace. Weights replaced in place
+        need :func:`unfuse` (``Model.update`` calls it)."""
+        return len(modules) == len(self.modules) and all(
+            m is module for m, module in zip(modules, self.modules))
 
     def __call__(self, x: mx.array) -> list[mx.array]:
         return mx.split(self.layer(x), self.splits, axis=-1)
@@ -128,7 +130,7 @@ def fuse(modules: Sequence[Any]) -> Fused | None:
         for name in ("weight", "scales", "biases"):
             if module.get(name) is not None:
                 setattr(module, name, layer[name][start : start + size])
-        fused.parts.append((module, module.weight))
+        fused.modules.append(module)
         start += size
     return fused
 
@@ -154,6 +156,14 @@ def fuse_projections(blocks: Sequence[Any]) -> int:
     if blocks and not done:
         logger.info("projections kept apart: stacked products differ on this device")
     return done
+
+
+def unfuse(blocks: Sequence[Any]) -> None:
+    """Forget the fused layers of ``blocks`` (their weights are being replaced)."""
+    for block in blocks:
+        for name in ("fused_qkv", "fused_gate_up"):
+            if getattr(block, name, None) is not None:
+                setattr(block, name, None)
 
 
 def project(owner: Any, name: str, modules: Sequence[Any], x: mx.array) -> list[mx.array]:

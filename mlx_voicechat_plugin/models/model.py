@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 from ..config import ModelConfig
 from .duplex import DuplexSTT
 from .speech import SpeechDecoder
-from .fused import fuse_projections
+from .fused import fuse_projections, unfuse
 from .weight_layout import relayout
 
 # Deterministic mel filterbank / window buffers of the NeMo featurizer; the
@@ -71,13 +71,20 @@ class Model(nn.Module):
         self.layout_moved = relayout(self, skip=lambda name: name.endswith(".proj_mus"))
         tts = self.tts_model.tts_model
         # The projections the one-position steps read together, as one product each.
-        self.fused_blocks = fuse_projections(
-            [block for layer in tts.backbone.layers for block in (layer.self_attn, layer.mlp)]
-            + [layer.mixer for layer in self.layers if layer.block_type == "*"]
-            + [residual.mlp for residual in tts.mog_head.mlp_stack[:-1]])
+        self.fused_blocks = fuse_projections(self._projection_blocks())
         tts.set_vocabulary(tokenizer.get_vocab())
         tts.prepare()
         self.prepared_for = tokenizer
+
+    def _projection_blocks(self) -> list[nn.Module]:
+        tts = self.tts_model.tts_model
+        return ([block for layer in tts.backbone.layers for block in (layer.self_attn, layer.mlp)]
+                + [layer.mixer for layer in self.layers if layer.block_type == "*"]
+                + [residual.mlp for residual in tts.mog_head.mlp_stack[:-1]])
+
+    def update(self, parameters: dict, strict: bool = True) -> "Model":
+        unfuse(self._projection_blocks())  # the stacks hold the weights being replaced
+        return super().update(parameters, strict=strict)
 
     def create_session(self, processor: Any):
         """The offline / streaming runtime for this model and its tokenizer (mlx-vlm's
