@@ -14,22 +14,23 @@ from mlx_voicechat_plugin.runtime.kernels import graph_primitives
 
 
 class Attention(nn.Module):
-    def __init__(self, dims: int = 64, heads: int = 4, kv_heads: int = 2, head: int = 16):
+    def __init__(self, dims: int = 64, heads: int = 4, kv_heads: int = 2, head: int = 16,
+                 bias: bool = False):
         super().__init__()
-        self.q_proj = nn.Linear(dims, heads * head, bias=False)
-        self.k_proj = nn.Linear(dims, kv_heads * head, bias=False)
-        self.v_proj = nn.Linear(dims, kv_heads * head, bias=False)
+        self.q_proj = nn.Linear(dims, heads * head, bias=bias)
+        self.k_proj = nn.Linear(dims, kv_heads * head, bias=bias)
+        self.v_proj = nn.Linear(dims, kv_heads * head, bias=bias)
 
 
 def _outputs(block: Attention, x: mx.array) -> list[mx.array]:
     return [block.q_proj(x), block.k_proj(x), block.v_proj(x)]
 
 
-@pytest.mark.parametrize("kind", ["float32", "relaid", "bfloat16", "q4"])
+@pytest.mark.parametrize("kind", ["float32", "relaid", "relaid-biased", "bfloat16", "q4"])
 def test_a_fused_product_gives_each_projections_bits(kind):
     mx.random.seed(3)
-    block = Attention()
-    if kind == "relaid":
+    block = Attention(bias="biased" in kind)
+    if kind.startswith("relaid"):
         relayout(block)
     elif kind == "bfloat16":
         block.set_dtype(mx.bfloat16)
@@ -45,7 +46,23 @@ def test_a_fused_product_gives_each_projections_bits(kind):
         assert mx.array_equal(a, b)
     primitives = graph_primitives(
         project(block, "fused_qkv", (block.q_proj, block.k_proj, block.v_proj), x))
-    assert primitives.get("Matmul", 0) + primitives.get("QuantizedMatmul", 0) == 1
+    assert sum(primitives.get(k, 0) for k in ("Matmul", "AddMM", "QuantizedMatmul")) == 1
+
+
+def test_a_stack_whose_product_differs_here_is_kept_apart():
+    """A biased float32 nn.Linear is one addmm; on MLX's CPU backend a wider addmm's
+    columns differ from the separate ones, and the probe sees it (weight_layout turns
+    such layers into RowMajorLinear, which stacks)."""
+    mx.random.seed(3)
+    block = Attention(bias=True)
+    x = mx.random.normal((3, 1, 64))
+    apart = _outputs(block, x)
+    if fuse_projections([block]):
+        together = project(block, "fused_qkv", (block.q_proj, block.k_proj, block.v_proj), x)
+        assert all(mx.array_equal(a, b) for a, b in zip(apart, together))
+    else:
+        assert getattr(block, "fused_qkv", None) is None
+    assert all(mx.array_equal(a, b) for a, b in zip(apart, _outputs(block, x)))
 
 
 def test_the_modules_weights_become_views_of_the_stack():
@@ -112,6 +129,7 @@ def test_load_fuses_the_blocks_the_one_position_steps_read(tiny_model):
     model = tiny_model
     tts = model.tts_model.tts_model
     expected = (2 * len(tts.backbone.layers)
+                + len(model.stt_model.perception.encoder.layers)
                 + sum(1 for layer in model.layers if layer.block_type == "*")
                 + len(tts.mog_head.mlp_stack) - 1)
     assert model.fused_blocks == expected

@@ -46,9 +46,11 @@ def _attend(attn: nn.Module, q_in: mx.array, kv_in: mx.array, p: mx.array) -> mx
     return _attend_kv(attn, q_in, attn.linear_k(kv_in), attn.linear_v(kv_in), p)
 
 
-def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.array) -> mx.array:
-    """:func:`_attend` with the keys and values already projected (``[B, T, d]`` each)."""
-    q = attn.linear_q(q_in)
+def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.array,
+               q: mx.array | None = None) -> mx.array:
+    """:func:`_attend` with the keys and values (and maybe ``q``) already projected."""
+    if q is None:
+        q = attn.linear_q(q_in)
     batch, c, _ = q.shape
     ksz = k.shape[1]
     pos_len = p.shape[1]
@@ -62,6 +64,17 @@ def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.
     matrix_bd = attn.rel_shift(matrix_bd)[:, :, :, :ksz] * attn.scale
     o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=matrix_bd)
     return attn.linear_out(o.transpose(0, 2, 1, 3).reshape(batch, c, -1))
+
+
+def _project_qkv(attn: nn.Module, x: mx.array) -> tuple[mx.array | None, mx.array]:
+    """The new frames' keys and values side by side (``[B, T, 2d]``, as the window caches
+    them) and, when q/k/v are fused (:mod:`.fused`), their queries from the same
+    product (else ``None``: :func:`_attend_kv` projects them)."""
+    fused = getattr(attn, "fused_qkv", None)
+    if fused is not None and fused.serves((attn.linear_q, attn.linear_k, attn.linear_v)):
+        both = fused.layer(x)  # [q | k | v]: the k|v half is one slice, no concatenation
+        return both[..., : fused.sizes[0]], both[..., fused.sizes[0] :]
+    return None, mx.concatenate([attn.linear_k(x), attn.linear_v(x)], axis=-1)
 
 
 class WindowPositions:
@@ -284,10 +297,10 @@ class EncoderStream:
         attn = self.encoder.layers[index].self_attn
         # Queries are the new frames; keys/values the cached window plus them.
         if self.cache_kv:
-            new = mx.concatenate([attn.linear_k(q), attn.linear_v(q)], axis=-1)
+            queries, new = _project_qkv(attn, q)
             kv = new if cached is None else mx.concatenate([cached, new], axis=1)
             width = new.shape[-1] // 2
-            attended = _attend_kv(attn, q, kv[..., :width], kv[..., width:], pos)
+            attended = _attend_kv(attn, q, kv[..., :width], kv[..., width:], pos, queries)
         else:
             kv = q if cached is None else mx.concatenate([cached, q], axis=1)
             attended = _attend(attn, q, kv, pos)

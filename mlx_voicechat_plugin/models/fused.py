@@ -36,7 +36,7 @@ PROBE_ROWS = (1, 2, 8, 32)
 
 
 class Fused:
-    """Several bias-free linear layers over one input as one product.
+    """Several linear layers over one input as one product (biases stacked too).
 
     ``fused(x)`` returns the layers' outputs, in order, as views of one product.
     """
@@ -60,7 +60,7 @@ class Fused:
 
 
 def _plain(module: Any) -> bool:
-    return type(module) in (nn.Linear, RowMajorLinear) and "bias" not in module
+    return type(module) in (nn.Linear, RowMajorLinear)
 
 
 def _quantized(module: Any) -> bool:
@@ -71,16 +71,19 @@ def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
     """The stacked layer, and each module's weight arrays as views of it."""
     first = modules[0]
     if all(_plain(m) for m in modules):
-        dtype = first.weight.dtype
-        if any(m.weight.dtype != dtype or m.weight.shape[1] != first.weight.shape[1]
-               for m in modules):
+        dtype, kind, biased = first.weight.dtype, type(first), "bias" in first
+        if any(type(m) is not kind or ("bias" in m) != biased or m.weight.dtype != dtype
+               or m.weight.shape[1] != first.weight.shape[1] for m in modules):
             return None
         weight = mx.concatenate([m.weight for m in modules])
         if layouts_agree(dtype):  # weight_layout stored every such matrix transposed
             weight = row_major(weight)
-        layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        layer = kind.__new__(kind)  # the modules' own call, no random weights drawn
+        nn.Module.__init__(layer)
         layer.weight = weight
-        return layer, [weight]
+        if biased:
+            layer.bias = mx.concatenate([m.bias for m in modules])
+        return layer, [layer[n] for n in ("weight", "bias") if n in layer]
     if all(_quantized(m) for m in modules):
         if any((m.bits, m.group_size, m.mode) != (first.bits, first.group_size, first.mode)
                or m.weight.shape[1] != first.weight.shape[1] for m in modules):
@@ -114,7 +117,7 @@ def _agrees(fused: Fused, modules: Sequence[Any]) -> bool:
 
 
 def fuse(modules: Sequence[Any]) -> Fused | None:
-    """``modules`` (bias-free linear layers of one input) as one :class:`Fused`, or
+    """``modules`` (linear layers of one input, all biased or none) as one :class:`Fused`, or
     ``None`` when they cannot be stacked or the stacked product would change a bit
     on this device. On success each module's weights become views of the stack."""
     stacked = _stack(modules)
@@ -127,7 +130,7 @@ def fuse(modules: Sequence[Any]) -> Fused | None:
         return None
     start = 0
     for module, size in zip(modules, fused.sizes):
-        for name in ("weight", "scales", "biases"):
+        for name in ("weight", "bias", "scales", "biases"):
             if module.get(name) is not None:
                 setattr(module, name, layer[name][start : start + size])
         fused.modules.append(module)
@@ -136,8 +139,8 @@ def fuse(modules: Sequence[Any]) -> Fused | None:
 
 
 def fuse_projections(blocks: Sequence[Any]) -> int:
-    """Fuse each block's q/k/v (an attention block: ``q_proj``, ``k_proj``, ``v_proj``)
-    or gate/up (a gated MLP: ``gate_proj``, ``up_proj``). The fused layer is kept
+    """Fuse each block's q/k/v (an attention block: ``q_proj``, ``k_proj``, ``v_proj``,
+    or a conformer's ``linear_q``, ``linear_k``, ``linear_v``) or gate/up (a gated MLP: ``gate_proj``, ``up_proj``). The fused layer is kept
     on the block as ``fused_qkv`` / ``fused_gate_up`` (a plain attribute, not a
     parameter), where the step code finds it (:func:`project`, :func:`gated_mlp`).
     Returns how many blocks were fused."""
@@ -145,6 +148,8 @@ def fuse_projections(blocks: Sequence[Any]) -> int:
     for block in blocks:
         if all(hasattr(block, n) for n in ("q_proj", "k_proj", "v_proj")):
             name, modules = "fused_qkv", [block.q_proj, block.k_proj, block.v_proj]
+        elif all(hasattr(block, n) for n in ("linear_q", "linear_k", "linear_v")):  # conformer
+            name, modules = "fused_qkv", [block.linear_q, block.linear_k, block.linear_v]
         elif all(hasattr(block, n) for n in ("gate_proj", "up_proj")):
             name, modules = "fused_gate_up", [block.gate_proj, block.up_proj]
         else:

@@ -79,6 +79,7 @@ class Model(nn.Module):
     def _projection_blocks(self) -> list[nn.Module]:
         tts = self.tts_model.tts_model
         return ([block for layer in tts.backbone.layers for block in (layer.self_attn, layer.mlp)]
+                + [layer.self_attn for layer in self.stt_model.perception.encoder.layers]
                 + [layer.mixer for layer in self.layers if layer.block_type == "*"]
                 + [residual.mlp for residual in tts.mog_head.mlp_stack[:-1]])
 
