@@ -18,8 +18,15 @@ from mlx_vlm.models.nemotron_voicechat import config as ref_config
 from mlx_vlm.models.nemotron_voicechat import tts as ref_tts
 
 from mlx_voicechat_plugin.config import TTSConfig
-from mlx_voicechat_plugin.models.ear_tts import EarTTS, rvq_assign, unmasking_schedule
+from mlx_voicechat_plugin.models.ear_tts import (
+    EarTTS,
+    codebook_norms,
+    distance_in_one_product,
+    rvq_assign,
+    unmasking_schedule,
+)
 from mlx_voicechat_plugin.models.mog_head import top_p_mask
+from mlx_voicechat_plugin.runtime.kernels import graph_primitives
 from mlx_voicechat_plugin.testing.configs import fixture_config
 
 LAYOUT = Path(__file__).parent / "data" / "checkpoint_layout_tiny.txt"
@@ -174,6 +181,20 @@ def test_rvq_assign_picks_nearest_codes():
     assert first.item() == 5
     distances = mx.sum((residual - codebooks[0, 5] - codebooks[1]) ** 2, axis=-1)
     assert second.item() == mx.argmin(distances).item()
+
+
+def test_rvq_distances_in_one_product_pick_the_same_codes_with_the_same_bits():
+    """The depth loop computes ``norms - 2 r.c`` as one addmm where the probe agrees
+    (it does on MLX's CPU backend); the codes and every distance stay the same."""
+    codebooks = mx.random.normal((4, 64, 16), key=mx.random.key(8))
+    norms = codebook_norms(codebooks)
+    tables, rows = [codebooks[k] for k in range(4)], [norms[k] for k in range(4)]
+    assert distance_in_one_product(tables, rows)
+    residual = mx.random.normal((5, 16), key=mx.random.key(9)) * 3
+    apart = rvq_assign(residual, tables, rows)
+    together = rvq_assign(residual, tables, rows, one_product=True)
+    assert all(mx.array_equal(a, b) for a, b in zip(apart, together))
+    assert graph_primitives(rvq_assign(residual, tables, rows, one_product=True))["AddMM"] == 4
 
 
 # --- network parity ----------------------------------------------------------

@@ -120,22 +120,50 @@ def rvq_assign(
     residual: mx.array,
     codebooks: mx.array | list[mx.array],
     norms: mx.array | list[mx.array] | None = None,
+    one_product: bool = False,
 ) -> list[mx.array]:
     """Greedy residual quantization of ``residual`` [..., D] by ``codebooks`` [K, C, D].
 
     ``codebooks`` may also be a list of ``[C, D]`` tables, with ``norms`` their
     :func:`codebook_norms` rows (computed here when not given). Returns one
-    index array [...] per codebook, in order.
+    index array [...] per codebook, in order. The distance to every code is
+    ``norms - 2 r.c``; ``one_product`` computes it as one ``addmm`` (alpha -2,
+    beta 1) instead of a product then an elementwise step, where
+    :func:`distance_in_one_product` found the same bits.
     """
     if norms is None:
         norms = codebook_norms(codebooks if isinstance(codebooks, mx.array) else mx.stack(codebooks))
     picked = []
     for k in range(len(codebooks)):
         table = codebooks[k]
-        index = mx.argmin(norms[k] - 2.0 * (residual @ table.T), axis=-1)
+        index = mx.argmin(_distances(residual, table, norms[k], one_product), axis=-1)
         residual = residual - table[index]
         picked.append(index)
     return picked
+
+
+def _distances(residual: mx.array, table: mx.array, norms: mx.array, one_product: bool) -> mx.array:
+    if one_product:
+        return mx.addmm(norms, residual, table.T, alpha=-2.0, beta=1.0)
+    return norms - 2.0 * (residual @ table.T)
+
+
+def distance_in_one_product(tables: Sequence[mx.array], norms: Sequence[mx.array],
+                            dtype: mx.Dtype = mx.float32,
+                            rows: Sequence[int] = (1, 2, 8, 32)) -> bool:
+    """Whether this device's ``addmm`` gives the RVQ distances' bits for ``dtype``
+    residuals (the scaling by -2 is exact, so it does where it sums the product as
+    ``matmul`` does and rounds once), probed with the real first table at several
+    row counts."""
+    key = mx.random.key(13)
+    for count in rows:
+        key, sub = mx.random.split(key)
+        residual = mx.random.normal((count, tables[0].shape[1]), key=sub).astype(dtype)
+        a = _distances(residual, tables[0], norms[0], False)
+        b = _distances(residual, tables[0], norms[0], True)
+        if not mx.array_equal(a, b).item():
+            return False
+    return True
 
 
 class _CodebookTables:
@@ -146,7 +174,25 @@ class _CodebookTables:
         norms = codebook_norms(rvq_embs)
         self.tables = [rvq_embs[k] for k in range(rvq_embs.shape[0])]
         self.norms = [norms[k] for k in range(rvq_embs.shape[0])]
-        mx.eval(self.tables, self.norms)
+        # The depth loop's residuals are float32 (its noise is): a product or
+        # difference with a lower-precision table promotes the table to float32
+        # (exactly), every codebook of every frame. Promoted once here instead.
+        wide = rvq_embs.dtype == mx.float32
+        self.tables32 = self.tables if wide else [t.astype(mx.float32) for t in self.tables]
+        self.norms32 = self.norms if wide else [n.astype(mx.float32) for n in self.norms]
+        mx.eval(self.tables, self.norms, self.tables32, self.norms32)
+        # Whether float32 distances may be one addmm (rvq_assign's one_product).
+        self.one_product = distance_in_one_product(self.tables32, self.norms32)
+
+    def arrays(self) -> tuple[list[mx.array], ...]:
+        """What the compiled depth loop takes: both sets of tables and norms."""
+        return self.tables, self.norms, self.tables32, self.norms32
+
+    @staticmethod
+    def pick(arrays: tuple[list[mx.array], ...], dtype: mx.Dtype) -> tuple[list, list]:
+        """The tables and norms for residuals of ``dtype`` (from :meth:`arrays`)."""
+        tables, norms, tables32, norms32 = arrays
+        return (tables32, norms32) if dtype == mx.float32 else (tables, norms)
 
 
 class GatedFusion(nn.Module):
@@ -332,13 +378,10 @@ class EarTTS(nn.Module):
         if self._compiled_depth is None:
             # The module state is an input, so later weight updates are seen.
             self._compiled_depth = mx.compile(self._compiled_loop, inputs=self.state)
-        books = self._codebook_tables()
-        return self._compiled_depth(hidden, keys, books.tables, books.norms)
+        return self._compiled_depth(hidden, keys, *self._codebook_tables().arrays())
 
-    def _compiled_loop(
-        self, hidden: mx.array, keys: mx.array, tables: list[mx.array], norms: list[mx.array]
-    ) -> mx.array:
-        return self._depth_loop(hidden, KeyRows(keys), (tables, norms))
+    def _compiled_loop(self, hidden: mx.array, keys: mx.array, *books: list[mx.array]) -> mx.array:
+        return self._depth_loop(hidden, KeyRows(keys), books)
 
     def _codebook_tables(self) -> _CodebookTables:
         # Built once (``prepare``, at load) and again after ``update``; not
@@ -365,7 +408,7 @@ class EarTTS(nn.Module):
         self,
         hidden: mx.array,
         rng: KeyStream | None,
-        codebooks: tuple[list[mx.array], list[mx.array]] | None = None,
+        codebooks: tuple[list[mx.array], ...] | None = None,
     ) -> mx.array:
         config = self.config
         if hidden.shape[0] % 2:
@@ -390,9 +433,10 @@ class EarTTS(nn.Module):
             if codebooks is None:
                 picked = rvq_assign(rows, self.rvq_embs[done : done + count])
             else:
-                tables, norms = codebooks
+                tables, norms = _CodebookTables.pick(codebooks, rows.dtype)
                 span = slice(done, done + count)
-                picked = rvq_assign(rows, tables[span], norms[span])
+                one_product = rows.dtype == mx.float32 and self._codebook_tables().one_product
+                picked = rvq_assign(rows, tables[span], norms[span], one_product=one_product)
             block = mx.stack(picked, axis=-1).astype(mx.int32).reshape(*latent.shape[:-1], count)
             codes = mx.concatenate(
                 [codes[..., :done], block, codes[..., done + count :]], axis=-1
