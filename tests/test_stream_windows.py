@@ -111,3 +111,11 @@ def test_encoder_caches_merge_extract_and_set_state_row_for_row(small):
     restored.state = streams[0].cache.state
     assert all(_equal(a, b) for a, b in zip(restored.state, streams[0].cache.state))
     assert restored.key() == streams[0].cache.key()
+
+
+def test_one_querys_relative_shift_is_its_row_as_it_was(small):
+    """The streaming encoder skips the relative shift for one new frame: for one query
+    it pads a zero in front, reads the row one step later and drops the zero."""
+    attn = small[0].stt_model.perception.encoder.layers[0].self_attn
+    scores = mx.random.normal((2, attn.n_head, 1, 141), key=mx.random.key(2))
+    assert _equal(attn.rel_shift(scores), scores)

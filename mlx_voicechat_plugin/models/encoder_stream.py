@@ -61,7 +61,11 @@ def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.
     v = v.reshape(batch, ksz, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
     p = p.reshape(1, pos_len, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
     matrix_bd = mx.matmul(q_v, p.swapaxes(-2, -1))
-    matrix_bd = attn.rel_shift(matrix_bd)[:, :, :, :ksz] * attn.scale
+    if c > 1:
+        matrix_bd = attn.rel_shift(matrix_bd)
+    # (One query: the relative shift pads a zero in front, reads the row one step
+    # later and drops the zero, so its row comes back as it was: nothing to launch.)
+    matrix_bd = matrix_bd[:, :, :, :ksz] * attn.scale
     o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=matrix_bd)
     return attn.linear_out(o.transpose(0, 2, 1, 3).reshape(batch, c, -1))
 
