@@ -188,3 +188,21 @@ def test_flushed_stream_refuses_more_codes(ours, codes):
     ours.flush(state)
     with pytest.raises(ValueError):
         ours.decode_step(codes, state)
+
+
+def test_stacked_codebooks_decode_the_same_latents_with_one_gather(config):
+    from mlx_voicechat_plugin.models.codec import ProbabilisticRVQ
+    from mlx_voicechat_plugin.runtime.kernels import graph_primitives
+
+    prvq = ProbabilisticRVQ(config)
+    prvq.mus_list = [mx.random.normal(m.shape, key=mx.random.key(q))
+                     for q, m in enumerate(prvq.mus_list)]
+    codes = mx.random.randint(0, config.codebook_size, (2, len(prvq.mus_list), 3),
+                              key=mx.random.key(99))
+    apart = prvq.decode(codes)
+    prvq.stack()
+    assert mx.array_equal(prvq.decode(codes), apart)
+    assert mx.array_equal(prvq.decode(codes[:, :5]), ProbabilisticRVQ.decode(prvq, codes[:, :5]))
+    assert graph_primitives(prvq.decode(codes))["Gather"] == 1
+    prvq.mus_list[0] = prvq.mus_list[0] * 1  # a replaced codebook: one gather each again
+    assert graph_primitives(prvq.decode(codes))["Gather"] == len(prvq.mus_list)

@@ -180,15 +180,43 @@ class ProbabilisticRVQ(nn.Module):
             raise ValueError(
                 f"got {codes.shape[1]} codebooks, the codec has {len(self.mus_list)}"
             )
-        # One gather per codebook, summed in codebook order; stacking the
-        # codebooks into one table would copy all of them on every call.
         latents = mx.zeros(
             (codes.shape[0], codes.shape[2], self.mus_list[0].shape[-1]),
             dtype=self.mus_list[0].dtype,
         )
+        stacked = getattr(self, "_stacked", None)
+        if stacked is not None and stacked.serves(self.mus_list):
+            # One gather from the stacked codebooks (:meth:`stack`), summed in codebook order.
+            rows = stacked.table[codes + stacked.offsets[: codes.shape[1], None]]
+            for q in range(codes.shape[1]):
+                latents = latents + rows[:, q]
+            return latents
+        # One gather per codebook, summed in codebook order.
         for q in range(codes.shape[1]):
             latents = latents + self.mus_list[q][codes[:, q]]
         return latents
+
+    def stack(self) -> None:
+        """Hold the codebooks as one ``[Q * C, D]`` table (each codebook a view of it), so
+        :meth:`decode` gathers every codebook's rows at once: one kernel, not ``Q``. The
+        same rows, added in the same order. A codebook replaced later falls back."""
+        object.__setattr__(self, "_stacked", _StackedCodebooks(self.mus_list))
+        self.mus_list = list(self._stacked.views)
+
+
+class _StackedCodebooks:
+    """The codebooks of a :class:`ProbabilisticRVQ` in one table, and each one's row offset."""
+
+    def __init__(self, codebooks: list[mx.array]):
+        size = codebooks[0].shape[0]
+        self.table = mx.concatenate(codebooks)
+        self.offsets = mx.array([q * size for q in range(len(codebooks))], dtype=mx.int32)
+        self.views = [self.table[q * size : (q + 1) * size] for q in range(len(codebooks))]
+        mx.eval(self.table, self.views)
+
+    def serves(self, codebooks: list[mx.array]) -> bool:
+        return len(codebooks) == len(self.views) and all(
+            a is b for a, b in zip(codebooks, self.views))
 
 
 class Codec(nn.Module):

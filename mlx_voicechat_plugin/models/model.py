@@ -72,6 +72,7 @@ class Model(nn.Module):
         tts = self.tts_model.tts_model
         # The projections the one-position steps read together, as one product each.
         self.fused_blocks = fuse_projections(self._projection_blocks())
+        self.tts_model.audio_codec.prvq.stack()  # one gather for a frame's codebooks
         tts.set_vocabulary(tokenizer.get_vocab())
         tts.prepare()
         self.prepared_for = tokenizer
