@@ -1,0 +1,110 @@
+"""One decode position of a Nemotron-H Mamba2 block, with the chunked scan's dead work removed.
+
+Upstream's Mamba2 mixer runs every length through ``mlx_vlm.models.ssm.ssm_update``,
+which, off Metal (on the CPU and on CUDA), is the chunked scan ``ssm_attn``: a
+segment-sum (repeat, two ``tril`` selects built from ``arange``\\ s, a ``cumsum``),
+two ``exp``\\ s, a ``cumsum`` over one position and six matmuls, two of them
+outer products with a contraction of length one. At one position with a state
+most of it is constant:
+
+* ``segsum`` of a length-1 sequence is ``cumsum(tril(x, -1)) = 0``, so the
+  decay ``exp(segsum) = exp(0)`` is exactly 1, and ``tril(CB * 1, 0)`` is
+  ``CB`` itself (cast to float32, which is exact);
+* ``cumsum(dt * A)`` over one position is ``dt * A``;
+* a matmul whose contraction has length one is one rounded product per
+  element, which an elementwise multiply gives bit for bit.
+
+So :func:`mamba_step` computes, from the block's own modules and parameters,
+``y = CB * (dt x) + exp(dt A) (state . C)`` and
+``state' = (dt x) B + exp(dt A) state``, keeping as matmuls of upstream's very
+shapes the two products that really reduce (``C . B`` over the state size and
+``state . C``), so their summation order is upstream's; every other op is
+upstream's op on the same values, in the same order, with the same dtype
+promotions. The result is bit-identical to ``block(x, mask=None, cache=...)``
+on MLX's CPU backend (``tests/test_mamba_step.py`` checks outputs and both
+cache arrays). ``-exp(A_log)``, a constant, is computed once (:class:`MambaStep`).
+
+On Metal, upstream's ``ssm_update`` is one dedicated kernel at one position;
+:func:`use_upstream` says so and the caller keeps the upstream block there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_vlm.models.ssm import compute_dt
+
+
+def use_upstream() -> bool:
+    """True where upstream's one-position SSM is a dedicated kernel (Metal GPU)."""
+    return mx.metal.is_available() and mx.default_device() == mx.gpu
+
+
+def _negative_a(a_log: mx.array) -> mx.array:
+    # ssm_attn's ``A``; dt is float32 after compute_dt, so the cast is to float32.
+    return -mx.exp(a_log).astype(mx.float32)
+
+
+class MambaStep:
+    """One position of a ``NemotronHBlock`` of type ``M`` over ``B`` rows with states.
+
+    ``step(x, conv_state, ssm_state) -> (x', conv_state', ssm_state')`` with
+    ``x`` of shape ``(B, 1, hidden)``; pure, so it traces into ``mx.compile``.
+    """
+
+    def __init__(self, block: Any):
+        self.block = block
+        self.mixer = block.mixer
+        self.a = _negative_a(self.mixer.A_log)
+        mx.eval(self.a)
+
+    def __call__(self, x: mx.array, conv_state: mx.array, ssm_state: mx.array):
+        block, mixer = self.block, self.mixer
+        projected = mixer.in_proj(block.norm(x))
+        gate, conv_input, dt = mixer._split_projected_states(projected)
+
+        # Upstream's _conv with a cache and no mask.
+        padded = mx.concatenate([conv_state, conv_input], axis=1)
+        conv_state = padded[:, -(mixer.conv_kernel_size - 1):, :]
+        conv_output = nn.silu(mixer.conv1d(padded))
+        inner, groups, size = mixer.intermediate_size, mixer.n_groups, mixer.ssm_state_size
+        hidden, B, C = mx.split(conv_output, [inner, inner + groups * size], axis=-1)
+
+        y, ssm_state = self._ssm(hidden, B, C, dt, ssm_state)
+        y = mixer.norm(y.reshape(y.shape[0], 1, inner), gate)
+        return x + mixer.out_proj(y), conv_state, ssm_state
+
+    def _ssm(self, hidden: mx.array, B: mx.array, C: mx.array, dt: mx.array,
+             state: mx.array) -> tuple[mx.array, mx.array]:
+        """``ssm_attn`` at one position with a state (see the module docstring)."""
+        mixer = self.mixer
+        b = hidden.shape[0]
+        h, dh = mixer.num_heads, mixer.head_dim
+        g, d = mixer.n_groups, mixer.ssm_state_size
+        rep = h // g
+        x = hidden.reshape(b, 1, h, dh)
+        D = mixer.D.astype(x.dtype)
+
+        dt = compute_dt(dt, mixer.dt_bias, mixer.time_step_limit)  # (b, 1, h) float32
+        dtA = dt * self.a.reshape(1, 1, -1)
+        dtx = dt.reshape(b, 1, h, 1) * x  # (b, 1, h, dh)
+        decay = mx.exp(dtA)  # exp(cumsum(dtA)) over one position
+
+        # C^T B per group: upstream's matmul, shapes (b, g, 1, d) @ (b, g, d, 1).
+        B4 = B.reshape(b, 1, g, d)
+        C4 = C.reshape(b, 1, g, d)
+        cb = mx.swapaxes(C4, 1, 2) @ mx.transpose(B4, (0, 2, 3, 1))  # (b, g, 1, 1)
+        # tril(CB * 1) @ dtx: a length-1 contraction, one product (CB in float32).
+        y = cb.astype(mx.float32).reshape(b, 1, g, 1, 1) * dtx.reshape(b, 1, g, rep, dh)
+
+        # dtx (outer) B: a length-1 contraction, one product per element.
+        next_state = dtx.reshape(b, g, rep, dh, 1) * B4.reshape(b, g, 1, 1, d)
+        next_state = next_state.reshape(b, h, dh, d) + decay.reshape(b, h, 1, 1) * state
+
+        # state . C: upstream's matmul, shapes (b, 1, g, rep, dh, d) @ (b, 1, g, 1, d, 1).
+        y_prev = state.reshape(b, 1, g, rep, dh, d) @ C4.reshape(b, 1, g, 1, d, 1)
+        y = y + decay.reshape(b, 1, g, rep, 1) * y_prev.squeeze(-1)
+        y = y.reshape(b, 1, h, dh).astype(x.dtype) + x * D.reshape(1, 1, h, 1)
+        return y, next_state
