@@ -14,7 +14,7 @@ most of it is constant:
 * a matmul whose contraction has length one is one rounded product per
   element, which an elementwise multiply gives bit for bit.
 
-So :func:`mamba_step` computes, from the block's own modules and parameters,
+So :class:`MambaStep` computes, from the block's own modules and parameters,
 ``y = CB * (dt x) + exp(dt A) (state . C)`` and
 ``state' = (dt x) B + exp(dt A) state``, keeping as matmuls of upstream's very
 shapes the two products that really reduce (``C . B`` over the state size and
@@ -22,7 +22,10 @@ shapes the two products that really reduce (``C . B`` over the state size and
 upstream's op on the same values, in the same order, with the same dtype
 promotions. The result is bit-identical to ``block(x, mask=None, cache=...)``
 on MLX's CPU backend (``tests/test_mamba_step.py`` checks outputs and both
-cache arrays). ``-exp(A_log)``, a constant, is computed once (:class:`MambaStep`).
+cache arrays). Two constants upstream recomputes every step, ``-exp(A_log)``
+and ``dt_bias`` cast to float32, are computed once. The elementwise work
+compiles to two fused kernels (next state; output), where upstream's scan
+launches about a dozen kernels more per layer.
 
 On Metal, upstream's ``ssm_update`` is one dedicated kernel at one position;
 :func:`use_upstream` says so and the caller keeps the upstream block there.
@@ -42,8 +45,10 @@ def use_upstream() -> bool:
     return mx.metal.is_available() and mx.default_device() == mx.gpu
 
 
+@mx.compile
 def _negative_a(a_log: mx.array) -> mx.array:
     # ssm_attn's ``A``; dt is float32 after compute_dt, so the cast is to float32.
+    # Compiled, as upstream's compiled step computes it (one fused kernel).
     return -mx.exp(a_log).astype(mx.float32)
 
 
@@ -57,8 +62,11 @@ class MambaStep:
     def __init__(self, block: Any):
         self.block = block
         self.mixer = block.mixer
+        # Constants upstream recomputes every step: -exp(A_log), and dt_bias in
+        # float32 (compute_dt adds it to a float32 dt, casting it each time).
         self.a = _negative_a(self.mixer.A_log)
-        mx.eval(self.a)
+        self.dt_bias = self.mixer.dt_bias.astype(mx.float32)
+        mx.eval(self.a, self.dt_bias)
 
     def __call__(self, x: mx.array, conv_state: mx.array, ssm_state: mx.array):
         block, mixer = self.block, self.mixer
@@ -78,33 +86,43 @@ class MambaStep:
 
     def _ssm(self, hidden: mx.array, B: mx.array, C: mx.array, dt: mx.array,
              state: mx.array) -> tuple[mx.array, mx.array]:
-        """``ssm_attn`` at one position with a state (see the module docstring)."""
+        """``ssm_attn`` at one position with a state (see the module docstring).
+
+        Two elementwise chains, each built from views of its inputs only (a
+        reshape between two elementwise ops would end a fused kernel), so each
+        compiles to one kernel: the next state in its layout
+        ``(b, g, rep, dh, d)`` and the output in ``(b, 1, g, rep, dh)``. Each
+        computes ``dt`` and its decay for itself (the same ops on the same
+        values, so the same bits) rather than read them from a kernel of their own.
+        """
         mixer = self.mixer
         b = hidden.shape[0]
         h, dh = mixer.num_heads, mixer.head_dim
         g, d = mixer.n_groups, mixer.ssm_state_size
         rep = h // g
-        x = hidden.reshape(b, 1, h, dh)
-        D = mixer.D.astype(x.dtype)
+        limit = mixer.time_step_limit
 
-        dt = compute_dt(dt, mixer.dt_bias, mixer.time_step_limit)  # (b, 1, h) float32
-        dtA = dt * self.a.reshape(1, 1, -1)
-        dtx = dt.reshape(b, 1, h, 1) * x  # (b, 1, h, dh)
-        decay = mx.exp(dtA)  # exp(cumsum(dtA)) over one position
+        # The next state: dtx (outer) B, a length-1 contraction (one product per
+        # element), plus exp(dt A) state.
+        dt_s = compute_dt(dt.reshape(b, g, rep, 1, 1), self.dt_bias.reshape(g, rep, 1, 1), limit)
+        dtx_s = dt_s * hidden.reshape(b, g, rep, dh, 1)
+        decay_s = mx.exp(dt_s * self.a.reshape(g, rep, 1, 1))
+        next_state = (dtx_s * B.reshape(b, g, 1, 1, d)
+                      + decay_s * state.reshape(b, g, rep, dh, d)).reshape(b, h, dh, d)
 
-        # C^T B per group: upstream's matmul, shapes (b, g, 1, d) @ (b, g, d, 1).
-        B4 = B.reshape(b, 1, g, d)
-        C4 = C.reshape(b, 1, g, d)
-        cb = mx.swapaxes(C4, 1, 2) @ mx.transpose(B4, (0, 2, 3, 1))  # (b, g, 1, 1)
-        # tril(CB * 1) @ dtx: a length-1 contraction, one product (CB in float32).
-        y = cb.astype(mx.float32).reshape(b, 1, g, 1, 1) * dtx.reshape(b, 1, g, rep, dh)
+        # C^T B per group, upstream's matmul (b, g, 1, d) @ (b, g, d, 1), and
+        # state . C, upstream's matmul (b, 1, g, rep, dh, d) @ (b, 1, g, 1, d, 1):
+        # the two real reductions, in upstream's shapes and so its summation order.
+        B, C = B.reshape(b, 1, g, d), C.reshape(b, 1, g, d)
+        cb = mx.swapaxes(C, 1, 2) @ mx.transpose(B, (0, 2, 3, 1))
+        y_prev = state.reshape(b, 1, g, rep, dh, d) @ C.reshape(b, 1, g, 1, d, 1)
 
-        # dtx (outer) B: a length-1 contraction, one product per element.
-        next_state = dtx.reshape(b, g, rep, dh, 1) * B4.reshape(b, g, 1, 1, d)
-        next_state = next_state.reshape(b, h, dh, d) + decay.reshape(b, h, 1, 1) * state
-
-        # state . C: upstream's matmul, shapes (b, 1, g, rep, dh, d) @ (b, 1, g, 1, d, 1).
-        y_prev = state.reshape(b, 1, g, rep, dh, d) @ C4.reshape(b, 1, g, 1, d, 1)
-        y = y + decay.reshape(b, 1, g, rep, 1) * y_prev.squeeze(-1)
-        y = y.reshape(b, 1, h, dh).astype(x.dtype) + x * D.reshape(1, 1, h, 1)
-        return y, next_state
+        # The output: tril(CB * 1) @ dtx, a length-1 contraction (one product,
+        # CB in float32), plus exp(dt A) (state . C), cast, plus x D.
+        x = hidden.reshape(b, 1, g, rep, dh)
+        dt_y = compute_dt(dt.reshape(b, 1, g, rep, 1), self.dt_bias.reshape(g, rep, 1), limit)
+        decay_y = mx.exp(dt_y * self.a.reshape(g, rep, 1))
+        y = cb.reshape(b, 1, g, 1, 1).astype(mx.float32) * (dt_y * x)
+        y = y + decay_y * y_prev.squeeze(-1)
+        y = y.astype(x.dtype) + x * mixer.D.reshape(g, rep, 1).astype(x.dtype)
+        return y.reshape(b, 1, h * dh), next_state
