@@ -24,8 +24,9 @@ promotions. The result is bit-identical to ``block(x, mask=None, cache=...)``
 on MLX's CPU backend (``tests/test_mamba_step.py`` checks outputs and both
 cache arrays). Two constants upstream recomputes every step, ``-exp(A_log)``
 and ``dt_bias`` cast to float32, are computed once. The elementwise work
-compiles to two fused kernels (next state; output), where upstream's scan
-launches about a dozen kernels more per layer.
+compiles to four kernels (``dt`` and its decay, per head; the next state and
+the output, one fused chain each), where upstream's scan launches about a
+dozen more per layer.
 
 On Metal, upstream's ``ssm_update`` is one dedicated kernel at one position;
 :func:`use_upstream` says so and the caller keeps the upstream block there.
