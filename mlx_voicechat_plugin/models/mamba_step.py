@@ -25,8 +25,8 @@ on MLX's CPU backend (``tests/test_mamba_step.py`` checks outputs and both
 cache arrays). Two constants upstream recomputes every step, ``-exp(A_log)``
 and ``dt_bias`` cast to float32, are computed once. The elementwise work
 compiles to four kernels (``dt`` and its decay, per head; the next state and
-the output, one fused chain each), where upstream's scan launches about a
-dozen more per layer.
+the output, one fused chain each, the output's ending in the gated norm's
+gate multiply), where upstream's scan launches about a dozen more per layer.
 
 On Metal, upstream's ``ssm_update`` is one dedicated kernel at one position;
 :func:`use_upstream` says so and the caller keeps the upstream block there.
@@ -38,6 +38,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_vlm.models.activations import swiglu
 from mlx_vlm.models.ssm import compute_dt
 
 
@@ -84,11 +85,14 @@ class MambaStep:
         inner, groups, size = mixer.intermediate_size, mixer.n_groups, mixer.ssm_state_size
         hidden, B, C = mx.split(conv_output, [inner, inner + groups * size], axis=-1)
 
-        y, ssm_state = self._ssm(hidden, B, C, dt, ssm_state)
-        y = mixer.norm(y.reshape(y.shape[0], 1, inner), gate)
+        y, ssm_state = self._ssm(hidden, B, C, dt, gate, ssm_state)
+        # The rest of MambaRMSNormGated (its gate multiply ran in _ssm's output chain).
+        norm = mixer.norm
+        y = mx.unflatten(y.reshape(y.shape[0], 1, inner), axis=-1, shape=(-1, norm.group_size))
+        y = norm.weight * mx.fast.rms_norm(y, weight=None, eps=norm.eps).flatten(-2)
         return x + mixer.out_proj(y), conv_state, ssm_state
 
-    def _ssm(self, hidden: mx.array, B: mx.array, C: mx.array, dt: mx.array,
+    def _ssm(self, hidden: mx.array, B: mx.array, C: mx.array, dt: mx.array, gate: mx.array,
              state: mx.array) -> tuple[mx.array, mx.array]:
         """``ssm_attn`` at one position with a state (see the module docstring).
 
@@ -127,4 +131,5 @@ class MambaStep:
         y = cb.reshape(b, g, 1, 1, 1).astype(mx.float32) * (dt * x)
         y = y + decay * y_prev.reshape(b, g, rep, 1, dh)
         y = y.astype(x.dtype) + x * mixer.D.reshape(g, rep, 1, 1).astype(x.dtype)
+        y = swiglu(gate.reshape(b, g, rep, 1, dh), y)
         return y.reshape(b, 1, h * dh), next_state.reshape(b, h, dh, d)
