@@ -104,6 +104,18 @@ def test_step_equals_the_upstream_block_quantized():
     _assert_steps_equal(block, batch=2, compiled=True, seed=4)
 
 
+def test_step_equals_the_upstream_block_with_a_padded_projection():
+    """Checkpoints may pad in_proj in front with two unused branches of equal width."""
+    block = _block(*SHAPES["three groups"], mx.bfloat16)
+    linear = block.mixer.in_proj
+    width, hidden = linear.weight.shape
+    padded = nn.Linear(hidden, width + 2 * 8, bias=False)
+    padded.weight = (0.2 * mx.random.normal(padded.weight.shape, key=mx.random.key(5))
+                     ).astype(mx.bfloat16)
+    block.mixer.in_proj = padded
+    _assert_steps_equal(block, batch=2, compiled=True, seed=6)
+
+
 def test_the_shape_table_holds_the_fixtures_mixers():
     for name in ("tiny", "medium"):
         text = CONFIGS[name]["text_config"]

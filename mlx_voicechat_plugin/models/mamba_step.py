@@ -76,7 +76,7 @@ class MambaStep:
     def __call__(self, x: mx.array, conv_state: mx.array, ssm_state: mx.array):
         block, mixer = self.block, self.mixer
         projected = mixer.in_proj(block.norm(x))
-        gate, conv_input, dt = mixer._split_projected_states(projected)
+        gate, conv_input, dt = self._split(projected)
 
         # Upstream's _conv with a cache and no mask.
         padded = mx.concatenate([conv_state, conv_input], axis=1)
@@ -91,6 +91,24 @@ class MambaStep:
         y = mx.unflatten(y.reshape(y.shape[0], 1, inner), axis=-1, shape=(-1, norm.group_size))
         y = norm.weight * mx.fast.rms_norm(y, weight=None, eps=norm.eps).flatten(-2)
         return x + mixer.out_proj(y), conv_state, ssm_state
+
+    def _split(self, projected: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """The projection's gate, conv input and dt, as the mixer splits it.
+
+        Checkpoints may pad the projection in front with two unused branches
+        of equal width (upstream derives it from the weight, not the config);
+        they are skipped.
+        """
+        mixer = self.mixer
+        inner, conv_dim = mixer.intermediate_size, mixer.conv_dim
+        extra = projected.shape[-1] - (inner + conv_dim + mixer.num_heads)
+        if extra < 0 or extra % 2:
+            raise ValueError(f"Mamba2 in_proj width {projected.shape[-1]}: expected "
+                             f"{inner + conv_dim + mixer.num_heads} plus an even padding")
+        gate = extra  # the two padding branches, d_mlp wide each, come first
+        conv = gate + inner
+        dt = conv + conv_dim
+        return projected[..., gate:conv], projected[..., conv:dt], projected[..., dt:]
 
     def _ssm(self, hidden: mx.array, B: mx.array, C: mx.array, dt: mx.array, gate: mx.array,
              state: mx.array) -> tuple[mx.array, mx.array]:
