@@ -27,6 +27,7 @@ from mlx_vlm.models.gemma3.language import clip_residual
 
 from .fused import gated_mlp, project
 from .kv_arena import LayerCores
+from .mamba_step import MambaStep, use_upstream
 from .rows import stack_rows, take_row
 
 MAMBA, ATTENTION = "M", "*"
@@ -40,14 +41,24 @@ class _Run:
         self.cache_index = cache_index  # per layer: its cache slot, None for MLP
         self.slots = [s for s in cache_index if s is not None]
         self.head = head
+        # Mamba2 layers step through MambaStep (exact, without the chunked scan's
+        # dead work) except on Metal, where upstream's step is one dedicated kernel.
+        upstream = use_upstream()
+        self.steps = [None if s is None or upstream else MambaStep(layer)
+                      for layer, s in zip(layers, cache_index)]
         self._compiled = mx.compile(self._pure)
 
     def _pure(self, x: mx.array, *state: mx.array) -> tuple[mx.array, ...]:
         new_state: list[mx.array] = []
         k = 0
-        for layer, slot in zip(self.layers, self.cache_index):
+        for layer, slot, step in zip(self.layers, self.cache_index, self.steps):
             if slot is None:
                 x = layer(x)
+                continue
+            if step is not None:
+                x, conv, ssm = step(x, state[k], state[k + 1])
+                k += 2
+                new_state += [conv, ssm]
                 continue
             cache = ArraysCache(size=2)
             cache[0], cache[1] = state[k], state[k + 1]
