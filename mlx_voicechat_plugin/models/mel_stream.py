@@ -91,13 +91,26 @@ def host_frames(x: np.ndarray, args: PreprocessArgs, start: int, end: int) -> np
     return frames * _constants(args)[0]
 
 
+def _power(spectrum: mx.array) -> mx.array:
+    return mx.square(mx.abs(spectrum))
+
+
+def _log(mel: mx.array, guard: mx.array) -> mx.array:
+    return mx.log(mel + guard)
+
+
+# The elementwise chains each fuse into one kernel when compiling is on (the
+# same operations, so the same bits: tests/test_mel_stream.py).
+_power_c, _log_c = mx.compile(_power), mx.compile(_log)
+
+
 def device_log_mel(frames: mx.array, args: PreprocessArgs) -> mx.array:
-    """``(G, n, n_fft)`` windowed frames -> ``(G, n, features)`` log-mel, every frame at once."""
+    """``(G, n, n_fft)`` windowed frames -> ``(G, n, features)`` log-mel, every frame at once:
+    FFT, power, filterbank, log (four kernels compiled, six not)."""
     groups, count, n_fft = frames.shape
     filters = _constants(args)[1]
-    power = mx.square(mx.abs(mx.fft.rfft(frames.reshape(groups * count, n_fft))))
-    mel = filters @ power.T
-    mel = mx.log(mel + mx.array(args.log_zero_guard_value, dtype=mel.dtype))
+    power = _power_c(mx.fft.rfft(frames.reshape(groups * count, n_fft)))
+    mel = _log_c(filters @ power.T, mx.array(args.log_zero_guard_value, dtype=mx.float32))
     return mel.T.reshape(groups, count, -1)
 
 
