@@ -212,6 +212,11 @@ class EarTTS(nn.Module):
         self.audio_prompt_projection_W = mx.zeros((dims, dims))
         self.mog_head = MoGHead(dims, latent, config.mog_head)
         self.rvq_embs = mx.zeros((config.num_quantizers, config.codebook_size, latent))
+        # Each codebook's first row in the flattened [Q * C, latent] table: a constant
+        # (made once, not an arange every depth pass; private, so not a weight).
+        self._code_offsets = mx.arange(config.num_quantizers, dtype=mx.int32) * config.codebook_size
+        mx.eval(self._code_offsets)
+        self._offsets_for = (config.num_quantizers, config.codebook_size)
         self._schedule = unmasking_schedule(
             config.num_quantizers, config.num_iterations, config.exponent
         )
@@ -250,8 +255,11 @@ class EarTTS(nn.Module):
         the codebook) contributes zero.
         """
         q, size, latent = self.rvq_embs.shape
+        offsets = self._code_offsets
+        if self._offsets_for != (q, size):  # weights of another shape than the config's
+            offsets = mx.arange(q, dtype=mx.int32) * size
         valid = codes < size
-        index = mx.where(valid, codes, 0).astype(mx.int32) + mx.arange(q, dtype=mx.int32) * size
+        index = mx.where(valid, codes, 0).astype(mx.int32) + offsets
         rows = self.rvq_embs.reshape(q * size, latent)[index]
         rows = mx.where(valid[..., None], rows, 0)
         return rows.astype(mx.float32).sum(axis=-2)
