@@ -222,6 +222,7 @@ class EarTTS(nn.Module):
         )
         self._compiled_depth: Any = None
         self._codebooks: _CodebookTables | None = None
+        self._masked: dict[tuple, mx.array] = {}  # (B, T) -> all-mask codes, see _masked_codes
         self._backbone_step: GemmaStep | None = None
 
     @property
@@ -341,12 +342,26 @@ class EarTTS(nn.Module):
             # The module state is an input, so later weight updates are seen.
             self._compiled_depth = mx.compile(self._compiled_loop, inputs=self.state)
         books = self._codebook_tables()
-        return self._compiled_depth(hidden, keys, books.tables, books.norms)
+        masked = self._masked_codes(hidden.shape[0] // GUIDED_ROWS, hidden.shape[1])
+        return self._compiled_depth(hidden, keys, books.tables, books.norms, masked)
 
     def _compiled_loop(
-        self, hidden: mx.array, keys: mx.array, tables: list[mx.array], norms: list[mx.array]
+        self, hidden: mx.array, keys: mx.array, tables: list[mx.array], norms: list[mx.array],
+        masked: mx.array,
     ) -> mx.array:
-        return self._depth_loop(hidden, KeyRows(keys), (tables, norms))
+        return self._depth_loop(hidden, KeyRows(keys), (tables, norms), masked)
+
+    def _masked_codes(self, batch: int, length: int) -> mx.array:
+        """``[batch, length, Q]`` int32 codes all ``mask_code``: where the depth loop
+        starts, made once per shape (an input of the compiled loop, not a fill
+        every frame)."""
+        codes = self._masked.get((batch, length))
+        if codes is None or codes.shape[-1] != self.config.num_quantizers:
+            codes = mx.full((batch, length, self.config.num_quantizers), self.config.mask_code,
+                            mx.int32)
+            mx.eval(codes)
+            self._masked[(batch, length)] = codes
+        return codes
 
     def _codebook_tables(self) -> _CodebookTables:
         # Built once (``prepare``, at load) and again after ``update``; not
@@ -374,13 +389,15 @@ class EarTTS(nn.Module):
         hidden: mx.array,
         rng: KeyStream | None,
         codebooks: tuple[list[mx.array], list[mx.array]] | None = None,
+        codes: mx.array | None = None,
     ) -> mx.array:
         config = self.config
         if hidden.shape[0] % 2:
             raise ValueError("guided generation expects a [cond; uncond] batch")
         half = hidden.shape[0] // 2
         cond, uncond = hidden[:half], hidden[half:]
-        codes = mx.full((*cond.shape[:2], config.num_quantizers), config.mask_code, mx.int32)
+        if codes is None:  # all undecided
+            codes = mx.full((*cond.shape[:2], config.num_quantizers), config.mask_code, mx.int32)
         done = 0
         for count in self._schedule:
             if count == 0:
