@@ -106,7 +106,7 @@ _power_c, _log_c = mx.compile(_power), mx.compile(_log)
 
 def device_log_mel(frames: mx.array, args: PreprocessArgs) -> mx.array:
     """``(G, n, n_fft)`` windowed frames -> ``(G, n, features)`` log-mel, every frame at once:
-    FFT, power, filterbank, log (four kernels compiled, six not)."""
+    FFT, power, filterbank, log (four kernels compiled, seven not)."""
     groups, count, n_fft = frames.shape
     filters = _constants(args)[1]
     power = _power_c(mx.fft.rfft(frames.reshape(groups * count, n_fft)))
