@@ -129,6 +129,7 @@ class MelStream:
             raise ValueError(f"lookahead must be >= n_fft // 2 = {args.n_fft // 2}, got {lookahead}")
         self.args = args
         self.lookahead = lookahead
+        _constants(args)  # made here, once per configuration, not inside a frame (host syncs)
         # Samples before the next frame centre that the STFT and preemphasis read.
         self._lookbehind_frames = math.ceil((args.n_fft // 2 + 1) / args.hop_length)
         self._samples = np.zeros((0,), dtype=np.float32)
