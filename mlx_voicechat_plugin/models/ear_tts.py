@@ -357,9 +357,10 @@ class EarTTS(nn.Module):
         every frame)."""
         codes = self._masked.get((batch, length))
         if codes is None or codes.shape[-1] != self.config.num_quantizers:
+            # Lazy: the first frame that reads it fills it, within its own evaluation
+            # (no host sync of its own); later frames read the filled array.
             codes = mx.full((batch, length, self.config.num_quantizers), self.config.mask_code,
                             mx.int32)
-            mx.eval(codes)
             self._masked[(batch, length)] = codes
         return codes
 
