@@ -96,9 +96,11 @@ def test_a_pool_step_is_counted_and_its_evaluations_do_not_grow_with_n(tiny_ckpt
     voicechat = model.create_session(processor)
     # A first run memoizes the subword embeddings of the tokens row 0 says (a new
     # token's embedding is computed once per model), so both counts below see them.
+    # Most steps cost the same, a few a few hundred kernels more; a median of two
+    # is their mean (one heavy step outweighed two rows' work), of four a steady step.
     count_steps(voicechat, 1, warm_frames=8, frames=2)
-    one = count_steps(voicechat, 1, warm_frames=8, frames=2)
-    three = count_steps(voicechat, 3, warm_frames=8, frames=2)
+    one = count_steps(voicechat, 1, warm_frames=8, frames=4)
+    three = count_steps(voicechat, 3, warm_frames=8, frames=4)
     assert one["kernels"]["min"] > 100 and one["matmuls"]["min"] > 0
     assert three["kernels"]["median"] >= one["kernels"]["median"]
     assert three["evaluations"]["max"] <= one["evaluations"]["max"]

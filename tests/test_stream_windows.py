@@ -119,3 +119,25 @@ def test_one_querys_relative_shift_is_its_row_as_it_was(small):
     attn = small[0].stt_model.perception.encoder.layers[0].self_attn
     scores = mx.random.normal((2, attn.n_head, 1, 141), key=mx.random.key(2))
     assert _equal(attn.rel_shift(scores), scores)
+
+
+def test_steady_streams_frame_and_subsample_with_the_kernels_of_one(small):
+    """The mel frontend and the subsampling window (kept frames + new frames) of streams
+    with equal shapes are one graph: a step of four costs the kernels of one."""
+    from mlx_voicechat_plugin.models.mel_stream import log_mel_many
+    from mlx_voicechat_plugin.runtime.kernels import graph_primitives, kernel_count
+
+    model = small[0]
+    frame = model.config.frame_samples
+
+    def kernels(n: int) -> int:
+        streams = [PerceptionStream(model.stt_model.perception, model.config) for _ in range(n)]
+        signals = [question_signal(1.0, seed=seed) for seed in range(n)]
+        for index in range(4):  # past the streams' first frames
+            outs = push_frames(streams, [s[index * frame : (index + 1) * frame] for s in signals])
+            mx.eval(*outs, *[a for s in streams for a in s.state])
+        mels = log_mel_many([s.mel for s in streams], [s[4 * frame : 5 * frame] for s in signals])
+        frames = streams[0].encoder.subsample_many([s.cache.tails[0] for s in streams], mels)
+        return kernel_count(graph_primitives(*frames))
+
+    assert kernels(4) == kernels(1)

@@ -258,11 +258,17 @@ class EarTTS(nn.Module):
         self.audio_prompt_projection_W = mx.zeros((dims, dims))
         self.mog_head = MoGHead(dims, latent, config.mog_head)
         self.rvq_embs = mx.zeros((config.num_quantizers, config.codebook_size, latent))
+        # Each codebook's first row in the flattened [Q * C, latent] table: a constant
+        # (made once, not an arange every depth pass; private, so not a weight).
+        self._code_offsets = mx.arange(config.num_quantizers, dtype=mx.int32) * config.codebook_size
+        mx.eval(self._code_offsets)
+        self._offsets_for = (config.num_quantizers, config.codebook_size)
         self._schedule = unmasking_schedule(
             config.num_quantizers, config.num_iterations, config.exponent
         )
         self._compiled_depth: Any = None
         self._codebooks: _CodebookTables | None = None
+        self._masked: dict[tuple, mx.array] = {}  # (B, T) -> all-mask codes, see _masked_codes
         self._backbone_step: GemmaStep | None = None
 
     @property
@@ -296,8 +302,11 @@ class EarTTS(nn.Module):
         the codebook) contributes zero.
         """
         q, size, latent = self.rvq_embs.shape
+        offsets = self._code_offsets
+        if self._offsets_for != (q, size):  # weights of another shape than the config's
+            offsets = mx.arange(q, dtype=mx.int32) * size
         valid = codes < size
-        index = mx.where(valid, codes, 0).astype(mx.int32) + mx.arange(q, dtype=mx.int32) * size
+        index = mx.where(valid, codes, 0).astype(mx.int32) + offsets
         rows = self.rvq_embs.reshape(q * size, latent)[index]
         rows = mx.where(valid[..., None], rows, 0)
         return rows.astype(mx.float32).sum(axis=-2)
@@ -378,10 +387,25 @@ class EarTTS(nn.Module):
         if self._compiled_depth is None:
             # The module state is an input, so later weight updates are seen.
             self._compiled_depth = mx.compile(self._compiled_loop, inputs=self.state)
-        return self._compiled_depth(hidden, keys, *self._codebook_tables().arrays())
+        masked = self._masked_codes(hidden.shape[0] // GUIDED_ROWS, hidden.shape[1])
+        return self._compiled_depth(hidden, keys, masked, *self._codebook_tables().arrays())
 
-    def _compiled_loop(self, hidden: mx.array, keys: mx.array, *books: list[mx.array]) -> mx.array:
-        return self._depth_loop(hidden, KeyRows(keys), books)
+    def _compiled_loop(self, hidden: mx.array, keys: mx.array, masked: mx.array,
+                       *books: list[mx.array]) -> mx.array:
+        return self._depth_loop(hidden, KeyRows(keys), books, masked)
+
+    def _masked_codes(self, batch: int, length: int) -> mx.array:
+        """``[batch, length, Q]`` int32 codes all ``mask_code``: where the depth loop
+        starts, made once per shape (an input of the compiled loop, not a fill
+        every frame)."""
+        codes = self._masked.get((batch, length))
+        if codes is None or codes.shape[-1] != self.config.num_quantizers:
+            # Lazy: the first frame that reads it fills it, within its own evaluation
+            # (no host sync of its own); later frames read the filled array.
+            codes = mx.full((batch, length, self.config.num_quantizers), self.config.mask_code,
+                            mx.int32)
+            self._masked[(batch, length)] = codes
+        return codes
 
     def _codebook_tables(self) -> _CodebookTables:
         # Built once (``prepare``, at load) and again after ``update``; not
@@ -409,13 +433,15 @@ class EarTTS(nn.Module):
         hidden: mx.array,
         rng: KeyStream | None,
         codebooks: tuple[list[mx.array], ...] | None = None,
+        codes: mx.array | None = None,
     ) -> mx.array:
         config = self.config
         if hidden.shape[0] % 2:
             raise ValueError("guided generation expects a [cond; uncond] batch")
         half = hidden.shape[0] // 2
         cond, uncond = hidden[:half], hidden[half:]
-        codes = mx.full((*cond.shape[:2], config.num_quantizers), config.mask_code, mx.int32)
+        if codes is None:  # all undecided
+            codes = mx.full((*cond.shape[:2], config.num_quantizers), config.mask_code, mx.int32)
         done = 0
         for count in self._schedule:
             if count == 0:

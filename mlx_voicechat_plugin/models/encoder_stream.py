@@ -112,6 +112,7 @@ class SubsamplingTail:
     cache: mx.array | None = None  # (1, kept mel frames, F)
     consumed: int = 0  # mel frames pushed so far
     emitted: int = 0  # encoder frames returned so far
+    first: int = 0  # encoder frame index of the last window's first output
 
 
 class EncoderCache:
@@ -224,35 +225,48 @@ class EncoderStream:
 
     def subsample_many(self, tails: list[SubsamplingTail], mels: list[mx.array]
                        ) -> list[mx.array]:
-        """:meth:`subsample` of many streams: windows of equal shape (every stream past
-        its first frames) run the subsampling stack as one batch (its convolutions and
-        projection are row-independent, like the encoder's blocks); each stream keeps
-        its own tail."""
-        windows = [mel if tail.cache is None else mx.concatenate([tail.cache, mel], axis=1)
-                   for tail, mel in zip(tails, mels)]
+        """:meth:`subsample` of many streams: streams whose kept mel and new mel have equal
+        shapes (every stream past its first frames) join them and run the subsampling
+        stack as one batch (concatenation copies; the stack's convolutions and
+        projection are row-independent, like the encoder's blocks). Each stream keeps
+        its own tail, a row of the batch's kept frames, so the next frame's batch of
+        the same streams stacks nothing (:func:`~.rows.stack_rows`)."""
         groups: dict[tuple, list[int]] = {}
-        for b, window in enumerate(windows):
-            groups.setdefault(tuple(window.shape), []).append(b)
-        outputs: list[mx.array] = list(windows)
-        for members in groups.values():
-            out = self._run_subsampling(stack_rows([windows[b] for b in members]))
+        for b, (tail, mel) in enumerate(zip(tails, mels)):
+            kept = None if tail.cache is None else tuple(tail.cache.shape)
+            groups.setdefault((kept, tuple(mel.shape)), []).append(b)
+        outputs: list[mx.array] = list(mels)
+        for (kept, _), members in groups.items():
+            mel = stack_rows([mels[b] for b in members])
+            window = mel if kept is None else mx.concatenate(
+                [stack_rows([tails[b].cache for b in members]), mel], axis=1)
+            out = self._run_subsampling(window)
+            keeps = [self._advance_tail(tails[b], mel.shape[1], window.shape[1]) for b in members]
+            if len(set(keeps)) == 1:
+                cache = window[:, -keeps[0]:]
+                for j, b in enumerate(members):
+                    tails[b].cache = take_row(cache, j)
+            else:
+                for j, (b, keep) in enumerate(zip(members, keeps)):
+                    tails[b].cache = take_row(window, j)[:, -keep:]
             for j, b in enumerate(members):
-                outputs[b] = take_row(out, j)
-        return [self._advance_tail(tail, mel, window, frames)
-                for tail, mel, window, frames in zip(tails, mels, windows, outputs)]
+                outputs[b] = self._new_frames(tails[b], take_row(out, j))
+        return outputs
 
-    def _advance_tail(self, tail: SubsamplingTail, mel: mx.array, window: mx.array,
-                      frames: mx.array) -> mx.array:
-        """A stream's books after its window ran: the new frames it has not returned yet."""
-        cached = window.shape[1] - mel.shape[1]
+    def _advance_tail(self, tail: SubsamplingTail, new: int, width: int) -> int:
+        """A stream's counters after its window of ``width`` mel frames, ``new`` of them new,
+        ran: notes where its outputs start; returns how many mel frames it keeps."""
+        cached = width - new
         # Encoder frame index of the window's first output.
-        first = (tail.consumed - cached) // self.factor
-        tail.consumed += mel.shape[1]
-        keep = MEL_CONTEXT + (tail.consumed - MEL_CONTEXT) % self.factor
-        tail.cache = window[:, -keep:]
-        start = tail.emitted - first
+        tail.first = (tail.consumed - cached) // self.factor
+        tail.consumed += new
+        return MEL_CONTEXT + (tail.consumed - MEL_CONTEXT) % self.factor
+
+    def _new_frames(self, tail: SubsamplingTail, frames: mx.array) -> mx.array:
+        """The window's output frames the stream has not returned yet."""
+        start = tail.emitted - tail.first
         stop = frames.shape[1]
-        tail.emitted = first + max(start, stop)
+        tail.emitted = tail.first + max(start, stop)
         return frames[:, start:stop] if stop > start else frames[:, :0]
 
     # --- the conformer blocks, B rows ----------------------------------------

@@ -12,71 +12,27 @@ Without the cache (diagnostics): the encoder reruns over the last
 last one sees the frontend's right-edge padding).
 
 A :class:`PerceptionStream` is one stream's state: its host-side mel tail
-(numpy, trimmed without an evaluation) and its :class:`EncoderCache`. A frame
-of many streams (:func:`push_frames`, one stream being ``B = 1``) runs each
-stream's mel frontend and subsampling on its own, merges the encoder caches
-of equal shapes into one batch, runs it, and writes each row's cache back
-into its stream (the streams keep their identity: their mel tails are host
-pieces that do not stack).
+(:class:`~.mel_stream.MelStream`, numpy, trimmed without an evaluation) and
+its :class:`EncoderCache`. A frame of many streams (:func:`push_frames`, one
+stream being ``B = 1``) frames each stream's samples on the host and runs the
+device half of the log-mel once for the streams whose frames have equal
+shapes (:func:`~.mel_stream.log_mel_many`), subsamples windows of equal shape
+as one batch, merges the encoder caches of equal shapes into one batch, runs
+it, and writes each row's cache back into its stream.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_audio.stt.models.nemotron_asr.audio import PreprocessArgs, log_mel_spectrogram_frames
 
 from ..config import ModelConfig
 from .encoder_stream import EncoderCache, EncoderStream
+from .mel_stream import MelStream, log_mel_many
 from .perception import Perception
 from .rows import stack_rows, take_row
-
-
-class MelStream:
-    """Centred log-mel frames as audio arrives, from a bounded host-side sample tail.
-
-    The frames are mlx-audio's ``log_mel_spectrogram_frames`` over the retained
-    tail, as in its ``StreamingLogMelSpectrogram``; the tail lives in numpy so
-    trimming it needs no evaluation. A frame is emitted once its centre trails
-    the input edge by ``lookahead`` samples.
-    """
-
-    def __init__(self, args: PreprocessArgs, lookahead: int):
-        if args.pad_to > 0 or args.normalize in ("per_feature", "all_features"):
-            raise ValueError("streaming log-mel needs preprocessor pad_to=0 and normalize='NA'")
-        if lookahead < args.n_fft // 2:
-            raise ValueError(f"lookahead must be >= n_fft // 2 = {args.n_fft // 2}, got {lookahead}")
-        self.args = args
-        self.lookahead = lookahead
-        # Samples before the next frame centre that the STFT and preemphasis read.
-        self._lookbehind_frames = math.ceil((args.n_fft // 2 + 1) / args.hop_length)
-        self._samples = np.zeros((0,), dtype=np.float32)
-        self._start = 0  # stream index of ``_samples[0]``
-        self._total = 0
-        self._next_frame = 0
-
-    def push(self, samples: np.ndarray) -> mx.array:
-        """Mono float32 samples -> the ``(1, n, features)`` frames now complete (lazy)."""
-        hop = self.args.hop_length
-        self._samples = np.concatenate([self._samples, samples.astype(np.float32, copy=False)])
-        self._total += samples.shape[0]
-        centre = self._total - self.lookahead
-        end = centre // hop + 1 if centre >= 0 else 0
-        if end <= self._next_frame:
-            return mx.zeros((1, 0, self.args.features), dtype=mx.float32)
-        first = self._start // hop
-        mel = log_mel_spectrogram_frames(
-            mx.array(self._samples), self.args, self._next_frame - first, end - first
-        )
-        self._next_frame = end
-        keep = max(end - self._lookbehind_frames, 0) * hop
-        if keep > self._start:
-            self._samples = self._samples[keep - self._start :]
-            self._start = keep
-        return mel
 
 
 class PerceptionStream:
@@ -129,8 +85,9 @@ def push_frames(streams: list[PerceptionStream], frames: list[np.ndarray],
     """One ``(frame_samples,)`` frame of each stream of one perception -> lazy
     ``(projected, encoded)``, each ``(B, 1, D)``, row ``b`` stream ``b``'s own.
 
-    The mel frontends run per stream (host work); the encoder stack takes the
-    streams with equal cache shapes as one batch (:meth:`EncoderStream.push`)
+    The mel frontends frame per stream (host work) and run their device half
+    once per shape of frames; the encoder stack takes the streams with equal
+    cache shapes as one batch (:meth:`EncoderStream.push`)
     and the projection takes every row at once. Evaluate the results with
     each stream's :attr:`~PerceptionStream.state` (the carried caches), or
     every frame's graph would hang off the previous one. ``clock`` (a
@@ -139,7 +96,7 @@ def push_frames(streams: list[PerceptionStream], frames: list[np.ndarray],
     cached = [b for b, s in enumerate(streams) if s.use_cache]
     encoded = projected = None
     if cached:
-        mels = [streams[b].mel.push(frames[b]) for b in cached]
+        mels = log_mel_many([streams[b].mel for b in cached], [frames[b] for b in cached])
         if clock is not None:
             clock.sub_stage("perception.mel", *mels)
         lead = streams[cached[0]]
