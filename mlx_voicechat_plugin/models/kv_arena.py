@@ -61,6 +61,21 @@ def batched_cores() -> bool:
     return os.environ.get(ENV_PER_ROW, "") not in ("1", "true", "yes")
 
 
+def _ring_part(index: int, name: str) -> property:
+    """A :class:`RingCache` attribute (``index`` of :meth:`KVArena.row`): read from its
+    arena while adopted; setting it takes the rows back first."""
+
+    def get(cache: "RingCache") -> mx.array | None:
+        arena = cache._arena
+        return arena.row(cache._slot)[index] if arena is not None else getattr(cache, name)
+
+    def put(cache: "RingCache", value: mx.array | None) -> None:
+        cache.detach()
+        setattr(cache, name, value)
+
+    return property(get, put)
+
+
 class RingCache(RotatingKVCache):
     """mlx-lm's ``RotatingKVCache(max_size, keep)`` allocated whole at its first
     one-position write (its ``step`` is its ``max_size``), which a :class:`KVArena`
@@ -76,23 +91,9 @@ class RingCache(RotatingKVCache):
         # RotatingKVCache grows by ``min(step, max_size - offset)``: one growth, to the ring.
         return self.max_size
 
-    @property  # type: ignore[override]
-    def keys(self) -> mx.array | None:
-        return self._arena.row(self._slot)[0] if self._arena is not None else self._keys
-
-    @keys.setter
-    def keys(self, value: mx.array | None) -> None:
-        self.detach()
-        self._keys = value
-
-    @property  # type: ignore[override]
-    def values(self) -> mx.array | None:
-        return self._arena.row(self._slot)[1] if self._arena is not None else self._values
-
-    @values.setter
-    def values(self, value: mx.array | None) -> None:
-        self.detach()
-        self._values = value
+    # ``keys`` / ``values``: views of its arena rows while adopted, else its own arrays.
+    keys = _ring_part(0, "_keys")
+    values = _ring_part(1, "_values")
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.detach()
@@ -166,6 +167,14 @@ class KVArena:
         """Exactly these caches, in this order, all still adopted."""
         return len(caches) == len(self.caches) and all(
             a is b and a.arena is self for a, b in zip(caches, self.caches))
+
+    def takes(self, keys: mx.array) -> bool:
+        """``keys`` are one new position of every row, of the arena's heads, width and dtype."""
+        assert self.keys is not None
+        arena = self.keys
+        return (keys.shape[2] == 1 and keys.dtype == arena.dtype
+                and (keys.shape[0], keys.shape[1], keys.shape[3])
+                == (arena.shape[0], arena.shape[1], arena.shape[3]))
 
     def row(self, slot: int) -> tuple[mx.array, mx.array]:
         """Session ``slot``'s rows, ``[G, H, M, D]`` views of the arena."""
@@ -241,13 +250,16 @@ class LayerCores:
     def __call__(self, queries: mx.array, keys: mx.array, values: mx.array,
                  caches: Sequence[Any], group: int, scale: float,
                  alone: Callable[[], mx.array]) -> mx.array:
-        if not self._fits(caches, keys, group):
+        arena = self.arena
+        # The steady case, every step while the same sessions step: the arena already
+        # holds them (adopted rings, of its shape), so only the new rows are checked.
+        if arena is None or not arena.holds(caches) or not arena.takes(keys):
+            if not self._fits(caches, keys, group):
+                self.drop()
+                return alone()
             self.drop()
-            return alone()
-        if self.arena is None or not self.arena.holds(caches):
-            self.drop()
-            self.arena = KVArena(caches, group)
-        return self.arena.attend(queries, keys, values, scale, batched_cores())
+            self.arena = arena = KVArena(caches, group)
+        return arena.attend(queries, keys, values, scale, batched_cores())
 
     def drop(self) -> None:
         if self.arena is not None:
