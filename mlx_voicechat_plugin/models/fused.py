@@ -67,8 +67,15 @@ def _quantized(module: Any) -> bool:
     return type(module) is nn.QuantizedLinear and "bias" not in module
 
 
+def _bare(kind: type) -> Any:
+    """An empty layer of ``kind`` (its own ``__call__``; no random weights drawn)."""
+    layer = kind.__new__(kind)
+    nn.Module.__init__(layer)
+    return layer
+
+
 def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
-    """The stacked layer, and each module's weight arrays as views of it."""
+    """The stacked layer and its arrays (``None``: the modules do not stack)."""
     first = modules[0]
     if all(_plain(m) for m in modules):
         dtype, kind, biased = first.weight.dtype, type(first), "bias" in first
@@ -78,8 +85,7 @@ def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
         weight = mx.concatenate([m.weight for m in modules])
         if layouts_agree(dtype):  # weight_layout stored every such matrix transposed
             weight = row_major(weight)
-        layer = kind.__new__(kind)  # the modules' own call, no random weights drawn
-        nn.Module.__init__(layer)
+        layer = _bare(kind)
         layer.weight = weight
         if biased:
             layer.bias = mx.concatenate([m.bias for m in modules])
@@ -88,8 +94,7 @@ def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
         if any((m.bits, m.group_size, m.mode) != (first.bits, first.group_size, first.mode)
                or m.weight.shape[1] != first.weight.shape[1] for m in modules):
             return None
-        layer = nn.QuantizedLinear.__new__(nn.QuantizedLinear)  # no random weights drawn
-        nn.Module.__init__(layer)
+        layer = _bare(nn.QuantizedLinear)
         layer.group_size, layer.bits, layer.mode = first.group_size, first.bits, first.mode
         layer.biases = None
         names = [n for n in ("weight", "scales", "biases") if first.get(n) is not None]
@@ -103,9 +108,11 @@ def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
 def _agrees(fused: Fused, modules: Sequence[Any]) -> bool:
     inputs = (modules[0].weight.shape[1] * 32 // modules[0].bits
               if _quantized(modules[0]) else modules[0].weight.shape[1])
-    dtype = mx.float32 if _quantized(modules[0]) else modules[0].weight.dtype
+    # Inputs in float32 (what a float32-held model feeds any weight) and in the
+    # weights' own dtype: a product's kernel depends on both.
+    dtypes = {mx.float32} if _quantized(modules[0]) else {mx.float32, modules[0].weight.dtype}
     key = mx.random.key(11)
-    for rows in PROBE_ROWS:
+    for rows, dtype in ((r, d) for r in PROBE_ROWS for d in dtypes):
         key, sub = mx.random.split(key)
         x = mx.random.normal((rows, inputs), key=sub).astype(dtype)
         apart = [m(x) for m in modules]
@@ -140,9 +147,10 @@ def fuse(modules: Sequence[Any]) -> Fused | None:
 
 def fuse_projections(blocks: Sequence[Any]) -> int:
     """Fuse each block's q/k/v (an attention block: ``q_proj``, ``k_proj``, ``v_proj``,
-    or a conformer's ``linear_q``, ``linear_k``, ``linear_v``) or gate/up (a gated MLP: ``gate_proj``, ``up_proj``). The fused layer is kept
-    on the block as ``fused_qkv`` / ``fused_gate_up`` (a plain attribute, not a
-    parameter), where the step code finds it (:func:`project`, :func:`gated_mlp`).
+    or a conformer's ``linear_q``, ``linear_k``, ``linear_v``) or gate/up (a gated
+    MLP: ``gate_proj``, ``up_proj``). The fused layer is kept on the block as
+    ``fused_qkv`` / ``fused_gate_up`` (a plain attribute, not a parameter), where
+    the step code finds it (:func:`project`, :func:`gated_mlp`).
     Returns how many blocks were fused."""
     done = 0
     for block in blocks:
