@@ -131,8 +131,10 @@ def test_load_fuses_the_blocks_the_one_position_steps_read(tiny_model):
     expected = (2 * len(tts.backbone.layers)
                 + len(model.stt_model.perception.encoder.layers)
                 + sum(1 for layer in model.layers if layer.block_type == "*")
-                + len(tts.mog_head.mlp_stack) - 1)
+                + len(tts.mog_head.mlp_stack) - 1
+                + 1)  # the MoG head's output heads
     assert model.fused_blocks == expected
+    assert tts.mog_head.fused_heads is not None
     assert all(hasattr(layer.self_attn, "fused_qkv") and hasattr(layer.mlp, "fused_gate_up")
                for layer in tts.backbone.layers)
 
@@ -140,3 +142,23 @@ def test_load_fuses_the_blocks_the_one_position_steps_read(tiny_model):
 def test_a_block_without_projections_is_refused_by_name():
     with pytest.raises(TypeError, match="Linear has no projections"):
         fuse_projections([nn.Linear(2, 2)])
+
+
+def test_the_mog_heads_three_products_are_one_and_sample_the_same_latent():
+    from mlx_voicechat_plugin.config import MoGConfig
+    from mlx_voicechat_plugin.models.mog_head import MoGHead
+
+    mx.random.seed(3)
+    head = MoGHead(32, 16, MoGConfig(intermediate_size=48, num_predictions=12, low_rank=4,
+                                     num_layers=1))
+    head.low_mat = mx.random.normal(head.low_mat.shape)
+    x = mx.random.normal((4, 1, 32))
+    key = mx.random.key(5)
+    def matmuls() -> int:
+        return graph_primitives(*head(x, key=key)).get("Matmul", 0)
+
+    before, apart = head(x, guidance_scale=1.5, top_p=0.9, key=key), matmuls()
+    assert fuse_projections([head]) == 1
+    after = head(x, guidance_scale=1.5, top_p=0.9, key=key)
+    assert all(mx.array_equal(a, b) for a, b in zip(before, after))
+    assert matmuls() == apart - 2  # logits, log-std and shared part in one product

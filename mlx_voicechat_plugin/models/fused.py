@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 # and batches of sessions.
 PROBE_ROWS = (1, 2, 8, 32)
 
+# The MoG depth head's three products of its features (logits, log-std, the
+# latent's shared part), each pass of every frame.
+HEADS = ("proj_logits", "proj_logs", "proj_else")
+
 
 class Fused:
     """Several linear layers over one input as one product (biases stacked too).
@@ -147,10 +151,11 @@ def fuse(modules: Sequence[Any]) -> Fused | None:
 
 def fuse_projections(blocks: Sequence[Any]) -> int:
     """Fuse each block's q/k/v (an attention block: ``q_proj``, ``k_proj``, ``v_proj``,
-    or a conformer's ``linear_q``, ``linear_k``, ``linear_v``) or gate/up (a gated
-    MLP: ``gate_proj``, ``up_proj``). The fused layer is kept on the block as
-    ``fused_qkv`` / ``fused_gate_up`` (a plain attribute, not a parameter), where
-    the step code finds it (:func:`project`, :func:`gated_mlp`).
+    or a conformer's ``linear_q``, ``linear_k``, ``linear_v``), gate/up (a gated
+    MLP: ``gate_proj``, ``up_proj``) or output heads (the MoG head's :data:`HEADS`).
+    The fused layer is kept on the block as ``fused_qkv`` / ``fused_gate_up`` /
+    ``fused_heads`` (a plain attribute, not a parameter), where the step code
+    finds it (:func:`project`, :func:`gated_mlp`).
     Returns how many blocks were fused."""
     done = 0
     for block in blocks:
@@ -160,6 +165,8 @@ def fuse_projections(blocks: Sequence[Any]) -> int:
             name, modules = "fused_qkv", [block.linear_q, block.linear_k, block.linear_v]
         elif all(hasattr(block, n) for n in ("gate_proj", "up_proj")):
             name, modules = "fused_gate_up", [block.gate_proj, block.up_proj]
+        elif all(hasattr(block, n) for n in HEADS):  # the MoG depth head's output heads
+            name, modules = "fused_heads", [getattr(block, n) for n in HEADS]
         else:
             raise TypeError(f"{type(block).__name__} has no projections to fuse")
         fused = fuse(modules)
@@ -174,7 +181,7 @@ def fuse_projections(blocks: Sequence[Any]) -> int:
 def unfuse(blocks: Sequence[Any]) -> None:
     """Forget the fused layers of ``blocks`` (their weights are being replaced)."""
     for block in blocks:
-        for name in ("fused_qkv", "fused_gate_up"):
+        for name in ("fused_qkv", "fused_gate_up", "fused_heads"):
             if getattr(block, name, None) is not None:
                 setattr(block, name, None)
 

@@ -211,7 +211,7 @@ class KVArena:
             assert cache is not None
             positions.append(cache.next_position())
             lengths.append(cache.size())
-        index = mx.array(positions * self.group, dtype=mx.int32).reshape(-1, 1, 1, 1)
+        index, mask = _step_arrays(tuple(positions), tuple(lengths), self.group)
         self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
         self.values = mx.put_along_axis(self.values, index, values, axis=2)
         if not batched:
@@ -220,10 +220,6 @@ class KVArena:
         ring_keys, ring_values = self.keys, self.values
         if longest < ring_keys.shape[2]:
             ring_keys, ring_values = ring_keys[:, :, :longest], ring_values[:, :, :longest]
-        mask = None
-        if min(lengths) < longest:
-            rows = np.array(lengths * self.group)[:, None]
-            mask = mx.array(np.arange(longest)[None, :] < rows).reshape(len(rows), 1, 1, longest)
         return mx.fast.scaled_dot_product_attention(
             queries, ring_keys, ring_values, scale=scale, mask=mask)
 
@@ -237,6 +233,30 @@ class KVArena:
                 queries[slot::sessions], k[:, :, :length], v[:, :, :length], scale=scale)[:, None])
         joined = mx.concatenate(outs, axis=1)  # [G, S, ...]: row j of session s -> j * S + s
         return joined.reshape(-1, *joined.shape[2:])
+
+
+_STEP_ARRAYS: dict[tuple, tuple[mx.array, mx.array | None]] = {}
+
+
+def _step_arrays(positions: tuple[int, ...], lengths: tuple[int, ...],
+                 group: int) -> tuple[mx.array, mx.array | None]:
+    """The write index ``[G * S, 1, 1, 1]`` and the mask (None when every ring is
+    as long as the longest) of a step's rings. The layers of a step whose rings
+    agree (every global layer of a stack, every sliding one) share one pair
+    instead of each building its own from the host."""
+    key = (positions, lengths, group)
+    found = _STEP_ARRAYS.get(key)
+    if found is None:
+        if len(_STEP_ARRAYS) >= 8:  # the last step's few distinct ring layouts
+            _STEP_ARRAYS.clear()
+        index = mx.array(positions * group, dtype=mx.int32).reshape(-1, 1, 1, 1)
+        longest = max(lengths)
+        mask = None
+        if min(lengths) < longest:
+            rows = np.array(lengths * group)[:, None]
+            mask = mx.array(np.arange(longest)[None, :] < rows).reshape(len(rows), 1, 1, longest)
+        found = _STEP_ARRAYS[key] = (index, mask)
+    return found
 
 
 class LayerCores:

@@ -82,7 +82,8 @@ class Model(nn.Module):
         return ([block for layer in tts.backbone.layers for block in (layer.self_attn, layer.mlp)]
                 + [layer.self_attn for layer in self.stt_model.perception.encoder.layers]
                 + [layer.mixer for layer in self.layers if layer.block_type == "*"]
-                + [residual.mlp for residual in tts.mog_head.mlp_stack[:-1]])
+                + [residual.mlp for residual in tts.mog_head.mlp_stack[:-1]]
+                + [tts.mog_head])
 
     def update(self, parameters: dict, strict: bool = True) -> "Model":
         unfuse(self._projection_blocks())  # the stacks hold the weights being replaced

@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..config import MoGConfig
+from .fused import project
 from .layers import GatedMLP, OffsetRMSNorm
 
 # Guards of the Gumbel transform ``-log(-log(u))`` against log(0).
@@ -127,6 +128,10 @@ class MoGHead(nn.Module):
         self.proj_else = nn.Linear(dims, latent_size, bias=False)
         self.low_mat = mx.zeros((config.num_predictions, latent_size, config.low_rank))
 
+    def heads(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+        """The three products of the features (:data:`~.fused.HEADS`), fused at load."""
+        return self.proj_logits, self.proj_logs, self.proj_else
+
     def features(self, x: mx.array) -> mx.array:
         for layer in self.mlp_stack:
             x = layer(x)
@@ -152,7 +157,8 @@ class MoGHead(nn.Module):
         if guidance_scale > 0.0:
             x = apply_guidance(x, guidance_scale)
             batch //= 2
-        logits = top_p_mask(self.proj_logits(x), top_p)
+        logits, logs, shared = project(self, "fused_heads", self.heads(), x)
+        logits = top_p_mask(logits, top_p)
         component = gumbel_argmax(
             logits, key, draw_shape=(batch, length, self.num_predictions)
         )
@@ -161,6 +167,6 @@ class MoGHead(nn.Module):
         blocks = self.proj_mus.weight.reshape(self.num_predictions, self.low_rank, dims)
         low = blocks[component] @ x[..., None]
         mu = (self.low_mat[component] @ low).squeeze(-1)
-        logs = mx.maximum(self.proj_logs(x), self.min_log_std)
-        mu = mu * mx.exp(logs) + self.proj_else(x)
+        logs = mx.maximum(logs, self.min_log_std)
+        mu = mu * mx.exp(logs) + shared
         return mu.reshape(batch, length, -1), logs.reshape(batch, length, 1)
