@@ -439,16 +439,20 @@ class EarTTS(nn.Module):
         if hidden.shape[0] % 2:
             raise ValueError("guided generation expects a [cond; uncond] batch")
         half = hidden.shape[0] // 2
-        cond, uncond = hidden[:half], hidden[half:]
+        # [cond; uncond] as two halves: each pass adds the same code embedding to
+        # both with one broadcast add (the adds ``embedded + cond`` and
+        # ``embedded + uncond``, without a concatenation).
+        guided = hidden.reshape(2, half, *hidden.shape[1:])
         if codes is None:  # all undecided
-            codes = mx.full((*cond.shape[:2], config.num_quantizers), config.mask_code, mx.int32)
+            codes = mx.full((half, hidden.shape[1], config.num_quantizers), config.mask_code,
+                            mx.int32)
         done = 0
         for count in self._schedule:
             if count == 0:
                 continue
             embedded = self.embed_code(self.embed_codes(codes))
             mu, logs = self.mog_head(
-                mx.concatenate([embedded + cond, embedded + uncond], axis=0),
+                (embedded + guided).reshape(hidden.shape),
                 guidance_scale=config.guidance_scale,
                 top_p=config.top_p,
                 key=_key(rng),
