@@ -194,13 +194,15 @@ class GreedyRNNT:
         h, c = list(state[:layers]), list(state[layers:])
         # The joint's encoder projection does not change within a frame.
         enc = joint.enc(encoded.reshape(encoded.shape[0], -1))
-        symbols = []
+        symbols, emitted = [], []
         for _ in range(tries):
             x = enc + joint.pred(prediction)
             for layer in joint.joint_net:
                 x = layer(x)
-            symbol = mx.argmax(x, axis=-1).astype(mx.int32)  # [B]
-            emit = active & (symbol != self.blank_id)[:, None]
+            # argmax's own uint32 ids throughout (one cast at the end, not one a try);
+            # logical_and fuses with the comparison (a bitwise and does not).
+            symbol = mx.argmax(x, axis=-1)  # [B]
+            emit = mx.logical_and(active, symbol[:, None] != self.blank_id)
             # The eager loop adopts the proposed state on emission, then runs
             # the prediction network on the emitted symbol.
             out, new_h, new_c = lstm_step(
@@ -210,9 +212,13 @@ class GreedyRNNT:
             prediction = mx.where(emit, out.astype(dtype), prediction)
             h = [mx.where(emit, new, old) for new, old in zip(new_h, h)]
             c = [mx.where(emit, new, old) for new, old in zip(new_c, c)]
-            symbols.append(mx.where(emit[:, 0], symbol, self.blank_id))
+            symbols.append(symbol)
+            emitted.append(emit)
             active = emit
-        return mx.stack(symbols, axis=1), prediction, *h, *c
+        # Blank where a row did not emit: one select over every try, at the end.
+        symbols = mx.where(mx.concatenate(emitted, axis=1), mx.stack(symbols, axis=1),
+                           self.blank_id)
+        return symbols.astype(mx.int32), prediction, *h, *c
 
     def __call__(self, encoded: mx.array, carry: RNNTCarry, tries: int,
                  active: list[bool] | None = None) -> mx.array:
