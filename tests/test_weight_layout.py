@@ -122,6 +122,29 @@ def test_the_rnnt_lstm_step_holds_bf16_weights_in_float32_with_the_same_bits():
     assert all(_same(a, b) for a, b in zip([*got[1], *got[2]], [*expected[1], *expected[2]]))
 
 
+@pytest.mark.parametrize("weights", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_rnnt_lstm_step_is_the_stock_layers_step_for_every_dtype_mix(weights, compiled):
+    # The gates' adds run gate by gate inside their fused kernel where the
+    # products are held float32: still each layer's own nn.LSTM step, bit for bit.
+    layers = [nn.LSTM(64, 64) for _ in range(2)]
+    for layer in layers:
+        layer.update({k: v.astype(weights) for k, v in layer.parameters().items()})
+    x = mx.random.normal((3, 64), key=mx.random.key(1)).astype(weights)
+    h = [mx.random.normal((3, 64), key=mx.random.key(k)) for k in (2, 3)]
+    c = [mx.random.normal((3, 64), key=mx.random.key(k)) for k in (4, 5)]
+    held = held_lstm(layers)
+    step = mx.compile(lambda *a: lstm_step(layers, a[0], [*a[1:3]], [*a[3:]], held)) \
+        if compiled else (lambda *a: lstm_step(layers, a[0], [*a[1:3]], [*a[3:]], held))
+    top, got_h, got_c = step(x, *h, *c)
+    inputs = x
+    for index, layer in enumerate(layers):
+        all_h, all_c = layer(inputs[:, None], hidden=h[index], cell=c[index])
+        assert _same(got_h[index], all_h[:, -1]) and _same(got_c[index], all_c[:, -1])
+        inputs = all_h[:, -1]
+    assert _same(top, inputs)
+
+
 def test_sessions_of_one_model_share_the_held_lstm_weights(tiny_ckpt):
     model, processor = load(tiny_ckpt)
     first, second = model.create_session(processor), model.create_session(processor)

@@ -94,6 +94,11 @@ def _affine(c: mx.array | None, x: mx.array, w: mx.array, w32: mx.array | None) 
     return x @ w.T if c is None else mx.addmm(c, x, w.T)
 
 
+def _held(w32: mx.array | None, *operands: mx.array) -> bool:
+    """Whether :func:`_affine` takes the held float32 product for these operands."""
+    return w32 is not None and mx.float32 in [o.dtype for o in operands]
+
+
 def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.array],
               held: Held | None = None):
     """One time step of a stacked ``nn.LSTM``: ``x`` [B, in] -> (top output, h, c).
@@ -110,9 +115,22 @@ def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.ar
             wx32, wh32 = held[index]
         else:  # a RowMajorLSTM's float32 weights are already transposed
             wx32, wh32 = (layer.Wx, layer.Wh) if isinstance(layer, RowMajorLSTM) else (None, None)
-        ifgo = _affine(layer.bias, x, layer.Wx, wx32)
-        ifgo = _affine(ifgo, hidden, layer.Wh, wh32)
-        i, f, g, o = mx.split(ifgo, 4, axis=-1)
+        # _affine(bias, x, Wx), then _affine(that, hidden, Wh). Where the second
+        # takes the held float32 product, its add goes gate by gate into the
+        # gates' fused kernel (``hw + first``, each element as _affine adds it),
+        # and so does the first's when it is held too, instead of whole-vector adds.
+        if _held(wx32, x, layer.Wx, layer.bias):
+            xw = mx.split(x @ wx32.T, 4, axis=-1)
+            bias = mx.split(layer.bias, 4, axis=-1)
+            first = [xw[k] + bias[k] for k in range(4)]
+        else:
+            first = mx.split(_affine(layer.bias, x, layer.Wx, wx32), 4, axis=-1)
+        if _held(wh32, hidden, layer.Wh, first[0]):
+            hw = mx.split(hidden @ wh32.T, 4, axis=-1)
+            i, f, g, o = (hw[k] + first[k] for k in range(4))
+        else:
+            ifgo = _affine(mx.concatenate(first, axis=-1), hidden, layer.Wh, wh32)
+            i, f, g, o = mx.split(ifgo, 4, axis=-1)
         i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
         cell = f * cell + i * g
         hidden = o * mx.tanh(cell)
