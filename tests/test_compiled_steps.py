@@ -224,6 +224,24 @@ def test_branchless_rnnt_equals_mlx_audio_greedy_decoder(small):
         assert state.tokens  # the fixture emits
 
 
+def test_rnnt_tries_gather_each_symbols_first_layer_input_from_a_table(small):
+    """A try reads the first LSTM layer's input part of its symbol from a table made at
+    load (one gather, no embedding product), whose rows are that product's bits."""
+    from mlx_voicechat_plugin.models.rnnt import input_part
+
+    model = small[0]
+    stt, config = model.stt_model, model.config
+    greedy = GreedyRNNT(stt.rnnt_decoder, stt.rnnt_joint, config.rnnt_blank_id, 2)
+    table = greedy._inputs
+    assert table is not None
+    embed, lstm = stt.rnnt_decoder.prediction["embed"], stt.rnnt_decoder.prediction["dec_rnn"].lstm
+    wx32 = None if greedy._held is None else greedy._held[0][0]
+    for symbol in (0, 1, config.rnnt_blank_id - 1, table.shape[0] - 1):
+        part = input_part(lstm[0], embed(mx.array([symbol])), wx32)
+        part = mx.concatenate(part, axis=-1) if isinstance(part, list) else part
+        assert _equal(table[symbol : symbol + 1], part)
+
+
 def test_rnnt_carries_merge_extract_and_set_state_row_for_row(small):
     """A carry of two streams run as one batch gives back each stream's own carry and
     symbols (``merge`` / ``extract``), and ``state`` set on a new carry restores it."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
+from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -100,37 +100,33 @@ def _held(w32: mx.array | None, *operands: mx.array) -> bool:
 
 
 def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.array],
-              held: Held | None = None):
+              held: Held | None = None, projected: mx.array | None = None):
     """One time step of a stacked ``nn.LSTM``: ``x`` [B, in] -> (top output, h, c).
 
     The same operations, in the same order and rounding, as the layer's own
     ``__call__`` (``nn.LSTM``, or :class:`~.weight_layout.RowMajorLSTM`) on a
     one-step sequence, without its per-call reshapes and stacking; ``held``
     (:func:`held_lstm`) serves the float32 products without converting the
-    weights every call.
+    weights every call. ``projected``: the first layer's input part
+    (:func:`input_part` of ``x``) when the caller has it already (``x`` is then
+    not read).
     """
     new_h, new_c = [], []
     for index, (layer, hidden, cell) in enumerate(zip(lstm, h, c)):
-        if held is not None:
-            wx32, wh32 = held[index]
-        else:  # a RowMajorLSTM's float32 weights are already transposed
-            wx32, wh32 = (layer.Wx, layer.Wh) if isinstance(layer, RowMajorLSTM) else (None, None)
-        # _affine(bias, x, Wx), then _affine(that, hidden, Wh). Where the second
-        # takes the held float32 product, its add goes gate by gate into the
-        # gates' fused kernel (``hw + first``, each element as _affine adds it),
-        # and so does the first's when it is held too, instead of whole-vector adds.
-        if _held(wx32, x, layer.Wx, layer.bias):
-            xw = mx.split(x @ wx32.T, 4, axis=-1)
-            bias = mx.split(layer.bias, 4, axis=-1)
-            first = [xw[k] + bias[k] for k in range(4)]
-        else:
-            first = mx.split(_affine(layer.bias, x, layer.Wx, wx32), 4, axis=-1)
-        if _held(wh32, hidden, layer.Wh, first[0]):
+        wx32, wh32 = _weights32(layer, held, index)
+        first = projected if index == 0 and projected is not None else \
+            input_part(layer, x, wx32)
+        # Then _affine(first, hidden, Wh). Where that takes the held float32
+        # product, its add goes gate by gate into the gates' fused kernel
+        # (``hw + first``, each element as _affine adds it), and so does the
+        # input part's when it was held too, instead of whole-vector adds.
+        parts = first if isinstance(first, list) else mx.split(first, 4, axis=-1)
+        if _held(wh32, hidden, layer.Wh, parts[0]):
             hw = mx.split(hidden @ wh32.T, 4, axis=-1)
-            i, f, g, o = (hw[k] + first[k] for k in range(4))
+            i, f, g, o = (hw[k] + parts[k] for k in range(4))
         else:
-            ifgo = _affine(mx.concatenate(first, axis=-1), hidden, layer.Wh, wh32)
-            i, f, g, o = mx.split(ifgo, 4, axis=-1)
+            joined = mx.concatenate(first, axis=-1) if isinstance(first, list) else first
+            i, f, g, o = mx.split(_affine(joined, hidden, layer.Wh, wh32), 4, axis=-1)
         i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
         cell = f * cell + i * g
         hidden = o * mx.tanh(cell)
@@ -138,6 +134,47 @@ def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.ar
         new_c.append(cell)
         x = hidden
     return x, new_h, new_c
+
+
+def _weights32(layer: nn.LSTM, held: Held | None, index: int) -> tuple[Any, Any]:
+    if held is not None:
+        return held[index]
+    # A RowMajorLSTM's float32 weights are already transposed.
+    return (layer.Wx, layer.Wh) if isinstance(layer, RowMajorLSTM) else (None, None)
+
+
+def input_part(layer: nn.LSTM, x: mx.array, wx32: mx.array | None) -> mx.array | list[mx.array]:
+    """``_affine(bias, x, Wx)``, the part of a layer's gates that reads its input: one
+    array, or, where it takes the held float32 product, its four gates' parts (the
+    adds then fuse into the gates' kernel)."""
+    if _held(wx32, x, layer.Wx, layer.bias):
+        xw = mx.split(x @ wx32.T, 4, axis=-1)
+        bias = mx.split(layer.bias, 4, axis=-1)
+        return [xw[k] + bias[k] for k in range(4)]
+    return _affine(layer.bias, x, layer.Wx, wx32)
+
+
+def symbol_inputs(decoder: PredictNetwork, held: Held | None,
+                  rows: tuple[int, ...] = (1, 2, 8, 32)) -> mx.array | None:
+    """The first LSTM layer's input part of every symbol's embedding, ``[V, 4H]``: a try
+    gathers its row instead of embedding the symbol and multiplying it. ``None``
+    where a table row would not be the bits the product gives for that symbol in
+    a batch of ``rows`` (probed for every symbol)."""
+    embed, lstm = decoder.prediction["embed"], decoder.prediction["dec_rnn"].lstm
+    layer, (wx32, _) = lstm[0], _weights32(lstm[0], held, 0)
+
+    def part(ids: mx.array) -> mx.array:
+        first = input_part(layer, embed(ids), wx32)
+        return mx.concatenate(first, axis=-1) if isinstance(first, list) else first
+
+    symbols = embed.weight.shape[0]
+    table = part(mx.arange(symbols))
+    mx.eval(table)
+    for count in rows:
+        batches = [mx.arange(s, min(s + count, symbols)) for s in range(0, symbols, count)]
+        if not mx.array_equal(mx.concatenate([part(ids) for ids in batches]), table).item():
+            return None
+    return table
 
 
 class RNNTCarry:
@@ -190,6 +227,7 @@ class GreedyRNNT:
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
         self._held = shared_held_lstm(decoder)
+        self._inputs = symbol_inputs(decoder, self._held)
         self._graphs: dict[int, Callable] = {}  # tries -> compiled graph
 
     def initial(self, dtype: mx.Dtype) -> RNNTCarry:
@@ -223,9 +261,11 @@ class GreedyRNNT:
             emit = mx.logical_and(active, symbol[:, None] != self.blank_id)
             # The eager loop adopts the proposed state on emission, then runs
             # the prediction network on the emitted symbol.
+            table = self._inputs
             out, new_h, new_c = lstm_step(
-                lstm, embed(symbol), [a.astype(dtype) for a in h], [a.astype(dtype) for a in c],
-                self._held,
+                lstm, None if table is not None else embed(symbol),
+                [a.astype(dtype) for a in h], [a.astype(dtype) for a in c],
+                self._held, None if table is None else table[symbol],
             )
             prediction = mx.where(emit, out.astype(dtype), prediction)
             h = [mx.where(emit, new, old) for new, old in zip(new_h, h)]
