@@ -180,10 +180,8 @@ class ProbabilisticRVQ(nn.Module):
             raise ValueError(
                 f"got {codes.shape[1]} codebooks, the codec has {len(self.mus_list)}"
             )
-        latents = mx.zeros(
-            (codes.shape[0], codes.shape[2], self.mus_list[0].shape[-1]),
-            dtype=self.mus_list[0].dtype,
-        )
+        latents = self._zeros((codes.shape[0], codes.shape[2], self.mus_list[0].shape[-1]),
+                              self.mus_list[0].dtype)
         stacked = getattr(self, "_stacked", None)
         if stacked is not None and stacked.serves(self.mus_list):
             # One gather from the stacked codebooks (:meth:`stack`), summed in codebook order.
@@ -195,6 +193,16 @@ class ProbabilisticRVQ(nn.Module):
         for q in range(codes.shape[1]):
             latents = latents + self.mus_list[q][codes[:, q]]
         return latents
+
+    def _zeros(self, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+        """The sum's zero start, made (and evaluated) once per shape: a constant of
+        the compiled frame instead of a fill in every one."""
+        cache = self.__dict__.setdefault("_zero_starts", {})
+        zeros = cache.get((shape, dtype))
+        if zeros is None:
+            zeros = cache[(shape, dtype)] = mx.zeros(shape, dtype=dtype)
+            mx.eval(zeros)
+        return zeros
 
     def stack(self) -> None:
         """Hold the codebooks as one ``[Q * C, D]`` table (each codebook a view of it), so

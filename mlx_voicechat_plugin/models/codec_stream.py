@@ -134,6 +134,9 @@ class SpectralSynthesis:
         # rFFT DC and Nyquist bins are real: their phase output is ignored.
         index = mx.arange(self.bins)
         self._complex_bins = (index > 0) & (index < self.bins - 1)
+        # Constants of every frame: evaluated here, or each compiled frame would
+        # recompute them (an unevaluated capture is traced with its producers).
+        mx.eval(self.window, self.window_sq, self._complex_bins)
 
     @property
     def lag(self) -> int:
