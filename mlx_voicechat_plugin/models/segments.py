@@ -26,7 +26,8 @@ from mlx_vlm.models.cache import ArraysCache
 from mlx_vlm.models.gemma3.language import RMSNorm as GemmaRMSNorm
 from mlx_vlm.models.gemma3.language import clip_residual
 
-from .fast_forms import RopeForm, fast_ops_expand, rms_norm
+from . import fast_forms
+from .fast_forms import RopeForm, rms_norm
 from .fused import gated_mlp, project
 from .kv_arena import LayerCores
 from .mamba_step import MambaStep, use_upstream
@@ -203,6 +204,13 @@ class GemmaStep:
     and ``post(last) + final norm`` are fixed-shape and compiled (the RoPE
     offset enters as an array, which rotates exactly as the integer does).
     ``entry`` maps the step's inputs to the stack's input embedding.
+
+    Where ``mx.fast`` ops expand into their fallback graphs (the CPU,
+    :func:`~.fast_forms.fast_ops_expand`), the spans take each RoPE's tables
+    (computed once per step, not per q and k of every layer) and its q/k
+    norm weights per head instead of the offset, and norm and rotate q and k
+    as one (:mod:`.fast_forms`: the fallbacks' own arithmetic, bit for bit).
+    Elsewhere each layer's own norms and ``mx.fast.rope`` run, one kernel each.
     """
 
     def __init__(self, model: Any, entry: Callable[..., mx.array]):
@@ -216,6 +224,7 @@ class GemmaStep:
             self._table_of = [ropes.index(f) for f in self._forms]
             self._angles = mx.compile(
                 lambda offset: tuple(t for rope in ropes for t in rope.angles(offset)))
+            self._qk_weights: list[tuple[mx.array, ...] | None] = [None] * len(self.layers)
         self._enter = mx.compile(lambda rope, *inputs: self._pre(0, entry(*inputs), rope))
         self._between = [
             mx.compile(lambda x, out, rope, i=i: self._pre(i + 1, self._post(i, x, out), rope))
@@ -228,7 +237,7 @@ class GemmaStep:
         """Each layer's RoPE as shared tables and a rotation (:mod:`.fast_forms`), where
         ``mx.fast`` ops expand into their fallbacks and every layer's RoPE has a form;
         ``None`` (each layer's own ``rope`` at the offset) otherwise."""
-        if not fast_ops_expand():
+        if not fast_forms.fast_ops_expand():
             return None
         forms = [RopeForm.of(layer.self_attn.rope) for layer in self.layers]
         return None if any(f is None for f in forms) else forms
@@ -236,7 +245,8 @@ class GemmaStep:
     def _rope_inputs(self, rows: Sequence[list[Any]], group: int) -> Callable[[int], tuple]:
         """Layer ``i``'s RoPE input to its span: the offset per row, or with the forms,
         that layer's RoPE tables at those offsets, computed once per distinct offsets
-        (every layer's, in a stack whose caches advance together)."""
+        (every layer's, in a stack whose caches advance together), and its q/k norm
+        weights per head (:meth:`_qk_weight`)."""
 
         def offset(i: int) -> mx.array:
             return mx.array([c[i].offset for c in rows] * group, dtype=mx.int32)
@@ -250,7 +260,7 @@ class GemmaStep:
             if key not in tables:
                 tables[key] = self._angles(offset(i))
             t = self._table_of[i]
-            return tables[key][2 * t : 2 * t + 2]
+            return (*tables[key][2 * t : 2 * t + 2], *self._qk_weight(i))
 
         return rope
 
@@ -270,24 +280,37 @@ class GemmaStep:
         k = attn.rope(attn.k_norm(k), offset=offset)
         return x, q, k, v
 
-    def _rotated(self, i: int, attn: Any, h: mx.array, cos: mx.array, sin: mx.array
-                 ) -> tuple[mx.array, mx.array, mx.array]:
+    def _qk_weight(self, i: int) -> tuple[mx.array, ...]:
+        """Layer ``i``'s norm weights over its ``[q; k]`` heads (``[heads, 1, head_dim]``,
+        Gemma's ``1 + w``: q_norm's on q heads, k_norm's on k heads), made once and
+        again only when a norm's weight is replaced; ``()`` where the norms are not
+        Gemma-3's. An input to the span rather than work in it."""
+        attn = self.layers[i].self_attn
+        if not _gemma_norms(attn):
+            return ()
+        wq, wk = attn.q_norm.weight, attn.k_norm.weight
+        held = self._qk_weights[i]
+        if held is None or held[0] is not wq or held[1] is not wk:
+            weight = mx.concatenate([
+                mx.broadcast_to(1.0 + wq, (attn.n_heads, wq.shape[-1])),
+                mx.broadcast_to(1.0 + wk, (attn.n_kv_heads, wk.shape[-1])),
+            ])[:, None]
+            held = self._qk_weights[i] = (wq, wk, weight)
+        return (held[2],)
+
+    def _rotated(self, i: int, attn: Any, h: mx.array, cos: mx.array, sin: mx.array,
+                 qk_weight: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
         """q, k (normed, rotated) and v of layer ``i`` with its RoPE's tables. Where q/k/v
         are one product, q's and k's heads are adjacent in it: one norm over both (each
         head with its own norm's weight) and one rotation, instead of two of each."""
         rope, b, length = self._forms[i], h.shape[0], h.shape[1]
         heads, kv_heads = attn.n_heads, attn.n_kv_heads
         fused = getattr(attn, "fused_qkv", None)
-        if (fused is not None and fused.serves((attn.q_proj, attn.k_proj, attn.v_proj))
-                and _gemma_norms(attn)):
+        if (qk_weight is not None and fused is not None
+                and fused.serves((attn.q_proj, attn.k_proj, attn.v_proj))):
             qk, v = mx.split(fused.layer(h), [fused.splits[1]], axis=-1)
             qk = qk.reshape(b, length, heads + kv_heads, -1).transpose(0, 2, 1, 3)
-            dims = qk.shape[-1]
-            weight = mx.concatenate([  # per head: q_norm's weight on q heads, k_norm's on k
-                mx.broadcast_to(1.0 + attn.q_norm.weight, (heads, dims)),
-                mx.broadcast_to(1.0 + attn.k_norm.weight, (kv_heads, dims)),
-            ])[:, None]
-            qk = rope(rms_norm(qk, weight, attn.q_norm.eps), cos, sin)
+            qk = rope(rms_norm(qk, qk_weight, attn.q_norm.eps), cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
         else:
             q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
@@ -366,6 +389,8 @@ class GemmaStep:
 
 
 def _gemma_norms(attn: Any) -> bool:
-    """q and k normed by Gemma-3 RMSNorms (weight ``1 + w``) with one epsilon."""
+    """q and k normed by Gemma-3 RMSNorms (weight ``1 + w``) with one epsilon and one
+    weight dtype (a stack of two dtypes would promote one of them)."""
     return (type(attn.q_norm) is GemmaRMSNorm and type(attn.k_norm) is GemmaRMSNorm
-            and attn.q_norm.eps == attn.k_norm.eps)
+            and attn.q_norm.eps == attn.k_norm.eps
+            and attn.q_norm.weight.dtype == attn.k_norm.weight.dtype)
