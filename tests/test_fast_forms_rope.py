@@ -104,8 +104,9 @@ def test_ropes_without_a_form_are_refused():
 def test_the_probe_catches_a_frequency_one_ulp_off():
     form = RopeForm(64, 10_000.0, 1.0)
     assert form.agrees()
-    step = np.array(form._freq_step).astype(np.float32)
-    form._freq_step = mx.array(np.nextafter(step, np.float32(1.0)), dtype=mx.float32)
+    freqs = np.array(form.inv_freqs)
+    freqs[5] = np.nextafter(freqs[5], np.float32(1.0))
+    form.inv_freqs = mx.array(freqs)
     assert not form.agrees()
 
 

@@ -50,7 +50,8 @@ class RopeForm:
     RoPE's ``(dims, base, scale)``, so :meth:`angles` computes them once for
     every input rotated at those offsets and :meth:`__call__` rotates with
     them. ``angles`` gives float32 tables; the rotation casts them to the
-    input's dtype as the fallback does.
+    input's dtype as the fallback does. The inverse frequencies depend on
+    nothing per call and are made once.
     """
 
     # Offsets the rotation is checked at before a form is used: small, around
@@ -62,8 +63,10 @@ class RopeForm:
         half = dims // 2
         # The fallback's constant: log of the float32 base, in float32, over half.
         log_base = np.float32(math.log(np.float32(base)))
-        self._freq_step = mx.array(np.float32(log_base / np.float32(half)), dtype=mx.float32)
+        step = mx.array(np.float32(log_base / np.float32(half)), dtype=mx.float32)
+        self.inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * step)
         self._scale = mx.array(scale, dtype=mx.float32)
+        mx.eval(self.inv_freqs, self._scale)
 
     @classmethod
     def of(cls, rope: Any) -> RopeForm | None:
@@ -79,9 +82,11 @@ class RopeForm:
         ``[length, dims/2]`` for a scalar offset."""
         if offset.ndim == 1:
             offset = offset[:, None, None]
-        positions = (mx.arange(length, dtype=mx.float32) + offset) * self._scale
-        inv_freqs = mx.exp(mx.arange(0, -(self.dims // 2), -1, dtype=mx.float32) * self._freq_step)
-        theta = positions[..., None] * inv_freqs
+        if length == 1:  # arange(1) + offset is the offset in float32 (0 + p is p)
+            positions = offset.astype(mx.float32)
+        else:
+            positions = mx.arange(length, dtype=mx.float32) + offset
+        theta = (positions * self._scale)[..., None] * self.inv_freqs
         return mx.cos(theta), mx.sin(theta)
 
     def __call__(self, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
@@ -96,15 +101,18 @@ class RopeForm:
         return mx.concatenate(parts, axis=-1)
 
     def agrees(self) -> bool:
-        """Whether the form rotates exactly as ``mx.fast.rope`` on this device."""
+        """Whether the form rotates exactly as ``mx.fast.rope`` on this device, run as
+        it is and compiled (tables and rotation each one compiled function, as in a step)."""
         offset = mx.array(self.PROBE_OFFSETS, dtype=mx.int32)
         x = mx.random.normal((len(self.PROBE_OFFSETS), 2, 1, self.dims), key=mx.random.key(5))
+        angles, rotate = mx.compile(self.angles), mx.compile(self.__call__)
         for dtype in (mx.float32, mx.bfloat16):
             xd = x.astype(dtype)
             expected = mx.fast.rope(xd, self.dims, traditional=False, base=self.base,
                                     scale=self.scale, offset=offset)
-            if not mx.array_equal(self(xd, *self.angles(offset)), expected).item():
-                return False
+            for got in (self(xd, *self.angles(offset)), rotate(xd, *angles(offset))):
+                if not mx.array_equal(got, expected).item():
+                    return False
         return True
 
 
