@@ -74,7 +74,8 @@ class RopeForm:
         (checked once per ``(dims, base, scale)``); ``None`` otherwise."""
         if type(rope) is not nn.RoPE or rope.traditional or rope.dims % 2:
             return None
-        return _probed(int(rope.dims), float(rope.base), float(rope.scale), str(mx.default_device()))
+        device = str(mx.default_device())
+        return _probed(int(rope.dims), float(rope.base), float(rope.scale), device)
 
     def angles(self, offset: mx.array, length: int = 1) -> tuple[mx.array, mx.array]:
         """Float32 cosines and sines at positions ``offset + arange(length)``, shaped as
