@@ -14,9 +14,110 @@ kernel ``mx.fast`` launches.
 
 from __future__ import annotations
 
+import functools
+import math
+from typing import Any
+
 import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
 
 
 def fast_ops_expand() -> bool:
     """True where ``mx.fast`` ops run as their fallback graphs (MLX's CPU backend)."""
     return mx.default_device().type == mx.DeviceType.cpu
+
+
+def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
+    """``mx.fast.rms_norm(x, w, eps)`` where ``weight`` may be one ``w`` per row.
+
+    The fallback normalizes in float32, casts to the result type of ``x`` and
+    the weight, and multiplies by the weight cast to it. Normalizing without a
+    weight and multiplying after is the same arithmetic (``x`` widened to the
+    result type first, which is exact), so ``weight`` may broadcast over more
+    than the last axis: e.g. one stacked norm over q and k heads, each head
+    with its own norm's weight.
+    """
+    out = mx.result_type(x, weight)
+    return mx.fast.rms_norm(x.astype(out), None, eps) * weight.astype(out)
+
+
+class RopeForm:
+    """A plain RoPE (``nn.RoPE``, not traditional) as the fallback's tables and rotation.
+
+    The fallback computes positions, inverse frequencies, angles and their
+    cosines and sines for every call; these depend only on the offsets and the
+    RoPE's ``(dims, base, scale)``, so :meth:`angles` computes them once for
+    every input rotated at those offsets and :meth:`__call__` rotates with
+    them. ``angles`` gives float32 tables; the rotation casts them to the
+    input's dtype as the fallback does. The inverse frequencies depend on
+    nothing per call and are made once.
+    """
+
+    # Offsets the rotation is checked at before a form is used: small, around
+    # powers of two, and far positions where a one-ulp frequency would show.
+    PROBE_OFFSETS = (0, 1, 2, 3, 37, 64, 255, 1023, 4095, 8191, 65535, 131071, 1_000_003)
+
+    def __init__(self, dims: int, base: float, scale: float):
+        self.dims, self.base, self.scale = dims, base, scale
+        half = dims // 2
+        # The fallback's constant: log of the float32 base, in float32, over half.
+        log_base = np.float32(math.log(np.float32(base)))
+        step = mx.array(np.float32(log_base / np.float32(half)), dtype=mx.float32)
+        self.inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * step)
+        self._scale = mx.array(scale, dtype=mx.float32)
+        mx.eval(self.inv_freqs, self._scale)
+
+    @classmethod
+    def of(cls, rope: Any) -> RopeForm | None:
+        """The form of ``rope`` where it is one and rotates as ``mx.fast.rope`` does here
+        (checked once per ``(dims, base, scale)``); ``None`` otherwise."""
+        if type(rope) is not nn.RoPE or rope.traditional or rope.dims % 2:
+            return None
+        device = str(mx.default_device())
+        return _probed(int(rope.dims), float(rope.base), float(rope.scale), device)
+
+    def angles(self, offset: mx.array, length: int = 1) -> tuple[mx.array, mx.array]:
+        """Float32 cosines and sines at positions ``offset + arange(length)``, shaped as
+        the fallback's: ``[B, 1, length, dims/2]`` for one offset per row ``[B]``,
+        ``[length, dims/2]`` for a scalar offset."""
+        if offset.ndim == 1:
+            offset = offset[:, None, None]
+        if length == 1:  # arange(1) + offset is the offset in float32 (0 + p is p)
+            positions = offset.astype(mx.float32)
+        else:
+            positions = mx.arange(length, dtype=mx.float32) + offset
+        theta = (positions * self._scale)[..., None] * self.inv_freqs
+        return mx.cos(theta), mx.sin(theta)
+
+    def __call__(self, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+        """``mx.fast.rope(x, dims, base=base, scale=scale, offset=offset)`` from the
+        :meth:`angles` at ``offset`` (``x`` is ``[B, heads, length, head_dim]``)."""
+        half = self.dims // 2
+        cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+        x1, x2 = x[..., :half], x[..., half : self.dims]
+        parts = [x1 * cos - x2 * sin, x1 * sin + x2 * cos]
+        if self.dims < x.shape[-1]:
+            parts.append(x[..., self.dims :])
+        return mx.concatenate(parts, axis=-1)
+
+    def agrees(self) -> bool:
+        """Whether the form rotates exactly as ``mx.fast.rope`` on this device, run as
+        it is and compiled (tables and rotation each one compiled function, as in a step)."""
+        offset = mx.array(self.PROBE_OFFSETS, dtype=mx.int32)
+        x = mx.random.normal((len(self.PROBE_OFFSETS), 2, 1, self.dims), key=mx.random.key(5))
+        angles, rotate = mx.compile(self.angles), mx.compile(self.__call__)
+        for dtype in (mx.float32, mx.bfloat16):
+            xd = x.astype(dtype)
+            expected = mx.fast.rope(xd, self.dims, traditional=False, base=self.base,
+                                    scale=self.scale, offset=offset)
+            for got in (self(xd, *self.angles(offset)), rotate(xd, *angles(offset))):
+                if not mx.array_equal(got, expected).item():
+                    return False
+        return True
+
+
+@functools.lru_cache(maxsize=None)
+def _probed(dims: int, base: float, scale: float, device: str) -> RopeForm | None:
+    form = RopeForm(dims, base, scale)
+    return form if form.agrees() else None
