@@ -83,3 +83,25 @@ def expand_layer_norms(model: nn.Module) -> int:
             module.__class__ = ExpandedLayerNorm
             changed += 1
     return changed
+
+
+# -- Attention ---------------------------------------------------------------------------
+
+
+def attention_prescaled(q_scaled: mx.array, k: mx.array, v: mx.array,
+                        mask: mx.array) -> mx.array:
+    """``mx.fast.scaled_dot_product_attention(q, k, v, scale=s, mask=mask)`` as its CPU
+    fallback computes it, given ``q_scaled = mx.array(s, q.dtype) * q``.
+
+    The fallback's first kernel multiplies ``q`` by the scale (in ``q``'s dtype),
+    always; a caller whose ``q`` comes out of its own elementwise kernel does that
+    multiply there instead. The rest is the fallback's: ``q k^T``, the additive
+    mask (cast to the scores' dtype), a precise softmax, the product with ``v``.
+    Same heads for ``q``, ``k`` and ``v`` (no grouped-query repeat) and an additive
+    mask only: the shapes :func:`encoder_stream._attend_kv` gives it.
+    """
+    if q_scaled.shape[1] != k.shape[1] or mask.dtype == mx.bool_:
+        raise ValueError("attention_prescaled: one key head per query head, additive mask")
+    scores = mx.matmul(q_scaled, k.swapaxes(-1, -2))
+    scores = scores + mask.astype(scores.dtype)
+    return mx.matmul(mx.softmax(scores, axis=-1, precise=True), v)
