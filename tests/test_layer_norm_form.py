@@ -103,3 +103,60 @@ def test_a_prepared_model_runs_the_form_in_its_conformer(tiny_model):
     layers = tiny_model.stt_model.perception.encoder.layers
     assert tiny_model.expanded_layer_norms >= 6 * len(layers)
     assert all(type(m) is not nn.LayerNorm for _, m in tiny_model.named_modules())
+
+
+def _written_out(x, w, b, eps):
+    """The codec's ChannelNorm as written: ``mx.mean`` and ``mx.var``."""
+    mean = mx.mean(x, axis=-1, keepdims=True)
+    var = mx.var(x, axis=-1, keepdims=True)
+    return (x - mean) * mx.rsqrt(var + eps) * w + b
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("w_dtype", [mx.float32, mx.bfloat16], ids=str)
+def test_the_mean_var_form_is_the_written_out_norm_bit_for_bit(compiled, w_dtype):
+    for i, (shape, scale, offset, eps) in enumerate(CASES):
+        x = _inputs(shape, mx.float32, scale, offset, seed=i)
+        w, b = (mx.random.normal((shape[-1],)).astype(w_dtype) for _ in range(2))
+
+        def form(x):
+            return fast_forms.mean_var_norm(x, w, b, eps)
+
+        def plain(x):
+            return _written_out(x, w, b, eps)
+
+        if compiled:
+            form, plain = mx.compile(form), mx.compile(plain)
+        got, want = form(x), plain(x)
+        assert got.dtype == want.dtype and mx.array_equal(got, want, equal_nan=True), shape
+    x16 = mx.zeros((1, 4), mx.bfloat16)
+    with pytest.raises(ValueError, match="float32 input"):
+        fast_forms.mean_var_norm(x16, x16[0], x16[0], 1e-6)
+
+
+def test_compiled_the_mean_var_form_launches_one_kernel_fewer():
+    x, w, b = mx.random.normal((1, 1, 256)), mx.random.normal((256,)), mx.random.normal((256,))
+    mx.eval(x, w, b)
+
+    def kernels(norm):
+        return kernel_count(graph_primitives(mx.compile(lambda x: norm(x, w, b, 1e-6))(x)))
+
+    assert kernels(fast_forms.mean_var_norm) == kernels(_written_out) - 1 == 4
+
+
+def test_the_codec_channel_norm_uses_the_form_only_where_fast_ops_expand(monkeypatch):
+    from mlx_voicechat_plugin.models import codec
+
+    norm = codec.ChannelNorm(16)
+    calls = []
+    monkeypatch.setattr(codec, "mean_var_norm", lambda *a: calls.append(a))
+    monkeypatch.setattr(codec, "fast_ops_expand", lambda: False)
+    x = mx.random.normal((1, 3, 16))
+    mx.eval(norm(x))
+    mx.eval(norm(x.astype(mx.bfloat16)))
+    assert calls == []
+    monkeypatch.setattr(codec, "fast_ops_expand", lambda: True)
+    mx.eval(norm(x.astype(mx.bfloat16)))  # float32 only
+    assert calls == []
+    norm(x)
+    assert len(calls) == 1
