@@ -112,17 +112,17 @@ def attention_prescaled(q_scaled: mx.array, k: mx.array, v: mx.array,
 
 def mean_var_norm(x: mx.array, weight: mx.array, bias: mx.array, eps: float) -> mx.array:
     """``(x - mx.mean(x, -1)) * mx.rsqrt(mx.var(x, -1) + eps) * weight + bias`` (means
-    kept), float32 ``x``, in 4 kernels under ``mx.compile`` where that takes 5.
+    kept) for floating ``x``, in 4 kernels under ``mx.compile`` where that takes 5.
 
-    Written out, ``mean`` and ``var``'s own mean are one sum times the float32
-    reciprocal of the count (``mean``/``var`` in ``mlx/ops.cpp``); ``var`` squares
-    ``x - mean``, which compile shares with the tail and so writes once. As in
-    :func:`layer_norm`, both kernels recompute it instead, from the sum, in the same
-    float32 operations.
+    Written out, ``mean`` and ``var``'s own mean are one sum times the count's
+    reciprocal in ``x``'s dtype (``mean``/``var`` in ``mlx/ops.cpp``); ``var``
+    squares ``x - mean``, which compile shares with the tail and so writes once. As
+    in :func:`layer_norm`, both kernels recompute it instead, from the sum, in the
+    same operations of the same dtype.
     """
-    if x.dtype != mx.float32:
-        raise ValueError(f"mean_var_norm: float32 input, got {x.dtype}")
-    inv = mx.array(1.0 / x.shape[-1], mx.float32)
+    if not mx.issubdtype(x.dtype, mx.floating):
+        raise ValueError(f"mean_var_norm: floating input, got {x.dtype}")
+    inv = mx.array(1.0 / x.shape[-1], x.dtype)  # rounded as mean's normalizer
     sm = mx.sum(x, axis=-1, keepdims=True)
     var = mx.sum(mx.square(x - inv * sm), axis=-1, keepdims=True) * inv
     return (x - sm * inv) * mx.rsqrt(var + eps) * weight + bias
