@@ -121,3 +121,106 @@ class RopeForm:
 def _probed(dims: int, base: float, scale: float, device: str) -> RopeForm | None:
     form = RopeForm(dims, base, scale)
     return form if form.agrees() else None
+# -- LayerNorm -------------------------------------------------------------------------
+
+
+def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None,
+               eps: float) -> mx.array:
+    """``mx.fast.layer_norm(x, weight, bias, eps)`` as its CPU fallback computes it,
+    in 4 kernels under ``mx.compile`` where the fallback takes 5.
+
+    The fallback (``mlx/fast.cpp``): ``x`` in float32, ``mu = mean(x)`` (a sum
+    times the float32 reciprocal of the count, ``mean`` in ``mlx/ops.cpp``),
+    ``xc = x - mu``, ``v = mean(square(xc))``, ``xc * rsqrt(v + eps)`` cast to
+    the result type, then ``* weight`` and ``+ bias`` each cast to that type.
+    Compiled, that is a sum, a kernel writing ``xc`` (read twice), the square,
+    the second sum and the tail. Here ``xc`` is never written: the square's
+    kernel and the tail each recompute ``x - mu`` from the first sum, the same
+    float32 operations on the same values, so the same bits. ``mu`` is spelt
+    ``sm * inv`` in one and ``inv * sm`` in the other (equal bits: IEEE
+    multiplication commutes) so that compile's common-subexpression pass does
+    not merge them back into one array that a kernel would have to write.
+    """
+    if weight is not None:
+        out_type = mx.result_type(x, weight, bias) if bias is not None else mx.result_type(x, weight)
+    else:
+        out_type = x.dtype  # the fallback's rule: without a weight, the bias does not promote
+    xf = x.astype(mx.float32)
+    inv = mx.array(1.0 / x.shape[-1], mx.float32)  # the count's reciprocal, rounded as mean's
+    sm = mx.sum(xf, axis=-1, keepdims=True)
+    v = mx.sum(mx.square(xf - inv * sm), axis=-1, keepdims=True) * inv
+    y = ((xf - sm * inv) * mx.rsqrt(v + mx.array(eps, mx.float32))).astype(out_type)
+    if weight is not None:
+        y = y * weight.astype(out_type)
+    if bias is not None:
+        y = y + bias.astype(out_type)
+    return y
+
+
+class ExpandedLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` that runs :func:`layer_norm` where :func:`fast_ops_expand`.
+
+    Same parameters (``weight``, ``bias``), so checkpoint keys, ``update`` and
+    quantization see the module they saw. :func:`expand_layer_norms` turns a
+    model's ``nn.LayerNorm`` modules into these in place.
+    """
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not fast_ops_expand():
+            return super().__call__(x)
+        return layer_norm(x, self.weight if "weight" in self else None,
+                          self.bias if "bias" in self else None, self.eps)
+
+
+def expand_layer_norms(model: nn.Module) -> int:
+    """Make every ``nn.LayerNorm`` in ``model`` an :class:`ExpandedLayerNorm` (the same
+    objects, class changed); returns how many. Idempotent."""
+    changed = 0
+    for _, module in model.named_modules():
+        if type(module) is nn.LayerNorm:
+            module.__class__ = ExpandedLayerNorm
+            changed += 1
+    return changed
+
+
+# -- Attention ---------------------------------------------------------------------------
+
+
+def attention_prescaled(q_scaled: mx.array, k: mx.array, v: mx.array,
+                        mask: mx.array) -> mx.array:
+    """``mx.fast.scaled_dot_product_attention(q, k, v, scale=s, mask=mask)`` as its CPU
+    fallback computes it, given ``q_scaled = mx.array(s, q.dtype) * q``.
+
+    The fallback's first kernel multiplies ``q`` by the scale (in ``q``'s dtype),
+    always; a caller whose ``q`` comes out of its own elementwise kernel does that
+    multiply there instead. The rest is the fallback's: ``q k^T``, the additive
+    mask (cast to the scores' dtype), a precise softmax, the product with ``v``.
+    Same heads for ``q``, ``k`` and ``v`` (no grouped-query repeat) and an additive
+    mask only: the shapes :func:`encoder_stream._attend_kv` gives it.
+    """
+    if q_scaled.shape[1] != k.shape[1] or mask.dtype == mx.bool_:
+        raise ValueError("attention_prescaled: one key head per query head, additive mask")
+    scores = mx.matmul(q_scaled, k.swapaxes(-1, -2))
+    scores = scores + mask.astype(scores.dtype)
+    return mx.matmul(mx.softmax(scores, axis=-1, precise=True), v)
+
+
+# -- mean / var normalization -----------------------------------------------------------
+
+
+def mean_var_norm(x: mx.array, weight: mx.array, bias: mx.array, eps: float) -> mx.array:
+    """``(x - mx.mean(x, -1)) * mx.rsqrt(mx.var(x, -1) + eps) * weight + bias`` (means
+    kept) for floating ``x``, in 4 kernels under ``mx.compile`` where that takes 5.
+
+    Written out, ``mean`` and ``var``'s own mean are one sum times the count's
+    reciprocal in ``x``'s dtype (``mean``/``var`` in ``mlx/ops.cpp``); ``var``
+    squares ``x - mean``, which compile shares with the tail and so writes once. As
+    in :func:`layer_norm`, both kernels recompute it instead, from the sum, in the
+    same operations of the same dtype.
+    """
+    if not mx.issubdtype(x.dtype, mx.floating):
+        raise ValueError(f"mean_var_norm: floating input, got {x.dtype}")
+    inv = mx.array(1.0 / x.shape[-1], x.dtype)  # rounded as mean's normalizer
+    sm = mx.sum(x, axis=-1, keepdims=True)
+    var = mx.sum(mx.square(x - inv * sm), axis=-1, keepdims=True) * inv
+    return (x - sm * inv) * mx.rsqrt(var + eps) * weight + bias

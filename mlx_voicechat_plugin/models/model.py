@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten
 
 from ..config import ModelConfig
 from .duplex import DuplexSTT
+from .fast_forms import expand_layer_norms
 from .speech import SpeechDecoder
 from .fused import fuse_projections, unfuse
 from .weight_layout import relayout
@@ -65,8 +66,10 @@ class Model(nn.Module):
         The float32 weight matrices are stored transposed where that gives the
         same bits faster (``weight_layout``), and projections of one input are
         stacked into one product where that gives the same bits (``fused``);
-        before any compiled step is traced.
+        the LayerNorms run their fewer-kernel exact form where ``mx.fast`` ops
+        expand (``fast_forms``); before any compiled step is traced.
         """
+        self.expanded_layer_norms = expand_layer_norms(self)
         # The MoG head reads ``proj_mus`` block by block, never as a layer.
         self.layout_moved = relayout(self, skip=lambda name: name.endswith(".proj_mus"))
         tts = self.tts_model.tts_model
