@@ -121,6 +121,8 @@ class RopeForm:
 def _probed(dims: int, base: float, scale: float, device: str) -> RopeForm | None:
     form = RopeForm(dims, base, scale)
     return form if form.agrees() else None
+
+
 # -- LayerNorm -------------------------------------------------------------------------
 
 
