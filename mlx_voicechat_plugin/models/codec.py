@@ -175,16 +175,17 @@ class ProbabilisticRVQ(nn.Module):
             residual = residual - means[index]
         return mx.stack(codes, axis=1).astype(mx.int32)
 
-    def decode(self, codes: mx.array) -> mx.array:
-        """``[B, Q, T]`` codes (``Q <= num_quantizers``) -> ``[B, T, D]`` latents."""
+    def decode(self, codes: mx.array, start: mx.array | None = None) -> mx.array:
+        """``[B, Q, T]`` codes (``Q <= num_quantizers``) -> ``[B, T, D]`` latents.
+
+        ``start``: the sum's zero start (:meth:`zero_start`) when the caller holds it."""
         if codes.ndim != 3:
             raise ValueError(f"codes must be [B, Q, T], got shape {codes.shape}")
         if codes.shape[1] > len(self.mus_list):
             raise ValueError(
                 f"got {codes.shape[1]} codebooks, the codec has {len(self.mus_list)}"
             )
-        latents = self._zeros((codes.shape[0], codes.shape[2], self.mus_list[0].shape[-1]),
-                              self.mus_list[0].dtype)
+        latents = start if start is not None else self.zero_start(codes.shape[0], codes.shape[2])
         stacked = getattr(self, "_stacked", None)
         if stacked is not None and stacked.serves(self.mus_list):
             # One gather from the stacked codebooks (:meth:`stack`), summed in codebook order.
@@ -197,14 +198,15 @@ class ProbabilisticRVQ(nn.Module):
             latents = latents + self.mus_list[q][codes[:, q]]
         return latents
 
-    def _zeros(self, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
-        """The sum's zero start, made (and evaluated) once per shape: a constant of
-        the compiled frame instead of a fill in every one."""
-        cache = self.__dict__.setdefault("_zero_starts", {})
-        zeros = cache.get((shape, dtype))
+    def zero_start(self, batch: int, length: int) -> mx.array:
+        """Zeros ``[batch, length, D]`` that the latent sum starts from, one array per
+        shape: an input of the compiled frame, filled (lazily) by the first frame that
+        reads it, instead of a fill inside every frame."""
+        shape, dtype = (batch, length, self.mus_list[0].shape[-1]), self.mus_list[0].dtype
+        starts = self.__dict__.setdefault("_zero_starts", {})
+        zeros = starts.get((shape, dtype))
         if zeros is None:
-            zeros = cache[(shape, dtype)] = mx.zeros(shape, dtype=dtype)
-            mx.eval(zeros)
+            zeros = starts[(shape, dtype)] = mx.zeros(shape, dtype=dtype)
         return zeros
 
     def stack(self) -> None:
@@ -313,8 +315,9 @@ class Codec(nn.Module):
             return mx.zeros((codes.shape[0], 1, 0), dtype=mx.float32)
         if self._compiled_step is None:
             self._compiled_step = mx.compile(self._stream_step)
+        start = self.prvq.zero_start(codes.shape[0], codes.shape[2])
         samples, state.frames, state.weights, *contexts = self._compiled_step(
-            codes, state.frames, state.weights, *state.block_context
+            codes, start, state.frames, state.weights, *state.block_context
         )
         state.block_context = list(contexts)
         waveform = self._synthesis.trim(samples, state)[:, None, :]
@@ -349,11 +352,12 @@ class Codec(nn.Module):
         return out
 
     def _stream_step(
-        self, codes: mx.array, frames: mx.array, weights: mx.array, *contexts: mx.array
+        self, codes: mx.array, start: mx.array, frames: mx.array, weights: mx.array,
+        *contexts: mx.array
     ) -> tuple[mx.array, ...]:
         """Pure decode step (compiled: its shapes repeat every frame)."""
         context_list = list(contexts)
-        features = self.decoder(self.prvq.decode(codes), context_list)
+        features = self.decoder(self.prvq.decode(codes, start), context_list)
         samples, frames, weights = self._synthesis.advance(features, frames, weights)
         return (samples, frames, weights, *context_list)
 

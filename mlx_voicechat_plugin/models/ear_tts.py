@@ -416,8 +416,11 @@ class EarTTS(nn.Module):
         return self._codebooks
 
     def prepare(self) -> None:
-        """One-time tables derived from the loaded weights (``load`` calls it)."""
+        """One-time tables derived from the loaded weights (``load`` calls it), and the
+        compiled backbone step, whose RoPE forms are probed on the device when it is
+        made (here, not inside a session's first speaking frame)."""
         self._codebooks = _CodebookTables(self.rvq_embs)
+        self.gemma_step()
 
     def update(self, parameters: dict, strict: bool = True) -> "EarTTS":
         self._codebooks = None  # derived from the weights being replaced
