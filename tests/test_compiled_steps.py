@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_audio.stt.models.nemotron_asr import StreamingLogMelSpectrogram
+from backbone_support import backbone_steps
 from mlx_audio.stt.models.nemotron_asr.rnnt import GreedyDecoderState
 
 from mlx_voicechat_plugin import load
@@ -48,19 +49,7 @@ def test_llm_step_equals_the_plain_cached_step(small):
 
 def test_tts_backbone_step_equals_the_plain_backbone(small):
     model = small[0]
-    tts = model.tts_model.tts_model
-    start = WarmStart.of(model)
-    plain, fast = Timeline(model, start), Timeline(model, start)
-    text = mx.array([[7]], dtype=mx.int32)
-    for _ in range(4):
-        codes = plain.prev_codes
-        expected = tts._run_backbone(
-            tts.embed_code(tts.embed_codes(codes)),
-            tts._text(text, mx.ones(text.shape, dtype=mx.bool_)),
-            plain.tts_caches[0],
-        )
-        got = tts.backbone_step(codes, text, fast.tts_caches)
-        assert tts._backbone_step.ready(codes, fast.tts_caches[0])
+    for _, expected, got in backbone_steps(model, WarmStart.of(model)):
         assert _equal(got, expected)
 
 

@@ -15,6 +15,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from backbone_support import backbone_steps
+
 from mlx_voicechat_plugin.models import fast_forms
 from mlx_voicechat_plugin.models.fast_forms import RopeForm, rms_norm
 from mlx_voicechat_plugin.models.segments import GemmaStep
@@ -142,23 +144,6 @@ def test_one_norm_over_q_and_k_heads_equals_each_with_its_own_weight(dtype):
 # The EAR-TTS backbone step (GemmaStep) with and without the forms.
 
 
-def _backbone_steps(model, start, steps: int = 4):
-    """(step, plain backbone hidden, compiled step hidden) for ``steps`` frames."""
-    tts = model.tts_model.tts_model
-    plain, fast = Timeline(model, start), Timeline(model, start)
-    text = mx.array([[7]], dtype=mx.int32)
-    for _ in range(steps):
-        codes = plain.prev_codes
-        expected = tts._run_backbone(
-            tts.embed_code(tts.embed_codes(codes)),
-            tts._text(text, mx.ones(text.shape, dtype=mx.bool_)),
-            plain.tts_caches[0],
-        )
-        got = tts.backbone_step(codes, text, fast.tts_caches)
-        assert tts._backbone_step.ready(codes, fast.tts_caches[0])
-        yield tts._backbone_step, expected, got
-
-
 def test_the_cpu_backbone_step_uses_the_forms_and_equals_the_plain_backbone(
     tiny_model, tiny_start
 ):
@@ -167,7 +152,7 @@ def test_the_cpu_backbone_step_uses_the_forms_and_equals_the_plain_backbone(
     attn = [layer.self_attn for layer in tts.backbone.layers]
     assert {a.is_sliding for a in attn} == {True, False}  # local and global RoPEs
     assert all(getattr(a, "fused_qkv", None) is not None for a in attn)  # q and k as one
-    for step, expected, got in _backbone_steps(tiny_model, tiny_start):
+    for step, expected, got in backbone_steps(tiny_model, tiny_start):
         assert step._forms is not None
         assert len(set(step._forms)) == 2
         assert _equal(got, expected)
@@ -194,7 +179,7 @@ def test_off_the_cpu_predicate_the_step_keeps_fast_rope_and_equals_the_plain_bac
     tts = tiny_model.tts_model.tts_model
     tts._backbone_step = None
     try:
-        for step, expected, got in _backbone_steps(tiny_model, tiny_start):
+        for step, expected, got in backbone_steps(tiny_model, tiny_start):
             assert step._forms is None
             assert _equal(got, expected)
     finally:
