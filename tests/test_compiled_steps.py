@@ -216,7 +216,7 @@ def test_branchless_rnnt_equals_mlx_audio_greedy_decoder(small):
 def test_rnnt_tries_gather_each_symbols_first_layer_input_from_a_table(small):
     """A try reads the first LSTM layer's input part of its symbol from a table made at
     load (one gather, no embedding product), whose rows are that product's bits."""
-    from mlx_voicechat_plugin.models.rnnt import input_part
+    from mlx_voicechat_plugin.models.prediction_step import input_part
 
     model = small[0]
     stt, config = model.stt_model, model.config

@@ -24,157 +24,17 @@ merging and extracting move no data.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Callable
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
+from .prediction_step import lstm_step, shared_held_lstm, shared_symbol_inputs
 from .rows import stack_rows, take_row, take_rows
-from .weight_layout import RowMajorLSTM, layouts_agree, row_major
-
-# Per LSTM layer: ``Wx`` and ``Wh`` in float32, stored transposed (``weight_layout``).
-Held = list[tuple[mx.array, mx.array]]
-
-
-def held_lstm(lstm: list[nn.LSTM]) -> Held | None:
-    """Float32, transposed copies of each layer's weights, for the products that run in
-    float32 (a bf16 layer meeting the float32 state); ``None`` where the layout would
-    change their bits (:func:`~.weight_layout.layouts_agree`)."""
-    if not layouts_agree(mx.float32):
-        return None
-    held = [(row_major(layer.Wx.astype(mx.float32)), row_major(layer.Wh.astype(mx.float32)))
-            for layer in lstm]
-    mx.eval(held)
-    return held
-
-
-class _HeldCache:
-    """A decoder's held copies and the weight arrays they were made from."""
-
-    def __init__(self, sources: list[mx.array], held: Held | None):
-        self.sources, self.held = sources, held
-
-
-# id(decoder) -> its held copies; an entry leaves with its decoder.
-_HELD: dict[int, _HeldCache] = {}
-
-
-def shared_held_lstm(decoder: PredictNetwork) -> Held | None:
-    """:func:`held_lstm` of ``decoder``'s LSTM, made once per set of weights and kept
-    while the decoder lives (outside the module tree), so sessions share one copy."""
-    lstm = decoder.prediction["dec_rnn"].lstm
-    sources = [w for layer in lstm for w in (layer.Wx, layer.Wh)]
-    key = id(decoder)
-    cached = _HELD.get(key)
-    if cached is None or len(cached.sources) != len(sources) or any(
-        a is not b for a, b in zip(cached.sources, sources)
-    ):
-        if cached is None:
-            weakref.finalize(decoder, _HELD.pop, key, None)
-        cached = _HELD[key] = _HeldCache(sources, held_lstm(lstm))
-    return cached.held
-
-
-def _affine(c: mx.array | None, x: mx.array, w: mx.array, w32: mx.array | None) -> mx.array:
-    """``mx.addmm(c, x, w.T)`` (``x @ w.T`` without ``c``), rounded as that op rounds.
-
-    When the op runs in float32 (any operand is) and ``w32`` is given, the product
-    takes ``w32`` and ``c`` is added after it, which is what float32 ``addmm`` on
-    the stored layout does (``weight_layout``); otherwise the op itself runs.
-    """
-    if w32 is not None and mx.float32 in (x.dtype, w.dtype, None if c is None else c.dtype):
-        y = x @ w32.T
-        return y if c is None else y + c
-    return x @ w.T if c is None else mx.addmm(c, x, w.T)
-
-
-def _held(w32: mx.array | None, *operands: mx.array) -> bool:
-    """Whether :func:`_affine` takes the held float32 product for these operands."""
-    return w32 is not None and mx.float32 in [o.dtype for o in operands]
-
-
-def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.array],
-              held: Held | None = None, projected: mx.array | None = None):
-    """One time step of a stacked ``nn.LSTM``: ``x`` [B, in] -> (top output, h, c).
-
-    The same operations, in the same order and rounding, as the layer's own
-    ``__call__`` (``nn.LSTM``, or :class:`~.weight_layout.RowMajorLSTM`) on a
-    one-step sequence, without its per-call reshapes and stacking; ``held``
-    (:func:`held_lstm`) serves the float32 products without converting the
-    weights every call. ``projected``: the first layer's input part
-    (:func:`input_part` of ``x``) when the caller has it already (``x`` is then
-    not read).
-    """
-    new_h, new_c = [], []
-    for index, (layer, hidden, cell) in enumerate(zip(lstm, h, c)):
-        wx32, wh32 = _weights32(layer, held, index)
-        first = projected if index == 0 and projected is not None else \
-            input_part(layer, x, wx32)
-        # Then _affine(first, hidden, Wh). Where that takes the held float32
-        # product, its add goes gate by gate into the gates' fused kernel
-        # (``hw + first``, each element as _affine adds it), and so does the
-        # input part's when it was held too, instead of whole-vector adds.
-        parts = first if isinstance(first, list) else mx.split(first, 4, axis=-1)
-        if _held(wh32, hidden, layer.Wh, parts[0]):
-            hw = mx.split(hidden @ wh32.T, 4, axis=-1)
-            i, f, g, o = (hw[k] + parts[k] for k in range(4))
-        else:
-            joined = mx.concatenate(first, axis=-1) if isinstance(first, list) else first
-            i, f, g, o = mx.split(_affine(joined, hidden, layer.Wh, wh32), 4, axis=-1)
-        i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
-        cell = f * cell + i * g
-        hidden = o * mx.tanh(cell)
-        new_h.append(hidden)
-        new_c.append(cell)
-        x = hidden
-    return x, new_h, new_c
-
-
-def _weights32(layer: nn.LSTM, held: Held | None, index: int) -> tuple[Any, Any]:
-    if held is not None:
-        return held[index]
-    # A RowMajorLSTM's float32 weights are already transposed.
-    return (layer.Wx, layer.Wh) if isinstance(layer, RowMajorLSTM) else (None, None)
-
-
-def input_part(layer: nn.LSTM, x: mx.array, wx32: mx.array | None) -> mx.array | list[mx.array]:
-    """``_affine(bias, x, Wx)``, the part of a layer's gates that reads its input: one
-    array, or, where it takes the held float32 product, its four gates' parts (the
-    adds then fuse into the gates' kernel)."""
-    if _held(wx32, x, layer.Wx, layer.bias):
-        xw = mx.split(x @ wx32.T, 4, axis=-1)
-        bias = mx.split(layer.bias, 4, axis=-1)
-        return [xw[k] + bias[k] for k in range(4)]
-    return _affine(layer.bias, x, layer.Wx, wx32)
-
-
-def symbol_inputs(decoder: PredictNetwork, held: Held | None,
-                  rows: tuple[int, ...] = (1, 2, 8, 32)) -> mx.array | None:
-    """The first LSTM layer's input part of every symbol's embedding, ``[V, 4H]``: a try
-    gathers its row instead of embedding the symbol and multiplying it. ``None``
-    where a table row would not be the bits the product gives for that symbol in
-    a batch of ``rows`` (probed for every symbol)."""
-    embed, lstm = decoder.prediction["embed"], decoder.prediction["dec_rnn"].lstm
-    layer, (wx32, _) = lstm[0], _weights32(lstm[0], held, 0)
-
-    def part(ids: mx.array) -> mx.array:
-        first = input_part(layer, embed(ids), wx32)
-        return mx.concatenate(first, axis=-1) if isinstance(first, list) else first
-
-    symbols = embed.weight.shape[0]
-    table = part(mx.arange(symbols))
-    mx.eval(table)
-    for count in rows:
-        batches = [mx.arange(s, min(s + count, symbols)) for s in range(0, symbols, count)]
-        if not mx.array_equal(mx.concatenate([part(ids) for ids in batches]), table).item():
-            return None
-    return table
 
 
 class RNNTCarry:
@@ -227,7 +87,7 @@ class GreedyRNNT:
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
         self._held = shared_held_lstm(decoder)
-        self._inputs = symbol_inputs(decoder, self._held)
+        self._inputs = shared_symbol_inputs(decoder)
         self._graphs: dict[int, Callable] = {}  # tries -> compiled graph
 
     def initial(self, dtype: mx.Dtype) -> RNNTCarry:
