@@ -147,11 +147,7 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None,
         out_type = mx.result_type(x, weight, bias) if bias is not None else mx.result_type(x, weight)
     else:
         out_type = x.dtype  # the fallback's rule: without a weight, the bias does not promote
-    xf = x.astype(mx.float32)
-    inv = mx.array(1.0 / x.shape[-1], mx.float32)  # the count's reciprocal, rounded as mean's
-    sm = mx.sum(xf, axis=-1, keepdims=True)
-    v = mx.sum(mx.square(xf - inv * sm), axis=-1, keepdims=True) * inv
-    y = ((xf - sm * inv) * mx.rsqrt(v + mx.array(eps, mx.float32))).astype(out_type)
+    y = _centered(x.astype(mx.float32), eps).astype(out_type)
     if weight is not None:
         y = y * weight.astype(out_type)
     if bias is not None:
@@ -222,7 +218,17 @@ def mean_var_norm(x: mx.array, weight: mx.array, bias: mx.array, eps: float) -> 
     """
     if not mx.issubdtype(x.dtype, mx.floating):
         raise ValueError(f"mean_var_norm: floating input, got {x.dtype}")
-    inv = mx.array(1.0 / x.shape[-1], x.dtype)  # rounded as mean's normalizer
+    return _centered(x, eps) * weight + bias
+
+
+def _centered(x: mx.array, eps: float) -> mx.array:
+    """``(x - mean) * rsqrt(mean(square(x - mean)) + eps)`` over the last axis, in ``x``'s
+    dtype, with ``x - mean`` computed twice (never written; see :func:`layer_norm`).
+
+    ``mean`` is one sum times the count's reciprocal rounded to ``x``'s dtype, as
+    ``mean`` in ``mlx/ops.cpp`` computes it; ``eps`` is added in that dtype.
+    """
+    inv = mx.array(1.0 / x.shape[-1], x.dtype)
     sm = mx.sum(x, axis=-1, keepdims=True)
     var = mx.sum(mx.square(x - inv * sm), axis=-1, keepdims=True) * inv
-    return (x - sm * inv) * mx.rsqrt(var + eps) * weight + bias
+    return (x - sm * inv) * mx.rsqrt(var + eps)
