@@ -74,8 +74,8 @@ def test_after_the_warm_up_speech_traces_nothing_new(tiny_ckpt, traces):
     from mlx_voicechat_plugin import load
     from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
-    from mlx_voicechat_plugin.server.scheduler import StepCosts
-    from mlx_voicechat_plugin.server.warm_up import run_warm_up
+    from mlx_voicechat_plugin.server.engine.scheduler import StepCosts
+    from mlx_voicechat_plugin.server.engine.warm_up import run_warm_up
     from mlx_voicechat_plugin.testing.fixtures import question_signal
 
     model, processor = load(tiny_ckpt)

@@ -28,11 +28,11 @@ from server_support import (
 )
 from websockets.exceptions import ConnectionClosed
 
-from mlx_voicechat_plugin.server.admission import Admission
+from mlx_voicechat_plugin.server.engine.admission import Admission
 from mlx_voicechat_plugin.server.app import create_app
-from mlx_voicechat_plugin.server.drain import STOPPED, Drain
+from mlx_voicechat_plugin.server.operations.drain import STOPPED, Drain
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.replica import ReplicaStatus, agent_line
+from mlx_voicechat_plugin.server.operations.replica import ReplicaStatus, agent_line
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 TIMEOUT = 20.0
@@ -329,7 +329,7 @@ class FakeEngine:
 
 
 def test_an_engine_whose_thread_stopped_is_down_and_its_health_500():
-    from mlx_voicechat_plugin.server.replica import health_response, replica_status
+    from mlx_voicechat_plugin.server.operations.replica import health_response, replica_status
 
     engine = FakeEngine()
     assert replica_status(engine).ready
@@ -342,7 +342,7 @@ def test_an_engine_whose_thread_stopped_is_down_and_its_health_500():
 
 
 def test_a_draining_replica_has_no_free_slot_in_its_status():
-    from mlx_voicechat_plugin.server.replica import replica_status
+    from mlx_voicechat_plugin.server.operations.replica import replica_status
 
     state = replica_status(FakeEngine(), draining=True)
     assert (state.sessions, state.free, state.capacity, state.ready) == (1, 0, 1, False)

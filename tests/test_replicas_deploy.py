@@ -15,7 +15,7 @@ from test_docs import _unknown, serve_flags
 from mlx_voicechat_plugin.cli.serve import build_parser
 from mlx_voicechat_plugin.server.app import OPENAI_BASE
 from mlx_voicechat_plugin.server.dialects import DIALECTS
-from mlx_voicechat_plugin.server.transcriptions import TRANSCRIPTIONS_PATH
+from mlx_voicechat_plugin.server.operations.transcriptions import TRANSCRIPTIONS_PATH
 
 yaml = pytest.importorskip("yaml")
 

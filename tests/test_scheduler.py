@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlx_voicechat_plugin.server.channel import Chunk, SessionChannel
-from mlx_voicechat_plugin.server.scheduler import (
+from mlx_voicechat_plugin.server.engine.channel import Chunk, SessionChannel
+from mlx_voicechat_plugin.server.engine.scheduler import (
     EXPECT_FRAMES,
     FILL_LOAD,
     FILL_MARGIN,

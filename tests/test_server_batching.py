@@ -145,7 +145,7 @@ def test_the_warm_up_steps_every_batch_size_up_to_max_sessions(tiny_ckpt, monkey
 
     monkeypatch.setattr(SessionPool, "step", counting)
     engine = Engine(str(tiny_ckpt), warm_up=True, max_sessions=3)
-    with caplog.at_level(logging.INFO, logger="mlx_voicechat_plugin.server.warm_up"):
+    with caplog.at_level(logging.INFO, logger="mlx_voicechat_plugin.server.engine.warm_up"):
         engine.start()
         try:
             assert engine.loaded.wait(300) and engine.ready

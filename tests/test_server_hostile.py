@@ -388,7 +388,7 @@ def test_a_ping_flood_from_a_client_that_never_reads_is_bounded(guarded_server):
     """Finding 5: server memory grew ~0.8 MB per MB of pings until the update timeout."""
     from raw_client import RawClient
 
-    from mlx_voicechat_plugin.server.guard import MAX_UNSENT_BYTES
+    from mlx_voicechat_plugin.server.transport.guard import MAX_UNSENT_BYTES
 
     server = guarded_server
     guard = server.server.config.http.guard

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from ..server.drain import DEFAULT_DRAIN_SECONDS
+from ..server.operations.drain import DEFAULT_DRAIN_SECONDS
 from ..server.limits import MIB, ServerLimits
 from .common import parse_args
 
@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
         import uvicorn  # noqa: F401
 
         from ..server.app import API_KEY_ENV, create_app
-        from ..server.drain import run_server
+        from ..server.operations.drain import run_server
     except ImportError as exc:
         print(f"error: the server needs its extras: pip install 'mlx-voicechat-plugin[server]' "
               f"({exc})", file=sys.stderr)

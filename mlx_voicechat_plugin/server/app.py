@@ -35,11 +35,11 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from .connection import Dialect
 from .dialects import DIALECTS
-from .drain import DEFAULT_DRAIN_SECONDS, Drain
-from .engine import Engine
+from .operations.drain import DEFAULT_DRAIN_SECONDS, Drain
+from .engine.thread import Engine
 from .limits import ServerLimits
 from .options import session_options
-from .replica import (
+from .operations.replica import (
     ReplicaStatus, add_replica_metrics, agent_line, health_response, replica_status,
 )
 from .wire import CloseCode
@@ -189,7 +189,7 @@ def create_app(
         engine.start()
         drain.attach(asyncio.get_running_loop())
         if agent_port is not None:
-            from .agent import CapacityAgent
+            from .operations.agent import CapacityAgent
 
             app.state.agent = CapacityAgent(lambda: agent_line(status()), agent_host, agent_port)
             await app.state.agent.start()
@@ -274,7 +274,7 @@ def create_app(
     for path in UNSUPPORTED_PATHS:
         app.add_api_route(prefix + path, unsupported, methods=["GET", "POST"])
 
-    from .transcriptions import add_transcription_routes
+    from .operations.transcriptions import add_transcription_routes
 
     for base in (prefix, prefix + OPENAI_BASE):  # one handler, mounted under both
         add_transcription_routes(app, engine, base, served_names, limits, authorized,

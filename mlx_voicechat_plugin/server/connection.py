@@ -36,10 +36,10 @@ from typing import Any
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from .engine import Engine
+from .engine.thread import Engine
 from .engine_session import EngineSession
 from .limits import ServerLimits
-from .outbox import NOT_READING, ClientNotReading, Outbox
+from .transport.outbox import NOT_READING, ClientNotReading, Outbox
 from .wire import CloseCode, ErrorCode, ProtocolError, dumps
 
 logger = logging.getLogger(__name__)

@@ -24,12 +24,12 @@ import numpy as np
 from ..runtime.options import SessionOptions
 from ..runtime.pool import PoolFull
 from ..runtime.streaming import ContextLimit, TranscriptLimit
-from .channel import Handoff
-from .commands import Close, OpenOptions, SessionDetails
-from .engine import Engine
-from .feed import InputFeed
+from .engine.channel import Handoff
+from .engine.commands import Close, OpenOptions, SessionDetails
+from .engine.thread import Engine
+from .engine.feed import InputFeed
 from .limits import ServerLimits
-from .outbox import ClientNotReading
+from .transport.outbox import ClientNotReading
 from .wire import ErrorCode, ProtocolError, dumps, inference_error, init_failed, new_session_id
 
 logger = logging.getLogger(__name__)

@@ -74,7 +74,7 @@ class ServerLimits:
 
     def uvicorn_options(self) -> dict:
         """What ``uvicorn.run`` / ``uvicorn.Config`` need to enforce the socket-level limits."""
-        from .guard import ConnectionGuard, uvicorn_protocols
+        from .transport.guard import ConnectionGuard, uvicorn_protocols
 
         guard = ConnectionGuard(self.max_connections, self.max_connections_per_client,
                                 self.header_timeout)

@@ -47,7 +47,7 @@ from ...runtime.options import SessionOptions
 from ...runtime.quoting import brief
 from ..connection import Connection, Dialect, Finished
 from ..engine_session import stream_full
-from ..engine import Engine
+from ..engine.thread import Engine
 from ..limits import ServerLimits
 from ..options import session_options, transcription_options
 from ..wire import (

@@ -25,7 +25,7 @@ from ...runtime.events import (
     TranscriptDone,
     UserTranscriptDelta,
 )
-from ..commands import SessionDetails
+from ..engine.commands import SessionDetails
 from ..wire import ErrorCode, bounded, dumps, encode_pcm16
 
 

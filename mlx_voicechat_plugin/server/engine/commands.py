@@ -22,8 +22,8 @@ from typing import Any, Callable, ClassVar, Union
 
 import numpy as np
 
-from ..runtime.options import SessionOptions
-from ..runtime.options import TranscriptionOptions
+from ...runtime.options import SessionOptions
+from ...runtime.options import TranscriptionOptions
 
 DeltaSink = Callable[[list], None]  # a file transcription's deltas (engine thread)
 # What a session is opened with: a full conversation, or a text-only transcription.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from ..runtime.pool import SessionPool, admission_error
+from ...runtime.pool import SessionPool, admission_error
 
 # Why a session is refused while the replica drains (:mod:`.drain`).
 DRAINING = "the server is shutting down; connect again to reach another replica"

@@ -20,10 +20,10 @@ import threading
 import time
 from typing import Any, Generator
 
-from ..runtime.events import Cancelled
-from ..runtime.options import TranscriptionOptions
-from ..runtime.pool import SessionPool
-from ..runtime.timeline import PrefillCancelled
+from ...runtime.events import Cancelled
+from ...runtime.options import TranscriptionOptions
+from ...runtime.pool import SessionPool
+from ...runtime.timeline import PrefillCancelled
 from .channel import Reply, SessionChannel
 from .commands import Cancel, Command, Flush, Open, SessionDetails, Sync, ToolResult
 from .metrics import EngineMetrics

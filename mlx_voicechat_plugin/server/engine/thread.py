@@ -36,8 +36,8 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
-from ..runtime.pool import PoolFull, SessionPool
-from ..runtime.prompt_cache import PromptCache
+from ...runtime.pool import PoolFull, SessionPool
+from ...runtime.prompt_cache import PromptCache
 from .admission import Admission
 from .channel import Chunk, Handoff, Sink, hand_off
 from .commands import (
@@ -45,7 +45,7 @@ from .commands import (
     ToolResult, Transcribe,
 )
 from .jobs import JobCounter, JobQueue, StepJob
-from .limits import DEFAULT_BATCH_WAIT_MS
+from ..limits import DEFAULT_BATCH_WAIT_MS
 from .metrics import EngineMetrics
 from .scheduler import BatchScheduler, StepCosts
 from .stepping import NOT_ACTIVE, Stepper
@@ -57,7 +57,7 @@ Loader = Callable[[str], Any]  # checkpoint path -> VoiceChat
 
 
 def load_voicechat(path: str) -> Any:
-    from .. import load
+    from ... import load
 
     model, processor = load(path)
     return model.create_session(processor)
@@ -130,7 +130,7 @@ class Engine:
     @property
     def language(self) -> str:
         """The language the checkpoint transcribes."""
-        from ..runtime.transcribe import checkpoint_language
+        from ...runtime.transcribe import checkpoint_language
 
         return checkpoint_language(self.config)
 
@@ -203,7 +203,7 @@ class Engine:
     def transcriber(self) -> Any:
         """The perception + RNNT transcriber of the loaded model (engine thread)."""
         if self._transcriber is None:
-            from ..runtime.transcribe import Transcriber
+            from ...runtime.transcribe import Transcriber
 
             self._transcriber = Transcriber(self.voicechat)
         return self._transcriber

@@ -31,9 +31,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from ..runtime.quoting import brief
-from .engine import Engine
-from .limits import ServerLimits
+from ...runtime.quoting import brief
+from ..engine.thread import Engine
+from ..limits import ServerLimits
 
 logger = logging.getLogger(__name__)
 

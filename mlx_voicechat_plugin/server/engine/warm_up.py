@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..runtime.options import SessionOptions
-from ..runtime.pool import SessionPool
+from ...runtime.options import SessionOptions
+from ...runtime.pool import SessionPool
 from .scheduler import StepCosts
 
 logger = logging.getLogger(__name__)
@@ -46,8 +46,8 @@ def run_warm_up(voicechat: Any, max_sessions: int, costs: StepCosts, clear: Call
                 "steps of %s", max_sessions, time.perf_counter() - started, frames,
                 ", ".join(f"{n}: {1000 * costs.by_size[n]:.0f} ms"
                           for n in sorted(costs.by_size)))
-    from ..loader import read_config
-    from ..runtime import compile_policy
+    from ...loader import read_config
+    from ...runtime import compile_policy
 
     path = getattr(voicechat.model, "model_path", None)
     if path is not None:  # later short CLI runs of this model may compile

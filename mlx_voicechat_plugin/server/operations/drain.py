@@ -27,7 +27,7 @@ import signal
 import time
 from typing import Any, Callable
 
-from .wire import CloseCode
+from ..wire import CloseCode
 
 logger = logging.getLogger(__name__)
 
