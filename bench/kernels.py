@@ -7,13 +7,18 @@ For each N, N sessions (seeds 0..N-1, each its own speech signal) are opened
 in one :class:`~mlx_voicechat_plugin.runtime.pool.SessionPool` and stepped
 ``--warm-frames`` frames untimed (the encoder's 70-frame windows fill; the
 steady shapes are the ones a long conversation runs), then ``--frames`` steps
-are counted with :class:`~mlx_voicechat_plugin.runtime.kernels.KernelCounter`:
+are timed (host CPU: the stepping thread's ``time.thread_time()`` around the
+step, i.e. graph building, dispatch and books, since MLX computes on its own
+threads; a GPU frame has this as a floor) and ``--frames`` more counted with
+:class:`~mlx_voicechat_plugin.runtime.kernels.KernelCounter`:
 the MLX primitives evaluated per step (views excluded, a compiled fused chain
 counting once per call; at small batch a GPU launches about one kernel each)
 and the evaluations (graph-evaluating calls: ``mx.eval``, ``async_eval``,
 ``item``, ``tolist``, numpy conversion) per step. Reported per N: median,
-min and max over the counted steps, and the matmuls among the primitives.
-Counts, never timings: they do not depend on the machine's load.
+min and max over the counted steps, the graph nodes (views included: each
+costs the host a dispatch), the matmuls among the primitives, and the host
+CPU ms per step with its ratio to the first N. Counts do not depend on the
+machine's load; host milliseconds do, so compare them as ratios in one run.
 """
 
 from __future__ import annotations
@@ -33,24 +38,29 @@ SIZES = ("tiny", "small", "medium", "full")
 
 def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> dict[str, Any]:
     """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps."""
-    from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter
+    from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter, host_ms
     from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
     from mlx_voicechat_plugin.testing.fixtures import question_signal
 
     frame = voicechat.config.frame_samples
-    seconds = (warm_frames + frames + 1) * voicechat.config.frame_duration
+    seconds = (warm_frames + 2 * frames + 1) * voicechat.config.frame_duration
     audios = [question_signal(seconds, seed=i) for i in range(batch)]
     pool = SessionPool(voicechat, max_sessions=batch)
     ids = [str(i) for i in range(batch)]
     for i in ids:
         pool.open(i, SessionOptions(seed=int(i)))
-    steps = []
+    steps: list[dict[str, Any]] = []
+    host: list[float] = []
+    outcome: list[Any] = []
     try:
-        for index in range(warm_frames + frames):
+        for index in range(warm_frames + 2 * frames):
             chunk = {k: audios[int(k)][index * frame : (index + 1) * frame] for k in ids}
             if index < warm_frames:
                 result = pool.step(chunk)
+            elif index < warm_frames + frames:  # timed, never counted (the count costs host time)
+                host.append(host_ms(lambda: outcome.append(pool.step(chunk))))
+                result = outcome.pop()
             else:
                 with KernelCounter() as counter:
                     result = pool.step(chunk)
@@ -62,12 +72,16 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
     finally:
         pool.close_all()
 
-    def summary(key: str) -> dict[str, float]:
-        values = [s[key] for s in steps]
+    def summary(values: list[float]) -> dict[str, float]:
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
-    return {"batch": batch, "steps": len(steps), "kernels": summary("kernels"),
-            "evaluations": summary("evaluations"), "matmuls": summary("matmuls"),
+    def counts(key: str) -> dict[str, float]:
+        return summary([s[key] for s in steps])
+
+    return {"batch": batch, "steps": len(steps), "kernels": counts("kernels"),
+            "nodes": counts("nodes"), "evaluations": counts("evaluations"),
+            "matmuls": counts("matmuls"),
+            "host_ms": summary(host),
             "calls": steps[-1]["calls"] if steps else [],
             "primitives_last_step": steps[-1]["primitives"] if steps else {}}
 
@@ -114,15 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.size} fixture, compile {'on' if args.compile else 'off'}, "
           f"{mx.default_device()}, counted after {args.warm_frames} frames", flush=True)
     print(f"{'N':>3s} {'kernels/step':>13s} {'(min-max)':>13s} {'x N=1':>6s} "
-          f"{'matmuls':>8s} {'evals/step':>10s}", flush=True)
+          f"{'nodes':>6s} {'matmuls':>8s} {'evals/step':>10s} {'host ms':>8s} {'x N=1':>6s}",
+          flush=True)
     for n in batches:
         row = count_steps(voicechat, n, args.warm_frames, args.frames)
         rows.append(row)
-        base = rows[0]["kernels"]["median"]
-        k = row["kernels"]
+        base, host_base = rows[0]["kernels"]["median"], rows[0]["host_ms"]["median"]
+        k, host = row["kernels"], row["host_ms"]["median"]
         print(f"{n:3d} {k['median']:13.0f} {k['min']:6.0f}-{k['max']:<6.0f} "
-              f"{k['median'] / base:6.2f} {row['matmuls']['median']:8.0f} "
-              f"{row['evaluations']['median']:10.0f}", flush=True)
+              f"{k['median'] / base:6.2f} {row['nodes']['median']:6.0f} "
+              f"{row['matmuls']['median']:8.0f} {row['evaluations']['median']:10.0f} "
+              f"{host:8.1f} {host / host_base:6.2f}", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(

@@ -104,3 +104,47 @@ def test_a_pool_step_is_counted_and_its_evaluations_do_not_grow_with_n(tiny_ckpt
     assert one["kernels"]["min"] > 100 and one["matmuls"]["min"] > 0
     assert three["kernels"]["median"] >= one["kernels"]["median"]
     assert three["evaluations"]["max"] <= one["evaluations"]["max"]
+
+
+def test_nodes_count_views_too():
+    with KernelCounter() as counter:
+        mx.eval(_graph())
+    assert counter.nodes == counter.kernels + counter.views == 9  # 5 kernels, 4 views
+    assert counter.snapshot()["nodes"] == 9
+
+
+def test_host_ms_counts_the_threads_cpu_work_not_its_waits():
+    """A planted piece of host work moves the figure; a wait (as for MLX's own
+    threads computing) does not."""
+    import time
+
+    from mlx_voicechat_plugin.runtime.kernels import host_ms
+
+    def work() -> None:
+        sum(i * i for i in range(400_000))
+
+    base = host_ms(lambda: None)
+    planted = host_ms(work)
+    waited = host_ms(lambda: time.sleep(0.2))
+    assert planted > base + 2.0, (base, planted)
+    assert waited < 100.0, waited  # 200 ms of wall, little CPU
+
+
+def test_the_host_bench_sets_the_plugin_beside_the_reference(tiny_ckpt):
+    """``bench.host``: both sides stepped frame by frame, host CPU per frame and the
+    counts of each, as ratios plugin / reference."""
+    from mlx_vlm.utils import load as reference_load
+
+    from bench.host import side_by_side
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+    model, processor = load(tiny_ckpt)
+    ref, ref_processor = reference_load(str(tiny_ckpt))
+    frame = model.config.frame_samples
+    report = side_by_side(model.create_session(processor), ref.create_session(ref_processor),
+                          question_signal(2.0), frame, warm=4, frames=2, rounds=2)
+    assert len(report["host_ratio_rounds"]) == 2 and report["host_ratio"] > 0
+    for key in ("kernels", "nodes", "views", "evaluations"):
+        assert report[key]["plugin"] > 0 and report[key]["reference"] > 0, key
+    assert report["nodes"]["plugin"] > report["kernels"]["plugin"]

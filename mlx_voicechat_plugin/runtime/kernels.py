@@ -20,6 +20,10 @@ evaluated with ``mx.export_to_dot`` and counts its primitive nodes by name.
   then evaluated at once), so no later export sees a graph counted before.
   The counter is a measuring instrument: it changes timing, never results.
 
+:func:`host_ms` measures the other cost of a frame on a GPU: the stepping
+thread's CPU time, where every graph node (views included, :attr:`~KernelCounter.nodes`)
+costs a dispatch.
+
 Nothing is patched outside the ``with`` block, so normal runs pay nothing.
 Used by ``python -m bench.kernels`` (per pool step, per batch size) and by
 ``tests/test_kernel_counter.py``, which shows it counts what happened.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from collections import Counter
 from typing import Any, Callable
 
@@ -55,6 +60,16 @@ def graph_primitives(*arrays: Any) -> Counter:
     return Counter(name for _, name in _NODE.findall(buffer.getvalue()))
 
 
+def host_ms(run: Callable[[], Any]) -> float:
+    """The calling thread's CPU milliseconds in ``run()``: Python, graph building and
+    dispatch (MLX computes on its own threads, and waiting costs no CPU), the host
+    work a GPU frame has as a floor. Absolute values move with the machine's load:
+    compare them as ratios taken in one run."""
+    began = time.thread_time()
+    run()
+    return (time.thread_time() - began) * 1e3
+
+
 def kernel_count(primitives: Counter) -> int:
     """How many of ``primitives`` launch a kernel (views excluded)."""
     return sum(n for name, n in primitives.items() if name not in VIEWS)
@@ -79,6 +94,15 @@ class KernelCounter(EvalPatch):
     def kernels(self) -> int:
         return kernel_count(self.primitives)
 
+    @property
+    def nodes(self) -> int:
+        """Every evaluated graph node, views included (each costs the host a dispatch)."""
+        return sum(self.primitives.values())
+
+    @property
+    def views(self) -> int:
+        return self.nodes - self.kernels
+
     def reset(self) -> None:
         self.primitives = Counter()
         self.evaluations = 0
@@ -87,7 +111,7 @@ class KernelCounter(EvalPatch):
 
     def snapshot(self) -> dict[str, Any]:
         """Counts so far, as plain values."""
-        return {"kernels": self.kernels, "evaluations": self.evaluations,
+        return {"kernels": self.kernels, "nodes": self.nodes, "evaluations": self.evaluations,
                 "matmuls": self.primitives.get("Matmul", 0) + self.primitives.get("AddMM", 0)
                 + self.primitives.get("QuantizedMatmul", 0),
                 "calls": list(self.calls), "per_call": list(self.per_call)}
