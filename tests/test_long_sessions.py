@@ -121,6 +121,29 @@ def test_measured_state_stays_within_the_reservation_and_is_constant_past_the_wi
     assert pool.reserved_bytes == 0
 
 
+def test_measured_bytes_are_the_bytes_of_the_state_while_rings_share_an_arena(voicechat):
+    """A pool sizes its sessions after every step without reading their state (a ring
+    in an arena would be sliced to be read); the figure is the state's bytes all the
+    same, before the rings fill, while they fill and once they turn."""
+    pool = SessionPool(voicechat, max_sessions=2)
+    keys = ("one", "two")
+    for key in keys:
+        pool.open(key, SessionOptions(context_seconds=WINDOW))
+    signal = question_signal(2.0)
+    for i in range(30):
+        start = (i * FRAME) % (len(signal) - FRAME)
+        assert not pool.step({k: signal[start : start + FRAME] for k in keys}).errors
+        arenas = 0
+        for key in keys:
+            compute = pool.get(key).core.compute
+            assert compute.nbytes == sum(a.nbytes for a in compute.state)
+            arenas += sum(getattr(c, "arena", None) is not None
+                          for c in compute.timeline.tts_caches[0])
+        assert pool.state_bytes == sum(pool.get(k).nbytes for k in keys)
+    assert arenas  # the rings were in arenas while measured
+    pool.close_all()
+
+
 def test_an_unbounded_session_reserves_its_max_streaming_seconds(voicechat):
     reservations = Reservations(voicechat)
     short = reservations.of(SessionOptions(context_seconds=0, max_streaming_seconds=10), 0)

@@ -17,7 +17,13 @@ from mlx_vlm.models.cache import ArraysCache, KVCache
 from mlx_vlm.models.nemotron_h.language import NemotronHModel
 
 from ..config import ModelConfig
-from .cache_state import MetaState, cache_meta_state, cache_state, caches_from_state
+from .cache_state import (
+    MetaState,
+    cache_meta_state,
+    cache_state,
+    caches_from_state,
+    state_nbytes,
+)
 from .context import ContextWindow, ring
 from .kv_arena import release
 from .perception import Perception
@@ -152,6 +158,13 @@ class LanguageState:
     def state(self, value: list[mx.array]) -> None:
         restored = LanguageState.from_state(value, self.meta_state)
         self.cache, self.history = restored.cache, restored.history
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of ``state`` (:func:`~.cache_state.state_nbytes`)."""
+        if self.cache is not None:
+            return state_nbytes(self.cache)
+        return sum(a.nbytes for a in self.history)
 
     @property
     def meta_state(self) -> tuple[str, MetaState | int]:

@@ -100,6 +100,18 @@ class RingCache(RotatingKVCache):
         return super().update_and_fetch(keys, values)
 
     @property
+    def state_nbytes(self) -> int:
+        """The bytes of ``state`` (the first ``min(offset, M)`` positions of the keys and
+        values, as ``RotatingKVCache.state`` slices them), from shapes alone: no view of
+        the arena is made."""
+        if self._arena is None:
+            return sum(a.nbytes for a in self.state if a is not None)
+        heads, ring, width = self._arena.keys.shape[1:]
+        rows = self._arena.group if self._arena.group > 1 else 1
+        positions = self.offset if self.offset < ring else ring
+        return 2 * rows * heads * positions * width * self._arena.keys.itemsize
+
+    @property
     def arena(self) -> "KVArena | None":
         """The arena holding its rows, if one does."""
         return self._arena

@@ -182,7 +182,11 @@ class ConversationState:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.state)
+        """The bytes of ``state`` (the timeline's sized from shapes where it can)."""
+        if self.codec is None:  # released
+            return 0
+        return (sum(a.nbytes for part in (self.perception, self.rnnt, self.codec)
+                    for a in part.state) + self.timeline.nbytes)
 
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""

@@ -30,6 +30,7 @@ from ..models.cache_state import (
     caches_from_state,
     copy_arrays,
     split_state,
+    state_nbytes,
 )
 from ..models.context import ContextWindow, bound_all
 from ..models.duplex import LanguageState
@@ -194,6 +195,17 @@ class Timeline:
     @state.setter
     def state(self, value: list[mx.array]) -> None:
         self._set_rows(*self._rows_from_state(value, self.meta_state))
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of ``state``, sized without making its arrays where the caches can
+        (a pool measures every session's after every step)."""
+        if self.prev_codes is None:  # released
+            return 0
+        return (sum(s.nbytes for s in self.language)
+                + sum(state_nbytes(c) for c in self.tts_caches)
+                + sum(a.nbytes for r in self.rngs for a in r.state)
+                + sum(a.nbytes for a in (self.prev_text, self.prev_function, self.prev_codes)))
 
     @property
     def meta_state(self) -> tuple:
