@@ -92,7 +92,7 @@ def test_streams_filling_their_windows_together_batch_and_equal_each_alone(small
 def test_encoder_caches_merge_extract_and_set_state_row_for_row(small):
     """mlx-lm's cache convention: ``merge`` stacks streams' caches, ``extract(i)`` gives
     stream ``i``'s back, and ``state`` set on a new cache restores its arrays."""
-    from mlx_voicechat_plugin.models.encoder_stream import EncoderCache
+    from mlx_voicechat_plugin.models.encoder_cache import EncoderCache
 
     model = small[0]
     frame = model.config.frame_samples

@@ -10,10 +10,9 @@ and the last ``kernel - 1`` (8) depthwise-conv inputs. Work and memory per
 chunk are bounded by these windows; once they are full, a one-frame chunk
 runs the whole stack as one compiled graph.
 
-State follows mlx-lm's cache convention: :class:`EncoderCache` holds ``B``
-streams' windows (``state`` lists its arrays; ``merge`` stacks streams'
-caches, ``extract(i)`` takes row ``i``) and each stream's own subsampling
-tail (host counters and a short mel window, a row's own piece, never stacked).
+State follows mlx-lm's cache convention: :class:`~.encoder_cache.EncoderCache`
+holds ``B`` streams' windows and each stream's own subsampling tail
+(:mod:`.encoder_cache`).
 :class:`EncoderStream` is the computation, one per model, so its graphs
 compile once: :meth:`EncoderStream.__call__` runs the blocks on a merged
 cache's rows, and :meth:`EncoderStream.push` is a chunk of many streams:
@@ -25,13 +24,13 @@ data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
 
+from .encoder_cache import EncoderCache, SubsamplingTail
 from .fast_forms import attention_prescaled, fast_ops_expand
 from .rows import stack_rows, take_row
 
@@ -113,74 +112,6 @@ class WindowPositions:
     def for_length(self, index: int, length: int) -> mx.array:
         start = self.window - length
         return self.full[index][:, start : start + 2 * length - 1]
-
-
-@dataclass
-class SubsamplingTail:
-    """One stream's streaming subsampling: the mel frames it still reads, and its counters."""
-
-    cache: mx.array | None = None  # (1, kept mel frames, F)
-    consumed: int = 0  # mel frames pushed so far
-    emitted: int = 0  # encoder frames returned so far
-    first: int = 0  # encoder frame index of the last window's first output
-
-
-class EncoderCache:
-    """``B`` streams' encoder state: per layer the attention window (``[B, W, 2d]``
-    projected keys and values, or ``[B, W, d]`` inputs without ``cache_kv``) and the
-    conv context (``[B, kernel - 1, d]``), ``None`` until a stream's first frame; and
-    each stream's :class:`SubsamplingTail`."""
-
-    def __init__(self, layers: int, tails: list[SubsamplingTail] | None = None):
-        self.attention: list[mx.array | None] = [None] * layers
-        self.conv: list[mx.array | None] = [None] * layers
-        self.tails = [SubsamplingTail()] if tails is None else tails
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.tails)
-
-    @property
-    def state(self) -> list[mx.array]:
-        """The windows (once the first frame ran), then each stream's subsampling cache."""
-        windows = [] if self.attention[0] is None else [*self.attention, *self.conv]
-        return [*windows, *(t.cache for t in self.tails if t.cache is not None)]
-
-    @state.setter
-    def state(self, arrays: list[mx.array]) -> None:
-        layers = len(self.attention)
-        windows = len(arrays) > self.batch_size
-        self.attention = list(arrays[:layers]) if windows else [None] * layers
-        self.conv = list(arrays[layers : 2 * layers]) if windows else [None] * layers
-        caches = arrays[2 * layers :] if windows else arrays
-        for tail, cache in zip(self.tails, [*caches, *[None] * self.batch_size]):
-            tail.cache = cache
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.state)
-
-    def key(self) -> tuple:
-        """What must be equal for caches to merge: each window's shape."""
-        return (tuple(None if a is None else a.shape[1:] for a in self.attention),
-                tuple(None if c is None else c.shape[1:] for c in self.conv))
-
-    @classmethod
-    def merge(cls, caches: list["EncoderCache"]) -> "EncoderCache":
-        """One cache whose rows are ``caches``' rows, in order (equal :meth:`key`)."""
-        merged = cls(len(caches[0].attention), [t for c in caches for t in c.tails])
-        merged.attention = [None if parts[0] is None else stack_rows(parts)
-                            for parts in zip(*(c.attention for c in caches))]
-        merged.conv = [None if parts[0] is None else stack_rows(parts)
-                       for parts in zip(*(c.conv for c in caches))]
-        return merged
-
-    def extract(self, index: int) -> "EncoderCache":
-        """Row ``index`` as a one-stream cache."""
-        row = EncoderCache(len(self.attention), [self.tails[index]])
-        row.attention = [None if a is None else take_row(a, index) for a in self.attention]
-        row.conv = [None if c is None else take_row(c, index) for c in self.conv]
-        return row
 
 
 class EncoderStream:
@@ -405,7 +336,7 @@ class EncoderStream:
             batch = EncoderCache.merge([caches[b] for b in members])
             out = self(batch, stack_rows([xs[b] for b in members]))
             if len(members) == len(caches):  # one batch of every stream: its rows in order
-                return out, [batch.extract(j) for j in range(len(members))]
-            for j, b in enumerate(members):
-                encoded[b], rows[b] = take_row(out, j), batch.extract(j)
+                return out, batch.split()
+            for j, (b, row) in enumerate(zip(members, batch.split())):
+                encoded[b], rows[b] = take_row(out, j), row
         return stack_rows(encoded), rows

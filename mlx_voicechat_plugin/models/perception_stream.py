@@ -29,7 +29,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ModelConfig
-from .encoder_stream import EncoderCache, EncoderStream
+from .encoder_cache import EncoderCache
+from .encoder_stream import EncoderStream
 from .mel_stream import MelStream, log_mel_many
 from .perception import Perception
 from .rows import stack_rows, take_row
@@ -70,6 +71,19 @@ class PerceptionStream:
             self.cache.state = arrays
         else:
             (self.window,) = arrays
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of ``state`` (sized without taking a batch's rows apart)."""
+        return self.cache.nbytes if self.use_cache else self.window.nbytes
+
+    @staticmethod
+    def carried(streams: list["PerceptionStream"]) -> list[mx.array]:
+        """The arrays the streams carry, each once: ``state`` of each, with the windows a
+        batch's rows share once for all of them (:meth:`~.encoder_cache.EncoderCache.carried`)."""
+        if all(s.use_cache for s in streams):
+            return EncoderCache.carried([s.cache for s in streams])
+        return [a for s in streams for a in s.state]
 
     def rerun(self, frame: np.ndarray) -> tuple[mx.array, mx.array]:
         """Without the cache: the whole-signal perception of the last window (diagnostics)."""

@@ -87,8 +87,11 @@ class Hearing:
             self.projected = stack_rows([p for p, _ in pairs])
             self.encoded = stack_rows([e for _, e in pairs])
         self.arrays = [self.projected, self.encoded]
-        for source in sources:
-            self.arrays += source.state
+        if all(isinstance(s, PerceptionStream) for s in sources):
+            self.arrays += PerceptionStream.carried(sources)
+        else:
+            for source in sources:
+                self.arrays += source.state
         clock.stage("perception", *self.arrays)
         mx.async_eval(*self.arrays)
         # The RNNT's first try joins the first evaluation; a blank (most frames
@@ -185,8 +188,9 @@ class ConversationState:
         """The bytes of ``state`` (the timeline's sized from shapes where it can)."""
         if self.codec is None:  # released
             return 0
-        return (sum(a.nbytes for part in (self.perception, self.rnnt, self.codec)
-                    for a in part.state) + self.timeline.nbytes)
+        return (sum(getattr(part, "nbytes", None) or sum(a.nbytes for a in part.state)
+                    for part in (self.perception, self.rnnt, self.codec))
+                + self.timeline.nbytes)
 
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
