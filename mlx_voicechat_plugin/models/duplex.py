@@ -27,6 +27,7 @@ from .cache_state import (
 from .context import ContextWindow, ring
 from .kv_arena import release
 from .perception import Perception
+from .rows import RowArraysCache
 from .segments import SegmentedStep
 
 
@@ -116,7 +117,7 @@ class DuplexSTT(nn.Module):
         caches: list[Any] = []
         for layer in self.llm.layers:
             if layer.block_type == "M":
-                caches.append(ArraysCache(size=2))
+                caches.append(RowArraysCache(size=2))
             elif layer.block_type == "*":
                 caches.append(KVCache() if context is None else ring(context))
         return caches

@@ -31,7 +31,7 @@ from .fast_forms import RopeForm, rms_norm
 from .fused import gated_mlp, project
 from .kv_arena import LayerCores
 from .mamba_step import MambaStep, use_upstream
-from .rows import stack_rows, take_row
+from .rows import RowArraysCache, SharedRows, shared_arrays, stack_rows, take_row
 
 MAMBA, ATTENTION = "M", "*"
 
@@ -80,15 +80,24 @@ class _Run:
         step. One row stacks and slices nothing (MLX returns the array itself).
         """
         slots = self.slots
-        # Rows written back by the previous step, in the same order, stack as the
-        # arrays they are rows of (``stack_rows``): no concatenation per step.
-        state = [stack_rows([r[s].state[j] for r in rows]) for s in slots for j in (0, 1)]
+        state: list[mx.array] = []
+        for s in slots:
+            caches = [r[s] for r in rows]
+            # Rows the previous step handed back, in the same order, are its arrays
+            # (no slice, no concatenation per step).
+            shared = shared_arrays(caches)
+            state += shared if shared is not None else [
+                stack_rows([c.state[j] for c in caches]) for j in (0, 1)]
         result = self._compiled(x, *state)
         outputs = len(result) - len(state)
         for i, s in enumerate(slots):
-            conv, ssm = result[outputs + 2 * i], result[outputs + 2 * i + 1]
+            arrays = SharedRows(result[outputs + 2 * i : outputs + 2 * i + 2], len(rows))
             for b, caches in enumerate(rows):
-                caches[s].state = [take_row(conv, b), take_row(ssm, b)]
+                cache = caches[s]
+                if isinstance(cache, RowArraysCache):
+                    cache.share(arrays, b)
+                else:
+                    cache.state = [take_row(a, b) for a in arrays.arrays]
         return result[:outputs]
 
 
@@ -170,7 +179,7 @@ class SegmentedStep:
 
     def ready(self, x: mx.array, caches: list[Any]) -> bool:
         return x.shape[1] == 1 and all(
-            caches[s][0] is not None and caches[s][1] is not None and caches[s].make_mask(1) is None
+            _filled(caches[s]) and caches[s].make_mask(1) is None
             for s in self._mamba_slots
         )
 
@@ -386,6 +395,13 @@ class GemmaStep:
         # outs[s] is [group, 1, ...]: row j of stream s goes back to row j * S + s.
         joined = mx.concatenate(outs, axis=1)
         return joined.reshape(-1, *joined.shape[2:])
+
+
+def _filled(cache: Any) -> bool:
+    """A Mamba2 cache holds both of its states (a shared row checked without slicing)."""
+    if isinstance(cache, RowArraysCache):
+        return cache.filled()
+    return cache[0] is not None and cache[1] is not None
 
 
 def _gemma_norms(attn: Any) -> bool:
