@@ -95,7 +95,7 @@ class Engine:
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
         self.metrics.transcriptions_in_flight.set_function(lambda: self.transcriptions.in_flight)
         self._transcriber: Any = None
-        self.stepper = Stepper(self.metrics)  # the sessions' channels (engine thread only)
+        self.stepper: Stepper | None = None  # the sessions' channels: made by the engine thread
         self.input_peak_bytes = 0  # the most PCM one session's channel ever held
         self.warm_batch_sizes: tuple[int, ...] = ()  # compiled at start-up
         self._thread = threading.Thread(target=self._run, name="mlx-voicechat-engine",
@@ -235,9 +235,9 @@ class Engine:
 
     def _serve(self) -> None:
         frame_seconds = self.config.frame_duration if self.voicechat is not None else 0.08
-        self.stepper.pool = self.pool
-        self.stepper.scheduler = BatchScheduler(self.batch_wait, frame_seconds,
-                                                self.batch_fill, self.step_costs)
+        scheduler = BatchScheduler(self.batch_wait, frame_seconds, self.batch_fill,
+                                   self.step_costs)
+        self.stepper = Stepper(self.metrics, self.pool, scheduler)
         while self._cycle():
             pass
         self.stepper.drop_all()
