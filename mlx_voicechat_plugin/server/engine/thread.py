@@ -36,10 +36,11 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
+from ...runtime.framing import Chunk
 from ...runtime.pool import PoolFull, SessionPool
 from ...runtime.prompt_cache import PromptCache
 from .admission import Admission
-from .channel import Chunk, Handoff, Sink, hand_off
+from .channel import Handoff, Sink, hand_off
 from .commands import (
     Append, Cancel, Close, Command, DeltaSink, Flush, Open, OpenOptions, SessionDetails, Sync,
     ToolResult, Transcribe,
