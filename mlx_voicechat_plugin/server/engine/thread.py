@@ -37,6 +37,7 @@ from typing import Any, Callable, Generator
 import numpy as np
 
 from ...runtime.framing import Chunk
+from ...runtime.ledger import ReservationLedger
 from ...runtime.pool import PoolFull, SessionPool
 from ...runtime.prompt_cache import PromptCache
 from .admission import Admission
@@ -90,7 +91,8 @@ class Engine:
         self.loaded = threading.Event()
         self._commands: queue.Queue[Command | None] = queue.Queue()
         self._aborts: dict[str, threading.Event] = {}  # session -> stop its prefill
-        self.admission = Admission(max_sessions, max_state_bytes, lambda: self.pool,
+        self.ledger = ReservationLedger()  # slots and reservations: admission's and the pool's
+        self.admission = Admission(max_sessions, max_state_bytes, self.ledger,
                                    self.metrics.refused)
         self._jobs = JobQueue()  # engine thread only
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
@@ -216,7 +218,7 @@ class Engine:
             logger.info("loading %s", self.model_path)
             self.voicechat = self.loader(self.model_path)
             self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes,
-                                    self.session_defaults)
+                                    self.session_defaults, self.ledger)
             self.metrics.watch_reserved(lambda: self.admission.reserved_bytes)
             if self.prompt_cache_bytes is not None:
                 self.voicechat.prompt_cache = PromptCache(self.prompt_cache_bytes)
