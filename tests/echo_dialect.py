@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlx_voicechat_plugin.server.connection import Connection, Dialect, Finished
-from mlx_voicechat_plugin.server.options import session_options
+from mlx_voicechat_plugin.server.dialects.client_options import session_options
 from mlx_voicechat_plugin.server.wire import (
     CloseCode, decode_base64, dumps, invalid, load_object, pcm16_samples,
 )

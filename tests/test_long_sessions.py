@@ -32,7 +32,7 @@ from mlx_voicechat_plugin.runtime.pool import PoolFull, SessionPool
 from mlx_voicechat_plugin.runtime.reservation import Reservations
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.options import session_options
+from mlx_voicechat_plugin.server.dialects.client_options import session_options
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 WINDOW = 1.0  # seconds: 12 frames
@@ -142,6 +142,30 @@ def test_measured_bytes_are_the_bytes_of_the_state_while_rings_share_an_arena(vo
         assert pool.state_bytes == sum(pool.get(k).nbytes for k in keys)
     assert arenas  # the rings were in arenas while measured
     pool.close_all()
+
+
+def test_admission_and_the_pool_keep_one_ledger(voicechat):
+    from mlx_voicechat_plugin.runtime.ledger import ReservationLedger
+    from mlx_voicechat_plugin.server.engine.admission import Admission
+
+    class Refused:
+        count = 0
+
+        def inc(self) -> None:
+            self.count += 1
+
+    options = SessionOptions(context_seconds=WINDOW)
+    ledger = ReservationLedger()
+    pool = SessionPool(voicechat, max_sessions=2, max_state_bytes=10**9,
+                       default_options=options, ledger=ledger)
+    admission, least = Admission(2, 10**9, ledger, Refused()), pool.least_reservation()
+    assert admission.try_reserve("a") and ledger.committed_bytes() == least  # not open yet
+    pool.open("a", SessionOptions(context_seconds=WINDOW, system_prompt="Hi."))
+    assert ledger.committed_bytes() == pool.reserved["a"] > least  # its own reservation
+    pool.close("a")
+    assert ledger.committed_bytes() == least  # the slot is still held
+    admission.release("a")
+    assert ledger.committed_bytes() == 0 and admission.free_slots() == 2
 
 
 def test_an_unbounded_session_reserves_its_max_streaming_seconds(voicechat):

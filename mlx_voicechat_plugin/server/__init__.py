@@ -4,8 +4,11 @@
 loop they share (its engine side: ``engine_session``) and ``wire`` what their
 wires share; ``engine`` is the one thread that runs all MLX work (its
 ``commands``, one ``channel`` per session where frames are cut, the
-``stepping`` of the channels in batched steps, ``jobs``), ``app`` the FastAPI
-application and ``limits`` the server's bounds, checked once.
+``stepping`` of the channels in batched steps, ``jobs``), ``transport``
+how events travel, ``operations`` running a replica (drain, the balancer's
+view, transcription requests), ``routes`` one router per concern (realtime,
+transcriptions, status, models, the browser page), ``app`` the FastAPI
+application that wires them and ``limits`` the server's bounds, checked once.
 """
 
 from __future__ import annotations

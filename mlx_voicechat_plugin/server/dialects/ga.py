@@ -49,7 +49,7 @@ from ..connection import Connection, Dialect, Finished
 from ..engine_session import stream_full
 from ..engine.thread import Engine
 from ..limits import ServerLimits
-from ..options import session_options, transcription_options
+from .client_options import session_options, transcription_options
 from ..wire import (
     CloseCode, ErrorCode, ProtocolError, dumps, init_failed, invalid, load_object,
     new_id, parse_tool_output,
