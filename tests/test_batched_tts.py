@@ -26,7 +26,7 @@ from mlx_voicechat_plugin.models.cache_state import (
     copy_arrays,
 )
 from mlx_voicechat_plugin.models.mog_head import draw
-from mlx_voicechat_plugin.models.segments import GemmaStep
+from mlx_voicechat_plugin.models.gemma_step import GemmaStep
 from mlx_voicechat_plugin.runtime.rng import RandomStream
 from mlx_voicechat_plugin.runtime.timeline import WarmStart
 

@@ -17,7 +17,7 @@ from backbone_support import backbone_steps
 from mlx_audio.stt.models.nemotron_asr.rnnt import GreedyDecoderState
 
 from mlx_voicechat_plugin import load
-from mlx_voicechat_plugin.models.ear_tts import rvq_assign
+from mlx_voicechat_plugin.models.rvq import rvq_assign
 from mlx_voicechat_plugin.models.perception_stream import MelStream, PerceptionStream, push_frames
 from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTFrame, RNNTState
 from mlx_voicechat_plugin.runtime.rng import RandomStream

@@ -18,8 +18,8 @@ from mlx_vlm.models.nemotron_voicechat import config as ref_config
 from mlx_vlm.models.nemotron_voicechat import tts as ref_tts
 
 from mlx_voicechat_plugin.config import TTSConfig
-from mlx_voicechat_plugin.models.ear_tts import (
-    EarTTS,
+from mlx_voicechat_plugin.models.ear_tts import EarTTS
+from mlx_voicechat_plugin.models.rvq import (
     codebook_norms,
     distance_in_one_product,
     rvq_assign,

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
-from mlx_vlm.models.cache import ArraysCache, KVCache
+from mlx_vlm.models.cache import KVCache
 from mlx_vlm.models.nemotron_h.language import NemotronHModel
 
 from ..config import ModelConfig

@@ -38,8 +38,7 @@ tests there before relying on it.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -48,171 +47,17 @@ from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfi
 
 from ..config import TTSConfig
 from .context import ContextWindow, ring
-from .layers import OffsetRMSNorm
-from .mog_head import Keys, MoGHead, draw
-from .segments import GemmaStep
+from .layers import GatedFusion
+from .mog_head import KeyRows, KeyStream, MoGHead, draw, next_key, take_keys
+from .rvq import CodebookTables, rvq_assign, unmasking_schedule
+from .gemma_step import GemmaStep
 from .subword import CharAwareSubwordEncoder
 
 
 Cache = list[Any]
 
 
-class KeyStream(Protocol):
-    """A source of PRNG keys, one per draw (e.g. ``runtime.rng.RandomStream``).
-
-    A stream may also offer ``take(n)``: the next ``n`` keys stacked, in one call;
-    and its class ``take_many(streams, n)``: ``take(n)`` of many streams at once,
-    ``[B, n, 2]``.
-    """
-
-    def next(self) -> mx.array: ...
-
-
 GUIDED_ROWS = 2  # [cond; uncond] rows per session
-
-
-class KeyRows:
-    """Keys drawn in advance, ``[B, count, 2]``, handed out in order inside the
-    compiled depth loop: each ``next`` is the next key of every session, ``[B, 2]``
-    (one key per row; :func:`~.mog_head.draw` draws each row from its own)."""
-
-    def __init__(self, keys: mx.array):
-        self.keys = keys
-        self.index = 0
-
-    def next(self) -> mx.array:
-        keys = self.keys[:, self.index]
-        self.index += 1
-        return keys
-
-
-def take_keys(rng: KeyStream, count: int) -> mx.array:
-    """The stream's next ``count`` keys, stacked ``[count, 2]`` (``take``, or ``next`` each)."""
-    take = getattr(rng, "take", None)
-    return take(count) if take is not None else mx.stack([rng.next() for _ in range(count)])
-
-
-def _key(rng: Any) -> Keys:
-    return None if rng is None else rng.next()
-
-
-def unmasking_schedule(
-    num_quantizers: int, num_iterations: int, exponent: float
-) -> tuple[int, ...]:
-    """Codebooks decided at each depth pass (sums to ``num_quantizers``).
-
-    Pass ``i`` leaves ``ceil((1 - (i/n)**e)**(1/e) * Q)`` codebooks still masked
-    before it runs; a pass decides the difference to the next one.
-    """
-    masked = [
-        math.ceil(((1.0 - (i / num_iterations) ** exponent) ** (1.0 / exponent)) * num_quantizers)
-        for i in range(num_iterations)
-    ]
-    return tuple(now - later for now, later in zip(masked, masked[1:] + [0]))
-
-
-def codebook_norms(codebooks: mx.array) -> mx.array:
-    """Squared norm of every code: ``[K, C, D]`` -> ``[K, C]``."""
-    return (codebooks * codebooks).sum(axis=-1)
-
-
-def rvq_assign(
-    residual: mx.array,
-    codebooks: mx.array | list[mx.array],
-    norms: mx.array | list[mx.array] | None = None,
-    one_product: bool = False,
-) -> list[mx.array]:
-    """Greedy residual quantization of ``residual`` [..., D] by ``codebooks`` [K, C, D].
-
-    ``codebooks`` may also be a list of ``[C, D]`` tables, with ``norms`` their
-    :func:`codebook_norms` rows (computed here when not given). Returns one
-    index array [...] per codebook, in order. The distance to every code is
-    ``norms - 2 r.c``; ``one_product`` computes it as one ``addmm`` (alpha -2,
-    beta 1) instead of a product then an elementwise step, where
-    :func:`distance_in_one_product` found the same bits.
-    """
-    if norms is None:
-        norms = codebook_norms(codebooks if isinstance(codebooks, mx.array) else mx.stack(codebooks))
-    picked = []
-    for k in range(len(codebooks)):
-        table = codebooks[k]
-        index = mx.argmin(_distances(residual, table, norms[k], one_product), axis=-1)
-        residual = residual - table[index]
-        picked.append(index)
-    return picked
-
-
-def _distances(residual: mx.array, table: mx.array, norms: mx.array, one_product: bool) -> mx.array:
-    if one_product:
-        return mx.addmm(norms, residual, table.T, alpha=-2.0, beta=1.0)
-    return norms - 2.0 * (residual @ table.T)
-
-
-def distance_in_one_product(tables: Sequence[mx.array], norms: Sequence[mx.array],
-                            dtype: mx.Dtype = mx.float32,
-                            rows: Sequence[int] = (1, 2, 8, 32)) -> bool:
-    """Whether this device's ``addmm`` gives the RVQ distances' bits for ``dtype``
-    residuals (the scaling by -2 is exact, so it does where it sums the product as
-    ``matmul`` does and rounds once), probed with the real first table at several
-    row counts."""
-    key = mx.random.key(13)
-    for count in rows:
-        key, sub = mx.random.split(key)
-        residual = mx.random.normal((count, tables[0].shape[1]), key=sub).astype(dtype)
-        a = _distances(residual, tables[0], norms[0], False)
-        b = _distances(residual, tables[0], norms[0], True)
-        if not mx.array_equal(a, b).item():
-            return False
-    return True
-
-
-class _CodebookTables:
-    """Per-codebook ``[C, D]`` tables and their norms, evaluated once per weight array."""
-
-    def __init__(self, rvq_embs: mx.array):
-        self.source = rvq_embs
-        norms = codebook_norms(rvq_embs)
-        self.tables = [rvq_embs[k] for k in range(rvq_embs.shape[0])]
-        self.norms = [norms[k] for k in range(rvq_embs.shape[0])]
-        # The depth loop's residuals are float32 (its noise is): a product or
-        # difference with a lower-precision table promotes the table to float32
-        # (exactly), every codebook of every frame. Promoted once here instead.
-        wide = rvq_embs.dtype == mx.float32
-        self.tables32 = self.tables if wide else [t.astype(mx.float32) for t in self.tables]
-        self.norms32 = self.norms if wide else [n.astype(mx.float32) for n in self.norms]
-        mx.eval(self.tables, self.norms, self.tables32, self.norms32)
-        # Whether float32 distances may be one addmm (rvq_assign's one_product).
-        self.one_product = distance_in_one_product(self.tables32, self.norms32)
-
-    def arrays(self) -> tuple[list[mx.array], ...]:
-        """What the compiled depth loop takes: both sets of tables and norms."""
-        return self.tables, self.norms, self.tables32, self.norms32
-
-    @staticmethod
-    def pick(arrays: tuple[list[mx.array], ...], dtype: mx.Dtype) -> tuple[list, list]:
-        """The tables and norms for residuals of ``dtype`` (from :meth:`arrays`)."""
-        tables, norms, tables32, norms32 = arrays
-        return (tables32, norms32) if dtype == mx.float32 else (tables, norms)
-
-
-class GatedFusion(nn.Module):
-    """``norm(sigmoid(r) * (g * A(audio / Q) + (1 - g) * T(text)))``, ``g = sigmoid(gate)``."""
-
-    def __init__(self, dims: int, num_codebooks: int, eps: float):
-        super().__init__()
-        self.num_codebooks = num_codebooks
-        self.audio_proj = nn.Linear(dims, dims)
-        self.text_proj = nn.Linear(dims, dims)
-        self.gate = mx.zeros((dims,))
-        self.residual_scale = mx.array(0.5)
-        self.final_norm = OffsetRMSNorm(dims, eps)
-
-    def __call__(self, audio: mx.array, text: mx.array) -> mx.array:
-        audio = self.audio_proj(audio / self.num_codebooks)
-        text = self.text_proj(text)
-        gate = mx.sigmoid(self.gate).astype(audio.dtype)
-        scale = mx.sigmoid(self.residual_scale).astype(audio.dtype)
-        return self.final_norm(scale * (gate * audio + (1.0 - gate) * text))
 
 
 def _backbone_config(config: TTSConfig) -> GemmaConfig:
@@ -267,7 +112,7 @@ class EarTTS(nn.Module):
             config.num_quantizers, config.num_iterations, config.exponent
         )
         self._compiled_depth: Any = None
-        self._codebooks: _CodebookTables | None = None
+        self._codebooks: CodebookTables | None = None
         self._masked: dict[tuple, mx.array] = {}  # (B, T) -> all-mask codes, see _masked_codes
         self._backbone_step: GemmaStep | None = None
 
@@ -407,19 +252,19 @@ class EarTTS(nn.Module):
             self._masked[(batch, length)] = codes
         return codes
 
-    def _codebook_tables(self) -> _CodebookTables:
+    def _codebook_tables(self) -> CodebookTables:
         # Built once (``prepare``, at load) and again after ``update``; not
         # keyed by array identity: the compiled depth loop takes the module
         # state as input and hands back new array objects after its trace.
         if self._codebooks is None:
-            self._codebooks = _CodebookTables(self.rvq_embs)
+            self._codebooks = CodebookTables(self.rvq_embs)
         return self._codebooks
 
     def prepare(self) -> None:
         """One-time tables derived from the loaded weights (``load`` calls it), and the
         compiled backbone step, whose RoPE forms are probed on the device when it is
         made (here, not inside a session's first speaking frame)."""
-        self._codebooks = _CodebookTables(self.rvq_embs)
+        self._codebooks = CodebookTables(self.rvq_embs)
         self.gemma_step()
 
     def update(self, parameters: dict, strict: bool = True) -> "EarTTS":
@@ -458,15 +303,15 @@ class EarTTS(nn.Module):
                 (embedded + guided).reshape(hidden.shape),
                 guidance_scale=config.guidance_scale,
                 top_p=config.top_p,
-                key=_key(rng),
+                key=next_key(rng),
             )
-            noise = draw(mx.random.normal, mu.shape, _key(rng))
+            noise = draw(mx.random.normal, mu.shape, next_key(rng))
             latent = mu + mx.exp(logs) * noise * config.noise_scale
             rows = latent.reshape(-1, latent.shape[-1])  # 2-D matmuls, no reshapes
             if codebooks is None:
                 picked = rvq_assign(rows, self.rvq_embs[done : done + count])
             else:
-                tables, norms = _CodebookTables.pick(codebooks, rows.dtype)
+                tables, norms = CodebookTables.pick(codebooks, rows.dtype)
                 span = slice(done, done + count)
                 one_product = rows.dtype == mx.float32 and self._codebook_tables().one_product
                 picked = rvq_assign(rows, tables[span], norms[span], one_product=one_product)

@@ -33,3 +33,23 @@ class GatedMLP(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return gated_mlp(self, x)  # gate and up as one product once fused
+
+
+class GatedFusion(nn.Module):
+    """``norm(sigmoid(r) * (g * A(audio / Q) + (1 - g) * T(text)))``, ``g = sigmoid(gate)``."""
+
+    def __init__(self, dims: int, num_codebooks: int, eps: float):
+        super().__init__()
+        self.num_codebooks = num_codebooks
+        self.audio_proj = nn.Linear(dims, dims)
+        self.text_proj = nn.Linear(dims, dims)
+        self.gate = mx.zeros((dims,))
+        self.residual_scale = mx.array(0.5)
+        self.final_norm = OffsetRMSNorm(dims, eps)
+
+    def __call__(self, audio: mx.array, text: mx.array) -> mx.array:
+        audio = self.audio_proj(audio / self.num_codebooks)
+        text = self.text_proj(text)
+        gate = mx.sigmoid(self.gate).astype(audio.dtype)
+        scale = mx.sigmoid(self.residual_scale).astype(audio.dtype)
+        return self.final_norm(scale * (gate * audio + (1.0 - gate) * text))

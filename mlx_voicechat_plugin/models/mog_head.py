@@ -10,7 +10,7 @@ independent streams batched as rows pass keys ``[B, 2]``, one per row, instead (
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Any, Callable, Protocol, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -45,6 +45,43 @@ def draw(sampler: Callable[..., mx.array], shape: tuple[int, ...], key: Keys) ->
         return sampler(shape=shape, key=key[0])
     row = (1, *shape[1:])
     return mx.vmap(lambda k: sampler(shape=row, key=k))(key).reshape(shape)
+
+
+class KeyStream(Protocol):
+    """A source of PRNG keys, one per draw (e.g. ``runtime.rng.RandomStream``).
+
+    A stream may also offer ``take(n)``: the next ``n`` keys stacked, in one call;
+    and its class ``take_many(streams, n)``: ``take(n)`` of many streams at once,
+    ``[B, n, 2]``.
+    """
+
+    def next(self) -> mx.array: ...
+
+
+class KeyRows:
+    """Keys drawn in advance, ``[B, count, 2]``, handed out in order inside the
+    compiled depth loop: each ``next`` is the next key of every session, ``[B, 2]``
+    (one key per row; :func:`~.mog_head.draw` draws each row from its own)."""
+
+    def __init__(self, keys: mx.array):
+        self.keys = keys
+        self.index = 0
+
+    def next(self) -> mx.array:
+        keys = self.keys[:, self.index]
+        self.index += 1
+        return keys
+
+
+def take_keys(rng: KeyStream, count: int) -> mx.array:
+    """The stream's next ``count`` keys, stacked ``[count, 2]`` (``take``, or ``next`` each)."""
+    take = getattr(rng, "take", None)
+    return take(count) if take is not None else mx.stack([rng.next() for _ in range(count)])
+
+
+def next_key(rng: Any) -> Keys:
+    """The stream's next key, or ``None`` (MLX's global random state) without one."""
+    return None if rng is None else rng.next()
 
 
 def top_p_mask(logits: mx.array, top_p: float) -> mx.array:

@@ -34,12 +34,13 @@ from typing import Any
 import numpy as np
 
 from ..models.context import ContextWindow, window_capacity
+from ..models.ear_tts import GUIDED_ROWS
 from .options import SessionOptions
 
 logger = logging.getLogger(__name__)
 
 KV_ITEMSIZE = 4  # float32 keys and values (the caches keep the fused inputs' dtype)
-GUIDED_ROWS = 2  # the backbone's [cond; uncond] rows per session
+
 
 
 def context_frames(context_seconds: float | None, frame_duration: float) -> int | None:

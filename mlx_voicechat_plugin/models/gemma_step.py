@@ -1,0 +1,224 @@
+"""One-position decode of a Gemma-3 stack (the EAR-TTS backbone), compiled between the cores.
+
+Every layer of a Gemma-3 stack attends, so :class:`GemmaStep` compiles the
+fixed-shape spans between the attention cores (:mod:`.segments` does the
+same for Nemotron-H's attention-free runs), for many independent streams at
+once, each with its own caches at its own offset; one stream is the case of
+one row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+from mlx_vlm.models.base import create_attention_mask, scaled_dot_product_attention
+from mlx_vlm.models.gemma3.language import RMSNorm as GemmaRMSNorm
+from mlx_vlm.models.gemma3.language import clip_residual
+
+from . import fast_forms
+from .fast_forms import RopeForm, rms_norm
+from .fused import gated_mlp, project
+from .kv_arena import LayerCores
+
+
+class GemmaStep:
+    """One-position decode of a Gemma-3 stack, compiled between the attention cores.
+
+    A Gemma-3 block is ``pre`` (input norm, q/k/v projections, q/k norms,
+    RoPE at the cache offset), the attention core (cache update, SDPA) and
+    ``post`` (output projection, sandwich norms, MLP, residuals). Only the core
+    sees the growing cache; ``entry + pre(0)``, each ``post(i) + pre(i + 1)``
+    and ``post(last) + final norm`` are fixed-shape and compiled (the RoPE
+    offset enters as an array, which rotates exactly as the integer does).
+    ``entry`` maps the step's inputs to the stack's input embedding.
+
+    Where ``mx.fast`` ops expand into their fallback graphs (the CPU,
+    :func:`~.fast_forms.fast_ops_expand`), the spans take each RoPE's tables
+    (computed once per step, not per q and k of every layer) and its q/k
+    norm weights per head instead of the offset, and norm and rotate q and k
+    as one (:mod:`.fast_forms`: the fallbacks' own arithmetic, bit for bit).
+    Elsewhere each layer's own norms and ``mx.fast.rope`` run, one kernel each.
+    """
+
+    def __init__(self, model: Any, entry: Callable[..., mx.array]):
+        self.model = model
+        self.layers = model.layers
+        self.entry = entry
+        last = len(self.layers) - 1
+        self._forms = self._rope_forms()
+        if self._forms is not None:
+            ropes = list(dict.fromkeys(self._forms))  # the distinct RoPEs (local, global)
+            self._table_of = [ropes.index(f) for f in self._forms]
+            self._angles = mx.compile(
+                lambda offset: tuple(t for rope in ropes for t in rope.angles(offset)))
+            self._qk_weights: list[tuple[mx.array, ...] | None] = [None] * len(self.layers)
+        self._enter = mx.compile(lambda rope, *inputs: self._pre(0, entry(*inputs), rope))
+        self._between = [
+            mx.compile(lambda x, out, rope, i=i: self._pre(i + 1, self._post(i, x, out), rope))
+            for i in range(last)
+        ]
+        self._exit = mx.compile(lambda x, out: model.norm(self._post(last, x, out)))
+        self._cores = [LayerCores() for _ in self.layers]
+
+    def _rope_forms(self) -> list[RopeForm] | None:
+        """Each layer's RoPE as shared tables and a rotation (:mod:`.fast_forms`), where
+        ``mx.fast`` ops expand into their fallbacks and every layer's RoPE has a form;
+        ``None`` (each layer's own ``rope`` at the offset) otherwise."""
+        if not fast_forms.fast_ops_expand():
+            return None
+        forms = [RopeForm.of(layer.self_attn.rope) for layer in self.layers]
+        return None if any(f is None for f in forms) else forms
+
+    def _rope_inputs(self, rows: Sequence[list[Any]], group: int) -> Callable[[int], tuple]:
+        """Layer ``i``'s RoPE input to its span: the offset per row, or with the forms,
+        that layer's RoPE tables at those offsets, computed once per distinct offsets
+        (every layer's, in a stack whose caches advance together), and its q/k norm
+        weights per head (:meth:`_qk_weight`)."""
+
+        def offset(i: int) -> mx.array:
+            return mx.array([c[i].offset for c in rows] * group, dtype=mx.int32)
+
+        if self._forms is None:
+            return lambda i: (offset(i),)
+        tables: dict[tuple[int, ...], tuple[mx.array, ...]] = {}
+
+        def rope(i: int) -> tuple:
+            key = tuple(c[i].offset for c in rows)
+            if key not in tables:
+                tables[key] = self._angles(offset(i))
+            t = self._table_of[i]
+            return (*tables[key][2 * t : 2 * t + 2], *self._qk_weight(i))
+
+        return rope
+
+    def _pre(self, i: int, x: mx.array, rope: tuple[mx.array, ...]) -> tuple[mx.array, ...]:
+        attn = self.layers[i].self_attn
+        x = clip_residual(x)
+        h = self.layers[i].input_layernorm(x)
+        if self._forms is not None:
+            return (x, *self._rotated(i, attn, h, *rope))
+        b, length, _ = h.shape
+        q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
+        q = q.reshape(b, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        (offset,) = rope
+        q = attn.rope(attn.q_norm(q), offset=offset)
+        k = attn.rope(attn.k_norm(k), offset=offset)
+        return x, q, k, v
+
+    def _qk_weight(self, i: int) -> tuple[mx.array, ...]:
+        """Layer ``i``'s norm weights over its ``[q; k]`` heads (``[heads, 1, head_dim]``,
+        Gemma's ``1 + w``: q_norm's on q heads, k_norm's on k heads), made once and
+        again only when a norm's weight is replaced; ``()`` where the norms are not
+        Gemma-3's. An input to the span rather than work in it."""
+        attn = self.layers[i].self_attn
+        if not _gemma_norms(attn):
+            return ()
+        wq, wk = attn.q_norm.weight, attn.k_norm.weight
+        held = self._qk_weights[i]
+        if held is None or held[0] is not wq or held[1] is not wk:
+            weight = mx.concatenate([
+                mx.broadcast_to(1.0 + wq, (attn.n_heads, wq.shape[-1])),
+                mx.broadcast_to(1.0 + wk, (attn.n_kv_heads, wk.shape[-1])),
+            ])[:, None]
+            held = self._qk_weights[i] = (wq, wk, weight)
+        return (held[2],)
+
+    def _rotated(self, i: int, attn: Any, h: mx.array, cos: mx.array, sin: mx.array,
+                 qk_weight: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
+        """q, k (normed, rotated) and v of layer ``i`` with its RoPE's tables. Where q/k/v
+        are one product, q's and k's heads are adjacent in it: one norm over both (each
+        head with its own norm's weight) and one rotation, instead of two of each."""
+        rope, b, length = self._forms[i], h.shape[0], h.shape[1]
+        heads, kv_heads = attn.n_heads, attn.n_kv_heads
+        fused = getattr(attn, "fused_qkv", None)
+        if (qk_weight is not None and fused is not None
+                and fused.serves((attn.q_proj, attn.k_proj, attn.v_proj))):
+            qk, v = mx.split(fused.layer(h), [fused.splits[1]], axis=-1)
+            qk = qk.reshape(b, length, heads + kv_heads, -1).transpose(0, 2, 1, 3)
+            qk = rope(rms_norm(qk, qk_weight, attn.q_norm.eps), cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
+        else:
+            q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
+            q = q.reshape(b, length, heads, -1).transpose(0, 2, 1, 3)
+            k = k.reshape(b, length, kv_heads, -1).transpose(0, 2, 1, 3)
+            q = rope(attn.q_norm(q), cos, sin)
+            k = rope(attn.k_norm(k), cos, sin)
+        v = v.reshape(b, length, kv_heads, -1).transpose(0, 2, 1, 3)
+        return q, k, v
+
+    def _post(self, i: int, x: mx.array, out: mx.array) -> mx.array:
+        layer = self.layers[i]
+        b, _, length, _ = out.shape
+        r = layer.self_attn.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+        h = clip_residual(x + layer.post_attention_layernorm(r))
+        r = gated_mlp(layer.mlp, layer.pre_feedforward_layernorm(h))
+        return clip_residual(h + layer.post_feedforward_layernorm(r))
+
+    @staticmethod
+    def _core(attn: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
+        k, v = cache.update_and_fetch(k, v)
+        return scaled_dot_product_attention(q, k, v, cache, scale=attn.scale, mask=None)
+
+    def ready(self, x: mx.array, caches: list[Any]) -> bool:
+        """Single position, and the stack's own masks would be ``None``."""
+        model = self.model
+        pattern = model.sliding_window_pattern
+        return (
+            x.shape[1] == 1
+            and create_attention_mask(x, caches[pattern - 1]) is None
+            and (
+                pattern == 1
+                or create_attention_mask(x, caches[0], window_size=model.window_size) is None
+            )
+        )
+
+    def __call__(self, rows: Sequence[list[Any]], group: int, *inputs: mx.array) -> mx.array:
+        """One position of ``S = len(rows)`` independent streams in one batch.
+
+        Stream ``s`` owns the rows ``s, s + S, ..., s + (group - 1) S`` of the
+        batch (e.g. ``[cond; uncond]`` with ``group=2``), and its own caches
+        ``rows[s]``, which may sit at any offset. The fixed-shape spans run
+        once over all rows (RoPE with one offset per row); the attention core
+        runs per stream on its rows and its own cache objects, never a padded
+        common cache. Every stream's rows are bit-identical to the stream run
+        alone, and its caches end in the same state, provided the spans'
+        row-wise ops are (they are on MLX's CPU backend: matmuls, norms,
+        elementwise). Each stream must be :meth:`ready`; one stream is the
+        ``S = 1`` case.
+        """
+
+        rope = self._rope_inputs(rows, group)
+        x, q, k, v = self._enter(rope(0), *inputs)
+        for i, layer in enumerate(self.layers):
+            caches = [c[i] for c in rows]
+            out = self._cores[i](q, k, v, caches, group, layer.self_attn.scale,
+                                 lambda: self._stream_cores(layer.self_attn, q, k, v, caches))
+            if i + 1 < len(self.layers):
+                x, q, k, v = self._between[i](x, out, rope(i + 1))
+            else:
+                return self._exit(x, out)
+        raise ValueError("empty Gemma-3 stack")
+
+    def _stream_cores(
+        self, attn: Any, q: mx.array, k: mx.array, v: mx.array, caches: list[Any]
+    ) -> mx.array:
+        """The attention core of each stream on its strided rows, re-interleaved."""
+        streams = len(caches)
+        outs = [
+            self._core(attn, q[s::streams], k[s::streams], v[s::streams], cache)[:, None]
+            for s, cache in enumerate(caches)
+        ]
+        # outs[s] is [group, 1, ...]: row j of stream s goes back to row j * S + s.
+        joined = mx.concatenate(outs, axis=1)
+        return joined.reshape(-1, *joined.shape[2:])
+
+
+def _gemma_norms(attn: Any) -> bool:
+    """q and k normed by Gemma-3 RMSNorms (weight ``1 + w``) with one epsilon and one
+    weight dtype (a stack of two dtypes would promote one of them)."""
+    return (type(attn.q_norm) is GemmaRMSNorm and type(attn.k_norm) is GemmaRMSNorm
+            and attn.q_norm.eps == attn.k_norm.eps
+            and attn.q_norm.weight.dtype == attn.k_norm.weight.dtype)
