@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from .weight_layout import RowMajorLinear, layouts_agree, row_major
+from .weight_layout import HeldLinear, RowMajorLinear, layouts_agree, row_major
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Fused:
 
 
 def _plain(module: Any) -> bool:
-    return type(module) in (nn.Linear, RowMajorLinear)
+    return type(module) in (nn.Linear, HeldLinear, RowMajorLinear)
 
 
 def _quantized(module: Any) -> bool:
@@ -176,6 +176,14 @@ def fuse_projections(blocks: Sequence[Any]) -> int:
     if blocks and not done:
         logger.info("projections kept apart: stacked products differ on this device")
     return done
+
+
+def fused_layers(blocks: Sequence[Any]) -> list[nn.Module]:
+    """The stacked layers ``blocks`` hold (not in the model's module tree)."""
+    return [fused.layer for block in blocks
+            for fused in (getattr(block, n, None) for n in ("fused_qkv", "fused_gate_up",
+                                                             "fused_heads"))
+            if fused is not None]
 
 
 def unfuse(blocks: Sequence[Any]) -> None:

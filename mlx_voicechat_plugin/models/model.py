@@ -17,8 +17,8 @@ from ..config import ModelConfig
 from .duplex import DuplexSTT
 from .fast_forms import expand_layer_norms
 from .speech import SpeechDecoder
-from .fused import fuse_projections, unfuse
-from .weight_layout import relayout
+from .fused import fuse_projections, fused_layers, unfuse
+from .weight_layout import hold_matrices, relayout
 
 # Deterministic mel filterbank / window buffers of the NeMo featurizer; the
 # frontend rebuilds them, so they are dropped at load.
@@ -70,6 +70,7 @@ class Model(nn.Module):
         The float32 weight matrices are stored transposed where that gives the
         same bits faster (``weight_layout``), and projections of one input are
         stacked into one product where that gives the same bits (``fused``);
+        each layer's matrix is held as the view its product reads (``weight_layout``);
         the LayerNorms run their fewer-kernel exact form where ``mx.fast`` ops
         expand (``fast_forms``); before any compiled step is traced.
         """
@@ -79,6 +80,8 @@ class Model(nn.Module):
         tts = self.tts_model.tts_model
         # The projections the one-position steps read together, as one product each.
         self.fused_blocks = fuse_projections(self._projection_blocks())
+        # Every layer's matrix (``weight.T``) as a held view: a leaf of the graphs.
+        self.held_matrices = hold_matrices(self, fused_layers(self._projection_blocks()))
         self.tts_model.audio_codec.prvq.stack()  # one gather for a frame's codebooks
         tts.set_vocabulary(tokenizer.get_vocab())
         tts.prepare()

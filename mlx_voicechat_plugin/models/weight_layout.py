@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -45,6 +45,32 @@ def row_major(weight: mx.array) -> mx.array:
     return mx.contiguous(weight.T).T
 
 
+def held_matrix(module: nn.Module) -> mx.array:
+    """The matrix a layer multiplies by (``weight.T``; a pointwise conv's ``weight[:, 0].T``):
+    the evaluated view :func:`hold_matrices` made, while the weight is the one it was
+    made of, else made here. The view's strides are the ones the expression has in a
+    graph, so the product is the same call, bit for bit; held, it is a leaf of every
+    graph instead of one to three view nodes per product (each a dispatch on the host)."""
+    weight = module["weight"]
+    held = module.__dict__.get("_held")
+    if held is not None and held[0] is weight:
+        return held[1]
+    return _matrix(weight)
+
+
+def _matrix(weight: mx.array) -> mx.array:
+    return weight[:, 0, :].T if weight.ndim == 3 else weight.T
+
+
+class HeldLinear(nn.Linear):
+    """``nn.Linear`` (``addmm``, or a product without bias) over its held matrix."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if "bias" in self:
+            return mx.addmm(self["bias"], x, held_matrix(self))
+        return x @ held_matrix(self)
+
+
 class RowMajorLinear(nn.Linear):
     """``nn.Linear`` that adds its bias after the product: ``x @ W.T + b``.
 
@@ -53,7 +79,7 @@ class RowMajorLinear(nn.Linear):
     """
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = x @ self["weight"].T
+        y = x @ held_matrix(self)
         return y + self["bias"] if "bias" in self else y
 
 
@@ -61,7 +87,7 @@ class PointwiseConv1d(nn.Conv1d):
     """A kernel-1, stride-1, unpadded ``Conv1d`` as the product ``x @ W[:, 0].T (+ b)``."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = x @ self["weight"][:, 0, :].T
+        y = x @ held_matrix(self)
         return y + self["bias"] if "bias" in self else y
 
 
@@ -180,7 +206,7 @@ def relayout(model: nn.Module, skip: Callable[[str], bool] = lambda name: False)
         if "weight" not in module or not layouts_agree(module["weight"].dtype):
             continue
         weight = module["weight"]
-        if type(module) in (nn.Linear, RowMajorLinear):
+        if type(module) in (nn.Linear, HeldLinear, RowMajorLinear):
             if "bias" in module:
                 if weight.dtype != mx.float32:
                     continue  # as for the LSTM
@@ -199,3 +225,21 @@ def relayout(model: nn.Module, skip: Callable[[str], bool] = lambda name: False)
         logger.info("weight layout kept as stored: this device's products depend on it")
     mx.eval(moved)
     return len(moved)
+
+
+def hold_matrices(model: nn.Module, layers: Sequence[nn.Module] = ()) -> int:
+    """Hold each linear layer's matrix (:func:`held_matrix`) as an evaluated view: the
+    layers of ``model`` (a plain ``nn.Linear`` becomes :class:`HeldLinear`, the same
+    arithmetic) and ``layers`` outside its tree (fused stacks). A layer whose weight is
+    replaced later makes its matrix in the graph again. Returns how many are held."""
+    held = []
+    for module in [m for _, m in model.named_modules()] + list(layers):
+        if type(module) is nn.Linear:
+            module.__class__ = HeldLinear
+        if type(module) not in (HeldLinear, RowMajorLinear, PointwiseConv1d):
+            continue
+        weight = module["weight"]
+        object.__setattr__(module, "_held", (weight, _matrix(weight)))
+        held.append(module.__dict__["_held"][1])
+    mx.eval(held)
+    return len(held)
