@@ -33,8 +33,9 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from .connection import Dialect
+from .connection import connect
 from .dialects import DIALECTS
+from .dialects.base import Dialect
 from .operations.drain import DEFAULT_DRAIN_SECONDS, Drain
 from .engine.thread import Engine
 from .limits import ServerLimits
@@ -42,6 +43,8 @@ from .options import session_options
 from .operations.replica import (
     ReplicaStatus, add_replica_metrics, agent_line, health_response, replica_status,
 )
+from .messages import Hangup
+from .transport.websocket import WebSocketTransport
 from .wire import CloseCode
 
 logger = logging.getLogger(__name__)
@@ -142,7 +145,7 @@ def create_app(
     engine: Engine | None = None,
     warm_up: bool = False,
     api_key_env: str | None = API_KEY_ENV,
-    dialects: Sequence[Dialect] = DIALECTS,
+    dialects: Sequence[type[Dialect]] = DIALECTS,
     drain_seconds: float = DEFAULT_DRAIN_SECONDS,
     agent_port: int | None = None,
     agent_host: str = "127.0.0.1",
@@ -288,7 +291,7 @@ def create_app(
         else:
             await websocket.close(code=CloseCode.POLICY_VIOLATION)
 
-    async def serve(websocket: WebSocket, dialect: Dialect) -> None:
+    async def serve(websocket: WebSocket, dialect: type[Dialect]) -> None:
         allowed, subprotocol = websocket_auth(websocket, current_key())
         if not allowed:
             await deny(websocket, 401, "missing or invalid API key")
@@ -301,11 +304,12 @@ def create_app(
             await deny(websocket, 404, f"model {asked[:64]!r} is not served here; this server "
                        f"serves {model_id!r}")
             return
-        connection = dialect.connection(websocket, engine, model_id, limits)
-        connection.subprotocol = subprotocol
+        transport = WebSocketTransport(websocket, limits.max_pending_events,
+                                       limits.send_timeout, subprotocol)
+        connection = connect(transport, dialect, engine, model_id, limits)
         try:
             await drain.serve(connection)  # connection.run(), ended by a graceful stop
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, Hangup):
             pass
         except Exception as exc:  # e.g. sending after the client went away
             if websocket.client_state == WebSocketState.DISCONNECTED:
@@ -313,7 +317,7 @@ def create_app(
             else:
                 logger.exception("%s failed", connection.session_id)
 
-    def add_dialect(dialect: Dialect) -> None:
+    def add_dialect(dialect: type[Dialect]) -> None:
         async def realtime(websocket: WebSocket) -> None:
             await serve(websocket, dialect)
 
