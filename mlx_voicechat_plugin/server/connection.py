@@ -112,7 +112,7 @@ class Connection:
             if gone and session.outlives_transport:
                 self.early.append(self.receiving.result())
                 self.receiving = None
-                await session.wait(opening)
+                await session.wait_opening(opening)
                 return
             if not done or gone:
                 session.engine.abort(self.session_id)
@@ -197,9 +197,7 @@ class Connection:
         finally:
             if self.receiving is not None:
                 self.receiving.cancel()
-            if session.outlives_transport and not session.released:
-                session.detach()
-            else:
+            if not session.detached:  # a hangup detached one that outlives its transport
                 await session.release()
             await self.transport.stop()
 

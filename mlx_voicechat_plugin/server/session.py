@@ -97,6 +97,7 @@ class Session:
         self.halted: asyncio.Future = self.event_loop.create_future()
         self.link: Link | None = None
         self.outlives_transport = False  # detach, not release, when the transport ends
+        self.detached = False  # its transport ended and it goes on, awaiting another
         self.pending: deque[Outgoing] = deque()  # messages made while detached
         self.released = False
         self._tasks: set[asyncio.Task] = set()
@@ -157,22 +158,18 @@ class Session:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        self.link = link
+        self.link, self.detached = link, False
         while self.pending:
             link.send(self.pending.popleft())
 
     def detach(self) -> None:
         """The transport is gone; the session goes on (its slot held, its timers running)
         until a new link attaches or its deadline passes (then it is released)."""
-        if self.link is None or self.released:
+        if self.detached or self.released:
             return
-        self.link = None
+        self.link, self.detached = None, True
         logger.info("%s detached from its transport", self.session_id)
         self._expiry = asyncio.ensure_future(self._expire_detached())
-
-    @property
-    def detached(self) -> bool:
-        return self.link is None and not self.released
 
     async def _expire_detached(self) -> None:
         reason = await self.expired()
@@ -239,7 +236,7 @@ class Session:
         self.event_loop, self.frames_run = asyncio.get_running_loop(), 0
         opening = self.engine.open(self.session_id, options, self)
         self.open = True  # the engine may hold a stream from now on: release closes it
-        await (self.link.watch(opening) if self.link is not None else self.wait(opening))
+        await (self.link.watch(opening) if self.link is not None else self.wait_opening(opening))
         try:
             details = opening.result()
         except PoolFull as exc:  # its reservation does not fit --max-state-bytes
@@ -251,7 +248,7 @@ class Session:
         self.details = details
         return details
 
-    async def wait(self, opening: asyncio.Future) -> None:
+    async def wait_opening(self, opening: asyncio.Future) -> None:
         """Wait for the engine to open the session with no transport: its prefill is
         stopped at the wall-clock cap."""
         remaining = self.connected_at + self.limits.max_session_wall_seconds - time.monotonic()
@@ -322,7 +319,7 @@ class Session:
         """:meth:`let_go`, stop the session's timers, then wait for the engine to have
         closed the session. Safe to call again."""
         self.let_go()
-        self.released, self.link = True, None
+        self.released, self.link, self.detached = True, None, False
         current = asyncio.current_task()
         for task in [*self._tasks, self._expiry]:
             if task is not None and task is not current:
