@@ -20,7 +20,6 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .config import MODEL_TYPE, ModelConfig
 from .models.model import Model
-from .runtime import session as _runtime  # noqa: F401 (model.create_session makes its VoiceChat)
 
 logger = logging.getLogger(__name__)
 

@@ -263,11 +263,15 @@ def test_runtime_imports_have_no_cycle():
             visit(node, [node])
 
 
-def test_models_import_no_runtime_and_the_runtime_binds_create_session():
+def test_models_import_no_runtime_and_create_session_names_the_runtime():
     uses = {name: sorted(t for t in targets if ".runtime" in t)
             for name, targets in _graph("models").items()}
     assert {k: v for k, v in uses.items() if v} == {}
-    from mlx_voicechat_plugin.models.model import Model
+    import importlib
+
+    from mlx_voicechat_plugin.models import model
     from mlx_voicechat_plugin.runtime.session import VoiceChat
 
-    assert Model.runtime is VoiceChat  # model.create_session(processor) makes one
+    module, name = model.RUNTIME  # model.create_session(processor) makes one, found by name
+    assert getattr(importlib.import_module(module, model.__package__), name) is VoiceChat
+    assert not hasattr(model.Model, "runtime")  # nothing set on the class by an import

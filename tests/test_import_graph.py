@@ -69,7 +69,7 @@ def imports(name: str) -> set[str]:
 
 
 def test_the_graph_is_read():
-    assert "mlx_voicechat_plugin.runtime.session" in imports("mlx_voicechat_plugin.loader")
+    assert "mlx_voicechat_plugin.models.model" in imports("mlx_voicechat_plugin.loader")
     assert "mlx_voicechat_plugin.server.engine" in imports("mlx_voicechat_plugin.server.app")
 
 

@@ -121,6 +121,30 @@ def test_measured_state_stays_within_the_reservation_and_is_constant_past_the_wi
     assert pool.reserved_bytes == 0
 
 
+def test_admission_and_the_pool_keep_one_ledger(voicechat):
+    from mlx_voicechat_plugin.runtime.ledger import ReservationLedger
+    from mlx_voicechat_plugin.server.engine.admission import Admission
+
+    class Refused:
+        count = 0
+
+        def inc(self) -> None:
+            self.count += 1
+
+    options = SessionOptions(context_seconds=WINDOW)
+    ledger = ReservationLedger()
+    pool = SessionPool(voicechat, max_sessions=2, max_state_bytes=10**9,
+                       default_options=options, ledger=ledger)
+    admission, least = Admission(2, 10**9, ledger, Refused()), pool.least_reservation()
+    assert admission.try_reserve("a") and ledger.committed_bytes() == least  # not open yet
+    pool.open("a", SessionOptions(context_seconds=WINDOW, system_prompt="Hi."))
+    assert ledger.committed_bytes() == pool.reserved["a"] > least  # its own reservation
+    pool.close("a")
+    assert ledger.committed_bytes() == least  # the slot is still held
+    admission.release("a")
+    assert ledger.committed_bytes() == 0 and admission.free_slots() == 2
+
+
 def test_an_unbounded_session_reserves_its_max_streaming_seconds(voicechat):
     reservations = Reservations(voicechat)
     short = reservations.of(SessionOptions(context_seconds=0, max_streaming_seconds=10), 0)

@@ -28,6 +28,7 @@ from server_support import (
 )
 from websockets.exceptions import ConnectionClosed
 
+from mlx_voicechat_plugin.runtime.ledger import ReservationLedger
 from mlx_voicechat_plugin.server.engine.admission import Admission
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.operations.drain import STOPPED, Drain
@@ -111,16 +112,11 @@ def test_a_draining_replica_reports_drain_and_no_capacity():
     assert (read["health"], read["admin"], read["maxconn"]) == (None, "drain", None)
 
 
-class FakePool:
+def open_session_ledger() -> ReservationLedger:
     """One open session reserving 40 bytes of state; a new one reserves at least 40."""
-
-    state_bytes, reserved_bytes = 10, 40
-
-    def least_reservation(self) -> int:
-        return 40
-
-    def __len__(self) -> int:
-        return 1
+    ledger = ReservationLedger()
+    ledger.reserved["open"], ledger.least, ledger.state_bytes = 40, 40, 10
+    return ledger
 
 
 class NoCounter:
@@ -129,8 +125,7 @@ class NoCounter:
 
 
 def test_free_slots_count_the_slots_and_none_at_the_state_budget():
-    pool = FakePool()
-    admission = Admission(3, None, lambda: pool, NoCounter())
+    admission = Admission(3, None, open_session_ledger(), NoCounter())
     assert admission.try_reserve("open")
     assert admission.free_slots() == 2
     admission.max_state_bytes = 100  # room for one more reservation of 40
@@ -323,8 +318,7 @@ class FakeEngine:
     ready, running, load_error = True, True, None
 
     def __init__(self) -> None:
-        pool = FakePool()
-        self.admission = Admission(self.max_sessions, None, lambda: pool, NoCounter())
+        self.admission = Admission(self.max_sessions, None, open_session_ledger(), NoCounter())
         self.admission.try_reserve("open")
 
 

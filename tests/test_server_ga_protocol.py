@@ -242,7 +242,7 @@ def test_the_subprotocol_key_is_compared_in_constant_time_and_never_logged(serve
     import logging
     from types import SimpleNamespace
 
-    from mlx_voicechat_plugin.server import app as app_module
+    from mlx_voicechat_plugin.server.routes import access as app_module
 
     calls = []
     real = app_module.hmac.compare_digest

@@ -34,7 +34,8 @@ from tool_support import short_tool_prompt
 from websockets.exceptions import InvalidStatus
 
 from mlx_voicechat_plugin.server import wire
-from mlx_voicechat_plugin.server.app import create_app, origin_allowed
+from mlx_voicechat_plugin.server.app import create_app
+from mlx_voicechat_plugin.server.routes.access import origin_allowed
 from mlx_voicechat_plugin.server.limits import ServerLimits
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city.",

@@ -261,7 +261,7 @@ def test_a_model_failure_is_an_inference_error_that_stops_the_append(tiny_ckpt):
 
 
 def test_the_mlx_cache_is_cleared_when_a_session_closes_not_per_frame(server, monkeypatch):
-    from mlx_voicechat_plugin.server import engine as engine_module
+    from mlx_voicechat_plugin.server.engine import thread as engine_module
 
     calls = []
     monkeypatch.setattr(engine_module, "_clear_cache", lambda: calls.append(1))

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from server_support import FRAME, LiveServer, append_message, configure, connect, send, until_closed
 
-from mlx_voicechat_plugin.server import app as app_module
-from mlx_voicechat_plugin.server.app import bearer_ok, create_app
+from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.engine import Engine, load_voicechat
+from mlx_voicechat_plugin.server.routes import access as app_module
+from mlx_voicechat_plugin.server.routes.access import bearer_ok
 
 
 @pytest.mark.parametrize("model", ["/etc/passwd", "../../other/ckpt", "nvidia/another-model",

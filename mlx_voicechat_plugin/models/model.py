@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+import importlib
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -40,10 +41,13 @@ def _to_channels_last(value: mx.array, expected: tuple[int, ...]) -> mx.array:
     return moved
 
 
-class Model(nn.Module):
-    # What create_session makes: runtime.session.VoiceChat, set when it is imported.
-    runtime: ClassVar[Callable[[Any, Any], Any] | None] = None
+# What create_session makes, found by name when it is called: the runtime builds its
+# sessions from a model, and model code imports no runtime (nor does the runtime set
+# anything here when it is imported).
+RUNTIME = ("..runtime.session", "VoiceChat")
 
+
+class Model(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -99,13 +103,10 @@ class Model(nn.Module):
         The runtime's own state lives there, not on the model: the EAR-TTS warm
         start (computed when it is made) and the prompt cache. Make one and
         keep it; every session it makes shares them. Model code does not import
-        the runtime: the runtime builds its sessions from a model and registers
-        itself here (:attr:`runtime`) when it is imported (``load`` imports it).
+        the runtime: :data:`RUNTIME` names it, looked up here.
         """
-        if Model.runtime is None:
-            raise RuntimeError("no runtime: import mlx_voicechat_plugin.runtime.session "
-                               "(mlx_voicechat_plugin.load does)")
-        return Model.runtime(self, processor)
+        module, name = RUNTIME
+        return getattr(importlib.import_module(module, __package__), name)(self, processor)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Map checkpoint tensors onto this module tree. Idempotent.

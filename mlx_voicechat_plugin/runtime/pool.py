@@ -38,6 +38,7 @@ from typing import Any, Generator
 import numpy as np
 
 from .events import Event
+from .ledger import ReservationLedger
 from .options import SessionOptions, TranscriptionOptions, check_positive_int
 from .reservation import Reservations
 from .streaming import StreamingShell, step_cores
@@ -95,9 +96,11 @@ class SessionPool:
 
     def __init__(self, voicechat: Any, max_sessions: int = 1,
                  max_state_bytes: int | None = None,
-                 default_options: SessionOptions | None = None):
+                 default_options: SessionOptions | None = None,
+                 ledger: ReservationLedger | None = None):
         """``default_options``: what a session gets when its client asks for nothing (the
-        server's bounds), the least a new session reserves at admission."""
+        server's bounds), the least a new session reserves at admission. ``ledger``: where
+        the reservations are kept (a server's admission reads the same one)."""
         check_budgets(max_sessions, max_state_bytes)
         self.default_options = default_options or SessionOptions()
         self.voicechat = voicechat
@@ -106,10 +109,11 @@ class SessionPool:
         self.sessions: dict[str, StreamingShell] = {}
         self.state_bytes = 0  # measured after every change (read from any thread)
         self.reservations = Reservations(voicechat)
-        self.reserved: dict[str, int] = {}  # session -> its worst-case state bytes
+        self.ledger = ledger or ReservationLedger()
+        self.reserved = self.ledger.reserved  # session -> its worst-case state bytes
         # Measured and computed now, not at the first open (nor on another thread).
-        self._least = (0 if max_state_bytes is None
-                       else self.reservations.of(self.default_options, 0))
+        self._least = self.ledger.least = (0 if max_state_bytes is None
+                                           else self.reservations.of(self.default_options, 0))
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -120,7 +124,7 @@ class SessionPool:
     @property
     def reserved_bytes(self) -> int:
         """What the open sessions reserve in all (read from any thread)."""
-        return sum(list(self.reserved.values()))
+        return self.ledger.reserved_bytes
 
     def least_reservation(self) -> int:
         """The smallest reservation a new conversation can have (no prompt, default
@@ -134,7 +138,7 @@ class SessionPool:
                                self.max_state_bytes, self.least_reservation())
 
     def _measure(self) -> None:
-        self.state_bytes = sum(s.nbytes for s in self.sessions.values())
+        self.state_bytes = self.ledger.state_bytes = sum(s.nbytes for s in self.sessions.values())
 
     # --- lifecycle ----------------------------------------------------------
 

@@ -243,5 +243,3 @@ class VoiceChat:
             events=events,
         )
 
-
-Model.runtime = VoiceChat  # model.create_session(processor) makes one

@@ -1,7 +1,8 @@
 """The one streaming shell: PCM chunks of any size in, frames through a core, events out.
 
 :class:`StreamingShell` owns what every realtime stream does the same way: it
-cuts PCM into 1280-sample frames (keeping the partial one), bounds the
+cuts PCM into 1280-sample frames (keeping the partial one: its
+:class:`~.framing.Framer`, the one the server's channels use), bounds the
 buffered samples, the stream's length and its transcript
 (:class:`~.options.StreamLimits`), zero-pads the partial frame at ``flush``,
 ends with ``Done`` or ``Cancelled`` and releases the state on every exit
@@ -28,6 +29,7 @@ import numpy as np
 from .audio import as_pcm_chunk
 from .conversation import Conversation
 from .events import Cancelled, Done, Event
+from .framing import Chunk, Framer
 from .frame import advance_batch
 from .options import SessionOptions, StreamLimits
 from .profile import Profile
@@ -100,7 +102,7 @@ class StreamingShell:
             if options.max_streaming_seconds is None
             else int(options.max_streaming_seconds / config.frame_duration)
         )
-        self._pending = np.zeros((0,), dtype=np.float32)
+        self.framer = Framer(self.frame_samples)  # what push_audio is given, framed
         self.closed = False
 
     @property
@@ -114,7 +116,7 @@ class StreamingShell:
     @property
     def nbytes(self) -> int:
         """Bytes of the stream's state arrays (caches, carries, buffered PCM)."""
-        return self.core.compute.nbytes + self._pending.nbytes
+        return self.core.compute.nbytes + self.framer.nbytes
 
     def start_steps(self) -> Iterator[int]:
         """A deferred start (a conversation's system-prompt prefill), one position per
@@ -161,22 +163,18 @@ class StreamingShell:
         if rate != self.sample_rate:
             raise ValueError(f"sample_rate must be {self.sample_rate} Hz, got {rate}")
         chunk = as_pcm_chunk(samples)
-        limit = self.options.max_buffered_samples
-        if limit is not None and self._pending.shape[0] + chunk.shape[0] > limit:
+        limit, buffered = self.options.max_buffered_samples, self.framer.buffered
+        if limit is not None and buffered + chunk.shape[0] > limit:
             raise ValueError(
-                f"audio chunk of {chunk.shape[0]} samples (with {self._pending.shape[0]} "
+                f"audio chunk of {chunk.shape[0]} samples (with {buffered} "
                 f"buffered) exceeds max_buffered_samples={limit}"
             )
-        self._pending = np.concatenate([self._pending, chunk])
-        count = self._pending.shape[0] // self.frame_samples
-        frames = [self._pending[i * self.frame_samples : (i + 1) * self.frame_samples]
-                  for i in range(count)]
-        self._pending = self._pending[count * self.frame_samples :]
-        return frames
+        self.framer.add_chunk(Chunk(chunk.copy()))  # held past this call: not the caller's buffer
+        return self.framer.take_frames()
 
     def drop_pending(self) -> None:
         """Forget buffered PCM (after :class:`ContextLimit`)."""
-        self._pending = np.zeros((0,), dtype=np.float32)
+        self.framer.clear()
 
     def _frame(self, frame: np.ndarray) -> list[Event]:
         self.check_frame()
@@ -202,19 +200,23 @@ class StreamingShell:
         return events
 
     def flush(self, pad_partial: bool = True, partial: np.ndarray | None = None) -> list[Event]:
-        """End the input: optionally zero-pad and run the partial frame (the one buffered
-        here, joined by ``partial``: what a caller that cut the frames itself held),
-        then the core's closing events and ``Done``; the stream is closed afterwards."""
+        """End the input: optionally zero-pad and run the partial frame, then the core's
+        closing events and ``Done``; the stream is closed afterwards. The partial frame
+        is the framer's, or ``partial`` from a caller that framed the audio itself (its
+        own :class:`~.framing.Framer`, as the server's channels do)."""
         self._check_open()
-        if partial is not None and partial.shape[0]:
-            self._pending = np.concatenate([self._pending, partial])
+        if partial is None:
+            partial = self.framer.take_partial()
+        elif self.framer.buffered:
+            raise ValueError("flush(partial=...) is for a caller that framed its audio "
+                             "itself; this stream holds audio from push_audio")
         events: list[Event] = []
         try:
             # At a limit the partial frame is dropped: the stream still ends
             # normally (the core's closing events, then Done).
-            if self._pending.shape[0] and pad_partial and self.limit_reached() is None:
+            if partial.shape[0] and pad_partial and self.limit_reached() is None:
                 frame = np.zeros((self.frame_samples,), dtype=np.float32)
-                frame[: self._pending.shape[0]] = self._pending
+                frame[: partial.shape[0]] = partial
                 events.extend(self.core.frame(frame))
             events.extend(self.core.end())
         finally:
@@ -236,7 +238,7 @@ class StreamingShell:
         """Release every state array (the books stay readable)."""
         if not self.closed:
             self.closed = True
-            self._pending = np.zeros((0,), dtype=np.float32)
+            self.framer.clear()
             self.core.close()
 
 

@@ -39,10 +39,12 @@ PREFILL_SLICE_SECONDS = 0.02
 class Stepper:
     """Every open session's channel (engine thread only)."""
 
-    def __init__(self, metrics: EngineMetrics):
+    def __init__(self, metrics: EngineMetrics, pool: SessionPool | None,
+                 scheduler: BatchScheduler):
+        """``pool``: the loaded model's (``None`` when it failed to load: no session opens)."""
         self.metrics = metrics
-        self.pool: SessionPool | None = None  # set once the model is loaded
-        self.scheduler: BatchScheduler | None = None  # set when the engine starts serving
+        self.pool = pool
+        self.scheduler = scheduler
         self.channels: dict[str, SessionChannel] = {}
 
     # --- what is due --------------------------------------------------------------

@@ -36,10 +36,12 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
+from ...runtime.framing import Chunk
+from ...runtime.ledger import ReservationLedger
 from ...runtime.pool import PoolFull, SessionPool
 from ...runtime.prompt_cache import PromptCache
 from .admission import Admission
-from .channel import Chunk, Handoff, Sink, hand_off
+from .channel import Handoff, Sink, hand_off
 from .commands import (
     Append, Cancel, Close, Command, DeltaSink, Flush, Open, OpenOptions, SessionDetails, Sync,
     ToolResult, Transcribe,
@@ -89,13 +91,14 @@ class Engine:
         self.loaded = threading.Event()
         self._commands: queue.Queue[Command | None] = queue.Queue()
         self._aborts: dict[str, threading.Event] = {}  # session -> stop its prefill
-        self.admission = Admission(max_sessions, max_state_bytes, lambda: self.pool,
+        self.ledger = ReservationLedger()  # slots and reservations: admission's and the pool's
+        self.admission = Admission(max_sessions, max_state_bytes, self.ledger,
                                    self.metrics.refused)
         self._jobs = JobQueue()  # engine thread only
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
         self.metrics.transcriptions_in_flight.set_function(lambda: self.transcriptions.in_flight)
         self._transcriber: Any = None
-        self.stepper = Stepper(self.metrics)  # the sessions' channels (engine thread only)
+        self.stepper: Stepper | None = None  # the sessions' channels: made by the engine thread
         self.input_peak_bytes = 0  # the most PCM one session's channel ever held
         self.warm_batch_sizes: tuple[int, ...] = ()  # compiled at start-up
         self._thread = threading.Thread(target=self._run, name="mlx-voicechat-engine",
@@ -215,7 +218,7 @@ class Engine:
             logger.info("loading %s", self.model_path)
             self.voicechat = self.loader(self.model_path)
             self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes,
-                                    self.session_defaults)
+                                    self.session_defaults, self.ledger)
             self.metrics.watch_reserved(lambda: self.admission.reserved_bytes)
             if self.prompt_cache_bytes is not None:
                 self.voicechat.prompt_cache = PromptCache(self.prompt_cache_bytes)
@@ -235,9 +238,9 @@ class Engine:
 
     def _serve(self) -> None:
         frame_seconds = self.config.frame_duration if self.voicechat is not None else 0.08
-        self.stepper.pool = self.pool
-        self.stepper.scheduler = BatchScheduler(self.batch_wait, frame_seconds,
-                                                self.batch_fill, self.step_costs)
+        scheduler = BatchScheduler(self.batch_wait, frame_seconds, self.batch_fill,
+                                   self.step_costs)
+        self.stepper = Stepper(self.metrics, self.pool, scheduler)
         while self._cycle():
             pass
         self.stepper.drop_all()

@@ -1,0 +1,37 @@
+"""The one record of who holds a session slot and what state each open session reserves.
+
+:class:`~.pool.SessionPool` writes the open sessions' reservations into it
+(:mod:`.reservation`: each one's worst case, fixed when it opens) and their
+measured state; a server's admission (:mod:`..server.engine.admission`)
+holds a slot in it for each connection it accepts, before the connection's
+session opens, and reads what is committed from it. Made before the pool
+(a server admits while its model loads) and given to it. Read from any
+thread; slots are taken under :attr:`ReservationLedger.lock`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class ReservationLedger:
+    """Session slots and reserved state bytes, by session id."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # one admission decision at a time
+        self.slots: set[str] = set()  # held from a connection's accept to its end
+        self.reserved: dict[str, int] = {}  # open session -> its worst-case state bytes
+        self.least = 0  # the least a new session reserves (the pool's; 0 before it exists)
+        self.state_bytes = 0  # measured bytes of the open sessions' state
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What the open sessions reserve in all."""
+        return sum(list(self.reserved.values()))
+
+    def committed_bytes(self) -> int:
+        """The open sessions' reservations, and the least a session reserves for each
+        slot held whose session has not reserved yet."""
+        reserved = dict(self.reserved)
+        waiting = sum(1 for s in list(self.slots) if s not in reserved)
+        return sum(reserved.values()) + waiting * self.least

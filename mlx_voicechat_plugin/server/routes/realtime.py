@@ -1,0 +1,92 @@
+"""The realtime WebSocket routes: each dialect at its paths, after the API key, ``Origin``
+and ``?model=`` checks. Event loop.
+
+Each registered dialect (:data:`..dialects.DIALECTS` by default: mlx-vlm's at
+``/v1/realtime``, OpenAI Realtime GA's at ``/openai/v1/realtime``) is served
+at its paths; all share the engine's sessions. An upgrade refused before it
+is accepted gets an HTTP denial response where the server supports one, else
+a policy-violation close.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from fastapi import APIRouter, WebSocket
+from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from ..connection import connect
+from ..dialects.base import Dialect
+from ..engine.thread import Engine
+from ..limits import ServerLimits
+from ..messages import Hangup
+from ..operations.drain import Drain
+from ..transport.websocket import WebSocketTransport
+from ..wire import CloseCode
+from .access import Access, websocket_auth
+from .models import ServedModel
+
+logger = logging.getLogger(__name__)
+
+
+async def deny(websocket: WebSocket, status: int, message: str) -> None:
+    """Refuse an upgrade: ``status`` with an error body, or a close where no denial is possible."""
+    logger.info("rejected upgrade: %s", message)
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(
+            JSONResponse({"error": {"code": "invalid_request", "message": message}}, status))
+    else:
+        await websocket.close(code=CloseCode.POLICY_VIOLATION)
+
+
+class Realtime:
+    """Serves one upgrade in a dialect: checks it, then runs its connection (a WebSocket
+    transport, a new session in the dialect) under the drain."""
+
+    def __init__(self, engine: Engine, drain: Drain, served: ServedModel, limits: ServerLimits,
+                 access: Access):
+        self.engine, self.drain, self.served = engine, drain, served
+        self.limits, self.access = limits, access
+
+    async def serve(self, websocket: WebSocket, dialect: type[Dialect]) -> None:
+        allowed, subprotocol = websocket_auth(websocket, self.access.current_key())
+        if not allowed:
+            await deny(websocket, 401, "missing or invalid API key")
+            return
+        if not self.access.origin_ok(websocket.headers.get("origin")):
+            await deny(websocket, 403, "origin not allowed")
+            return
+        asked = websocket.query_params.get("model")
+        if asked is not None and asked not in self.served.names:
+            await deny(websocket, 404, self.served.not_served(asked))
+            return
+        limits = self.limits
+        transport = WebSocketTransport(websocket, limits.max_pending_events, limits.send_timeout,
+                                       subprotocol)
+        connection = connect(transport, dialect, self.engine, self.served.model_id, limits)
+        try:
+            await self.drain.serve(connection)  # connection.run(), ended by a graceful stop
+        except (WebSocketDisconnect, Hangup):
+            pass
+        except Exception as exc:  # e.g. sending after the client went away
+            if websocket.client_state == WebSocketState.DISCONNECTED:
+                logger.info("%s ended: client gone (%s)", connection.session_id, exc)
+            else:
+                logger.exception("%s failed", connection.session_id)
+
+    def router(self, dialects: Sequence[type[Dialect]], prefix: str = "") -> APIRouter:
+        """Each dialect's WebSocket route at each of its paths."""
+        router = APIRouter(prefix=prefix)
+        for dialect in dialects:
+            endpoint = self._endpoint(dialect)
+            for path in dialect.paths:
+                router.add_api_websocket_route(path, endpoint, name=dialect.name)
+        return router
+
+    def _endpoint(self, dialect: type[Dialect]):
+        async def realtime(websocket: WebSocket) -> None:
+            await self.serve(websocket, dialect)
+
+        return realtime
