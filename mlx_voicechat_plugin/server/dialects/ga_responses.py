@@ -24,7 +24,7 @@ responses. The mapping, one frame's runtime events at a time:
   passed since it opened; ``cancelled`` (``client_cancelled``) at
   ``response.cancel`` / ``conversation.item.truncate`` or when a new prompt
   restarts the timeline. While a response is owed (:attr:`GAResponses.owes`)
-  the connection runs the timeline on silence if the client sends no audio;
+  the session's timer runs the timeline on silence if the client sends no audio;
   text in those frames after the owed response ended opens no new one (else a
   model that never stops would keep the server running silence for ever).
 - A tool call is a ``function_call`` output item of the response it ends:
@@ -49,7 +49,7 @@ responses. The mapping, one frame's runtime events at a time:
 How each response and user item opens and closes is :mod:`.ga_turns`'
 (:class:`~.ga_turns.ResponseBook`, the base of :class:`GAResponses`).
 :meth:`GAResponses.translate` and the request methods all run on the
-connection's event loop (the engine hands the runtime events over there), so
+session's event loop (the engine hands the runtime events over there), so
 the state has one thread and no lock.
 """
 

@@ -5,7 +5,7 @@ What each step emits (``response.created``, the message's
 ``response.done`` with ``usage``; the user item's ``committed`` and its
 ``conversation.item.*``); when to take which step is :mod:`.ga_responses`'
 business (the mapping of runtime events and client requests). The wire shapes
-are :mod:`.ga_items`'. Only the connection's event loop touches it.
+are :mod:`.ga_items`'. Only the session's event loop touches it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The mlx-vlm realtime dialect (``/v1/realtime``), as ``mlx_vlm.server`` speaks it.
 
-A connection: ``session.created``, one ``session.update`` (the session opens:
+A session: ``session.created``, one ``session.update`` (the session opens:
 its prompt prefills), ``input_audio_buffer.append`` (16 kHz PCM16; each
 frame's events stream back as it runs), ``conversation.item.create`` with a
 ``function_call_output``, ``session.ping``; then ``input_audio_buffer.commit``
