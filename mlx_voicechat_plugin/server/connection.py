@@ -27,12 +27,12 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from .engine.thread import Engine
 from .limits import ServerLimits
 from .messages import NOT_READING, ClientNotReading, Ending, Finished, Hangup, Outgoing
-from .session import Session
+from .session import Session, SessionDialect
 from .wire import ErrorCode, ProtocolError
 
 logger = logging.getLogger(__name__)
@@ -57,8 +57,23 @@ class Transport(Protocol):
     async def close(self, ending: Ending, reason: str = "") -> None: ...
 
 
-def connect(transport: Transport, dialect: Any, engine: Engine, model_id: str,
-            limits: ServerLimits) -> Connection:
+class SpokenDialect(SessionDialect, Protocol):
+    """What a connection asks of its session's dialect (:class:`~.dialects.base.Dialect`;
+    the dialects sit above this module, so it names them by their shape)."""
+
+    def greeting(self) -> Outgoing: ...
+
+    def error(self, code: str, message: str) -> Outgoing: ...
+
+    def parse(self, message: str | bytes) -> Any: ...
+
+    def queues_audio(self, message: Any) -> bool: ...
+
+    async def dispatch(self, message: Any) -> None: ...
+
+
+def connect(transport: Transport, dialect: Callable[[Session, str], SpokenDialect],
+            engine: Engine, model_id: str, limits: ServerLimits) -> Connection:
     """A new session spoken in ``dialect`` (a :class:`~.dialects.base.Dialect` class),
     served over ``transport``."""
     session = Session(engine, limits)
@@ -72,7 +87,7 @@ class Connection:
     def __init__(self, transport: Transport, session: Session, resumed: bool = False):
         self.transport = transport
         self.session = session
-        self.dialect: Any = session.dialect
+        self.dialect: SpokenDialect = session.dialect  # type: ignore[assignment]
         self.limits = session.limits
         self.resumed = resumed  # the session was detached from another transport
         self.failed_updates = 0
@@ -88,7 +103,7 @@ class Connection:
     def send(self, message: Outgoing) -> None:
         self.transport.send(message)
 
-    async def send_error(self, code: str, message: str) -> None:
+    def send_error(self, code: str, message: str) -> None:
         logger.info("%s error %s: %s", self.session_id, code, message)
         self.session.send(self.dialect.error(code, message))
 
@@ -177,10 +192,10 @@ class Connection:
                 logger.info("%s resumed on a new transport", self.session_id)
             else:
                 if not engine.ready:
-                    await self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
+                    self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
                 if not engine.admission.try_reserve(self.session_id):
-                    await self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
+                    self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
                     raise Finished(Ending.BUSY)
                 logger.info("%s connected", self.session_id)
                 session.send(self.dialect.greeting())
@@ -208,19 +223,19 @@ class Connection:
             if isinstance(message, Hangup):
                 raise message
             if isinstance(message, str):  # the session's deadline passed
-                await self.send_error(ErrorCode.INVALID_REQUEST, message)
+                self.send_error(ErrorCode.INVALID_REQUEST, message)
                 raise Finished(Ending.VIOLATION)
             try:
                 async with self.session.turn:
                     await self.handle(message[0])
             except ProtocolError as exc:
-                await self.send_error(exc.code, exc.message)
+                self.send_error(exc.code, exc.message)
                 if exc.code == ErrorCode.SESSION_INITIALIZATION_FAILED:
                     self.failed_updates += 1
                     if self.failed_updates >= self.limits.max_failed_updates:
-                        await self.send_error(ErrorCode.INVALID_REQUEST,
-                                              f"{self.failed_updates} failed session.update "
-                                              "messages; closing")
+                        self.send_error(ErrorCode.INVALID_REQUEST,
+                                        f"{self.failed_updates} failed session.update "
+                                        "messages; closing")
                         raise Finished(Ending.VIOLATION) from None
 
     def checked(self, message: str | bytes) -> str | bytes:
