@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from mlx_voicechat_plugin.server.dialects.base import Dialect
+from mlx_voicechat_plugin.server.dialects.client_options import session_options
 from mlx_voicechat_plugin.server.messages import Ending, Event, Finished
-from mlx_voicechat_plugin.server.options import session_options
 from mlx_voicechat_plugin.server.wire import (
     decode_base64, invalid, load_object, pcm16_samples,
 )

@@ -35,4 +35,4 @@ def test_counted_samples_are_reported_as_they_leave():
 
 def test_the_server_channel_frames_with_the_framer():
     channel = SessionChannel(FRAME)
-    assert isinstance(channel.framer, Framer) and channel.frame_samples == FRAME
+    assert isinstance(channel.framer, Framer) and channel.framer.frame_samples == FRAME

@@ -32,7 +32,7 @@ from mlx_voicechat_plugin.runtime.pool import PoolFull, SessionPool
 from mlx_voicechat_plugin.runtime.reservation import Reservations
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.options import session_options
+from mlx_voicechat_plugin.server.dialects.client_options import session_options
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 WINDOW = 1.0  # seconds: 12 frames

@@ -69,3 +69,12 @@ def test_no_module_reaches_into_another_modules_private_names():
         offenders += [f"{path.relative_to(PACKAGE)}:{line}"
                       for line in foreign_private_access(path.read_text())]
     assert offenders == []
+
+
+MAX_MODULE_LINES = 400  # one concept per module (mlx-lm's shape): split one that passes it
+
+
+def test_no_module_is_over_400_lines():
+    long = {str(path.relative_to(PACKAGE)): lines for path in sorted(PACKAGE.rglob("*.py"))
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}

@@ -63,6 +63,13 @@ def check_non_negative(value: object, what: str) -> float:
     return float(value)
 
 
+def buffered_samples(seconds: float, sample_rate: int, frame_samples: int) -> int:
+    """A bound on buffered input given in seconds, in samples: never less than a frame
+    (a stream must be able to hold the frame it is completing). The server's
+    ``--max-buffered-seconds`` is this bound on its session channels."""
+    return max(int(seconds * sample_rate), frame_samples)
+
+
 @dataclass(kw_only=True)
 class StreamLimits:
     """What the streaming shell (:class:`~.streaming.StreamingShell`) enforces, for
@@ -70,7 +77,8 @@ class StreamLimits:
 
     use_perception_cache: bool = True
     max_streaming_seconds: float | None = None
-    # Samples one push may leave waiting for a frame, with what is already buffered.
+    # Samples one push may leave waiting for a frame, with what is already buffered
+    # (the stream's own framer; a server bounds its channels with buffered_samples).
     max_buffered_samples: int | None = None
     # UTF-8 bytes of the user transcript; a frame does not start once it is reached.
     max_transcript_bytes: int | None = None

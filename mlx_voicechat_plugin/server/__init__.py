@@ -8,10 +8,11 @@ messages read, runtime events told as typed ``messages``) and a
 out, its own close codes); ``wire`` holds what the dialects' wires share;
 ``engine`` is the one thread that runs all MLX work (its
 ``commands``, one ``channel`` per session where frames are cut, the
-``stepping`` of the channels in batched steps, ``jobs``), ``routes`` one
-router per concern (realtime, transcriptions, status, models, the browser
-page), ``app`` the FastAPI application that wires them and ``limits`` the
-server's bounds, checked once.
+``stepping`` of the channels in batched steps, ``jobs``), ``transport``
+how events travel, ``operations`` running a replica (drain, the balancer's
+view, transcription requests), ``routes`` one router per concern (realtime,
+transcriptions, status, models, the browser page), ``app`` the FastAPI
+application that wires them and ``limits`` the server's bounds, checked once.
 """
 
 from __future__ import annotations

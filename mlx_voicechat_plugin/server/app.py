@@ -21,11 +21,11 @@ from fastapi import FastAPI
 
 from .dialects.base import Dialect
 from .dialects import DIALECTS
+from .dialects.client_options import session_options
 from .engine.thread import Engine
 from .limits import ServerLimits
 from .operations.drain import DEFAULT_DRAIN_SECONDS, Drain
 from .operations.replica import ReplicaStatus, add_replica_metrics, agent_line, replica_status
-from .options import session_options
 from .routes.access import API_KEY_ENV, Access
 from .routes.browser import browser_router
 from .routes.models import OPENAI_BASE, ServedModel, models_router, unsupported_router

@@ -1,12 +1,18 @@
-"""Bounds a realtime server puts on each client."""
+"""Bounds a realtime server puts on each client, each defined once, here, and checked once.
+
+A session's own options (its context, streaming seconds, prompt tokens,
+transcript bytes) are the runtime's (:mod:`~..runtime.options`); the server
+sets them from these bounds when a dialect builds them
+(:mod:`.dialects.client_options`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..runtime.options import (
-    DEFAULT_CONTEXT_SECONDS, check_context_seconds, check_count, check_non_negative,
-    check_positive_int, check_positive_seconds,
+    DEFAULT_CONTEXT_SECONDS, buffered_samples, check_context_seconds, check_count,
+    check_non_negative, check_positive_int, check_positive_seconds,
 )
 
 MIB = 1 << 20
@@ -70,7 +76,7 @@ class ServerLimits:
 
     def buffered_samples(self, sample_rate: int, frame_samples: int) -> int:
         """The most PCM samples one session may queue (never less than a frame)."""
-        return max(int(self.max_buffered_seconds * sample_rate), frame_samples)
+        return buffered_samples(self.max_buffered_seconds, sample_rate, frame_samples)
 
     def uvicorn_options(self) -> dict:
         """What ``uvicorn.run`` / ``uvicorn.Config`` need to enforce the socket-level limits."""
@@ -84,16 +90,3 @@ class ServerLimits:
     def transport_max_bytes(self) -> int:
         """The WebSocket layer's own frame cap (``ws_max_size``)."""
         return self.max_message_bytes + TRANSPORT_SLACK_BYTES
-
-    def clamp_context_seconds(self, requested: float | None) -> float | None:
-        """A session's ``context_seconds``: the request (unset: the server's), at most the
-        server's bound (``--context-seconds``; a client cannot ask for an unbounded one)."""
-        if requested is None:
-            return self.context_seconds
-        return requested if self.context_seconds is None else min(requested, self.context_seconds)
-
-    def clamp_streaming_seconds(self, requested: float | None) -> float:
-        """A session's ``max_streaming_seconds``: the request, at most the server's cap."""
-        if requested is None:
-            return float(self.max_session_seconds)
-        return float(min(requested, self.max_session_seconds))

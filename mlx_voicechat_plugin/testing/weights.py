@@ -5,19 +5,15 @@ Tensors carry NeMo/PyTorch names and layouts (``[out, in, k]`` convolutions,
 mlx-community checkpoint stores them. Every shape comes from
 :class:`~mlx_voicechat_plugin.config.ModelConfig`.
 
-Values are random but not arbitrary: each tensor has its own generator (seeded by
-``seed`` and its name, so adding a tensor never shifts another), linear weights
-are scaled by ``1/sqrt(fan_in)``, norms start near identity, and a few biases
-are shaped (see :class:`Tuning`) so that offline decoding of a short synthetic
-signal emits pad, EOS and ordinary text tokens, a mostly-pad function channel
-and both blank and non-blank RNNT symbols.
+Values are random but not arbitrary (:mod:`.tensors`: how each tensor is
+drawn, and the :class:`~.tensors.Tuning` that makes greedy decoding varied).
+Here: the language model, perception and the RNNT, and :func:`build_weights`;
+the speech side (EAR-TTS, codec) is :mod:`.speech_weights`.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
-from dataclasses import dataclass
 from typing import Mapping
 
 import mlx.core as mx
@@ -25,137 +21,18 @@ import numpy as np
 
 from mlx_audio.utils import hanning, mel_filters
 
-from ..config import AudioConfig, CodecConfig, ModelConfig, TTSConfig
-from .tokenizers import WORD_START_MARKER
+from ..config import AudioConfig, ModelConfig
+from .speech_weights import codec_weights, tts_weights
+from .tensors import TUNINGS, Directions, Tensors, Tuning
 
+__all__ = ["TUNINGS", "Tuning", "build_weights"]
 
-CONTROL_CODE_COUNT = 3
 # Real checkpoints store their FastConformer frontend buffers; loaders drop them.
 _MEL_PREFIX = "stt_model.perception.preprocessor.featurizer"
 
 
-@dataclass(frozen=True)
-class Tuning:
-    """Knobs that make the random model's greedy outputs varied.
-
-    The language model carries three orthonormal directions of its residual
-    stream: ``pad`` and ``eos`` (read by the text head's pad / EOS rows) and
-    ``quiet`` (read by the function head's pad row). Every audio embedding holds
-    a constant ``quiet`` offset, so the function channel is mostly pad. Ordinary
-    text tokens fall into three classes by id; their embeddings point along
-    ``pad``, ``eos`` or against ``quiet``, so the token emitted after them is
-    pad, EOS, or an ordinary token with a non-pad function token (as after
-    EOS). The greedy text stream then cycles through all of them, for any seed,
-    because each decision has a margin of several logits.
-    """
-
-    # Offset along ``quiet`` in every audio embedding, per channel.
-    audio_bias: float = 1.25
-    # Feedback of ordinary-token embeddings along their class direction, per channel.
-    feedback: float = 1.5
-    # Logit gain of the text pad / EOS rows and the function pad row.
-    text_boost: float = 8.0
-    function_boost: float = 8.0
-    # Fraction of their random part the boosted head rows keep.
-    special_jitter: float = 0.5
-    # Gain of the Nemotron-H mixer output projections (residual branch size).
-    mixer_out_gain: float = 0.5
-    # Bias of the blank class in the RNNT joint output layer.
-    rnnt_blank_bias: float = 0.0
-    # Gain of the joint's prediction projection (how much the history matters)
-    # and of its blank row (how much blank varies with frame and history).
-    rnnt_pred_gain: float = 6.0
-    rnnt_blank_gain: float = 4.0
-    # Mean log-magnitude of the codec's decoded spectrum (keeps the audio quiet).
-    codec_log_magnitude: float = -5.0
-
-
-# The RNNT branch is tuned per size for seed 0 (its blank/emit balance depends
-# on the encoder's random features); the text and function channels need not be.
-TUNINGS: dict[str, Tuning] = {
-    "tiny": Tuning(),
-    "small": Tuning(rnnt_pred_gain=2.0, rnnt_blank_bias=4.0),
-}
-
-
-class _Tensors:
-    """Accumulates named tensors; one seeded generator per name.
-
-    ``device=True`` (the ``full`` size) draws the large tensors (every
-    :meth:`normal`, and the language model's embedding and heads) with
-    ``mx.random`` on the default device, one key per name, lazily, instead
-    of numpy on the host; small tuned tensors still come from numpy.
-    """
-
-    def __init__(self, seed: int, device: bool = False):
-        self.seed = seed
-        self.device = device
-        self.arrays: dict[str, mx.array] = {}
-
-    def rng(self, name: str) -> np.random.Generator:
-        return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
-
-    def key(self, name: str) -> mx.array:
-        return mx.random.key((self.seed << 32) | zlib.crc32(name.encode()))
-
-    def standard_normal(self, name: str, shape: tuple[int, ...]) -> mx.array:
-        """A float32 standard normal draw on the device (``device`` mode)."""
-        return mx.random.normal(shape, key=self.key(name))
-
-    def put(self, name: str, value: np.ndarray, dtype: mx.Dtype = mx.bfloat16) -> None:
-        if name in self.arrays:
-            raise KeyError(f"duplicate tensor {name}")
-        self.arrays[name] = mx.array(value).astype(dtype)
-
-    def normal(self, name: str, shape: tuple[int, ...], std: float) -> np.ndarray | mx.array:
-        if self.device:
-            value = self.standard_normal(name, shape) * std
-        else:
-            value = self.rng(name).standard_normal(shape).astype(np.float32) * std
-        self.put(name, value)
-        return value
-
-    def linear(self, name: str, out_dim: int, in_dim: int, bias: bool = False,
-               gain: float = 1.0) -> None:
-        self.normal(f"{name}.weight", (out_dim, in_dim), gain / math.sqrt(in_dim))
-        if bias:
-            self.normal(f"{name}.bias", (out_dim,), 0.02)
-
-    def conv(self, name: str, shape: tuple[int, ...], bias: bool = False,
-             fan_in: int | None = None) -> None:
-        fan_in = fan_in or int(np.prod(shape[1:]))
-        self.normal(f"{name}.weight", shape, 1.0 / math.sqrt(fan_in))
-        if bias:
-            self.normal(f"{name}.bias", (shape[0],), 0.02)
-
-    def norm(self, name: str, dim: int, *, offset: bool = False, bias: bool = False) -> None:
-        """A norm weight near identity: ~1, or ~0 for ``1 + w`` (Gemma) norms."""
-        value = self.rng(f"{name}.weight").standard_normal(dim).astype(np.float32) * 0.02
-        self.put(f"{name}.weight", value if offset else 1.0 + value)
-        if bias:
-            self.normal(f"{name}.bias", (dim,), 0.02)
-
-
-@dataclass(frozen=True)
-class _Directions:
-    pad: np.ndarray
-    eos: np.ndarray
-    quiet: np.ndarray
-
-    @classmethod
-    def draw(cls, tensors: _Tensors, dim: int) -> "_Directions":
-        basis = tensors.rng("tuning.directions").standard_normal((dim, 3))
-        q, _ = np.linalg.qr(basis)
-        return cls(*(q[:, i].astype(np.float32) for i in range(3)))
-
-    def project_out(self, rows: np.ndarray) -> np.ndarray:
-        for d in (self.pad, self.eos, self.quiet):
-            rows = rows - np.outer(rows @ d, d)
-        return rows
-
-
-def _device_token_tables(t: _Tensors, config: ModelConfig, tuning: Tuning,
-                         dirs: _Directions) -> None:
+def _device_token_tables(t: Tensors, config: ModelConfig, tuning: Tuning,
+                         dirs: Directions) -> None:
     """The embedding and both heads of :func:`_language_model`, drawn and tuned on the
     device, vectorised (the same rule per token as the host loop)."""
     text = config.text_config
@@ -188,8 +65,8 @@ def _device_token_tables(t: _Tensors, config: ModelConfig, tuning: Tuning,
         t.put(key, rows)
 
 
-def _language_model(t: _Tensors, config: ModelConfig, tuning: Tuning,
-                    dirs: _Directions) -> None:
+def _language_model(t: Tensors, config: ModelConfig, tuning: Tuning,
+                    dirs: Directions) -> None:
     if t.device:
         _device_token_tables(t, config, tuning, dirs)
     else:
@@ -197,8 +74,8 @@ def _language_model(t: _Tensors, config: ModelConfig, tuning: Tuning,
     _language_layers(t, config, tuning)
 
 
-def _host_token_tables(t: _Tensors, config: ModelConfig, tuning: Tuning,
-                       dirs: _Directions) -> None:
+def _host_token_tables(t: Tensors, config: ModelConfig, tuning: Tuning,
+                       dirs: Directions) -> None:
     text = config.text_config
     hidden, vocab = text.hidden_size, text.vocab_size
     root = math.sqrt(hidden)
@@ -225,7 +102,7 @@ def _host_token_tables(t: _Tensors, config: ModelConfig, tuning: Tuning,
         t.put(key, rows.astype(np.float32))
 
 
-def _language_layers(t: _Tensors, config: ModelConfig, tuning: Tuning) -> None:
+def _language_layers(t: Tensors, config: ModelConfig, tuning: Tuning) -> None:
     text = config.text_config
     hidden = text.hidden_size
     p = "stt_model"
@@ -273,8 +150,8 @@ def _subsampled_features(audio: AudioConfig) -> int:
     return freq
 
 
-def _perception(t: _Tensors, config: ModelConfig, tuning: Tuning,
-                dirs: _Directions) -> None:
+def _perception(t: Tensors, config: ModelConfig, tuning: Tuning,
+                dirs: Directions) -> None:
     audio, enc = config.audio_config, config.audio_config.encoder
     d, ch, bias = enc.d_model, enc.subsampling_conv_channels, enc.use_bias
     p = "stt_model.perception.encoder"
@@ -319,7 +196,7 @@ def _perception(t: _Tensors, config: ModelConfig, tuning: Tuning,
     t.put(f"{_MEL_PREFIX}.window", np.array(hanning(pre.win_length)))
 
 
-def _rnnt(t: _Tensors, config: ModelConfig, tuning: Tuning) -> None:
+def _rnnt(t: Tensors, config: ModelConfig, tuning: Tuning) -> None:
     """Prediction LSTM (PyTorch init) and joint; see :class:`Tuning` for the gains."""
     dec, joint = config.audio_config.decoder, config.audio_config.joint
     hidden = dec.pred_hidden
@@ -354,167 +231,6 @@ def _rnnt(t: _Tensors, config: ModelConfig, tuning: Tuning) -> None:
     t.put(key, out_b)
 
 
-def _gemma_attention(t: _Tensors, p: str, hidden: int, heads: int, kv_heads: int,
-                     head_dim: int) -> None:
-    t.linear(f"{p}.q_proj", heads * head_dim, hidden)
-    t.linear(f"{p}.k_proj", kv_heads * head_dim, hidden)
-    t.linear(f"{p}.v_proj", kv_heads * head_dim, hidden)
-    t.linear(f"{p}.o_proj", hidden, heads * head_dim)
-
-
-def _gated_mlp(t: _Tensors, p: str, hidden: int, inner: int) -> None:
-    t.linear(f"{p}.gate_proj", inner, hidden)
-    t.linear(f"{p}.up_proj", inner, hidden)
-    t.linear(f"{p}.down_proj", hidden, inner)
-
-
-def _tts(t: _Tensors, config: ModelConfig, vocab: Mapping[str, int]) -> None:
-    tts: TTSConfig = config.tts_config
-    hidden, inner = tts.hidden_size, tts.intermediate_size
-    p = "tts_model.tts_model"
-    for idx in range(tts.num_hidden_layers):
-        q = f"{p}.backbone.layers.{idx}"
-        for norm in ("input_layernorm", "post_attention_layernorm",
-                     "pre_feedforward_layernorm", "post_feedforward_layernorm"):
-            t.norm(f"{q}.{norm}", hidden, offset=True)
-        _gemma_attention(t, f"{q}.self_attn", hidden, tts.num_attention_heads,
-                         tts.num_key_value_heads, tts.head_dim)
-        t.norm(f"{q}.self_attn.q_norm", tts.head_dim, offset=True)
-        t.norm(f"{q}.self_attn.k_norm", tts.head_dim, offset=True)
-        _gated_mlp(t, f"{q}.mlp", hidden, inner)
-    t.norm(f"{p}.backbone.norm", hidden, offset=True)
-    t.normal(f"{p}.bos_emb", (hidden,), 1.0)
-    t.normal(f"{p}.null_emb", (hidden,), 1.0)
-    t.linear(f"{p}.embed_code", hidden, tts.latent_size)
-    t.normal(f"{p}.audio_prompt_projection_W", (hidden, hidden), 1.0 / math.sqrt(hidden))
-
-    char = tts.character_encoder
-    c = f"{p}.embed_subword"
-    for idx in range(char.num_hidden_layers):
-        q = f"{c}.backbone.encoder.layers.{idx}"
-        _gemma_attention(t, f"{q}.self_attn", char.hidden_size, char.num_attention_heads,
-                         char.num_key_value_heads, char.head_dim)
-        for norm in ("pre_self_attn_layernorm", "post_self_attn_layernorm",
-                     "pre_feedforward_layernorm", "post_feedforward_layernorm"):
-            t.norm(f"{q}.{norm}", char.hidden_size, offset=True)
-        _gated_mlp(t, f"{q}.mlp", char.hidden_size, char.intermediate_size)
-    t.norm(f"{c}.backbone.encoder.norm", char.hidden_size, offset=True)
-    t.normal(f"{c}.embed_tokens.weight", (char.char_vocab_size, char.hidden_size),
-             1.0 / math.sqrt(char.hidden_size))
-    t.linear(f"{c}.proj_embedding", hidden, char.hidden_size)
-    t.normal(f"{c}.subword_flag_emb.cont_emb.weight", (2, char.hidden_size), 0.1)
-    t.normal(f"{c}.bos_eos_emb.special_emb.weight", (3, char.hidden_size), 0.1)
-    _subword_buffers(t, c, char.subword_vocab_size, config, vocab)
-
-    g = f"{p}.gated_fusion_audio_text"
-    t.linear(f"{g}.audio_proj", hidden, hidden, bias=True)
-    t.linear(f"{g}.text_proj", hidden, hidden, bias=True)
-    t.normal(f"{g}.gate", (hidden,), 0.5)
-    t.put(f"{g}.residual_scale", np.array(0.0, np.float32))
-    t.norm(f"{g}.final_norm", hidden, offset=True)
-
-    mog = tts.mog_head
-    h = f"{p}.mog_head"
-    for idx in range(mog.num_layers):
-        t.norm(f"{h}.mlp_stack.{idx}.pre_norm", hidden, offset=True)
-        _gated_mlp(t, f"{h}.mlp_stack.{idx}.mlp", hidden, mog.intermediate_size)
-        t.norm(f"{h}.mlp_stack.{idx}.post_norm", hidden, offset=True)
-    t.norm(f"{h}.mlp_stack.{mog.num_layers}", hidden, offset=True)
-    t.linear(f"{h}.proj_logits", mog.num_predictions, hidden)
-    t.linear(f"{h}.proj_mus", mog.num_predictions * mog.low_rank, hidden)
-    t.linear(f"{h}.proj_logs", 1, hidden, gain=0.1)
-    t.linear(f"{h}.proj_else", tts.latent_size, hidden)
-    t.normal(f"{h}.low_mat", (mog.num_predictions, tts.latent_size, mog.low_rank),
-             1.0 / math.sqrt(mog.low_rank))
-
-    t.normal("tts_model.audio_prompt_latents.Aria", (1, tts.prompt_frames, hidden), 1.0)
-    rng = t.rng("tts_model.codes")
-    control = rng.choice(tts.codebook_size, CONTROL_CODE_COUNT, replace=False)
-    t.put("tts_model._control_codes", control.astype(np.int64), mx.int64)
-    silence = rng.integers(0, tts.codebook_size, tts.num_quantizers)
-    t.put("tts_model.codec_silence_tokens", silence.astype(np.int64), mx.int64)
-
-
-def _subword_buffers(t: _Tensors, p: str, table_size: int, config: ModelConfig,
-                     vocab: Mapping[str, int]) -> None:
-    """Continuation / BOS-EOS flag tables of the char-aware subword encoder."""
-    continuation = np.zeros(table_size + 1, np.int64)
-    for token, idx in vocab.items():
-        continuation[idx] = 0 if token.startswith(WORD_START_MARKER) else 1
-    t.put(f"{p}.subword_flag_emb.is_continuation", continuation, mx.int64)
-    t.put(f"{p}.subword_flag_emb.pad_tensor", np.array(table_size, np.int64), mx.int64)
-    flags = np.zeros(table_size, np.int64)
-    flags[config.bos_token_id] = 1
-    flags[config.eos_token_id] = 2
-    t.put(f"{p}.bos_eos_emb.special_flags", flags, mx.int64)
-    t.put(f"{p}.bos_eos_emb.pad_tensor", np.array(table_size - 1, np.int64), mx.int64)
-
-
-def _convnext(t: _Tensors, p: str, channels: int, kernel: int) -> None:
-    t.conv(f"{p}.dwconv", (channels, 1, kernel), bias=True)
-    t.norm(f"{p}.norm", channels, bias=True)
-    t.conv(f"{p}.pwconv1", (4 * channels, channels, 1), bias=True)
-    t.conv(f"{p}.pwconv2", (channels, 4 * channels, 1), bias=True)
-
-
-def _quiet_output_conv(t: _Tensors, bias_key: str, weight_key: str, codec: CodecConfig,
-                       log_magnitude: float) -> None:
-    """Final decoder conv whose magnitude logits sit near ``log_magnitude``.
-
-    The last ConvNeXt block adds a constant ``offset`` to its output (its
-    ``pwconv2`` bias); the magnitude rows of the 1x1 output conv read it back as
-    a constant logit, so the decoded spectrum, and the waveform, stay quiet.
-    """
-    width = codec.stage_channels[0]
-    offset = t.rng(bias_key).standard_normal(width).astype(np.float32)
-    offset *= 4.0 / np.linalg.norm(offset) * math.sqrt(width)
-    t.arrays.pop(bias_key)
-    t.put(bias_key, offset)
-    unit = offset / np.linalg.norm(offset)
-    rows = t.rng(weight_key).standard_normal((2 * codec.stft_bins, width)) / math.sqrt(width)
-    rows -= np.outer(rows @ unit, unit)
-    rows[: codec.stft_bins] += log_magnitude * offset / float(offset @ offset)
-    t.put(weight_key, rows[..., None].astype(np.float32))
-
-
-def _codec(t: _Tensors, codec: CodecConfig, tuning: Tuning) -> None:
-    channels = codec.stage_channels
-    stft_channels = 2 * codec.stft_bins
-    enc, dec = "tts_model.audio_codec.encoder.layers", "tts_model.audio_codec.decoder.layers"
-    t.conv(f"{enc}.0", (channels[0], stft_channels, 1))
-    idx = 1
-    for stage, (width, rate) in enumerate(zip(channels, codec.downsample_rates)):
-        for _ in range(codec.blocks_per_stage):
-            _convnext(t, f"{enc}.{idx}", width, codec.block_kernel_size)
-            idx += 1
-        nxt = channels[stage + 1] if stage + 1 < len(channels) else codec.latent_dim
-        t.conv(f"{enc}.{idx}", (nxt, width, rate))
-        idx += 1
-    idx, source = 0, codec.latent_dim
-    for width, rate in zip(reversed(channels), reversed(codec.downsample_rates)):
-        # ConvTranspose1d weights are [in, out, kernel] in PyTorch.
-        t.conv(f"{dec}.{idx}", (source, width, rate), fan_in=source)
-        idx += 1
-        for _ in range(codec.blocks_per_stage):
-            _convnext(t, f"{dec}.{idx}", width, codec.block_kernel_size)
-            idx += 1
-        source = width
-    _quiet_output_conv(t, f"{dec}.{idx - 1}.pwconv2.bias", f"{dec}.{idx}.weight",
-                       codec, tuning.codec_log_magnitude)
-
-    # Residual codebooks shrink level by level; EAR-TTS shares them (rvq_embs).
-    levels = []
-    for level in range(codec.num_quantizers):
-        key = f"tts_model.audio_codec.prvq.mus_list.{level}"
-        scale = 0.5 ** (level / 4) / math.sqrt(codec.latent_dim)
-        means = t.rng(key).standard_normal((codec.codebook_size, codec.latent_dim))
-        levels.append((means * scale).astype(np.float32))
-        t.put(key, levels[-1])
-        t.put(f"tts_model.audio_codec.prvq._variance_list.{level}.variance",
-              np.array(1.0, np.float32))
-    t.put("tts_model.tts_model.rvq_embs", np.stack(levels))
-
-
 def build_weights(config: ModelConfig, vocab: Mapping[str, int], seed: int = 0,
                   tuning: Tuning | None = None, device: bool = False) -> dict[str, mx.array]:
     """All checkpoint tensors of ``config``, keyed and laid out as on disk.
@@ -523,11 +239,11 @@ def build_weights(config: ModelConfig, vocab: Mapping[str, int], seed: int = 0,
     ``full`` size: seconds on a GPU where numpy would take minutes).
     """
     tuning = tuning or Tuning()
-    t = _Tensors(seed, device=device)
-    dirs = _Directions.draw(t, config.text_config.hidden_size)
+    t = Tensors(seed, device=device)
+    dirs = Directions.draw(t, config.text_config.hidden_size)
     _language_model(t, config, tuning, dirs)
     _perception(t, config, tuning, dirs)
     _rnnt(t, config, tuning)
-    _tts(t, config, vocab)
-    _codec(t, config.codec_config, tuning)
+    tts_weights(t, config, vocab)
+    codec_weights(t, config.codec_config, tuning)
     return dict(sorted(t.arrays.items()))

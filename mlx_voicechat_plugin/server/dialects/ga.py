@@ -48,8 +48,8 @@ import numpy as np
 from ...runtime.options import SessionOptions
 from ...runtime.quoting import brief
 from ..messages import Ending, Event, Finished, Outgoing
-from ..options import session_options, transcription_options
 from ..session import Session, stream_full
+from .client_options import session_options, transcription_options
 from ..wire import (
     ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id, parse_tool_output,
 )

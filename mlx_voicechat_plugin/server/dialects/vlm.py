@@ -19,7 +19,7 @@ from typing import Any, Union
 
 from ...runtime.quoting import brief
 from ..messages import Ending, Event, Finished, Outgoing
-from ..options import session_options, transcription_options
+from .client_options import session_options, transcription_options
 from ..wire import (
     ErrorCode, ProtocolError, ToolOutput, decode_base64, init_failed, invalid,
     load_object, parse_tool_output, pcm16_samples,

@@ -1,12 +1,13 @@
-"""The engine: the one thread that touches MLX, and what runs on it.
+"""The engine: the one thread that touches MLX, what runs on it, and its hand-over points.
 
-``thread`` is the engine thread (:class:`Engine`), ``commands`` its typed
-commands, ``channel`` one session's inbox where frames are cut, ``stepping``
-and ``scheduler`` the channels run in batched pool steps, ``jobs`` long work
-stepped between them (file transcriptions, prefills), ``admission`` who may
-open a session, ``feed`` a session's bounded input, ``metrics`` what the
-engine counted, ``warm_up`` the start-up traces. Nothing here speaks a
-dialect or knows a transport.
+On the engine thread: ``thread`` (:class:`Engine`'s cycle), ``channel`` one
+session's inbox where frames are cut, ``stepping`` and ``scheduler`` the
+channels run in batched pool steps, ``jobs`` long work stepped between them
+(file transcriptions, prefills), ``warm_up`` the start-up traces. Crossing
+from the event loop: ``commands`` (built there, run here), ``feed`` a
+session's bounded input (event-loop side), ``admission`` who may open a
+session (any thread), ``metrics`` what the engine counted (read at each
+scrape). Nothing here speaks a dialect or knows a transport.
 """
 
 from __future__ import annotations

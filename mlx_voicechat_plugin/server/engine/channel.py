@@ -80,18 +80,9 @@ class SessionChannel:
         self.out = Handoff()
 
     @property
-    def frame_samples(self) -> int:
-        return self.framer.frame_samples
-
-    @property
     def items(self) -> Any:
         """Chunks and markers in arrival order."""
         return self.framer.items
-
-    @property
-    def queued(self) -> int:
-        """Samples in the chunks before the first marker."""
-        return self.framer.queued
 
     # --- filling ----------------------------------------------------------------
 
@@ -102,9 +93,6 @@ class SessionChannel:
 
     def add_marker(self, command: Any) -> None:
         self.framer.add_marker(command)
-
-    def has_marker(self) -> bool:
-        return self.framer.has_marker()
 
     @property
     def buffered(self) -> int:

@@ -1,4 +1,5 @@
-"""The engine's commands: one dataclass per kind, answered through a one-shot reply.
+"""The engine's commands: one dataclass per kind, built on the event loop, run on the engine
+thread, answered through a one-shot reply.
 
 A socket task builds a command and queues it (:meth:`~.engine.Engine.submit`);
 the engine thread runs it and resolves the command's asyncio future on the
@@ -16,6 +17,7 @@ never as JSON: the :class:`Open` command names the session's sink (its
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Union
@@ -140,3 +142,25 @@ class Transcribe(Command):
     options: dict[str, Any]  # Transcriber.steps' keyword options
     on_delta: DeltaSink | None = None  # each step's UserTranscriptDelta list
     cancel: threading.Event = field(default_factory=threading.Event)
+
+
+def take_commands(commands: "queue.Queue[Command | None]",
+                  timeout: float | None) -> list[Command | None]:
+    """The commands queued so far, waiting up to ``timeout`` for the first (``None``: no
+    bound); the stop sentinel ``None`` ends the list (engine thread)."""
+    try:
+        if timeout == 0.0:
+            first = commands.get_nowait()
+        else:
+            first = commands.get(timeout=timeout)
+    except queue.Empty:
+        return []
+    taken = [first]
+    while first is not None:
+        try:
+            taken.append(commands.get_nowait())
+        except queue.Empty:
+            break
+        if taken[-1] is None:
+            break
+    return taken

@@ -1,4 +1,5 @@
-"""A connection's side of its session's channel: bounded, answered asynchronously.
+"""A connection's side of its session's channel, on the event loop: bounded, answered
+asynchronously.
 
 :meth:`InputFeed.append` hands PCM to the engine and returns without
 waiting for the frames to run, so a client's frames queue up and join the

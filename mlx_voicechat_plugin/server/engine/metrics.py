@@ -1,4 +1,5 @@
-"""What the engine did, in Prometheus text format (``/metrics``).
+"""What the engine did, in Prometheus text format (``/metrics``): counted on the engine
+thread, read on the event loop at each scrape.
 
 Every figure is counted where it happens: frames are the frames the sessions
 ran (``SessionPool.step``), steps are timed around the step, state bytes are

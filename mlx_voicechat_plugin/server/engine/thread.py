@@ -44,7 +44,7 @@ from .admission import Admission
 from .channel import Handoff, Sink, hand_off
 from .commands import (
     Append, Cancel, Close, Command, DeltaSink, Flush, Open, OpenOptions, SessionDetails, Sync,
-    ToolResult, Transcribe,
+    ToolResult, Transcribe, take_commands,
 )
 from .jobs import JobCounter, JobQueue, StepJob
 from ..limits import DEFAULT_BATCH_WAIT_MS
@@ -250,7 +250,7 @@ class Engine:
 
     def _cycle(self) -> bool:
         """Take the commands queued so far, run what is due; ``False`` at the stop sentinel."""
-        for command in self._take_commands(self._wait_seconds()):
+        for command in take_commands(self._commands, self._wait_seconds()):
             if command is None:
                 return False
             self._dispatch(command)
@@ -267,24 +267,6 @@ class Engine:
         if self._jobs or self.stepper.markers_due():
             return 0.0
         return self.stepper.wait()
-
-    def _take_commands(self, timeout: float | None) -> list[Command | None]:
-        try:
-            if timeout == 0.0:
-                first = self._commands.get_nowait()
-            else:
-                first = self._commands.get(timeout=timeout)
-        except queue.Empty:
-            return []
-        commands = [first]
-        while first is not None:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                break
-            if commands[-1] is None:
-                break
-        return commands
 
     def _dispatch(self, command: Command) -> None:
         if isinstance(command, Append):

@@ -1,4 +1,5 @@
-"""Warm-up at start-up (``--compile``): silent streams at every batch size a client can meet.
+"""Warm-up at start-up (``--compile``), on the engine thread before it serves: silent
+streams at every batch size a client can meet.
 
 One stream alone (through flush), then ``max_sessions`` streams stepped
 together past the encoder's windows, closed one by one with a few steady

@@ -1,2 +1,2 @@
-"""Operating a replica: graceful drain, the balancer's view (``/health``, the agent-check),
-and file transcriptions (``/v1/audio/transcriptions``)."""
+"""Operating a replica, on the event loop: graceful drain, the balancer's view (``/health``,
+the agent-check), and file transcriptions' requests (``/v1/audio/transcriptions``)."""

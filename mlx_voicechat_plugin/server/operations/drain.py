@@ -1,4 +1,5 @@
-"""Graceful stop: a replica that drains on SIGTERM, and the uvicorn server that sends it.
+"""Graceful stop: a replica that drains on SIGTERM, and the uvicorn server that sends it
+(event loop).
 
 :class:`Drain` is the replica's stop, one state at a time::
 

@@ -1,4 +1,5 @@
-"""What one replica tells a balancer: ready or not, draining or not, and how many sessions it holds.
+"""What one replica tells a balancer: ready or not, draining or not, and how many sessions it
+holds (read from the live engine on the event loop).
 
 One :class:`ReplicaStatus` is read from the live engine (:func:`replica_status`)
 and said two ways: the line of HAProxy's agent-check (:func:`agent_line`,

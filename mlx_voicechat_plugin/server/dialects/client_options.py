@@ -1,4 +1,5 @@
-"""A session's options from what its client asked for: built once, at the edge, within bounds.
+"""A session's options from what its client asked for: built once, by its dialect, within
+the server's bounds (on the event loop).
 
 A dialect reads its ``session.update`` into values; :func:`session_options`
 builds the runtime's :class:`SessionOptions` from them (its checks are the
@@ -16,10 +17,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from ..runtime.options import SessionOptions
-from ..runtime.options import TranscriptionOptions
-from .limits import ServerLimits
-from .wire import init_failed
+from ...runtime.options import SessionOptions, TranscriptionOptions
+from ..limits import ServerLimits
+from ..wire import init_failed
 
 
 def client_fields(message: str, fields: Mapping[str, str]) -> str:
@@ -38,9 +38,24 @@ def session_options(limits: ServerLimits, fields: Mapping[str, str],
         options = SessionOptions(max_prompt_tokens=limits.max_prompt_tokens, **values)
     except (TypeError, ValueError) as exc:
         raise init_failed(client_fields(str(exc), fields)) from None
-    return replace(options, max_streaming_seconds=limits.clamp_streaming_seconds(
-        options.max_streaming_seconds), context_seconds=limits.clamp_context_seconds(
-        options.context_seconds))
+    return replace(options, max_streaming_seconds=streaming_seconds(
+        limits, options.max_streaming_seconds), context_seconds=context_seconds(
+        limits, options.context_seconds))
+
+
+def context_seconds(limits: ServerLimits, requested: float | None) -> float | None:
+    """A session's ``context_seconds``: the request (unset: the server's), at most the
+    server's bound (``--context-seconds``; a client cannot ask for an unbounded one)."""
+    if requested is None:
+        return limits.context_seconds
+    return requested if limits.context_seconds is None else min(requested, limits.context_seconds)
+
+
+def streaming_seconds(limits: ServerLimits, requested: float | None) -> float:
+    """A session's ``max_streaming_seconds``: the request, at most the server's cap."""
+    if requested is None:
+        return float(limits.max_session_seconds)
+    return float(min(requested, limits.max_session_seconds))
 
 
 def transcription_options(limits: ServerLimits,
