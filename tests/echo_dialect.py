@@ -11,28 +11,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_voicechat_plugin.server.connection import Connection, Dialect, Finished
+from mlx_voicechat_plugin.server.dialects.base import Dialect
 from mlx_voicechat_plugin.server.dialects.client_options import session_options
+from mlx_voicechat_plugin.server.messages import Ending, Event, Finished
 from mlx_voicechat_plugin.server.wire import (
-    CloseCode, decode_base64, dumps, invalid, load_object, pcm16_samples,
+    decode_base64, invalid, load_object, pcm16_samples,
 )
 
 OPS = ("start", "audio", "stop")
 
 
-class EchoConnection(Connection):
-    def translate(self, events: list) -> list[str]:
-        return [dumps({"type": "event", "kind": type(e).__name__, "frame": int(e.frame_index)})
+class EchoDialect(Dialect):
+    name = "echo"
+    paths = ("/echo/v1/realtime",)
+
+    def translate(self, events: list) -> list[Event]:
+        return [Event({"type": "event", "kind": type(e).__name__, "frame": int(e.frame_index)})
                 for e in events]
 
-    def greeting(self) -> dict[str, Any]:
-        return {"type": "hello", "session": self.session_id}
+    def greeting(self) -> Event:
+        return Event({"type": "hello", "session": self.session_id})
 
-    def error_payload(self, code: str, message: str) -> dict[str, Any]:
-        return {"type": "oops", "code": code, "message": message}
+    def error(self, code: str, message: str) -> Event:
+        return Event({"type": "oops", "code": code, "message": message})
 
-    def parse(self, text: str) -> dict[str, Any]:
-        message = load_object(text)
+    def parse(self, message: str | bytes) -> dict[str, Any]:
+        message = load_object(self.text(message))
         if message.get("op") not in OPS:
             raise invalid(f"op must be one of {', '.join(OPS)}")
         return message
@@ -41,11 +45,12 @@ class EchoConnection(Connection):
         return message["op"] == "audio"
 
     async def dispatch(self, message: dict[str, Any]) -> None:
+        session = self.session
         if message["op"] == "start":
             options = session_options(self.limits, {"seed": "seed"}, seed=message.get("seed", 0))
-            details = await self.open_session(options)
-            await self.send({"type": "ready", "frame_samples": details.frame_samples})
-        elif not self.configured:
+            details = await session.open_session(options)
+            self.send({"type": "ready", "frame_samples": details.frame_samples})
+        elif not session.configured:
             raise invalid("send start first")
         elif message["op"] == "audio":
             try:
@@ -53,11 +58,11 @@ class EchoConnection(Connection):
                                         "PCM16")
             except ValueError as exc:
                 raise invalid(str(exc)) from None
-            await self.feed_audio(samples)
+            await session.feed_audio(samples)
         else:
-            await self.forward(await self.engine_call(self.engine.flush(self.session_id)))
-            raise Finished(CloseCode.NORMAL)
-        self.active()
+            self.forward(await session.engine_call(self.engine.flush(self.session_id)))
+            raise Finished(Ending.DONE)
+        session.active()
 
 
-ECHO = Dialect("echo", ("/echo/v1/realtime",), EchoConnection)
+ECHO = EchoDialect

@@ -110,3 +110,36 @@ def test_a_dialect_helper_module_loads_no_web_framework():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "False"
+
+
+SERVER = ROOT + ".server"
+
+
+def _reach(name: str, graph: dict[str, set[str]]) -> set[str]:
+    """Every module ``name`` imports, directly or through others."""
+    seen, pending = set(), [name]
+    while pending:
+        for target in graph[pending.pop()] - seen:
+            seen.add(target)
+            pending.append(target)
+    return seen
+
+
+def _under(package: str) -> list[str]:
+    return [n for n in MODULES if n == package or n.startswith(package + ".")]
+
+
+def test_the_server_layers_import_only_below_themselves():
+    """Dialects know no transport, transports no dialect, and the engine package neither
+    (nor the session or the connection that glue them)."""
+    graph = {name: imports(name) for name in MODULES}
+    dialects, transports = _under(SERVER + ".dialects"), _under(SERVER + ".transport")
+    glue = [SERVER + ".session", SERVER + ".connection"]
+    assert dialects and transports
+    for name in dialects:
+        assert not _reach(name, graph) & set(transports), name
+    for name in transports:
+        assert not _reach(name, graph) & set(dialects + glue), name
+    for name in _under(SERVER + ".engine"):
+        assert not _reach(name, graph) & set(dialects + transports + glue), name
+    assert not _reach(SERVER + ".session", graph) & set(dialects + transports + glue[1:])

@@ -20,6 +20,7 @@ from mlx_voicechat_plugin.runtime.events import (
     UserTranscriptDelta,
 )
 from mlx_voicechat_plugin.server.dialects.ga_session import GAConfig
+from mlx_voicechat_plugin.server.transport.websocket import serialize
 from mlx_voicechat_plugin.server.dialects.ga_responses import (
     RESPONSE_GAP_SECONDS,
     TAIL_FRAMES,
@@ -55,7 +56,7 @@ class Timeline:
             events.append(ToolCall(frame, "call_" + "ab" * 16, "get_weather",
                                    '{"city": "Paris"}'))
         self.frame += 1
-        out = [json.loads(t) for t in self.responses.translate(events)]
+        out = [json.loads(serialize(m)) for m in self.responses.translate(events)]
         self.events += out
         return out
 
@@ -216,7 +217,7 @@ def test_a_request_waiting_at_the_end_of_the_stream_gets_its_response_done():
     timeline = Timeline()
     timeline.step(text="Bye")
     timeline.responses.request({"metadata": {"n": "late"}})
-    out = [json.loads(t) for t in timeline.responses.translate([Done(1)])]
+    out = [json.loads(serialize(m)) for m in timeline.responses.translate([Done(1)])]
     kinds = [e["type"] for e in out]
     assert kinds.count("response.created") == 1 and kinds.count("response.done") == 2
     assert out[-1]["response"]["metadata"] == {"n": "late"}
@@ -309,7 +310,7 @@ def test_text_modality_sends_output_text_and_no_audio():
 def test_the_end_of_the_stream_ends_the_open_response():
     timeline = Timeline()
     timeline.step(text="Bye")
-    out = [json.loads(t) for t in timeline.responses.translate([Done(1)])]
+    out = [json.loads(serialize(m)) for m in timeline.responses.translate([Done(1)])]
     assert out[-1]["type"] == "response.done" and out[-1]["response"]["status"] == "completed"
     assert timeline.responses.ended
 

@@ -1,8 +1,12 @@
 """Realtime WebSocket server for Nemotron VoiceChat (``mlx-voicechat serve``).
 
-``dialects`` holds the wire dialects (one module each), ``connection`` the
-loop they share (its engine side: ``engine_session``) and ``wire`` what their
-wires share; ``engine`` is the one thread that runs all MLX work (its
+A realtime conversation is three things apart, glued by a ``connection``:
+a ``session`` (the engine side, the dialect's state, the clocks; it can
+outlive a transport), a dialect from ``dialects`` (one module each: client
+messages read, runtime events told as typed ``messages``) and a
+``transport`` (a WebSocket, or in memory: frames in, messages serialized
+out, its own close codes); ``wire`` holds what the dialects' wires share;
+``engine`` is the one thread that runs all MLX work (its
 ``commands``, one ``channel`` per session where frames are cut, the
 ``stepping`` of the channels in batched steps, ``jobs``), ``transport``
 how events travel, ``operations`` running a replica (drain, the balancer's

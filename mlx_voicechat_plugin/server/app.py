@@ -19,7 +19,7 @@ from typing import Sequence
 
 from fastapi import FastAPI
 
-from .connection import Dialect
+from .dialects.base import Dialect
 from .dialects import DIALECTS
 from .dialects.client_options import session_options
 from .engine.thread import Engine
@@ -56,7 +56,7 @@ def create_app(
     engine: Engine | None = None,
     warm_up: bool = False,
     api_key_env: str | None = API_KEY_ENV,
-    dialects: Sequence[Dialect] = DIALECTS,
+    dialects: Sequence[type[Dialect]] = DIALECTS,
     drain_seconds: float = DEFAULT_DRAIN_SECONDS,
     agent_port: int | None = None,
     agent_host: str = "127.0.0.1",

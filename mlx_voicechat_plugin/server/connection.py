@@ -1,27 +1,24 @@
-"""One client's realtime conversation: the loop between a WebSocket and the engine, in no dialect.
+"""One transport, one dialect and one session, glued: the loop of a realtime conversation.
 
-A connection runs: accept, admission, its dialect's greeting, then client
-frames until the dialect ends it (:class:`Finished`), a timeout (close 1008),
-a client that stops reading its events (close 1008, ``client is not
-reading``) or the client leaving. Events go out through a bounded
-:class:`~.outbox.Outbox`; audio goes in through a bounded
-:class:`~.feed.InputFeed`. Audio payloads are never logged; client values
-are never used as paths.
+A :class:`Connection` runs on the event loop: accept, admission, the
+dialect's greeting, then client messages until the dialect ends the
+conversation (:class:`~.messages.Finished`), a deadline of the session
+(close for :attr:`~.messages.Ending.VIOLATION`), a client that stops reading
+its events (:attr:`~.messages.Ending.NOT_READING`) or the client leaving.
+Each message is size-checked here, parsed and acted on by the dialect, and
+answered after the audio queued before it (:meth:`~.session.Session.settle`).
+The session sends through the connection (it is the session's
+:class:`~.session.Link`) to the transport, which serializes and closes with
+its own codes. Audio payloads are never logged; client values are never
+used as paths.
 
-The connection is the socket side; its engine side (the session, audio,
-markers, the engine's hand-offs, translated here by the dialect) is
-:class:`~.engine_session.EngineSession`, its base.
+When the transport ends the session is released, unless it was asked to
+outlive it (:attr:`~.session.Session.outlives_transport`): then it is
+detached, and a later connection over a new transport
+(``Connection(transport, session, resumed=True)``) takes it on.
 
-A dialect (:mod:`.dialects`) is a :class:`Connection` subclass that
-implements the hooks (:meth:`~Connection.greeting`,
-:meth:`~Connection.error_payload`, :meth:`~Connection.parse`,
-:meth:`~Connection.queues_audio`, :meth:`~Connection.dispatch`,
-:meth:`~Connection.translate`, optionally :meth:`~Connection.limit_reached`)
-and uses the shared services: the engine session
-(:meth:`~Connection.open_session` with typed options from :mod:`.options`), audio
-(:meth:`~Connection.feed_audio`), tool results, ordering
-(:meth:`~Connection.settle`) and sending. The app serves it as a
-:class:`Dialect`: its paths and its connection class.
+:func:`connect` makes a new session with its dialect and the connection that
+serves it; the app calls it for each upgrade.
 """
 
 from __future__ import annotations
@@ -30,120 +27,113 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
-
-from fastapi import WebSocket
-from starlette.websockets import WebSocketDisconnect
+from typing import Any, Callable, Protocol
 
 from .engine.thread import Engine
-from .engine_session import EngineSession
 from .limits import ServerLimits
-from .transport.outbox import NOT_READING, ClientNotReading, Outbox
-from .wire import CloseCode, ErrorCode, ProtocolError, dumps
+from .messages import NOT_READING, ClientNotReading, Ending, Finished, Hangup, Outgoing
+from .session import Session, SessionDialect
+from .wire import ErrorCode, ProtocolError
 
 logger = logging.getLogger(__name__)
 
 
-class Finished(Exception):
-    """Ends the connection from a handler (or a halted input feed): close with ``code``."""
+class Transport(Protocol):
+    """What a connection needs of a transport (:mod:`.transport`), on the event loop."""
 
-    def __init__(self, code: int = CloseCode.NORMAL):
-        super().__init__(code)
-        self.code = code
+    async def accept(self) -> None: ...
+
+    async def receive(self) -> str | bytes | Hangup:
+        """The next client frame, or :class:`Hangup` once the client has gone."""
+
+    def send(self, message: Outgoing) -> None:
+        """Queue one message (:class:`ClientNotReading` if the client does not read)."""
+
+    async def drain(self) -> bool:
+        """Let the queued messages go out (``False``: the client did not take them)."""
+
+    async def stop(self) -> None: ...
+
+    async def close(self, ending: Ending, reason: str = "") -> None: ...
 
 
+class SpokenDialect(SessionDialect, Protocol):
+    """What a connection asks of its session's dialect (:class:`~.dialects.base.Dialect`;
+    the dialects sit above this module, so it names them by their shape)."""
 
-class Connection(EngineSession):
-    """One client's conversation with the engine; a dialect implements the hooks."""
+    def greeting(self) -> Outgoing: ...
 
-    def __init__(self, websocket: WebSocket, engine: Engine, model_id: str,
-                 limits: ServerLimits):
-        super().__init__(engine, limits)
-        self.ws = websocket
-        self.model_id = model_id
-        self.connected_at = time.monotonic()
-        self.last_activity = self.connected_at  # last audio or successful request
+    def error(self, code: str, message: str) -> Outgoing: ...
+
+    def parse(self, message: str | bytes) -> Any: ...
+
+    def queues_audio(self, message: Any) -> bool: ...
+
+    async def dispatch(self, message: Any) -> None: ...
+
+
+def connect(transport: Transport, dialect: Callable[[Session, str], SpokenDialect],
+            engine: Engine, model_id: str, limits: ServerLimits) -> Connection:
+    """A new session spoken in ``dialect`` (a :class:`~.dialects.base.Dialect` class),
+    served over ``transport``."""
+    session = Session(engine, limits)
+    session.dialect = dialect(session, model_id)
+    return Connection(transport, session)
+
+
+class Connection:
+    """The loop of one transport over one session, in the session's dialect."""
+
+    def __init__(self, transport: Transport, session: Session, resumed: bool = False):
+        self.transport = transport
+        self.session = session
+        self.dialect: SpokenDialect = session.dialect  # type: ignore[assignment]
+        self.limits = session.limits
+        self.resumed = resumed  # the session was detached from another transport
         self.failed_updates = 0
-        self.receiving: asyncio.Future | None = None  # a pending ws.receive()
-        self.early: deque[dict[str, Any]] = deque()  # frames read while a prefill ran
-        self.outbox = Outbox(websocket, limits.max_pending_events)
-        self.subprotocol: str | None = None  # selected at accept (a browser's "realtime")
+        self.receiving: asyncio.Future | None = None  # a pending transport.receive()
+        self.early: deque[Any] = deque()  # messages read while a prefill ran
 
-    # --- the dialect's hooks ----------------------------------------------------
+    @property
+    def session_id(self) -> str:
+        return self.session.session_id
 
-    def greeting(self) -> dict[str, Any]:
-        """The first event, sent once the connection is admitted."""
-        raise NotImplementedError
+    # --- the session's link -----------------------------------------------------------
 
-    def error_payload(self, code: str, message: str) -> dict[str, Any]:
-        """The dialect's ``error`` event for ``code`` (an :class:`~.wire.ErrorCode`)."""
-        raise NotImplementedError
+    def send(self, message: Outgoing) -> None:
+        self.transport.send(message)
 
-    def parse(self, text: str) -> Any:
-        """One client text frame -> the dialect's message (:class:`ProtocolError` if bad)."""
-        raise NotImplementedError
-
-    def queues_audio(self, message: Any) -> bool:
-        """Whether ``message`` carries audio: queued, not awaited; anything else is
-        answered after the audio queued before it has run (:meth:`settle`)."""
-        raise NotImplementedError
-
-    async def dispatch(self, message: Any) -> None:
-        """Act on one message; raise :class:`Finished` to end the connection."""
-        raise NotImplementedError
-
-    def translate(self, events: list) -> list[str]:
-        """One frame's (or a command's) runtime events as the texts sent, in order."""
-        raise NotImplementedError
-
-    def limit_reached(self) -> None:
-        """A frame failed at ``max_streaming_seconds`` (after its error went out); by
-        default the connection goes on (the client ends the stream)."""
-
-    # --- sending ----------------------------------------------------------------
-
-    async def send(self, payload: dict[str, Any]) -> None:
-        self.outbox.put(dumps(payload))
-
-    async def send_all(self, payloads: list[dict[str, Any]]) -> None:
-        for payload in payloads:
-            await self.send(payload)
-
-    async def send_error(self, code: str, message: str) -> None:
+    def send_error(self, code: str, message: str) -> None:
         logger.info("%s error %s: %s", self.session_id, code, message)
-        await self.send(self.error_payload(code, message))
-
-    async def forward(self, events: list) -> None:
-        """Runtime events an engine command replied with (a commit's, a cancel's), sent."""
-        await self.send_texts(self.translate(events))
-
-    async def send_texts(self, texts: list[str]) -> None:
-        for text in texts:
-            self.outbox.put(text)
-
-    # --- the socket while the session opens ------------------------------------------
+        self.session.send(self.dialect.error(code, message))
 
     async def watch(self, opening: asyncio.Future) -> None:
-        """Wait for the engine to open the session while watching the socket.
+        """Wait for the engine to open the session while watching the transport.
 
         A prefill is the one long engine command: if the client leaves or the
         wall-clock cap passes meanwhile, the prefill is stopped between two
-        positions and the slot is freed. Messages that arrive meanwhile are
-        kept, in order, for the loop.
+        positions and the slot is freed (a session that outlives its transport
+        goes on opening, detached). Messages that arrive meanwhile are kept, in
+        order, for the loop.
         """
+        session = self.session
         while not opening.done():
             self.receive()
-            remaining = self.connected_at + self.limits.max_session_wall_seconds \
+            remaining = session.connected_at + self.limits.max_session_wall_seconds \
                 - time.monotonic()
             done, _ = await asyncio.wait({opening, self.receiving}, timeout=max(remaining, 0),
                                          return_when=asyncio.FIRST_COMPLETED)
-            if not done or (self.receiving in done and
-                            self.receiving.result()["type"] == "websocket.disconnect"):
-                self.engine.abort(self.session_id)
+            gone = self.receiving in done and isinstance(self.receiving.result(), Hangup)
+            if gone and session.outlives_transport:
+                self.early.append(self.receiving.result())
+                self.receiving = None
+                await session.wait_opening(opening)
+                return
+            if not done or gone:
+                session.engine.abort(self.session_id)
                 await asyncio.wait({opening})
                 if done:
-                    raise WebSocketDisconnect(self.receiving.result().get("code", 1000))
+                    raise self.receiving.result()
                 return  # the deadline: the loop reports it
             if self.receiving in done:
                 self.early.append(self.receiving.result())
@@ -152,174 +142,153 @@ class Connection(EngineSession):
     # --- lifetime -----------------------------------------------------------------
 
     def _hung_up(self, receiving: asyncio.Future) -> None:
-        """Done callback of every receive: a disconnect frees the slot at once.
+        """Done callback of every receive: a hangup frees the slot at once.
 
         The WebSocket layer answers a client's close frame in the same step as
         it queues the disconnect, so the client may call again (its close
         handshake complete) before this task resumes. This callback runs
         straight after the receive completes, before the newcomer's upgrade
-        reaches the application, so the newcomer finds the slot free.
+        reaches the application, so the newcomer finds the slot free. A session
+        that outlives its transport is detached instead.
         """
         if receiving.cancelled() or receiving.exception() is not None \
-                or receiving.result()["type"] != "websocket.disconnect":
+                or not isinstance(receiving.result(), Hangup):
             return
-        if self.open and not self.configured:
+        session = self.session
+        if session.outlives_transport:
+            session.detach()
+        elif session.open and not session.configured:
             return  # a prefill in flight: watch() stops it, then the slot is freed
-        self.let_go()
+        else:
+            session.let_go()
 
     def receive(self) -> asyncio.Future:
-        """The pending ``ws.receive()`` (started if none is), kept across awaits."""
+        """The pending ``transport.receive()`` (started if none is), kept across awaits."""
         if self.receiving is None:
-            self.receiving = asyncio.ensure_future(self.ws.receive())
+            self.receiving = asyncio.ensure_future(self.transport.receive())
             self.receiving.add_done_callback(self._hung_up)
         return self.receiving
 
-    async def finish(self, code: int, reason: str = "") -> None:
+    async def finish(self, ending: Ending, reason: str = "") -> None:
         """Free the session, let queued events go out (bounded), then close."""
-        await self.release()
-        if not await self.outbox.drain(self.limits.send_timeout):
-            code, reason = CloseCode.POLICY_VIOLATION, NOT_READING
-        await self.outbox.stop()
-        await self.close(code, reason)
+        await self.session.release()
+        if not await self.transport.drain():
+            ending, reason = Ending.NOT_READING, NOT_READING
+        await self.transport.stop()
+        await self.close(ending, reason)
 
-    async def close(self, code: int, reason: str = "") -> None:
-        """Best effort: a client that reads nothing never takes the close frame."""
-        try:
-            await asyncio.wait_for(self.ws.close(code=code, reason=reason),
-                                   self.limits.send_timeout)
-        except (asyncio.TimeoutError, Exception) as exc:
-            logger.info("%s close %d not delivered (%s)", self.session_id, code,
-                        type(exc).__name__)
-
-    def deadline(self) -> tuple[float, str]:
-        """The next timeout: the update deadline or idle time, capped by the wall-clock limit."""
-        wall = (self.connected_at + self.limits.max_session_wall_seconds,
-                f"session open for {self.limits.max_session_wall_seconds:g} s "
-                "(--max-session-wall-seconds)")
-        if not self.configured:
-            due = (self.connected_at + self.limits.update_timeout,
-                   f"session.update not received within {self.limits.update_timeout:g} s")
-        else:
-            due = (self.last_activity + self.limits.idle_timeout,
-                   f"session idle for {self.limits.idle_timeout:g} s (no audio and no "
-                   "successful request)")
-        return min(due, wall)
-
-    def active(self) -> None:
-        """Audio arrived or a request succeeded: the idle clock restarts."""
-        self.last_activity = time.monotonic()
+    async def close(self, ending: Ending, reason: str = "") -> None:
+        """Close the transport for ``ending`` (best effort)."""
+        await self.transport.close(ending, reason)
 
     # --- the loop -------------------------------------------------------------------
 
     async def run(self) -> None:
-        await self.ws.accept(subprotocol=self.subprotocol)
-        self.outbox.start()
+        session, engine = self.session, self.session.engine
+        await self.transport.accept()
         try:
-            if not self.engine.ready:
-                await self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
-                raise Finished(CloseCode.TRY_AGAIN_LATER)
-            if not self.engine.admission.try_reserve(self.session_id):
-                await self.send_error(ErrorCode.SERVER_BUSY, self.engine.admission.refusal)
-                raise Finished(CloseCode.TRY_AGAIN_LATER)
-            logger.info("%s connected", self.session_id)
-            await self.send(self.greeting())
+            session.attach(self)
+            if self.resumed:
+                logger.info("%s resumed on a new transport", self.session_id)
+            else:
+                if not engine.ready:
+                    self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
+                    raise Finished(Ending.BUSY)
+                if not engine.admission.try_reserve(self.session_id):
+                    self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
+                    raise Finished(Ending.BUSY)
+                logger.info("%s connected", self.session_id)
+                session.send(self.dialect.greeting())
             await self.loop()
         except Finished as end:
-            await self.finish(end.code)
-        except WebSocketDisconnect:
+            await self.finish(end.ending)
+        except Hangup:
             logger.info("%s disconnected", self.session_id)
         except ClientNotReading as exc:
             logger.info("%s closed: %s (%s)", self.session_id, NOT_READING, exc)
-            await self.release()
-            await self.outbox.stop()
-            await self.close(CloseCode.POLICY_VIOLATION, NOT_READING)
+            await session.release()
+            await self.transport.stop()
+            await self.close(Ending.NOT_READING, NOT_READING)
         finally:
             if self.receiving is not None:
                 self.receiving.cancel()
-            await self.release()
-            await self.outbox.stop()
+            if not session.detached:  # a hangup detached one that outlives its transport
+                await session.release()
+            await self.transport.stop()
 
     async def loop(self) -> None:
-        """Client frames, one at a time, until :class:`Finished` or the client leaves."""
+        """Client messages, one at a time, until :class:`Finished` or the client leaves."""
         while True:
-            deadline, reason = self.deadline()
+            message = await self.next_message()
+            if isinstance(message, Hangup):
+                raise message
+            if isinstance(message, str):  # the session's deadline passed
+                self.send_error(ErrorCode.INVALID_REQUEST, message)
+                raise Finished(Ending.VIOLATION)
             try:
-                message = await self.next_message(max(deadline - time.monotonic(), 0.0))
-            except asyncio.TimeoutError:
-                await self.send_error(ErrorCode.INVALID_REQUEST, reason)
-                raise Finished(CloseCode.POLICY_VIOLATION) from None
-            if message["type"] == "websocket.disconnect":
-                raise WebSocketDisconnect(message.get("code", 1000))
-            try:
-                await self.handle(message)
+                async with self.session.turn:
+                    await self.handle(message[0])
             except ProtocolError as exc:
-                await self.send_error(exc.code, exc.message)
+                self.send_error(exc.code, exc.message)
                 if exc.code == ErrorCode.SESSION_INITIALIZATION_FAILED:
                     self.failed_updates += 1
                     if self.failed_updates >= self.limits.max_failed_updates:
-                        await self.send_error(ErrorCode.INVALID_REQUEST,
-                                              f"{self.failed_updates} failed session.update "
-                                              "messages; closing")
-                        raise Finished(CloseCode.POLICY_VIOLATION) from None
+                        self.send_error(ErrorCode.INVALID_REQUEST,
+                                        f"{self.failed_updates} failed session.update "
+                                        "messages; closing")
+                        raise Finished(Ending.VIOLATION) from None
 
-    def text_of(self, message: dict[str, Any]) -> str:
-        text = message.get("text")
-        if text is None:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST,
-                                "binary frames are not supported; send JSON text")
-        size = len(text.encode("utf-8", "surrogatepass"))
+    def checked(self, message: str | bytes) -> str | bytes:
+        """A client message within ``max_message_bytes``."""
+        size = len(message.encode("utf-8", "surrogatepass")) if isinstance(message, str) \
+            else len(message)
         if size > self.limits.max_message_bytes:
             raise ProtocolError(ErrorCode.INVALID_REQUEST,
                                 f"message of {size} bytes exceeds the "
                                 f"{self.limits.max_message_bytes}-byte limit")
-        return text
-
-    async def handle(self, raw: dict[str, Any]) -> None:
-        """One frame: checked, parsed by the dialect, answered after the audio before it."""
-        try:
-            message = self.parse(self.text_of(raw))
-        except ProtocolError:
-            await self.settle()
-            raise
-        audio = self.queues_audio(message)
-        if not audio:
-            await self.settle()
-        try:
-            await self.dispatch(message)
-        except ProtocolError:
-            if audio:  # its error goes out after the events of the audio before it
-                await self.settle()
-            raise
-
-    async def next_message(self, timeout: float) -> dict[str, Any]:
-        """The next client frame: kept ones first, then the socket (``TimeoutError``).
-
-        Raises what halted the input feed (e.g. :class:`ClientNotReading` met
-        while forwarding a frame's events) as soon as it happens.
-        """
-        if self.early:
-            return self.early.popleft()
-        receiving = self.receive()
-        if self.feed is None:
-            message = await asyncio.wait_for(asyncio.shield(receiving), timeout)
-        else:
-            if not self.feed.halted.done():
-                await asyncio.wait({receiving, self.feed.halted}, timeout=timeout,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            if self.feed.halted.done():
-                raise self.feed.halted.result()
-            if not self.receiving.done():
-                raise asyncio.TimeoutError
-            message = self.receiving.result()
-        self.receiving = None
         return message
 
+    async def handle(self, raw: str | bytes) -> None:
+        """One message: checked, parsed by the dialect, answered after the audio before it."""
+        session = self.session
+        try:
+            message = self.dialect.parse(self.checked(raw))
+        except ProtocolError:
+            await session.settle()
+            raise
+        audio = self.dialect.queues_audio(message)
+        if not audio:
+            await session.settle()
+        try:
+            await self.dialect.dispatch(message)
+        except ProtocolError:
+            if audio:  # its error goes out after the events of the audio before it
+                await session.settle()
+            raise
 
-@dataclass(frozen=True)
-class Dialect:
-    """A wire dialect as the app serves it: its WebSocket paths (under ``--api-prefix``)
-    and the :class:`Connection` subclass that speaks it."""
+    async def next_message(self) -> tuple[str | bytes] | Hangup | str:
+        """The next client message (in a 1-tuple), a :class:`Hangup`, or the reason the
+        session's deadline passed; kept ones first.
 
-    name: str
-    paths: tuple[str, ...]
-    connection: type[Connection]
+        Raises what halted the session (e.g. :class:`ClientNotReading` met while
+        forwarding a frame's events) as soon as it happens. A message already
+        there is taken even when the deadline has passed meanwhile.
+        """
+        if self.early:
+            message = self.early.popleft()
+            return message if isinstance(message, Hangup) else (message,)
+        receiving, halted = self.receive(), self.session.halted
+        expiry = asyncio.ensure_future(self.session.expired())
+        try:
+            if not (halted.done() or receiving.done()):
+                await asyncio.wait({receiving, halted, expiry},
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            expiry.cancel()
+        if halted.done():
+            raise halted.result()
+        if not receiving.done():
+            return expiry.result()
+        self.receiving = None
+        message = receiving.result()
+        return message if isinstance(message, Hangup) else (message,)

@@ -1,15 +1,19 @@
 """The wire dialects the server speaks, one module each, and the list the app serves.
 
-A dialect module defines a :class:`~..connection.Connection` subclass (its
-greeting, error payload, parse of client frames, what it does with each
-message, its translation of runtime events (run on the connection's event
-loop), and its own turn and commit rules) and ``DIALECT``, a :class:`~..connection.Dialect`
-naming its WebSocket paths. Adding a dialect is one new module plus its
-``DIALECT`` in ``DIALECTS`` below (or in ``create_app(..., dialects=...)``).
+A dialect module defines a :class:`~.base.Dialect` subclass: its ``name`` and
+WebSocket ``paths``, its greeting and error event, its parse of client
+messages, what it does with each message, its translation of runtime events
+into typed messages (:mod:`..messages`, run on the event loop), and its own
+turn and commit rules. One instance serves one session and holds the
+dialect's state of it. Adding a dialect is one new module plus its class in
+``DIALECTS`` below (or in ``create_app(..., dialects=...)``); see
+docs/development.md.
 
 - :mod:`.vlm`: mlx-vlm's realtime dialect at ``/v1/realtime`` (events: :mod:`.vlm_events`).
 - :mod:`.ga`: OpenAI Realtime GA at ``/openai/v1/realtime`` (:mod:`.ga_session`,
   :mod:`.ga_responses`, :mod:`.ga_turns`, :mod:`.ga_items`, :mod:`.ga_audio`).
+
+A dialect imports no transport: it never sees a socket, a close code or JSON text.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ def __getattr__(name: str) -> Any:
     importing one dialect's helper module (e.g. :mod:`.ga_audio`) loads no other."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from .ga import DIALECT as GA
-    from .vlm import DIALECT as VLM
+    from .ga import GADialect as GA
+    from .vlm import VLMDialect as VLM
 
     served = {"VLM": VLM, "GA": GA, "DIALECTS": (VLM, GA)}
     globals().update(served)

@@ -1,8 +1,9 @@
-"""The OpenAI Realtime GA dialect (``/openai/v1/realtime``): the shared loop, spoken as GA.
+"""The OpenAI Realtime GA dialect (``/openai/v1/realtime``): a session, spoken as GA.
 
 A GA client's ``base_url`` is ``http://HOST:PORT/openai/v1``. Same admission,
 limits, timeouts, origin policy, outbox backpressure and tool results as
-:class:`~..connection.Connection`; what differs is the language (the session
+every dialect (:mod:`..connection`, :mod:`..session`); what differs is the
+language, one :class:`GADialect` per session (the session
 object: :mod:`.ga_session`; responses: :mod:`.ga_responses`, their wire shapes
 and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
 
@@ -21,8 +22,9 @@ and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
   are accepted as described in :mod:`.ga_responses`.
 - While a response is owed (opened or requested, not yet ``response.done``)
   and the client has sent no audio for :data:`STREAM_LULL_SECONDS` (at once
-  after a commit with turn detection off), the connection runs the timeline
-  on silence, one frame at a time (:meth:`Engine.push`: the server's PCM, in
+  after a commit with turn detection off), the session's timer
+  (:meth:`GADialect.run_owed`, on the event loop, with or without a
+  transport) runs the timeline on silence between the client's events, one frame at a time (:meth:`Engine.push`: the server's PCM, in
   the session's channel behind the client's), as fast as the engine steps it,
   so the model can answer; the response's bound (``max_response_seconds``)
   ends it. The idle timeout does not run while a response is owed.
@@ -30,6 +32,7 @@ and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
   ``function_call_output``; other items (a framework replaying its chat
   history) are acknowledged, not injected: the model hears only audio, and
   its text context is ``instructions``.
+- A binary frame is an ``invalid_request``.
 """
 
 from __future__ import annotations
@@ -41,22 +44,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from fastapi import WebSocket
 
 from ...runtime.options import SessionOptions
 from ...runtime.quoting import brief
-from ..connection import Connection, Dialect, Finished
-from ..engine_session import stream_full
-from ..engine.thread import Engine
-from ..limits import ServerLimits
+from ..messages import Ending, Event, Finished, Outgoing
+from ..session import Session, stream_full
 from .client_options import session_options, transcription_options
 from ..wire import (
-    CloseCode, ErrorCode, ProtocolError, dumps, init_failed, invalid, load_object,
-    new_id, parse_tool_output,
+    ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id, parse_tool_output,
 )
+from .base import Dialect
 from .ga_audio import FormatError, InputAudio
 from .ga_items import tool_output_item
-from .ga_responses import GAResponses
+from .ga_responses import GAResponses, outgoing
+from .ga_turns import Out
 from .ga_session import GAConfig, error_event, merge_session, session_event
 
 logger = logging.getLogger(__name__)
@@ -84,12 +85,14 @@ class ClientEvent:
     message: dict[str, Any]
 
 
-class GAConnection(Connection):
-    """One OpenAI Realtime GA client's conversation with the engine."""
+class GADialect(Dialect):
+    """One OpenAI Realtime GA client's session with the engine."""
 
-    def __init__(self, websocket: WebSocket, engine: Engine, model_id: str,
-                 limits: ServerLimits):
-        super().__init__(websocket, engine, model_id, limits)
+    name = "openai-realtime-ga"
+    paths = (REALTIME_PATH,)
+
+    def __init__(self, session: Session, model_id: str):
+        super().__init__(session, model_id)
         self.config = GAConfig()
         self.responses = GAResponses(self.config)
         self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
@@ -98,19 +101,23 @@ class GAConnection(Connection):
         self.heard = 0  # samples the model has been given since it opened
         self.event_id: str | None = None  # of the client event being handled
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
+        self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
+        session.keep_alive = self.owed  # idle time does not count while a response is owed
+        session.spawn(self.run_owed())
 
     # --- the dialect -----------------------------------------------------------
 
-    def greeting(self) -> dict[str, Any]:
-        return session_event("session.created", self.session_id, self.model_id, self.config)
+    def greeting(self) -> Event:
+        return Event(session_event("session.created", self.session_id, self.model_id,
+                                   self.config))
 
-    def error_payload(self, code: str, message: str) -> dict[str, Any]:
-        return error_event(code, message, self.event_id)
+    def error(self, code: str, message: str) -> Event:
+        return Event(error_event(code, message, self.event_id))
 
-    def parse(self, text: str) -> ClientEvent:
-        """One text frame -> a GA client event; its ``event_id`` is echoed by its error."""
+    def parse(self, message: str | bytes) -> ClientEvent:
+        """One client message -> a GA client event; its ``event_id`` is echoed by its error."""
         self.event_id = None
-        message = load_object(text)
+        message = load_object(self.text(message))
         event_id = message.get("event_id")
         self.event_id = event_id if isinstance(event_id, str) else None
         kind = message.get("type")
@@ -123,36 +130,50 @@ class GAConnection(Connection):
         # before any other event runs (and its events go out) first.
         return event.kind == "input_audio_buffer.append"
 
-    def translate(self, events: list) -> list[str]:
-        return self.responses.translate(events)
+    def translate(self, events: list) -> list[Outgoing]:
+        out = self.responses.translate(events)
+        if self.responses.owes:
+            self.nudged.set()
+        return out
 
-    def frame_error(self, exc: BaseException) -> None:
+    def frame_error(self, exc: BaseException) -> list[Outgoing]:
         """A frame's error; one of the server's silence frames failing (not at the
         stream's bound) ends the owed response as ``failed`` (the session stays)."""
-        super().frame_error(exc)
+        out = super().frame_error(exc)
         if self.responses.server_frames and not stream_full(exc):
-            self.deliver([dumps(e) for e in self.responses.fail(str(exc) or type(exc).__name__)])
+            out += outgoing(self.responses.fail(str(exc) or type(exc).__name__))
+        return out
 
     def limit_reached(self) -> None:
-        """The stream is full: the connection ends normally."""
-        self.input_feed().halt(Finished(CloseCode.NORMAL))
+        """The stream is full: the conversation ends normally."""
+        self.session.halt(Finished(Ending.DONE))
+
+    def emit(self, out: Out) -> None:
+        """Events of the responses' book (audio apart), sent in order."""
+        self.session.send_all(outgoing(out))
 
     async def dispatch(self, event: ClientEvent) -> None:
-        kind, message = event.kind, event.message
+        try:
+            await self.act(event)
+        finally:
+            self.nudged.set()
+
+    async def act(self, event: ClientEvent) -> None:
+        kind, message, session = event.kind, event.message, self.session
         if kind == "session.update":
             await self.update(message.get("session"))
         elif kind == "input_audio_buffer.append":
             await self.append_audio(message.get("audio"))
         elif kind == "input_audio_buffer.commit":
-            if not self.configured and self.config.turn_detection is None:
+            if not session.configured and self.config.turn_detection is None:
                 # the response owed needs a timeline
                 await self.open_engine(self.config, self.requested)
-            await self.send_all(self.responses.commit())
+            self.emit(self.responses.commit())
             if self.config.turn_detection is None:
                 self.last_audio = 0.0  # push-to-talk: the user's turn ended, answer now
         elif kind == "input_audio_buffer.clear":
             self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
-            await self.send({"type": "input_audio_buffer.cleared"})
+            self.send({"type": "input_audio_buffer.cleared"})
         elif kind == "conversation.item.create":
             await self.create_item(message.get("item"))
         elif kind == "conversation.item.truncate":
@@ -161,7 +182,7 @@ class GAConnection(Connection):
             item_id = message.get("item_id")
             if not isinstance(item_id, str):
                 raise invalid("item_id must be a string")
-            await self.send({"type": "conversation.item.deleted", "item_id": item_id})
+            self.send({"type": "conversation.item.deleted", "item_id": item_id})
         elif kind == "response.create":
             await self.create_response(message.get("response"))
         elif kind == "response.cancel":
@@ -169,14 +190,14 @@ class GAConnection(Connection):
             if events is None:
                 raise ProtocolError("response_cancel_not_active",
                                     "there is no active response to cancel")
-            await self.send_all(events)
-        self.active()
+            self.emit(events)
+        session.active()
 
     async def create_response(self, params: Any) -> None:
         if self.config.output_modalities == ("text",):
             raise invalid("a session with output_modalities ['text'] transcribes the user "
                           "only and makes no responses")
-        if not self.configured:
+        if not self.session.configured:
             await self.open_engine(self.config, self.requested)
         events = self.responses.request(params)
         if events is None:
@@ -187,7 +208,7 @@ class GAConnection(Connection):
                                 f"the conversation already has an active response {active} "
                                 "and a response.create waiting for it; wait for its "
                                 "response.done")
-        await self.send_all(events)
+        self.emit(events)
 
     # --- session ----------------------------------------------------------
 
@@ -209,15 +230,14 @@ class GAConnection(Connection):
                 logger.warning("%s instructions/tools changed after %.2f s of audio: the "
                                "model's timeline restarts", self.session_id,
                                self.heard / MODEL_INPUT_RATE)
-                await self.send_all(self.responses.restart())
+                self.emit(self.responses.restart())
                 self.heard = 0
             await self.open_engine(config, options)
         if config.input_format != self.config.input_format:
             self.input = InputAudio(config.input_format, MODEL_INPUT_RATE)
         self.config, self.requested = config, options
         self.responses.configure(config)
-        await self.send(session_event("session.updated", self.session_id, self.model_id,
-                                      config))
+        self.send(session_event("session.updated", self.session_id, self.model_id, config))
 
     async def open_engine(self, config: GAConfig, options: SessionOptions) -> None:
         """Open (or reopen) the engine session for ``config`` with its ``options``."""
@@ -228,7 +248,7 @@ class GAConnection(Connection):
         self.opened_with = None
         # Transcription only (perception + RNNT): the user transcript, no responses.
         opened = transcription_options(self.limits, options) if text_only else options
-        details = await self.open_session(opened)
+        details = await self.session.open_session(opened)
         self.opened_with = options
         self.responses.configure(config, details.output_sample_rate,
                                  details.frame_samples / details.input_sample_rate)
@@ -238,7 +258,7 @@ class GAConnection(Connection):
     # --- audio ------------------------------------------------------------
 
     async def append_audio(self, audio: Any) -> None:
-        if not self.configured:
+        if not self.session.configured:
             await self.open_engine(self.config, self.requested)
         try:
             samples = self.input(audio)
@@ -246,55 +266,55 @@ class GAConnection(Connection):
             raise invalid(str(exc)) from None
         if samples.shape[0]:
             self.last_audio = time.monotonic()
-        await self.feed_audio(samples)
+        await self.session.feed_audio(samples)
         self.heard += samples.shape[0]
 
     async def push_frame(self, chunk: np.ndarray) -> None:
         """One frame of server-made input, queued behind the client's audio (the same
         session channel); waits for it to run. Its events and its error go out as any
-        frame's (:meth:`frame_error`; a full stream ends the connection)."""
-        await self.engine_call(self.engine.push(self.session_id, chunk))
+        frame's (:meth:`frame_error`; a full stream ends the conversation)."""
+        await self.session.engine_call(self.engine.push(self.session_id, chunk))
         self.heard += chunk.shape[0]
 
     # --- owed responses: the timeline runs on silence -------------------------
 
     def owed(self) -> bool:
-        return self.configured and self.responses.owes
+        return self.session.configured and self.responses.owes
 
-    def deadline(self) -> tuple[float, str]:
-        if self.owed():
-            self.active()  # idle time does not count while a response is owed
-        return super().deadline()
-
-    async def next_message(self, timeout: float) -> dict[str, Any]:
-        """The next client frame; while a response is owed and the client sends no
-        audio, silence frames run meanwhile (the idle clock stands still)."""
-        owed = False
-        while self.owed():
-            owed = True
-            self.active()
-            wall = self.connected_at + self.limits.max_session_wall_seconds - time.monotonic()
-            if wall <= 0:
-                raise asyncio.TimeoutError
+    async def run_owed(self) -> None:
+        """The session's timer (on the loop, with or without a transport): while a
+        response is owed and the client has sent no audio for
+        :data:`STREAM_LULL_SECONDS`, silence frames run, one at a time, between the
+        client's events (the idle clock stands still meanwhile)."""
+        session = self.session
+        while True:
+            if not self.owed():
+                self.nudged.clear()
+                await self.nudged.wait()
+                continue
             lull = self.last_audio + STREAM_LULL_SECONDS - time.monotonic()
-            try:  # what is already there first (0 s), else until the lull ends
-                return await super().next_message(max(min(lull, wall), 0.0))
-            except asyncio.TimeoutError:
-                if lull <= 0:
+            if lull > 0:
+                self.nudged.clear()
+                try:  # new audio moves the lull
+                    await asyncio.wait_for(self.nudged.wait(), lull)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            async with session.turn:
+                if self.owed():
+                    session.active()
                     await self.continue_on_silence()
-        if owed:  # the response just ended: the idle clock starts now
-            timeout = max(self.deadline()[0] - time.monotonic(), 0.0)
-        return await super().next_message(timeout)
+                    session.active()  # the idle clock starts when the response ends
 
     async def continue_on_silence(self) -> None:
         """One frame of silence for the model to answer in; an engine failure ends
         the owed response as ``failed`` (the session stays)."""
         self.responses.server_frames = True
         try:
-            await self.push_frame(np.zeros(self.details.frame_samples, np.float32))
+            await self.push_frame(np.zeros(self.session.details.frame_samples, np.float32))
         except ProtocolError as exc:
-            await self.send_error(exc.code, exc.message)
-            await self.send_all(self.responses.fail(exc.message))
+            self.session.send(self.error(exc.code, exc.message))
+            self.emit(self.responses.fail(exc.message))
         finally:
             self.responses.server_frames = False
 
@@ -303,11 +323,12 @@ class GAConnection(Connection):
     async def create_item(self, item: Any) -> None:
         if isinstance(item, dict) and item.get("type") == "function_call_output":
             output = parse_tool_output(item)
-            if not self.configured:
+            if not self.session.configured:
                 raise ProtocolError(ErrorCode.TOOLS_NOT_SET, "function_call_output needs tools "
                                     "registered in session.update")
-            await self.tool_output(self.responses.runtime_call_id(output.call_id), output.output)
-            await self.send_all(self.responses.item_added(tool_output_item(item)))
+            await self.session.tool_output(self.responses.runtime_call_id(output.call_id),
+                                           output.output)
+            self.emit(self.responses.item_added(tool_output_item(item)))
             return
         if not isinstance(item, dict) or item.get("type") not in ("message", "function_call"):
             raise invalid("conversation.item.create supports items of type message, "
@@ -318,7 +339,7 @@ class GAConnection(Connection):
                                             "arguments") if key in item}
         added = {"id": item["id"] if isinstance(item.get("id"), str) else new_id("item"),
                  "object": "realtime.item", "status": "completed", **known}
-        await self.send_all(self.responses.item_added(added))
+        self.emit(self.responses.item_added(added))
 
     async def truncate(self, message: dict[str, Any]) -> None:
         item_id, index, end = (message.get("item_id"), message.get("content_index", 0),
@@ -330,9 +351,8 @@ class GAConnection(Connection):
         events = self.responses.truncate(item_id)
         if events is None:
             raise invalid(f"unknown item_id {item_id[:64]!r}")
-        await self.send_all(events)
-        await self.send({"type": "conversation.item.truncated", "item_id": item_id,
+        self.emit(events)
+        self.send({"type": "conversation.item.truncated", "item_id": item_id,
                          "content_index": index, "audio_end_ms": end})
 
 
-DIALECT = Dialect("openai-realtime-ga", (REALTIME_PATH,), GAConnection)

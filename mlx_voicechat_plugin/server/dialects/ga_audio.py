@@ -112,11 +112,15 @@ class InputAudio:
 
 
 class OutputAudio:
-    """Model samples at ``model_rate`` -> base64 audio in ``fmt``."""
+    """Model samples at ``model_rate`` -> audio bytes in ``fmt`` (base64 when called)."""
 
     def __init__(self, fmt: AudioFormat, model_rate: int):
         self.format = fmt
         self.resample = Resampler(model_rate, fmt.rate)
 
+    def encoded(self, samples: np.ndarray, last: bool = False) -> bytes:
+        """The next bytes of the client's audio (none while the resampler fills)."""
+        return encode(self.format, self.resample(samples, last))
+
     def __call__(self, samples: np.ndarray, last: bool = False) -> str:
-        return base64.b64encode(encode(self.format, self.resample(samples, last))).decode("ascii")
+        return base64.b64encode(self.encoded(samples, last)).decode("ascii")

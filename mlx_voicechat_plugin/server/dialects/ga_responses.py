@@ -24,7 +24,7 @@ responses. The mapping, one frame's runtime events at a time:
   passed since it opened; ``cancelled`` (``client_cancelled``) at
   ``response.cancel`` / ``conversation.item.truncate`` or when a new prompt
   restarts the timeline. While a response is owed (:attr:`GAResponses.owes`)
-  the connection runs the timeline on silence if the client sends no audio;
+  the session's timer runs the timeline on silence if the client sends no audio;
   text in those frames after the owed response ended opens no new one (else a
   model that never stops would keep the server running silence for ever).
 - A tool call is a ``function_call`` output item of the response it ends:
@@ -49,7 +49,7 @@ responses. The mapping, one frame's runtime events at a time:
 How each response and user item opens and closes is :mod:`.ga_turns`'
 (:class:`~.ga_turns.ResponseBook`, the base of :class:`GAResponses`).
 :meth:`GAResponses.translate` and the request methods all run on the
-connection's event loop (the engine hands the runtime events over there), so
+session's event loop (the engine hands the runtime events over there), so
 the state has one thread and no lock.
 """
 
@@ -70,10 +70,11 @@ from ...runtime.events import (
     TurnEnded,
     UserTranscriptDelta,
 )
-from ..wire import dumps, new_id
+from ..messages import AudioOut, Event as Message, Outgoing
+from ..wire import new_id
 from . import ga_items
 from .ga_session import error_event
-from .ga_turns import ResponseBook, UserItem
+from .ga_turns import Out, ResponseBook, UserItem
 
 logger = logging.getLogger(__name__)
 
@@ -84,18 +85,23 @@ TAIL_FRAMES = 2
 MAX_CALL_ID_CHARS = 32  # GA's cap on call_id (clients shorten longer ones by hashing)
 
 
+def outgoing(out: Out) -> list[Outgoing]:
+    """A step's output as the messages sent: each event typed, audio already apart."""
+    return [item if isinstance(item, AudioOut) else Message(item) for item in out]
+
+
 class GAResponses(ResponseBook):
     """The state of one GA session's conversation: its open response and user item."""
 
     # --- one frame's events ---------------------------------------------------
 
-    def translate(self, events: list[Event]) -> list[str]:
-        out: list[dict[str, Any]] = []
+    def translate(self, events: list[Event]) -> list[Outgoing]:
+        out: Out = []
         for event in events:
             self._event(event, out)
-        return [dumps(payload) for payload in out]
+        return outgoing(out)
 
-    def _event(self, event: Event, out: list[dict[str, Any]]) -> None:
+    def _event(self, event: Event, out: Out) -> None:
         self.frame = max(self.frame, int(event.frame_index))
         if isinstance(event, Audio):
             self._audio(event, out)
@@ -118,7 +124,7 @@ class GAResponses(ResponseBook):
                 self._finish(out, "completed" if isinstance(event, Done) else "cancelled")
         # FunctionDelta, ToolResultInjected, ToolsWarning: no GA counterpart.
 
-    def _audio(self, event: Audio, out: list[dict[str, Any]]) -> None:
+    def _audio(self, event: Audio, out: Out) -> None:
         frame = int(event.frame_index)
         user = self.user
         if user is not None and self.config.turn_detection is not None and \
@@ -136,10 +142,9 @@ class GAResponses(ResponseBook):
             return
         if self._audio_out and response.message is not None:
             response.audio_frames += 1
-            delta = response.audio(event.samples)
-            if delta:
-                out.append({"type": "response.output_audio.delta", **self._part(response),
-                            "delta": delta})
+            data = response.audio.encoded(event.samples)
+            if data:
+                out.append(self._audio_delta(response, data))
         if response.end_frame is not None and frame >= response.end_frame + TAIL_FRAMES:
             self._finish(out, "completed")
         elif frame >= response.last_frame:
@@ -154,7 +159,7 @@ class GAResponses(ResponseBook):
         if response is not None and response.spoke and response.end_frame is None:
             response.end_frame = frame
 
-    def _text(self, event: AssistantTextDelta, out: list[dict[str, Any]]) -> None:
+    def _text(self, event: AssistantTextDelta, out: Out) -> None:
         frame = int(event.frame_index)
         if self.muted_since is not None:
             self.muted_since = frame
@@ -176,7 +181,7 @@ class GAResponses(ResponseBook):
             else "response.output_text.delta"
         out.append({"type": kind, **self._part(response), "delta": event.delta})
 
-    def _tool_call(self, event: ToolCall, out: list[dict[str, Any]]) -> None:
+    def _tool_call(self, event: ToolCall, out: Out) -> None:
         if self.response is None:
             self._start(out, int(event.frame_index))
         response = self.response
@@ -204,7 +209,7 @@ class GAResponses(ResponseBook):
         response.output.append(done)
         self._finish(out, "completed")  # the client runs the tool now
 
-    def _user(self, event: UserTranscriptDelta, out: list[dict[str, Any]]) -> None:
+    def _user(self, event: UserTranscriptDelta, out: Out) -> None:
         frame = int(event.frame_index)
         if self.user is None:
             self.user = UserItem(new_id("item"), frame, frame)
@@ -223,10 +228,10 @@ class GAResponses(ResponseBook):
         """A response is open or owed: the timeline must run until it ends."""
         return self.response is not None
 
-    def commit(self) -> list[dict[str, Any]]:
+    def commit(self) -> Out:
         """``input_audio_buffer.commit``: the user item so far is committed; with
         turn detection off a response is owed (announced when the model speaks)."""
-        out: list[dict[str, Any]] = []
+        out: Out = []
         if self.user is None:
             item_id = new_id("item")
             out.append({"type": "input_audio_buffer.committed",
@@ -238,17 +243,17 @@ class GAResponses(ResponseBook):
             self._start(None, self.frame + 1)
         return out
 
-    def cancel(self) -> list[dict[str, Any]] | None:
+    def cancel(self) -> Out | None:
         """``response.cancel``: the response's events, or ``None`` when none is active.
         The rest of the utterance (until its EOS or a pause) is not sent."""
         if self.response is None:
             return None
-        out: list[dict[str, Any]] = []
+        out: Out = []
         self.muted_since = max(self.response.last_text_frame, self.frame)
         self._finish(out, "cancelled")
         return out
 
-    def truncate(self, item_id: str) -> list[dict[str, Any]] | None:
+    def truncate(self, item_id: str) -> Out | None:
         """``conversation.item.truncate``: cancels the response still speaking ``item_id``;
         ``None`` for an unknown item."""
         response = self.response
@@ -260,18 +265,18 @@ class GAResponses(ResponseBook):
             return self.cancel() or []
         return []
 
-    def fail(self, message: str) -> list[dict[str, Any]]:
+    def fail(self, message: str) -> Out:
         """The timeline could not run: the owed response ends as ``failed``."""
-        out: list[dict[str, Any]] = []
+        out: Out = []
         if self.response is not None:
             self.failure = message
             self._finish(out, "failed")
             self.failure = None
         return out
 
-    def restart(self) -> list[dict[str, Any]]:
+    def restart(self) -> Out:
         """A new engine timeline: the open response and user item end, frames count anew."""
-        out: list[dict[str, Any]] = []
+        out: Out = []
         if self.response is not None:
             self._finish(out, "cancelled")
         self._close_user(out, stopped=False)
@@ -282,13 +287,13 @@ class GAResponses(ResponseBook):
         """The runtime's id of a call announced as ``call_id`` (unknown ids pass through)."""
         return self.calls.get(call_id, call_id)
 
-    def request(self, response: Any) -> list[dict[str, Any]] | None:
+    def request(self, response: Any) -> Out | None:
         """``response.create``: ``response.created`` now (the model's next utterance fills
         it), or for an owed, unannounced one; while one is active, nothing yet (its
         response opens when the active one is done); ``None`` when a request already
         waits or the stream has ended."""
         metadata = response.get("metadata") if isinstance(response, dict) else None
-        out: list[dict[str, Any]] = []
+        out: Out = []
         if self.response is None:
             if self.ended:
                 return None
@@ -306,9 +311,9 @@ class GAResponses(ResponseBook):
     def active_response_id(self) -> str | None:
         return None if self.response is None else self.response.id
 
-    def item_added(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+    def item_added(self, item: dict[str, Any]) -> Out:
         """A client-created item (a tool result): ``conversation.item.added`` / ``done``."""
-        out: list[dict[str, Any]] = []
+        out: Out = []
         self._add_item(item, out, "conversation.item.added")
         self._add_item(item, out, "conversation.item.done")
         return out

@@ -4,7 +4,7 @@ GA clients send partial updates (LiveKit sends its tools in one of their
 own), so each ``session.update`` merges into a :class:`GAConfig`. Unknown
 session keys are ignored, known ones are checked and named in the error;
 the fields the runtime's options hold (``instructions``, ``seed``,
-``max_streaming_seconds``, ``context_seconds``) are checked once, when the connection builds the
+``max_streaming_seconds``, ``context_seconds``) are checked once, when the dialect builds the
 session's options from the config (:mod:`.ga`).
 """
 

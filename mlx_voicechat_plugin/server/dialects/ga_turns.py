@@ -5,7 +5,7 @@ What each step emits (``response.created``, the message's
 ``response.done`` with ``usage``; the user item's ``committed`` and its
 ``conversation.item.*``); when to take which step is :mod:`.ga_responses`'
 business (the mapping of runtime events and client requests). The wire shapes
-are :mod:`.ga_items`'. Only the connection's event loop touches it.
+are :mod:`.ga_items`'. Only the session's event loop touches it.
 """
 
 from __future__ import annotations
@@ -16,10 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from ..messages import AudioOut
 from ..wire import new_id
 from . import ga_items
 from .ga_audio import OutputAudio
 from .ga_session import GAConfig
+
+# What a step emits: GA events (dicts) and, for audio, the event with its bytes apart.
+Out = list[dict[str, Any] | AudioOut]
 
 @dataclass
 class Message:
@@ -92,7 +96,7 @@ class ResponseBook:
     def _audio_out(self) -> bool:
         return "audio" in self.config.output_modalities
 
-    def _add_item(self, item: dict[str, Any], out: list[dict[str, Any]], kind: str) -> None:
+    def _add_item(self, item: dict[str, Any], out: Out, kind: str) -> None:
         out.append({"type": kind, "previous_item_id": self.last_item_id, "item": item})
         if kind == "conversation.item.added":
             self.last_item_id = item["id"]
@@ -100,7 +104,7 @@ class ResponseBook:
 
     # --- responses -------------------------------------------------------
 
-    def _start(self, out: list[dict[str, Any]] | None, frame: int,
+    def _start(self, out: Out | None, frame: int,
                metadata: Any = None) -> None:
         """A new response from ``frame``; announced now unless ``out`` is ``None``."""
         bound = self._frames(self.config.max_response_seconds)
@@ -111,14 +115,14 @@ class ResponseBook:
         if out is not None:
             self._announce(out)
 
-    def _announce(self, out: list[dict[str, Any]]) -> None:
+    def _announce(self, out: Out) -> None:
         response = self.response
         if not response.announced:
             response.announced = True
             out.append({"type": "response.created",
                         "response": self._response_object(response)})
 
-    def _start_message(self, out: list[dict[str, Any]]) -> None:
+    def _start_message(self, out: Out) -> None:
         response = self.response
         message = Message(new_id("item"), len(response.output))
         response.message = message
@@ -129,20 +133,26 @@ class ResponseBook:
         out.append({"type": "response.content_part.added", **self._part(response),
                     "part": ga_items.content_part(self._audio_out, "")})
 
+    def _audio_delta(self, response: Response, data: bytes) -> AudioOut:
+        """``response.output_audio.delta`` with ``data`` (the client's format) apart."""
+        fmt = response.audio.format
+        return AudioOut({"type": "response.output_audio.delta", **self._part(response),
+                         "delta": None}, "delta", data, fmt.type, fmt.rate)
+
     def _part(self, response: Response) -> dict[str, Any]:
         return {"response_id": response.id, "item_id": response.message.id,
                 "output_index": response.message.output_index, "content_index": 0}
 
-    def _close_message(self, out: list[dict[str, Any]], status: str = "completed") -> None:
+    def _close_message(self, out: Out, status: str = "completed") -> None:
         response = self.response
         message = response.message if response is not None else None
         if message is None:
             return
         where = self._part(response)
         if self._audio_out:
-            tail = response.audio(np.zeros(0, np.float32), last=True)  # the resampler's tail
+            tail = response.audio.encoded(np.zeros(0, np.float32), last=True)  # its resampler's
             if tail:
-                out.append({"type": "response.output_audio.delta", **where, "delta": tail})
+                out.append(self._audio_delta(response, tail))
             out.append({"type": "response.output_audio.done", **where})
             out.append({"type": "response.output_audio_transcript.done", **where,
                         "transcript": message.text})
@@ -159,7 +169,7 @@ class ResponseBook:
         response.output.insert(message.output_index, item)
         response.message = None
 
-    def _finish(self, out: list[dict[str, Any]], status: str) -> None:
+    def _finish(self, out: Out, status: str) -> None:
         self._announce(out)
         self._close_message(out, status)
         response = self.response
@@ -181,7 +191,7 @@ class ResponseBook:
 
     # --- the user item -------------------------------------------------------
 
-    def _close_user(self, out: list[dict[str, Any]], stopped: bool) -> str:
+    def _close_user(self, out: Out, stopped: bool) -> str:
         """End the user's item (``committed`` and the item); its id, or a new one if none."""
         user = self.user
         self.user = None

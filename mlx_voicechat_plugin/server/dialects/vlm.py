@@ -1,14 +1,14 @@
 """The mlx-vlm realtime dialect (``/v1/realtime``), as ``mlx_vlm.server`` speaks it.
 
-A connection: ``session.created``, one ``session.update`` (the session opens:
+A session: ``session.created``, one ``session.update`` (the session opens:
 its prompt prefills), ``input_audio_buffer.append`` (16 kHz PCM16; each
 frame's events stream back as it runs), ``conversation.item.create`` with a
 ``function_call_output``, ``session.ping``; then ``input_audio_buffer.commit``
 (the rest of the stream; close 1000) or ``session.cancel`` /
-``response.cancel`` (close 1000). Client messages are parsed into the small
+``response.cancel`` (the conversation is done: close 1000). Client messages are parsed into the small
 dataclasses below or rejected with the error code the client sees; the
 server events are :mod:`.vlm_events`. ``session.model`` is ignored: the
-server serves one checkpoint.
+server serves one checkpoint. A binary frame is an ``invalid_request``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from ...runtime.quoting import brief
-from ..connection import Connection, Dialect, Finished
+from ..messages import Ending, Event, Finished, Outgoing
 from .client_options import session_options, transcription_options
 from ..wire import (
-    CloseCode, ErrorCode, ProtocolError, ToolOutput, decode_base64, init_failed, invalid,
+    ErrorCode, ProtocolError, ToolOutput, decode_base64, init_failed, invalid,
     load_object, parse_tool_output, pcm16_samples,
 )
 from . import vlm_events as events
+from .base import Dialect
 
 logger = logging.getLogger(__name__)
 
@@ -147,53 +148,58 @@ def check_sample_rate(rate: Any, expected: int) -> int:
     return rate
 
 
-# --- the connection -------------------------------------------------------
+# --- the dialect ---------------------------------------------------------
 
 
-class VLMConnection(Connection):
-    """One mlx-vlm client's conversation: one session, ended by commit or cancel."""
+class VLMDialect(Dialect):
+    """One mlx-vlm client's session: one session, ended by commit or cancel."""
 
-    def greeting(self) -> dict[str, Any]:
-        return events.session_created(self.session_id, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE)
+    name = "mlx-vlm"
+    paths = (REALTIME_PATH,)
 
-    def error_payload(self, code: str, message: str) -> dict[str, Any]:
-        return events.error_event(code, message)
+    def greeting(self) -> Event:
+        return Event(events.session_created(self.session_id, INPUT_SAMPLE_RATE,
+                                            OUTPUT_SAMPLE_RATE))
 
-    def parse(self, text: str) -> ClientMessage:
-        return parse_message(text)
+    def error(self, code: str, message: str) -> Event:
+        return Event(events.error_event(code, message))
+
+    def parse(self, message: str | bytes) -> ClientMessage:
+        return parse_message(self.text(message))
 
     def queues_audio(self, message: ClientMessage) -> bool:
         return isinstance(message, AudioAppend)
 
-    def translate(self, runtime_events: list) -> list[str]:
+    def translate(self, runtime_events: list) -> list[Outgoing]:
         return events.translate(runtime_events)
 
     async def dispatch(self, message: ClientMessage) -> None:
+        session = self.session
         if isinstance(message, Ping):
-            await self.send({"type": "session.pong"})
+            self.send({"type": "session.pong"})
             return
         if isinstance(message, SessionUpdate):
             await self.configure(message)
-            self.active()
+            session.active()
             return
-        if not self.configured:
+        if not session.configured:
             raise invalid("send session.update before audio")
         if isinstance(message, ToolOutput):
-            await self.tool_output(message.call_id, message.output)
-            self.active()
+            await session.tool_output(message.call_id, message.output)
+            session.active()
         elif isinstance(message, AudioAppend):
             await self.append(message)
         elif isinstance(message, Commit):
-            flushed = await self.engine_call(self.engine.flush(self.session_id,
-                                                               message.pad_partial))
-            await self.send_texts(events.committed(flushed, self.frames_run))
-            raise Finished(CloseCode.NORMAL)
+            flushed = await session.engine_call(self.engine.flush(self.session_id,
+                                                                  message.pad_partial))
+            session.send_all(events.committed(flushed, session.frames_run))
+            raise Finished(Ending.DONE)
         else:
-            await self.forward(await self.engine_call(self.engine.cancel(self.session_id)))
-            raise Finished(CloseCode.NORMAL)
+            self.forward(await session.engine_call(self.engine.cancel(self.session_id)))
+            raise Finished(Ending.DONE)
 
     async def configure(self, update: SessionUpdate) -> None:
-        if self.configured:
+        if self.session.configured:
             raise invalid("the active session cannot be reconfigured")
         options = session_options(
             self.limits, FIELDS, system_prompt=update.system_prompt, seed=update.seed,
@@ -201,18 +207,15 @@ class VLMConnection(Connection):
             context_seconds=update.context_seconds)
         # Text-only: perception + RNNT, the user transcript.
         opened = transcription_options(self.limits, options) if update.text_only else options
-        details = await self.open_session(opened)
+        details = await self.session.open_session(opened)
         logger.info("%s configured (seed %d, max %.1f s)", self.session_id, options.seed,
                     options.max_streaming_seconds)
-        await self.send(events.session_updated(self.session_id, self.model_id, details))
+        self.send(events.session_updated(self.session_id, self.model_id, details))
 
     async def append(self, message: AudioAppend) -> None:
         try:
             samples = pcm16_samples(decode_base64(message.audio, "base64 PCM16"), "PCM16")
         except ValueError as exc:
             raise ProtocolError(ErrorCode.INFERENCE_ERROR, str(exc)) from None
-        check_sample_rate(message.sample_rate, self.details.input_sample_rate)
-        await self.feed_audio(samples)
-
-
-DIALECT = Dialect("mlx-vlm", (REALTIME_PATH,), VLMConnection)
+        check_sample_rate(message.sample_rate, self.session.details.input_sample_rate)
+        await self.session.feed_audio(samples)

@@ -1,5 +1,9 @@
 """The mlx-vlm dialect's server events: the session objects, errors and the model's events.
 
+Each is the event's object (a dict) wrapped as a typed message
+(:mod:`..messages`); a model's audio is an :class:`~..messages.AudioOut`
+whose PCM16 the transport writes into the event's ``delta``.
+
 For the kinds the reference serializer has (``mlx_vlm/server/realtime.py``,
 ``_serialize_model_event``) the type names, field names and JSON types are
 the reference's; ``conformance.wire`` diffs them field for field.
@@ -26,7 +30,8 @@ from ...runtime.events import (
     UserTranscriptDelta,
 )
 from ..engine.commands import SessionDetails
-from ..wire import ErrorCode, bounded, dumps, encode_pcm16
+from ..messages import AudioOut, Event as Message, Outgoing
+from ..wire import ErrorCode, bounded, pcm16_bytes
 
 
 def error_event(code: str, message: str) -> dict[str, Any]:
@@ -61,8 +66,9 @@ def model_event(event: Event) -> dict[str, Any]:
     """A runtime event as its server event.
 
     Text and function deltas carry ``delta``/``text``, the user transcript
-    ``delta``/``transcript``, audio its PCM16 in ``delta`` with
-    ``audio_codes``, as the reference's do.
+    ``delta``/``transcript``, audio its PCM16 in ``delta`` (left ``None`` here:
+    :func:`message` carries the PCM beside it) with ``audio_codes``, as the
+    reference's do.
     """
     index = {"frame_index": int(event.frame_index)}
     if isinstance(event, AssistantTextDelta):
@@ -78,7 +84,7 @@ def model_event(event: Event) -> dict[str, Any]:
         return {"type": "conversation.item.input_audio_transcription.completed",
                 "transcript": event.text, **index}
     if isinstance(event, Audio):
-        return {"type": "response.audio.delta", "delta": encode_pcm16(event.samples),
+        return {"type": "response.audio.delta", "delta": None,
                 "format": "pcm16", "sample_rate": int(event.sample_rate), "channels": 1,
                 "audio_codes": np.asarray(event.audio_codes).astype(int).tolist(), **index}
     if isinstance(event, Done):
@@ -101,12 +107,21 @@ def model_event(event: Event) -> dict[str, Any]:
     raise TypeError(f"unsupported event {type(event).__name__}")
 
 
-def translate(events: list[Event]) -> list[str]:
-    """Runtime events as the texts sent, in order."""
-    return [dumps(model_event(e)) for e in events]
+def message(event: Event) -> Outgoing:
+    """A runtime event as the message sent: audio apart from its event."""
+    payload = model_event(event)
+    if isinstance(event, Audio):
+        return AudioOut(payload, "delta", pcm16_bytes(event.samples), "pcm16",
+                        int(event.sample_rate))
+    return Message(payload)
 
 
-def committed(events: list[Event], first_frame: int) -> list[str]:
+def translate(events: list[Event]) -> list[Outgoing]:
+    """Runtime events as the messages sent, in order."""
+    return [message(e) for e in events]
+
+
+def committed(events: list[Event], first_frame: int) -> list[Outgoing]:
     """A commit's events as the reference orders them: the audio of the frames run
     before it (frames below ``first_frame``: the last such frame's),
     ``input_audio_buffer.committed``, then the rest."""
@@ -114,5 +129,5 @@ def committed(events: list[Event], first_frame: int) -> list[str]:
     while lead < len(events) and events[lead].frame_index < first_frame \
             and isinstance(events[lead], Audio):
         lead += 1
-    return [*translate(events[:lead]), dumps({"type": "input_audio_buffer.committed"}),
+    return [*translate(events[:lead]), Message({"type": "input_audio_buffer.committed"}),
             *translate(events[lead:])]

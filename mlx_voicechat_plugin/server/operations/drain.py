@@ -28,7 +28,7 @@ import signal
 import time
 from typing import Any, Callable
 
-from ..wire import CloseCode
+from ..messages import Ending
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class Drain:
         except asyncio.CancelledError:
             if task not in self.ended:
                 raise  # the server is cancelling us: not the drain's doing
-            await asyncio.wait_for(connection.close(CloseCode.GOING_AWAY, self.reason),
+            await asyncio.wait_for(connection.close(Ending.STOPPING, self.reason),
                                    CLOSE_SECONDS)
         finally:
             self.open.pop(task, None)

@@ -17,10 +17,13 @@ from fastapi import APIRouter, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from ..connection import Dialect
+from ..connection import connect
+from ..dialects.base import Dialect
 from ..engine.thread import Engine
 from ..limits import ServerLimits
+from ..messages import Hangup
 from ..operations.drain import Drain
+from ..transport.websocket import WebSocketTransport
 from ..wire import CloseCode
 from .access import Access, websocket_auth
 from .models import ServedModel
@@ -39,14 +42,15 @@ async def deny(websocket: WebSocket, status: int, message: str) -> None:
 
 
 class Realtime:
-    """Serves one upgrade in a dialect: checks it, then runs its connection under the drain."""
+    """Serves one upgrade in a dialect: checks it, then runs its connection (a WebSocket
+    transport, a new session in the dialect) under the drain."""
 
     def __init__(self, engine: Engine, drain: Drain, served: ServedModel, limits: ServerLimits,
                  access: Access):
         self.engine, self.drain, self.served = engine, drain, served
         self.limits, self.access = limits, access
 
-    async def serve(self, websocket: WebSocket, dialect: Dialect) -> None:
+    async def serve(self, websocket: WebSocket, dialect: type[Dialect]) -> None:
         allowed, subprotocol = websocket_auth(websocket, self.access.current_key())
         if not allowed:
             await deny(websocket, 401, "missing or invalid API key")
@@ -58,12 +62,13 @@ class Realtime:
         if asked is not None and asked not in self.served.names:
             await deny(websocket, 404, self.served.not_served(asked))
             return
-        connection = dialect.connection(websocket, self.engine, self.served.model_id,
-                                        self.limits)
-        connection.subprotocol = subprotocol
+        limits = self.limits
+        transport = WebSocketTransport(websocket, limits.max_pending_events, limits.send_timeout,
+                                       subprotocol)
+        connection = connect(transport, dialect, self.engine, self.served.model_id, limits)
         try:
             await self.drain.serve(connection)  # connection.run(), ended by a graceful stop
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, Hangup):
             pass
         except Exception as exc:  # e.g. sending after the client went away
             if websocket.client_state == WebSocketState.DISCONNECTED:
@@ -71,7 +76,7 @@ class Realtime:
             else:
                 logger.exception("%s failed", connection.session_id)
 
-    def router(self, dialects: Sequence[Dialect], prefix: str = "") -> APIRouter:
+    def router(self, dialects: Sequence[type[Dialect]], prefix: str = "") -> APIRouter:
         """Each dialect's WebSocket route at each of its paths."""
         router = APIRouter(prefix=prefix)
         for dialect in dialects:
@@ -80,7 +85,7 @@ class Realtime:
                 router.add_api_websocket_route(path, endpoint, name=dialect.name)
         return router
 
-    def _endpoint(self, dialect: Dialect):
+    def _endpoint(self, dialect: type[Dialect]):
         async def realtime(websocket: WebSocket) -> None:
             await self.serve(websocket, dialect)
 

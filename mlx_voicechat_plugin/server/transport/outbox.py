@@ -1,4 +1,4 @@
-"""A connection's bounded outgoing queue and the task that writes it.
+"""A WebSocket's bounded outgoing queue and the task that writes it (on the event loop).
 
 Events are queued, never awaited on the socket, so a client that stops
 reading fills the queue instead of the server's memory: once
@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ..messages import NOT_READING, ClientNotReading
 
-NOT_READING = "client is not reading"
-
-
-class ClientNotReading(Exception):
-    """The client left ``max_pending`` frames unread (or stopped accepting them)."""
+__all__ = ["NOT_READING", "ClientNotReading", "Outbox"]
 
 
 class Outbox:

@@ -1,0 +1,109 @@
+"""What a wire dialect is: the client's messages read, acted on, and the runtime's events told.
+
+A :class:`Dialect` subclass is one wire language (mlx-vlm's, OpenAI Realtime
+GA's); one instance serves one :class:`~..session.Session` and holds the
+dialect's state of it (a GA session's responses, its audio formats), so the
+state lives as long as the session, through any number of transports. It
+runs on the event loop.
+
+It reads a client message (text or binary, :meth:`~Dialect.parse`), acts on
+the session (:meth:`~Dialect.dispatch`: open it, feed it audio, answer), and
+translates runtime events into typed messages (:meth:`~Dialect.translate`):
+:class:`~..messages.Event` objects, and :class:`~..messages.AudioOut` for
+audio, which a transport carries inside the event or on a track of its own.
+It makes no JSON text, knows no transport and ends a conversation by raising
+:class:`~..messages.Finished` with the :class:`~..messages.Ending` (why, not
+how: the transport picks its close code).
+
+The app serves a dialect class at its :attr:`~Dialect.paths` (under
+``--api-prefix``); :attr:`~Dialect.name` names its route.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ..messages import Event, Outgoing
+from ..session import Session, stream_full
+from ..wire import ErrorCode, invalid
+
+BINARY_REFUSED = "binary frames are not supported; send JSON text"
+
+
+class Dialect:
+    """One session's dialect: the hooks below, and the services every dialect shares."""
+
+    name: ClassVar[str]
+    paths: ClassVar[tuple[str, ...]]
+
+    def __init__(self, session: Session, model_id: str):
+        self.session = session
+        self.model_id = model_id
+        self.engine = session.engine
+        self.limits = session.limits
+
+    # --- the hooks ------------------------------------------------------------------
+
+    def greeting(self) -> Event:
+        """The first event, sent once the session is admitted."""
+        raise NotImplementedError
+
+    def error(self, code: str, message: str) -> Event:
+        """The dialect's error event for ``code`` (an :class:`~..wire.ErrorCode`)."""
+        raise NotImplementedError
+
+    def parse(self, message: str | bytes) -> Any:
+        """One client message -> the dialect's message (:class:`~..wire.ProtocolError`
+        if bad)."""
+        raise NotImplementedError
+
+    def queues_audio(self, message: Any) -> bool:
+        """Whether ``message`` carries audio: queued, not awaited; anything else is
+        answered after the audio queued before it has run (:meth:`Session.settle`)."""
+        raise NotImplementedError
+
+    async def dispatch(self, message: Any) -> None:
+        """Act on one message; raise :class:`~..messages.Finished` to end the conversation."""
+        raise NotImplementedError
+
+    def translate(self, events: list) -> list[Outgoing]:
+        """One frame's (or a command's) runtime events as the messages sent, in order."""
+        raise NotImplementedError
+
+    def frame_error(self, exc: BaseException) -> list[Outgoing]:
+        """A queued frame failed: its ``inference_error``; at ``max_streaming_seconds``
+        :meth:`limit_reached` decides what follows."""
+        out: list[Outgoing] = [self.error(ErrorCode.INFERENCE_ERROR,
+                                          str(exc) or type(exc).__name__)]
+        if stream_full(exc):
+            self.limit_reached()
+        return out
+
+    def limit_reached(self) -> None:
+        """A frame failed at ``max_streaming_seconds`` (its error goes out); by default
+        the conversation goes on (the client ends the stream)."""
+
+    # --- shared services ---------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self.session.session_id
+
+    @staticmethod
+    def text(message: str | bytes) -> str:
+        """A JSON dialect's text message; a binary frame is an ``invalid_request``."""
+        if not isinstance(message, str):
+            raise invalid(BINARY_REFUSED)
+        return message
+
+    def send(self, payload: dict[str, Any]) -> None:
+        """One control event to the client (through the session, in order)."""
+        self.session.send(Event(payload))
+
+    def send_all(self, payloads: list[dict[str, Any]]) -> None:
+        for payload in payloads:
+            self.send(payload)
+
+    def forward(self, events: list) -> None:
+        """Runtime events an engine command replied with (a commit's, a cancel's), sent."""
+        self.session.send_all(self.translate(events))

@@ -1,0 +1,82 @@
+"""What passes between the layers of a realtime connection, typed, in no wire format.
+
+The dialects (:mod:`.dialects`) make these; the transports
+(:mod:`.transport`) carry them; the session (:mod:`.session`) and the
+connection (:mod:`.connection`) pass them on. None of them is JSON text:
+
+- :class:`Event` is one control event, the dialect's object (a dict);
+- :class:`AudioOut` is audio for the client with the event that carries it in
+  the dialect's own wire (its :attr:`~AudioOut.field` holds the audio there).
+  A WebSocket transport writes the audio into that field (base64); a media
+  transport could send the bytes on its own track instead;
+- :class:`Ending` says *why* a connection ends; each transport maps it to
+  its own close (a WebSocket close code);
+- :class:`Hangup` is the client's end of a transport, :class:`Finished` a
+  dialect's (or the connection's) end of the conversation and
+  :class:`ClientNotReading` a client that left its events unread.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Union
+
+NOT_READING = "client is not reading"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One control event for the client: the dialect's object, as it goes out."""
+
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AudioOut:
+    """Audio for the client and the event that carries it in the dialect's wire.
+
+    ``event`` has the key ``field`` already (its value ``None``), so the
+    transport fills it where the dialect placed it. ``data`` is the audio in
+    the client's encoding (``encoding``: ``"pcm16"`` little-endian, or a G.711
+    type) at ``sample_rate``.
+    """
+
+    event: dict[str, Any]
+    field: str
+    data: bytes
+    encoding: str
+    sample_rate: int
+
+
+Outgoing = Union[Event, AudioOut]
+
+
+class Ending(enum.Enum):
+    """Why a connection ends; the transport chooses how it says so (e.g. a close code)."""
+
+    DONE = "done"  # the conversation is over (the client committed, cancelled, the stream filled)
+    BUSY = "busy"  # not admitted (no model, no room): try again later
+    VIOLATION = "violation"  # a timeout, too many failed updates: the client broke a rule
+    NOT_READING = "not reading"  # the client left its events unread
+    STOPPING = "stopping"  # the server is stopping (a drain's end)
+
+
+class Finished(Exception):
+    """Ends the conversation (raised by a dialect, or a session's halt): close for ``ending``."""
+
+    def __init__(self, ending: Ending = Ending.DONE):
+        super().__init__(ending)
+        self.ending = ending
+
+
+class Hangup(Exception):
+    """The client ended the transport (its close ``code``, where the transport has one)."""
+
+    def __init__(self, code: int | None = None):
+        super().__init__(code)
+        self.code = code
+
+
+class ClientNotReading(Exception):
+    """The client left ``max_pending`` events unread (or stopped accepting them)."""

@@ -1,0 +1,89 @@
+"""The WebSocket transport: frames in, typed messages out as JSON text, closes with its codes.
+
+A :class:`WebSocketTransport` runs on the event loop. It accepts the upgrade
+(with the subprotocol the app selected), hands each client frame over as
+``str`` (a text frame) or ``bytes`` (a binary frame), or a
+:class:`~..messages.Hangup` once the client has gone, and sends the
+session's typed messages (:mod:`..messages`) in order through a bounded
+:class:`~.outbox.Outbox`: each serialized here (:func:`serialize`: stamped
+with an ``event_id``, compact JSON, a message's audio as base64 in its
+event's field). It closes for an :class:`~..messages.Ending` with the close
+code that says it (:data:`CLOSE_CODES`). It knows no dialect: what a frame
+means, and what is sent, is the dialect's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from typing import Any, Union
+
+from ..messages import AudioOut, Ending, Hangup, Outgoing
+from ..wire import CloseCode, dumps
+from .outbox import Outbox
+
+logger = logging.getLogger(__name__)
+
+Received = Union[str, bytes, Hangup]
+
+CLOSE_CODES = {
+    Ending.DONE: CloseCode.NORMAL,
+    Ending.BUSY: CloseCode.TRY_AGAIN_LATER,
+    Ending.VIOLATION: CloseCode.POLICY_VIOLATION,
+    Ending.NOT_READING: CloseCode.POLICY_VIOLATION,
+    Ending.STOPPING: CloseCode.GOING_AWAY,
+}
+
+
+def serialize(message: Outgoing) -> str:
+    """A message as the text frame sent; audio goes into its event as base64."""
+    if isinstance(message, AudioOut):
+        payload = dict(message.event)
+        payload[message.field] = base64.b64encode(message.data).decode("ascii")
+        return dumps(payload)
+    return dumps(message.payload)
+
+
+class WebSocketTransport:
+    """One client's WebSocket (Starlette's), as the connection sees it."""
+
+    def __init__(self, websocket: Any, max_pending: int, send_timeout: float,
+                 subprotocol: str | None = None):
+        self.ws = websocket
+        self.subprotocol = subprotocol  # selected at accept (a browser's "realtime")
+        self.send_timeout = send_timeout
+        self.outbox = Outbox(websocket, max_pending)
+
+    async def accept(self) -> None:
+        await self.ws.accept(subprotocol=self.subprotocol)
+        self.outbox.start()
+
+    async def receive(self) -> Received:
+        """The next client frame (``str`` or ``bytes``), or :class:`Hangup` once it left."""
+        message = await self.ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return Hangup(message.get("code", 1000))
+        text = message.get("text")
+        return text if text is not None else message.get("bytes") or b""
+
+    def send(self, message: Outgoing) -> None:
+        """Queue ``message`` (:class:`~..messages.ClientNotReading` when the client does
+        not read)."""
+        self.outbox.put(serialize(message))
+
+    async def drain(self) -> bool:
+        """Let the queued messages go out; ``False`` if they took past the send timeout."""
+        return await self.outbox.drain(self.send_timeout)
+
+    async def stop(self) -> None:
+        """Stop sending (what is still queued is dropped)."""
+        await self.outbox.stop()
+
+    async def close(self, ending: Ending, reason: str = "") -> None:
+        """Best effort: a client that reads nothing never takes the close frame."""
+        code = CLOSE_CODES[ending]
+        try:
+            await asyncio.wait_for(self.ws.close(code=code, reason=reason), self.send_timeout)
+        except (asyncio.TimeoutError, Exception) as exc:
+            logger.info("close %d not delivered (%s)", code, type(exc).__name__)
