@@ -47,6 +47,20 @@ class _Batch:
         self.attention, self.conv, self.rows = tuple(attention), tuple(conv), rows
 
 
+def _windows_of(name: str) -> property:
+    """An :class:`EncoderCache` list of windows, read (or replaced) as the row's own."""
+
+    def get(cache: "EncoderCache") -> list[mx.array | None]:
+        cache._own()
+        return getattr(cache, name)
+
+    def put(cache: "EncoderCache", value: list[mx.array | None]) -> None:
+        cache._own()
+        setattr(cache, name, value)
+
+    return property(get, put)
+
+
 class EncoderCache:
     """``B`` streams' encoder state: per layer the attention window and the conv context,
     and each stream's :class:`SubsamplingTail`."""
@@ -68,25 +82,9 @@ class EncoderCache:
             self._attention = [None if a is None else take_row(a, row) for a in batch.attention]
             self._conv = [None if c is None else take_row(c, row) for c in batch.conv]
 
-    @property
-    def attention(self) -> list[mx.array | None]:
-        self._own()
-        return self._attention
-
-    @attention.setter
-    def attention(self, value: list[mx.array | None]) -> None:
-        self._own()
-        self._attention = value
-
-    @property
-    def conv(self) -> list[mx.array | None]:
-        self._own()
-        return self._conv
-
-    @conv.setter
-    def conv(self, value: list[mx.array | None]) -> None:
-        self._own()
-        self._conv = value
+    # Each layer's windows: a row of a batch takes its slices first.
+    attention = _windows_of("_attention")
+    conv = _windows_of("_conv")
 
     def _windows(self) -> tuple[tuple[mx.array | None, ...], tuple[mx.array | None, ...], int]:
         """The arrays holding its windows (a batch's, while it is an unread row) and its
