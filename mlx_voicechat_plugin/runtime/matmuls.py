@@ -39,9 +39,9 @@ products here.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
-import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -144,7 +144,7 @@ def caller_label(skip: str = __name__) -> str:
     ``skip``), passing over methods of leaf layers and the :data:`PASS_THROUGH`
     helpers (``HeldLinear.__call__`` is every product's; what called it is the
     model part)."""
-    frame = sys._getframe(1)
+    frame = inspect.currentframe()
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module != skip and module.startswith(CALLER_PACKAGES) \
