@@ -58,6 +58,9 @@ fi
 "$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, 'device:', mx.default_device())" \
   || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+# The graph commit size (docs/gpu.md, "Graph commit size"): A/B it by running this
+# script again with MLX_MAX_OPS_PER_BUFFER=N in its environment.
+echo "MLX_MAX_OPS_PER_BUFFER=${MLX_MAX_OPS_PER_BUFFER:-unset (MLX's default)}"
 # Progress: the bench's own lines, the kernel table and errors; everything to the log.
 progress='^\[bench|^ *[0-9]+ +[0-9]|fixture|Error|error|Traceback'
 timeout 450 "$PY" -m bench.gpu --size full --batches "${BATCHES:-1,2,4,8,16,32,64}" \

@@ -14,9 +14,16 @@ threads; a GPU frame has this as a floor) and ``--frames`` more counted with
 the MLX primitives evaluated per step (views excluded, a compiled fused chain
 counting once per call; at small batch a GPU launches about one kernel each)
 and the evaluations (graph-evaluating calls: ``mx.eval``, ``async_eval``,
-``item``, ``tolist``, numpy conversion) per step. Reported per N: median,
+``item``, ``tolist``, numpy conversion) per step. One more steady step per N runs
+with ``mx.compile`` off under
+:class:`~mlx_voicechat_plugin.runtime.matmuls.MatmulShapes`: the matrix
+products it issues, how many of them are float products with more than one
+row (``wide``: cuBLASLt on MLX's CUDA backend, not a gemv kernel node),
+quantized ones with more than one row (``qmm``, not ``qmv``), and their
+callers. Reported per N: median,
 min and max over the counted steps, the graph nodes (views included: each
-costs the host a dispatch), the matmuls among the primitives, and the host
+costs the host a dispatch), the matmuls among the primitives, the wide
+float products of the uncompiled step (``wide``), and the host
 CPU ms per step with its ratio to the first N. Counts do not depend on the
 machine's load; host milliseconds do, so compare them as ratios in one run.
 """
@@ -38,13 +45,16 @@ SIZES = ("tiny", "small", "medium", "full")
 
 def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> dict[str, Any]:
     """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps."""
+    from mlx_voicechat_plugin.runtime import compile_policy
     from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter, host_ms
+    from mlx_voicechat_plugin.runtime.matmuls import MatmulShapes
     from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
     from mlx_voicechat_plugin.testing.fixtures import question_signal
 
     frame = voicechat.config.frame_samples
-    seconds = (warm_frames + 2 * frames + 1) * voicechat.config.frame_duration
+    total = warm_frames + 2 * frames + 1  # the last step: products by shape
+    seconds = (total + 1) * voicechat.config.frame_duration
     audios = [question_signal(seconds, seed=i) for i in range(batch)]
     pool = SessionPool(voicechat, max_sessions=batch)
     ids = [str(i) for i in range(batch)]
@@ -53,20 +63,25 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
     steps: list[dict[str, Any]] = []
     host: list[float] = []
     outcome: list[Any] = []
+    products: dict[str, Any] = {}
     try:
-        for index in range(warm_frames + 2 * frames):
+        for index in range(total):
             chunk = {k: audios[int(k)][index * frame : (index + 1) * frame] for k in ids}
             if index < warm_frames:
                 result = pool.step(chunk)
             elif index < warm_frames + frames:  # timed, never counted (the count costs host time)
                 host.append(host_ms(lambda: outcome.append(pool.step(chunk))))
                 result = outcome.pop()
-            else:
+            elif index < warm_frames + 2 * frames:
                 with KernelCounter() as counter:
                     result = pool.step(chunk)
                 steps.append(counter.snapshot())
                 steps[-1]["primitives"] = {k: v for k, v in counter.primitives.items()
                                            if k not in VIEWS}
+            else:  # compiled spans replay without Python: their products show uncompiled
+                with compile_policy.suspended(), MatmulShapes() as shapes:
+                    result = pool.step(chunk)
+                products = shapes.summary()
             if result.errors:
                 raise RuntimeError(f"step {index}: {result.errors}")
     finally:
@@ -82,6 +97,9 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
             "nodes": counts("nodes"), "evaluations": counts("evaluations"),
             "matmuls": counts("matmuls"),
             "host_ms": summary(host),
+            "products": products.get("products", 0), "wide_float": products.get("wide_float", 0),
+            "wide_quantized": products.get("wide_quantized", 0),
+            "wide_callers": products.get("wide_callers", {}), "product_shapes": products,
             "calls": steps[-1]["calls"] if steps else [],
             "primitives_last_step": steps[-1]["primitives"] if steps else {}}
 
@@ -128,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.size} fixture, compile {'on' if args.compile else 'off'}, "
           f"{mx.default_device()}, counted after {args.warm_frames} frames", flush=True)
     print(f"{'N':>3s} {'kernels/step':>13s} {'(min-max)':>13s} {'x N=1':>6s} "
-          f"{'nodes':>6s} {'matmuls':>8s} {'evals/step':>10s} {'host ms':>8s} {'x N=1':>6s}",
+          f"{'nodes':>6s} {'matmuls':>8s} {'wide':>5s} {'evals/step':>10s} {'host ms':>8s} "
+          f"{'x N=1':>6s}",
           flush=True)
     for n in batches:
         row = count_steps(voicechat, n, args.warm_frames, args.frames)
@@ -137,8 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         k, host = row["kernels"], row["host_ms"]["median"]
         print(f"{n:3d} {k['median']:13.0f} {k['min']:6.0f}-{k['max']:<6.0f} "
               f"{k['median'] / base:6.2f} {row['nodes']['median']:6.0f} "
-              f"{row['matmuls']['median']:8.0f} {row['evaluations']['median']:10.0f} "
+              f"{row['matmuls']['median']:8.0f} {row['wide_float']:5d} "
+              f"{row['evaluations']['median']:10.0f} "
               f"{host:8.1f} {host / host_base:6.2f}", flush=True)
+        callers = ", ".join(f"{caller} {count}"
+                            for caller, count in list(row["wide_callers"].items())[:3])
+        print(f"    wide float products by caller: {callers or 'none'}", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(

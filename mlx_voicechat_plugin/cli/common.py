@@ -7,6 +7,8 @@ import sys
 import logging
 from typing import Callable, Sequence
 
+from ..runtime.device_settings import MAX_GRAPH_COMMIT_OPS, check_graph_commit_ops
+
 
 def parse_args(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None, tolerate_unknown: bool,
@@ -28,6 +30,23 @@ def parse_args(
         for option in args.ignored_options:
             print(f"note: ignoring options this model does not use: {option}", file=sys.stderr)
     return args
+
+
+def add_graph_commit_ops(parser: argparse.ArgumentParser) -> None:
+    """``--graph-commit-ops N``: how many GPU operations MLX commits at once."""
+    parser.add_argument("--graph-commit-ops", type=int, default=None, metavar="N",
+                        help="commit GPU work every N operations (MLX_MAX_OPS_PER_BUFFER, set "
+                             "before the model loads; 1 to "
+                             f"{MAX_GRAPH_COMMIT_OPS}; 0 or absent: MLX's default, e.g. 100 "
+                             "on Hopper; the CPU ignores it; docs/gpu.md)")
+
+
+def check_device_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 with the flag and its limit when ``--graph-commit-ops`` is out of range."""
+    try:
+        check_graph_commit_ops(args.graph_commit_ops)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def group_options(tokens: Sequence[str]) -> list[str]:

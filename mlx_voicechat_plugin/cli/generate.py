@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from ..runtime.options import DEFAULT_CONTEXT_SECONDS
-from .common import parse_args, run_main
+from .common import add_graph_commit_ops, check_device_options, parse_args, run_main
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -53,6 +53,7 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default: on GPUs; off on the CPU, "
                              "where a cold kernel cache costs a minute of compiling)")
+    add_graph_commit_ops(parser)
     tools = parser.add_argument_group("tool calling")
     tools.add_argument("--tools-json", help="JSON file: a list of tools (name, description, "
                        "parameters JSON schema, optional ack_messages)")
@@ -70,6 +71,7 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
 def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argparse.Namespace:
     parser = build_parser(prog)
     args = parse_args(parser, argv, tolerate_unknown)
+    check_device_options(parser, args)
     if args.image or args.video:
         parser.error("Nemotron VoiceChat takes speech only: --image/--video are not supported")
     if not args.audio:
@@ -93,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     from ..loader import load, read_config
     from ..runtime import compile_policy
     from ..runtime.audio import write_wav
+    from ..runtime.device_settings import apply_graph_commit_ops
 
+    apply_graph_commit_ops(args.graph_commit_ops)  # read once, at the GPU's first work
     started = time.perf_counter()
     model, processor = load(args.model)
     key = compile_policy.model_key(read_config(model.model_path))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..server.operations.drain import DEFAULT_DRAIN_SECONDS
 from ..server.limits import MIB, ServerLimits
-from .common import parse_args
+from .common import add_graph_commit_ops, check_device_options, parse_args
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -56,6 +56,7 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     parser.add_argument("--per-row-attention", action="store_true",
                         help="run each session's attention core on its own ring, the exact "
                              "path, instead of one masked core for the batch (docs/gpu.md)")
+    add_graph_commit_ops(parser)
     replica = parser.add_argument_group("replicas (behind a balancer: docs/replicas.md)")
     replica.add_argument("--agent-port", type=int, default=None,
                          help="answer HAProxy's agent-check on this TCP port (same host as "
@@ -192,6 +193,7 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
         parser.error(f"--agent-port must differ from --port ({args.port})")
     if not args.drain_seconds >= 0:
         parser.error(f"--drain-seconds must be >= 0, got {args.drain_seconds:g}")
+    check_device_options(parser, args)
     return args
 
 
@@ -241,7 +243,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
     for line in startup_lines(args, prog, host, API_KEY_ENV):
         (logger.warning if line.startswith(WARNINGS) else logger.info)(line)
     from ..runtime import compile_policy
+    from ..runtime.device_settings import apply_graph_commit_ops
 
+    apply_graph_commit_ops(args.graph_commit_ops)  # read once, at the GPU's first work
     compiled = compile_policy.apply(args.compile, long_running=True)
     if args.per_row_attention:
         from ..models import kv_arena

@@ -42,13 +42,17 @@ import logging
 import os
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import mlx.core as mx
 
 logger = logging.getLogger(__name__)
 
-_state = {"enabled": True}  # what apply() chose last (MLX has no getter)
+# What apply() (or suspended()) set last; MLX has no getter. MLX starts disabled
+# when MLX_DISABLE_COMPILE is set (to anything), else enabled.
+_state = {"enabled": "MLX_DISABLE_COMPILE" not in os.environ}
 
 
 def on_cpu() -> bool:
@@ -136,3 +140,30 @@ def apply(requested: bool | None, *, long_running: bool, key: str | None = None)
     _state["enabled"] = enabled
     logger.debug("mx.compile %s", "enabled" if enabled else "disabled")
     return enabled
+
+
+def enabled() -> bool:
+    """Whether ``mx.compile`` is on, as this module last set it (or MLX started)."""
+    return _state["enabled"]
+
+
+@contextmanager
+def suspended() -> Iterator[None]:
+    """``mx.compile`` off inside the block, then exactly as it was.
+
+    A compiled function called inside runs its Python body (MLX checks the
+    mode at each call), so whatever its body issues is seen from Python:
+    what an instrument that patches ``mx`` functions needs. The cached
+    traces stay; the next compiled call outside replays them.
+    """
+    previous = _state["enabled"]
+    mx.disable_compile()
+    _state["enabled"] = False
+    try:
+        yield
+    finally:
+        if previous:
+            mx.enable_compile()
+        else:
+            mx.disable_compile()
+        _state["enabled"] = previous
