@@ -36,3 +36,17 @@ def test_other_sets_of_rows_are_concatenated_with_the_same_values():
 def test_one_row_and_one_part_move_nothing():
     one = mx.ones((1, 3))
     assert take_row(one, 0) is one and stack_rows([one]) is one
+
+
+def test_a_row_views_entry_leaves_with_the_view():
+    """The registry behind :func:`stack_rows`' shortcut holds no row longer than the row
+    lives, so it does not grow with a conversation's length."""
+    from mlx_voicechat_plugin.models import rows
+
+    before = len(rows._VIEWS)
+    array = mx.arange(12).reshape(4, 3)
+    views = [take_row(array, i) for i in range(4)]
+    assert len(rows._VIEWS) == before + 4
+    assert stack_rows(views) is array
+    del views
+    assert len(rows._VIEWS) == before

@@ -58,8 +58,9 @@ def take_row(array: mx.array, index: int) -> mx.array:
         return array
     row = array[index : index + 1]
     key = id(row)
-    _VIEWS[key] = (weakref.ref(row), array, index)
-    weakref.finalize(row, _VIEWS.pop, key, None)
+    # The entry leaves with its view (a weak reference's callback: half the cost of
+    # a ``weakref.finalize``, taken for every row of every batched state each step).
+    _VIEWS[key] = (weakref.ref(row, lambda _, key=key: _VIEWS.pop(key, None)), array, index)
     return row
 
 
