@@ -1,9 +1,9 @@
 """One realtime session: its engine side, its dialect's state and its clocks, in no transport.
 
 A :class:`Session` runs on the event loop. It opens the engine session
-(:meth:`~Session.open_session`, with typed options from :mod:`.options`),
-hands audio to the bounded :class:`~.engine.feed.InputFeed`, queues markers
-behind it (:meth:`~Session.settle`, tool results) and is the engine's sink:
+(:meth:`~Session.open_session`, with the typed options its dialect built:
+:mod:`.dialects.client_options`), hands audio to the bounded
+:class:`~.engine.feed.InputFeed`, queues markers behind it (:meth:`~Session.settle`, tool results) and is the engine's sink:
 once per engine cycle the engine hands it the frames' runtime events, a
 frame's error and its markers' replies in order (:meth:`~Session.on_handoff`),
 which its dialect (:attr:`~Session.dialect`, the per-session state of

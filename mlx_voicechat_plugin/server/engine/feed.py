@@ -1,5 +1,4 @@
-"""A connection's side of its session's channel, on the event loop: bounded, answered
-asynchronously.
+"""A session's side of its channel, on the event loop: bounded, answered asynchronously.
 
 :meth:`InputFeed.append` hands PCM to the engine and returns without
 waiting for the frames to run, so a client's frames queue up and join the
@@ -9,7 +8,7 @@ for room, the connection stops reading its socket meanwhile, and TCP holds
 the client back: a flooding client costs its bound, never more memory.
 
 The engine reports the samples that left the channel in the session's
-hand-offs (:meth:`consumed`, called by the connection on its loop).
+hand-offs (:meth:`consumed`, called by the session on its loop).
 :attr:`halted` resolves (with an exception for the connection to raise) once
 the connection must stop, e.g. its client stopped reading.
 """
