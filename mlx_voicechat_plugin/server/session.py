@@ -3,8 +3,9 @@
 A :class:`Session` runs on the event loop. It opens the engine session
 (:meth:`~Session.open_session`, with the typed options its dialect built:
 :mod:`.dialects.client_options`), hands audio to the bounded
-:class:`~.engine.feed.InputFeed`, queues markers behind it (:meth:`~Session.settle`, tool results) and is the engine's sink:
-once per engine cycle the engine hands it the frames' runtime events, a
+:class:`~.engine.feed.InputFeed`, queues markers behind it
+(:meth:`~Session.settle`, tool results) and is the engine's sink: once per
+engine cycle the engine hands it the frames' runtime events, a
 frame's error and its markers' replies in order (:meth:`~Session.on_handoff`),
 which its dialect (:attr:`~Session.dialect`, the per-session state of
 :mod:`.dialects`) translates into typed messages (:mod:`.messages`).
