@@ -23,6 +23,7 @@ from mlx_audio.dsp import hanning
 from ..config import CodecConfig
 from .codec_rvq import ProbabilisticRVQ
 from .codec_stream import CodecState, SpectralSynthesis
+from .rows import stack_rows
 from .fast_forms import fast_ops_expand, mean_var_norm
 
 
@@ -237,7 +238,8 @@ class Codec(nn.Module):
             mx.eval(waveform, *state.state)
         return waveform
 
-    def decode_streams(self, codes: list[mx.array], states: list[CodecState]) -> list[mx.array]:
+    def decode_streams(self, codes: list[mx.array], states: list[CodecState],
+                       carried: list[mx.array] | None = None) -> list[mx.array]:
         """:meth:`decode_step` of many one-row streams, lazily (``evaluate=False``).
 
         ``codes[b]`` (``[1, Q, T_new]``, the same ``T_new`` for all) continues
@@ -246,6 +248,10 @@ class Codec(nn.Module):
         (every decoder op is row-independent) and each row's state is
         extracted back into its own object; each returned ``[1, 1, n]``
         waveform and each state equal that stream's own ``decode_step``.
+        ``codes`` that are every row of one array, in order, are that array
+        (:func:`~.rows.stack_rows`: no concatenation). ``carried``, if given,
+        receives the batches' state arrays: evaluating them evaluates every
+        row's state without a slice of each.
         """
         groups: dict[tuple, list[int]] = {}
         for b, state in enumerate(states):
@@ -253,8 +259,10 @@ class Codec(nn.Module):
         out: list[mx.array] = list(codes)
         for members in groups.values():
             merged = CodecState.merge([states[b] for b in members])
-            waveform = self.decode_step(mx.concatenate([codes[b] for b in members]), merged,
+            waveform = self.decode_step(stack_rows([codes[b] for b in members]), merged,
                                         evaluate=False)
+            if carried is not None:
+                carried += merged.state
             for j, b in enumerate(members):
                 row = merged.extract(j)
                 states[b].state, states[b].meta_state = row.state, row.meta_state

@@ -260,13 +260,17 @@ def advance_batch(
         speech = model.tts_model
         # Control codes replaced once over every row's codes (rows are slices of it).
         codes = speech.replace_control_codes(stack_rows([step.codes for step in steps]))
-        rows = [take_row(codes, b) for b in range(len(steps))]
-        waveforms = speech.audio_codec.decode_streams([c.transpose(0, 2, 1) for c in rows],
-                                                      [s.codec for s in talkers])
+        # The codec reads [B, Q, 1]: one transpose, whose rows stack back as itself.
+        by_codebook = codes.transpose(0, 2, 1)
+        carried: list[mx.array] = []  # the codec batches' states: every row's, evaluated
+        waveforms = speech.audio_codec.decode_streams(
+            [take_row(by_codebook, b) for b in range(len(steps))], [s.codec for s in talkers],
+            carried)
         heard_codes = codes[:, 0].astype(mx.int32)
-        for b, (state, step, samples) in enumerate(zip(talkers, steps, waveforms)):
+        speaking += carried
+        for b, (step, samples) in enumerate(zip(steps, waveforms)):
             outputs.append((samples[0, 0], heard_codes[b]))
-            speaking += [step.codes, *outputs[-1], *state.codec.state]
+            speaking += [step.codes, *outputs[-1]]
         mx.async_eval(*speaking)
         for b, step in zip(talking, steps):
             if on_tokens is not None and on_tokens[b] is not None:
