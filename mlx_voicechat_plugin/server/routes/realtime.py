@@ -25,7 +25,7 @@ from ..messages import Hangup
 from ..operations.drain import Drain
 from ..transport.websocket import WebSocketTransport
 from ..wire import CloseCode
-from .access import Access, websocket_auth
+from .access import Access, query_key_ok, websocket_auth
 from .models import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,10 @@ class Realtime:
         self.limits, self.access = limits, access
 
     async def serve(self, websocket: WebSocket, dialect: type[Dialect]) -> None:
-        allowed, subprotocol = websocket_auth(websocket, self.access.current_key())
+        key = self.access.current_key()
+        allowed, subprotocol = websocket_auth(websocket, key)
+        if not allowed and dialect.query_key:
+            allowed = query_key_ok(websocket.query_params.get("api_key"), key)
         if not allowed:
             await deny(websocket, 401, "missing or invalid API key")
             return
@@ -83,7 +86,17 @@ class Realtime:
             endpoint = self._endpoint(dialect)
             for path in dialect.paths:
                 router.add_api_websocket_route(path, endpoint, name=dialect.name)
+                if dialect.health:
+                    router.add_api_route(path + "/health", self.health, methods=["GET"],
+                                         name=f"{dialect.name} health")
         return router
+
+    async def health(self) -> JSONResponse:
+        """A dialect's own readiness route (unauthenticated, as NeMo-Speech.cpp's):
+        200 once the model is loaded, 503 before."""
+        ready = self.engine.ready and not self.drain.draining
+        return JSONResponse({"status": "ok" if ready else "unavailable", "ready": ready,
+                             "model": self.served.model_id}, 200 if ready else 503)
 
     def _endpoint(self, dialect: type[Dialect]):
         async def realtime(websocket: WebSocket) -> None:
