@@ -2,7 +2,8 @@
 and ``?model=`` checks. Event loop.
 
 Each registered dialect (:data:`..dialects.DIALECTS` by default: mlx-vlm's at
-``/v1/realtime``, OpenAI Realtime GA's at ``/openai/v1/realtime``) is served
+``/v1/realtime``, OpenAI Realtime GA's at ``/openai/v1/realtime``, NVIDIA's VoiceChat at
+``/nvidia/v1/realtime`` with its ``/health``) is served
 at its paths; all share the engine's sessions. An upgrade refused before it
 is accepted gets an HTTP denial response where the server supports one, else
 a policy-violation close.
