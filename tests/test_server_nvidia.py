@@ -1,8 +1,8 @@
 """NVIDIA's VoiceChat protocol (NeMo-Speech.cpp's ``/v1/realtime``), spoken by our own client.
 
 Each event and error of ``docs/api.md`` ("VoiceChat WebSocket /v1/realtime")
-and ``docs/s2s/clients.md`` has its test: over a live server on the tiny
-fixture, and the output mapping on synthetic runtime events.
+and ``docs/s2s/clients.md`` has its test, over a live server on the tiny
+fixture (the output mapping on synthetic runtime events: test_nvidia_events.py).
 """
 
 from __future__ import annotations
@@ -17,16 +17,10 @@ import soxr
 from ga_support import API_KEY, TOOL, call_frames, scripted_call
 from server_support import LiveServer, connect, recv, running, send, until_closed
 
-from mlx_voicechat_plugin.runtime.events import (
-    AssistantTextDelta, Audio, ToolCall, TurnEnded, UserTranscriptDelta,
-)
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.dialects import NVIDIA_ROOT_DIALECTS
-from mlx_voicechat_plugin.server.dialects.nvidia_events import (
-    PACKET_BYTES, USER_PAUSE_FRAMES, Conversation, Counters,
-)
+from mlx_voicechat_plugin.server.dialects.nvidia_events import PACKET_BYTES
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.transport.websocket import serialize
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 PATH = "/nvidia/v1/realtime"
@@ -311,74 +305,28 @@ def test_root_layout_serves_it_at_v1_realtime_and_realtime(tiny_ckpt):
         live.stop()
 
 
-# --- the output mapping, on synthetic frames ---------------------------------------------------
+# --- /metrics ----------------------------------------------------------------------------------
 
 
-def frame(index: int, **extra) -> list:
-    events = [Audio(index, np.zeros(1764, np.float32), 22_050, np.zeros(31, np.int32))]
-    if "user" in extra:
-        events.append(UserTranscriptDelta(index, extra["user"], extra["user"]))
-    if "text" in extra:
-        events.append(AssistantTextDelta(index, 7, extra["text"], extra["text"]))
-    if extra.get("eos"):
-        events.append(TurnEnded(index))
-    if extra.get("call"):
-        events.append(ToolCall(index, "call_" + "ab" * 16, "get_weather", '{"city": "Paris"}'))
-    return events
+def metric(server, name: str) -> float:
+    text = httpx.get(server.http("/metrics"), headers=AUTH).text
+    lines = [line for line in text.splitlines()
+             if line.startswith(name + '{') and 'dialect="nvidia"' in line]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
 
-def kinds(messages) -> list[str]:
-    return [json.loads(serialize(m))["type"] for m in messages]
-
-
-def test_user_turn_events():
-    book = Conversation(22_050, Counters())
-    out = book.translate(frame(0, user="hel")) + book.translate(frame(1, user="lo"))
-    assert [k for k in kinds(out) if not k.startswith("response.")] == [
-        "input_audio_buffer.speech_started",
-        "conversation.item.input_audio_transcription.delta",
-        "conversation.item.input_audio_transcription.delta"]
-    quiet = [m for i in range(USER_PAUSE_FRAMES) for m in book.translate(frame(2 + i))]
-    assert [k for k in kinds(quiet) if not k.startswith("response.")] == [
-        "conversation.item.input_audio_transcription.completed",
-        "input_audio_buffer.speech_stopped"]
-    completed = [json.loads(serialize(m)) for m in quiet
-                 if kinds([m])[0].endswith("completed")]
-    assert completed[0]["transcript"] == "hello"
-
-
-def test_assistant_transcript_per_turn():
-    book = Conversation(22_050, Counters())
-    out = book.translate(frame(0, text="Hi")) + book.translate(frame(1, text=" there", eos=True))
-    out += book.translate(frame(2, text="Again", eos=True))
-    done = [json.loads(serialize(m)) for m in out
-            if kinds([m])[0] == "response.output_audio_transcript.done"]
-    assert [d["transcript"] for d in done] == ["Hi there", "Again"]
-    assert kinds(out).count("response.output_audio_transcript.delta") == 3
-
-
-def test_assistant_speech_ends_the_user_turn():
-    book = Conversation(22_050, Counters())
-    book.translate(frame(0, user="hi"))
-    out = kinds(book.translate(frame(1, text="Hello")))
-    assert out.index("input_audio_buffer.speech_stopped") < out.index(
-        "response.output_audio_transcript.delta")
-
-
-def test_tool_call_event():
-    book = Conversation(22_050, Counters())
-    out = [json.loads(serialize(m)) for m in book.translate(frame(0, call=True))]
-    call = [e for e in out if e["type"] == "response.function_call_arguments.done"][0]
-    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
-    assert call["call_id"].startswith("call_")
-
-
-def test_packets_are_exactly_80_ms_and_the_tail_is_padded():
-    counters = Counters()
-    book = Conversation(22_050, counters)
-    out = [m for i in range(10) for m in book.translate(frame(i))] + book.finish()
-    packets = [m for m in out if kinds([m])[0] == "response.output_audio.delta"]
-    assert all(len(p.data) == PACKET_BYTES for p in packets)
-    assert abs(len(packets) - 10) <= 1 and counters.chunks_sent == len(packets)
-    assert counters.inferences == 10
-    assert kinds(out)[-1] == "response.done"
+def test_metrics_count_audio_in_and_out_drops_and_frames(ws, server):
+    names = ("voicechat_client_audio_received_seconds_total",
+             "voicechat_client_audio_sent_seconds_total",
+             "voicechat_client_audio_chunks_dropped_total",
+             "voicechat_client_frames_stepped_total")
+    before = {n: metric(server, n) for n in names}
+    update(ws, audio=fmt(24_000))
+    ws.send(b"\x00")
+    error(ws, "invalid_event")
+    stream(ws, chunks(pcm(0.8)), binary=True)
+    _, stats = close(ws)
+    moved = {n: metric(server, n) - before[n] for n in names}
+    assert moved[names[0]] == pytest.approx(stats["audio_duration_received_s"], abs=1e-3)
+    assert moved[names[1]] == pytest.approx(stats["chunks_sent"] * 0.08)
+    assert moved[names[2]] == 1 and moved[names[3]] == stats["inferences"]

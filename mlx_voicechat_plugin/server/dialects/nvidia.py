@@ -67,7 +67,7 @@ class NvidiaDialect(Dialect):
     def __init__(self, session: Any, model_id: str):
         super().__init__(session, model_id)
         self.config = Config()
-        self.counters = Counters()
+        self.counters = Counters(metrics=getattr(self.engine.metrics, "clients", None))
         self.output: Conversation | None = None
         self.input: Resampler | None = None
         self.audio_started = False
@@ -95,7 +95,7 @@ class NvidiaDialect(Dialect):
         return self.output.translate(events) if self.output is not None else []
 
     def frame_error(self, exc: BaseException) -> list[Outgoing]:
-        self.counters.chunks_dropped += 1
+        self.counters.dropped()
         return super().frame_error(exc)
 
     async def dispatch(self, message: ClientMessage) -> None:
@@ -138,12 +138,12 @@ class NvidiaDialect(Dialect):
                 else decode_base64(message.audio, "base64 PCM16")
             samples = pcm16_samples(data, "PCM16")
         except ValueError as exc:
-            self.counters.chunks_dropped += 1
+            self.counters.dropped()
             raise invalid(str(exc)) from None
         if not self.session.configured:
             await self.configure(self.config)
         self.audio_started = True
-        self.counters.samples_received += samples.shape[0]
+        self.counters.received(samples.shape[0])
         await self.session.feed_audio(self.input(samples))
 
     async def close(self) -> None:

@@ -14,6 +14,7 @@ session's event loop touches it.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ PACKET_SAMPLES = OUTPUT_RATE * 80 // 1000  # 1,920 samples: 80 ms
 PACKET_BYTES = PACKET_SAMPLES * 2
 # Frames (80 ms each) with no new user transcript after which the user's turn ends.
 USER_PAUSE_FRAMES = 8
+AUDIBLE = 328  # PCM16 peak (1% of full scale) from which an output packet is not silence
 
 
 def error_event(kind: str, code: str, message: str) -> dict[str, Any]:
@@ -41,7 +43,8 @@ def error_event(kind: str, code: str, message: str) -> dict[str, Any]:
 
 @dataclass
 class Counters:
-    """What ``session.end`` reports; each counts what happened."""
+    """What ``session.end`` reports; each counts what happened. With ``metrics`` (the
+    engine's :class:`~..engine.client_metrics.ClientMetrics`) ``/metrics`` counts it too."""
 
     chunks_received: int = 0  # audio messages (binary or base64) received
     chunks_dropped: int = 0  # of them, refused (bad audio) or lost to a failed frame
@@ -49,6 +52,33 @@ class Counters:
     inferences: int = 0  # model frames stepped
     samples_received: int = 0  # input samples accepted, at the client's rate
     input_rate: int = OUTPUT_RATE
+    metrics: Any = None
+    dialect: str = "nvidia"
+
+    def received(self, samples: int) -> None:
+        self.samples_received += samples
+        if self.metrics is not None:
+            self.metrics.received.labels(self.dialect).inc(samples / self.input_rate)
+
+    def dropped(self) -> None:
+        self.chunks_dropped += 1
+        if self.metrics is not None:
+            self.metrics.dropped.labels(self.dialect).inc()
+
+    def sent(self) -> None:
+        self.chunks_sent += 1
+        if self.metrics is not None:
+            self.metrics.sent.labels(self.dialect).inc(PACKET_SAMPLES / OUTPUT_RATE)
+
+    def stepped(self) -> None:
+        self.inferences += 1
+        if self.metrics is not None:
+            self.metrics.stepped.labels(self.dialect).inc()
+
+    def answered(self, seconds: float) -> None:
+        """The first non-silent output came ``seconds`` after the user stopped."""
+        if self.metrics is not None:
+            self.metrics.latency.labels(self.dialect).observe(seconds)
 
     def stats(self) -> dict[str, Any]:
         return {"chunks_received": self.chunks_received, "chunks_sent": self.chunks_sent,
@@ -71,6 +101,8 @@ class Conversation:
         self.user_item: str | None = None  # the user's turn, while it lasts
         self.user_text = ""
         self.user_quiet = 0
+        self.user_spoke_at: float | None = None  # the last user word (monotonic)
+        self.awaiting: float | None = None  # the user stopped then; no audible answer yet
         self.frames = 0
 
     # --- the response ------------------------------------------------------------------
@@ -110,7 +142,8 @@ class Conversation:
             del self.pending[:PACKET_BYTES]
             event = {"type": "response.output_audio.delta", **self._ids(), "delta": None}
             out.append(AudioOut(event, "delta", data, "pcm16", OUTPUT_RATE))
-            self.counters.chunks_sent += 1
+            self.counters.sent()
+            self.heard(data)
 
     # --- the turns -----------------------------------------------------------------------
 
@@ -121,6 +154,7 @@ class Conversation:
                               "item_id": self.user_item,
                               "audio_start_ms": int(event.frame_index) * 80}))
         self.user_quiet = 0
+        self.user_spoke_at, self.awaiting = time.monotonic(), None
         self.user_text += event.delta
         out.append(Event({"type": "conversation.item.input_audio_transcription.delta",
                           "item_id": self.user_item, "content_index": 0,
@@ -135,6 +169,15 @@ class Conversation:
         out.append(Event({"type": "input_audio_buffer.speech_stopped",
                           "item_id": self.user_item, "audio_end_ms": self.frames * 80}))
         self.user_item, self.user_text = None, ""
+        self.awaiting = self.user_spoke_at
+
+    def heard(self, packet: bytes) -> None:
+        """A packet went out: the first audible one after the user stopped is the answer."""
+        if self.awaiting is None:
+            return
+        if np.abs(np.frombuffer(packet, "<i2")).max() >= AUDIBLE:
+            self.counters.answered(time.monotonic() - self.awaiting)
+            self.awaiting = None
 
     def agent_delta(self, event: AssistantTextDelta, out: list[Outgoing]) -> None:
         self.end_user_turn(out)
@@ -158,7 +201,7 @@ class Conversation:
         for event in events:
             if isinstance(event, Audio):
                 self.frames += 1
-                self.counters.inferences += 1
+                self.counters.stepped()
                 self.pending.extend(pcm16_bytes(self.resample(np.asarray(event.samples))))
                 self.packets(out)
                 if self.user_item is not None:
