@@ -24,11 +24,12 @@ lays them out. The API key may come as ``?api_key=``.
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from ..messages import Ending, Event, Finished, Outgoing
+from ..session import Session
 from ..wire import (
     ErrorCode, ProtocolError, ToolOutput, bounded, decode_base64, invalid, pcm16_samples,
 )
@@ -64,7 +65,7 @@ class NvidiaDialect(Dialect):
     query_key = True  # the key may come as ?api_key= (the conformance test's way)
     health = True  # GET <path>/health
 
-    def __init__(self, session: Any, model_id: str):
+    def __init__(self, session: Session, model_id: str):
         super().__init__(session, model_id)
         self.config = Config()
         self.counters = Counters(metrics=getattr(self.engine.metrics, "clients", None))
