@@ -42,6 +42,11 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the upgrade")
     parser.add_argument("--api-prefix", default="", help="mount the routes under this prefix")
+    parser.add_argument("--nvidia-root", action="store_true",
+                        help="serve NVIDIA's VoiceChat protocol (NeMo-Speech.cpp) at "
+                             "/v1/realtime and /realtime instead of mlx-vlm's, as "
+                             "'nemo-speech serve' lays them out (it is always at "
+                             "/nvidia/v1/realtime)")
     parser.add_argument("--alias", help="model id to report (default: the checkpoint's name)")
     parser.add_argument("--cors-origins", "--allowed-origins", dest="origins", nargs="+",
                         action="extend", metavar="ORIGIN",
@@ -251,7 +256,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
         from ..models import kv_arena
 
         kv_arena.set_batched_cores(False)
-    app = create_app(args.model, alias=args.alias, api_key=args.api_key,
+    from ..server import dialects
+
+    served = dialects.NVIDIA_ROOT_DIALECTS if args.nvidia_root else dialects.DIALECTS
+    app = create_app(args.model, alias=args.alias, api_key=args.api_key, dialects=served,
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
                      limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,
                      agent_port=args.agent_port, agent_host=args.host)

@@ -20,17 +20,20 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DIALECTS", "GA", "VLM"]
+__all__ = ["DIALECTS", "GA", "NVIDIA", "NVIDIA_ROOT", "NVIDIA_ROOT_DIALECTS", "VLM"]
 
 
 def __getattr__(name: str) -> Any:
-    """``DIALECTS`` (mlx-vlm's, then GA's), ``VLM``, ``GA``, imported when first asked for:
+    """``DIALECTS`` (mlx-vlm's, GA's, NVIDIA's), ``VLM``, ``GA``, ``NVIDIA``,
+    ``NVIDIA_ROOT_DIALECTS`` (NVIDIA's at the root, then GA's), imported when first asked for:
     importing one dialect's helper module (e.g. :mod:`.ga_audio`) loads no other."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from .ga import GADialect as GA
+    from .nvidia import NvidiaDialect as NVIDIA, NvidiaRootDialect as NVIDIA_ROOT
     from .vlm import VLMDialect as VLM
 
-    served = {"VLM": VLM, "GA": GA, "DIALECTS": (VLM, GA)}
+    served = {"VLM": VLM, "GA": GA, "NVIDIA": NVIDIA, "NVIDIA_ROOT": NVIDIA_ROOT,
+              "DIALECTS": (VLM, GA, NVIDIA), "NVIDIA_ROOT_DIALECTS": (NVIDIA_ROOT, GA)}
     globals().update(served)
     return served[name]

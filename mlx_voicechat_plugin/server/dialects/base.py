@@ -35,6 +35,8 @@ class Dialect:
 
     name: ClassVar[str]
     paths: ClassVar[tuple[str, ...]]
+    query_key: ClassVar[bool] = False  # the API key may also come as ``?api_key=``
+    health: ClassVar[bool] = False  # ``GET <path>/health`` reports the engine's readiness
 
     def __init__(self, session: Session, model_id: str):
         self.session = session

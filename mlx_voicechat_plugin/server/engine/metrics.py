@@ -14,6 +14,8 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .client_metrics import ClientMetrics
+
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16)
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
@@ -63,6 +65,7 @@ class EngineMetrics:
         self.transcriptions_in_flight = Gauge(
             "voicechat_transcriptions_in_flight", "File transcriptions admitted, not finished",
             registry=r)
+        self.clients = ClientMetrics(r)  # what the dialects' sessions did on the wire
 
     def transcribed(self, seconds: float) -> None:
         self.transcriptions.inc()

@@ -59,6 +59,13 @@ def bearer_ok(header: str | None, api_key: str | None) -> bool:
     return hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
+def query_key_ok(value: str | None, api_key: str | None) -> bool:
+    """A ``?api_key=`` query parameter (the dialects that take one) against the key."""
+    if not api_key:
+        return True
+    return value is not None and hmac.compare_digest(value.encode(), api_key.encode())
+
+
 def websocket_auth(websocket: WebSocket, api_key: str | None) -> tuple[bool, str | None]:
     """Whether an upgrade carries the API key, and the subprotocol to select.
 

@@ -2,7 +2,8 @@
 and ``?model=`` checks. Event loop.
 
 Each registered dialect (:data:`..dialects.DIALECTS` by default: mlx-vlm's at
-``/v1/realtime``, OpenAI Realtime GA's at ``/openai/v1/realtime``) is served
+``/v1/realtime``, OpenAI Realtime GA's at ``/openai/v1/realtime``, NVIDIA's VoiceChat at
+``/nvidia/v1/realtime`` with its ``/health``) is served
 at its paths; all share the engine's sessions. An upgrade refused before it
 is accepted gets an HTTP denial response where the server supports one, else
 a policy-violation close.
@@ -25,7 +26,7 @@ from ..messages import Hangup
 from ..operations.drain import Drain
 from ..transport.websocket import WebSocketTransport
 from ..wire import CloseCode
-from .access import Access, websocket_auth
+from .access import Access, query_key_ok, websocket_auth
 from .models import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,10 @@ class Realtime:
         self.limits, self.access = limits, access
 
     async def serve(self, websocket: WebSocket, dialect: type[Dialect]) -> None:
-        allowed, subprotocol = websocket_auth(websocket, self.access.current_key())
+        key = self.access.current_key()
+        allowed, subprotocol = websocket_auth(websocket, key)
+        if not allowed and dialect.query_key:
+            allowed = query_key_ok(websocket.query_params.get("api_key"), key)
         if not allowed:
             await deny(websocket, 401, "missing or invalid API key")
             return
@@ -83,7 +87,17 @@ class Realtime:
             endpoint = self._endpoint(dialect)
             for path in dialect.paths:
                 router.add_api_websocket_route(path, endpoint, name=dialect.name)
+                if dialect.health:
+                    router.add_api_route(path + "/health", self.health, methods=["GET"],
+                                         name=f"{dialect.name} health")
         return router
+
+    async def health(self) -> JSONResponse:
+        """A dialect's own readiness route (unauthenticated, as NeMo-Speech.cpp's):
+        200 once the model is loaded, 503 before."""
+        ready = self.engine.ready and not self.drain.draining
+        return JSONResponse({"status": "ok" if ready else "unavailable", "ready": ready,
+                             "model": self.served.model_id}, 200 if ready else 503)
 
     def _endpoint(self, dialect: type[Dialect]):
         async def realtime(websocket: WebSocket) -> None:
