@@ -65,6 +65,8 @@ class SpokenDialect(SessionDialect, Protocol):
 
     def error(self, code: str, message: str) -> Outgoing: ...
 
+    def timed_out(self, reason: str) -> Outgoing: ...
+
     def parse(self, message: str | bytes) -> Any: ...
 
     def queues_audio(self, message: Any) -> bool: ...
@@ -223,7 +225,8 @@ class Connection:
             if isinstance(message, Hangup):
                 raise message
             if isinstance(message, str):  # the session's deadline passed
-                self.send_error(ErrorCode.INVALID_REQUEST, message)
+                logger.info("%s timed out: %s", self.session_id, message)
+                self.session.send(self.dialect.timed_out(message))
                 raise Finished(Ending.VIOLATION)
             try:
                 async with self.session.turn:

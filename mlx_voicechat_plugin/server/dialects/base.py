@@ -54,6 +54,11 @@ class Dialect:
         """The dialect's error event for ``code`` (an :class:`~..wire.ErrorCode`)."""
         raise NotImplementedError
 
+    def timed_out(self, reason: str) -> Event:
+        """The error event when a session deadline passes (no update, idle, the wall
+        clock; ``reason`` says which); by default ``invalid_request``."""
+        return self.error(ErrorCode.INVALID_REQUEST, reason)
+
     def parse(self, message: str | bytes) -> Any:
         """One client message -> the dialect's message (:class:`~..wire.ProtocolError`
         if bad)."""

@@ -49,8 +49,6 @@ SESSION_TIMEOUT = "session_timeout"
 CODES = {ErrorCode.INVALID_REQUEST: INVALID_EVENT,
          ErrorCode.SESSION_INITIALIZATION_FAILED: INVALID_EVENT,
          ErrorCode.TOOL_CALL_INVALID: INVALID_EVENT}
-# The connection's deadline messages (Session.deadline), NVIDIA's session_timeout.
-DEADLINES = ("session.update not received within", "session idle for", "session open for")
 CLIENT_ERRORS = (INVALID_EVENT, INSTRUCTIONS_TOO_LONG, ErrorCode.TOOLS_NOT_SET, SESSION_TIMEOUT)
 FIELDS = {"system_prompt": "session.instructions", "tools": "session.tools"}
 NVIDIA_PATH = "/nvidia/v1/realtime"
@@ -80,11 +78,12 @@ class NvidiaDialect(Dialect):
                       "session": self.config.describe(self.session_id, self.model_id)})
 
     def error(self, code: str, message: str) -> Event:
-        if code == ErrorCode.INVALID_REQUEST and message.startswith(DEADLINES):
-            code = SESSION_TIMEOUT
         code = CODES.get(code, code)
         kind = "invalid_request_error" if code in CLIENT_ERRORS else "server_error"
         return Event(error_event(kind, code, bounded(message)))
+
+    def timed_out(self, reason: str) -> Event:
+        return self.error(SESSION_TIMEOUT, reason)
 
     def parse(self, message: str | bytes) -> ClientMessage:
         return parse_message(message)
