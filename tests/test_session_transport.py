@@ -159,10 +159,11 @@ def test_a_session_outlives_its_transport_when_asked_and_goes_on_over_a_new_one(
         assert session.detached and not session.released
         assert engine.admission.sessions_in_use == 1  # the slot is still the session's
         await session.settle()  # the frames queued before the drop run meanwhile
-        kept = len(session.pending)
+        kept = session.replay.seq - session.replay.detached_after  # made while detached
 
         second = MemoryTransport()
         task = asyncio.ensure_future(Connection(second, session, resumed=True).run())
+        assert (await second.take())["type"] == "session.resumed"
         resumed = [await second.take() for _ in range(kept)]
         second.put({"type": "session.ping"})
         assert (await second.take())["type"] == "session.pong"

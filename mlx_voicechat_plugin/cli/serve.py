@@ -137,6 +137,17 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              "the engine busy, stretch the wait so every streaming session "
                              "joins the step, while the oldest frame still ends within its "
                              "80 ms (default: %(default)s)")
+    limits.add_argument("--resume-seconds", type=float, default=defaults.resume_seconds,
+                        help="a session whose connection drops (no close frame, commit or "
+                             "cancel) waits this long, paused, holding its slot, for the "
+                             "client to resume it with its resume_token (docs/protocol.md, "
+                             "\"Resuming a session\"); 0 ends it at once "
+                             "(default: %(default)s; seconds)")
+    limits.add_argument("--max-replay-seconds", type=float,
+                        default=defaults.max_replay_seconds,
+                        help="seconds of frames whose events a session keeps for a resume "
+                             "to replay; a client further behind cannot resume "
+                             "(default: %(default)s)")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading'; default: %(default)s)")
@@ -168,28 +179,7 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
         parser.set_defaults(host=host.host, port=host.port)
     args = parse_args(parser, argv, tolerate_unknown, report=False)
     try:
-        args.limits = ServerLimits(args.max_message_bytes, args.max_session_seconds,
-                                   args.update_timeout, args.idle_timeout,
-                                   max_pending_events=args.max_pending_events,
-                                   send_timeout=args.send_timeout,
-                                   max_session_wall_seconds=args.max_session_wall_seconds,
-                                   max_failed_updates=args.max_failed_updates,
-                                   max_prompt_tokens=args.max_prompt_tokens,
-                                   prompt_cache_bytes=args.prompt_cache_bytes,
-                                   max_connections=args.max_connections,
-                                   max_connections_per_client=args.max_connections_per_client,
-                                   header_timeout=args.header_timeout,
-                                   max_sessions=args.max_sessions,
-                                   max_state_bytes=args.max_state_bytes,
-                                   max_transcript_bytes=args.max_transcript_bytes,
-                                   max_upload_bytes=args.max_upload_bytes,
-                                   max_transcription_seconds=args.max_transcription_seconds,
-                                   max_transcriptions_in_flight=(
-                                       args.max_transcriptions_in_flight),
-                                   max_buffered_seconds=args.max_buffered_seconds,
-                                   batch_wait_ms=args.batch_wait_ms,
-                                   batch_fill=args.batch_fill,
-                                   context_seconds=args.context_seconds)
+        args.limits = ServerLimits.from_dict(vars(args))
     except ValueError as exc:
         parser.error(str(exc))
     if args.agent_port is not None and not 0 < args.agent_port < 65536:

@@ -25,6 +25,7 @@ from .dialects.client_options import session_options
 from .engine.thread import Engine
 from .limits import ServerLimits
 from .operations.drain import DEFAULT_DRAIN_SECONDS, Drain
+from .resume import Resumes
 from .operations.replica import ReplicaStatus, add_replica_metrics, agent_line, replica_status
 from .routes.access import API_KEY_ENV, Access
 from .routes.browser import browser_router
@@ -80,6 +81,7 @@ def create_app(
     prefix = normalize_prefix(api_prefix)
     access = Access.of(api_key, api_key_env, allowed_origins)
     drain = Drain(engine, drain_seconds)
+    drain.resumes = resumes = Resumes(engine.metrics.registry)
 
     def status() -> ReplicaStatus:
         """The replica's state now, for /health, the agent-check and /metrics."""
@@ -101,6 +103,7 @@ def create_app(
         finally:
             if agent_port is not None:
                 await app.state.agent.stop()
+            await resumes.end_all("the server stopped")
             await asyncio.to_thread(engine.stop)
 
     # No /docs, /redoc or /openapi.json: they would be served without the API
@@ -108,7 +111,7 @@ def create_app(
     app = FastAPI(title="mlx-voicechat realtime", lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.limits, app.state.model_id = engine, limits, served.model_id
-    app.state.drain = drain
+    app.state.drain, app.state.resumes = drain, resumes
     if access.origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -122,6 +125,6 @@ def create_app(
     app.include_router(unsupported_router(dialects[0].paths[0], prefix))
     for base in (prefix, prefix + OPENAI_BASE):  # one handler, mounted under both
         app.include_router(transcriptions_router(engine, served.names, limits, access, base))
-    realtime = Realtime(engine, drain, served, limits, access)
+    realtime = Realtime(engine, drain, served, limits, access, resumes)
     app.include_router(realtime.router(dialects, prefix))
     return app

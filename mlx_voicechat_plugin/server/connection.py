@@ -12,10 +12,13 @@ The session sends through the connection (it is the session's
 its own codes. Audio payloads are never logged; client values are never
 used as paths.
 
-When the transport ends the session is released, unless it was asked to
-outlive it (:attr:`~.session.Session.outlives_transport`): then it is
-detached, and a later connection over a new transport
-(``Connection(transport, session, resumed=True)``) takes it on.
+When the transport ends the session is released, unless it outlives it
+(:meth:`~.session.Session.outlives`: a resumable session whose link dropped
+with no close, or one asked to): then it is detached, and a later
+connection over a new transport (``Connection(transport, session,
+resumed=True, last_seq=N)``) takes it on: the dialect's ``session.resumed``
+first, then the events after ``seq`` N, then the conversation goes on. The
+greeting of a resumable session carries its ``session.resume_token``.
 
 :func:`connect` makes a new session with its dialect and the connection that
 serves it; the app calls it for each upgrade.
@@ -31,7 +34,7 @@ from typing import Any, Callable, Protocol
 
 from .engine.thread import Engine
 from .limits import ServerLimits
-from .messages import NOT_READING, ClientNotReading, Ending, Finished, Hangup, Outgoing
+from .messages import NOT_READING, ClientNotReading, Ending, Event, Finished, Hangup, Outgoing
 from .session import Session, SessionDialect
 from .wire import ErrorCode, ProtocolError
 
@@ -67,6 +70,8 @@ class SpokenDialect(SessionDialect, Protocol):
 
     def timed_out(self, reason: str) -> Outgoing: ...
 
+    def resumed(self, last_seq: int, replayed: int) -> Outgoing: ...
+
     def parse(self, message: str | bytes) -> Any: ...
 
     def queues_audio(self, message: Any) -> bool: ...
@@ -86,12 +91,14 @@ def connect(transport: Transport, dialect: Callable[[Session, str], SpokenDialec
 class Connection:
     """The loop of one transport over one session, in the session's dialect."""
 
-    def __init__(self, transport: Transport, session: Session, resumed: bool = False):
+    def __init__(self, transport: Transport, session: Session, resumed: bool = False,
+                 last_seq: int | None = None):
         self.transport = transport
         self.session = session
         self.dialect: SpokenDialect = session.dialect  # type: ignore[assignment]
         self.limits = session.limits
         self.resumed = resumed  # the session was detached from another transport
+        self.last_seq = last_seq  # the last event the client read (resumed: replay after it)
         self.failed_updates = 0
         self.receiving: asyncio.Future | None = None  # a pending transport.receive()
         self.early: deque[Any] = deque()  # messages read while a prefill ran
@@ -126,7 +133,7 @@ class Connection:
             done, _ = await asyncio.wait({opening, self.receiving}, timeout=max(remaining, 0),
                                          return_when=asyncio.FIRST_COMPLETED)
             gone = self.receiving in done and isinstance(self.receiving.result(), Hangup)
-            if gone and session.outlives_transport:
+            if gone and session.outlives(self.receiving.result()):
                 self.early.append(self.receiving.result())
                 self.receiving = None
                 await session.wait_opening(opening)
@@ -157,7 +164,7 @@ class Connection:
                 or not isinstance(receiving.result(), Hangup):
             return
         session = self.session
-        if session.outlives_transport:
+        if session.outlives(receiving.result()):
             session.detach()
         elif session.open and not session.configured:
             return  # a prefill in flight: watch() stops it, then the slot is freed
@@ -187,12 +194,21 @@ class Connection:
 
     async def run(self) -> None:
         session, engine = self.session, self.session.engine
-        await self.transport.accept()
         try:
-            session.attach(self)
+            await self.transport.accept()
+        except BaseException:
+            session.claimed = False  # a resume that never reached its client
+            raise
+        try:
             if self.resumed:
-                logger.info("%s resumed on a new transport", self.session_id)
+                replayed = session.replay.seq - (self.last_seq if self.last_seq is not None
+                                                 else session.replay.detached_after or 0)
+                self.send(self.dialect.resumed(self.last_seq or 0, replayed))
+                session.attach(self, self.last_seq)
+                logger.info("%s resumed on a new transport (%d events replayed)",
+                            self.session_id, replayed)
             else:
+                session.attach(self)
                 if not engine.ready:
                     self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
@@ -200,7 +216,7 @@ class Connection:
                     self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
                     raise Finished(Ending.BUSY)
                 logger.info("%s connected", self.session_id)
-                session.send(self.dialect.greeting())
+                session.send(self.greeting())
             await self.loop()
         except Finished as end:
             await self.finish(end.ending)
@@ -217,6 +233,15 @@ class Connection:
             if not session.detached:  # a hangup detached one that outlives its transport
                 await session.release()
             await self.transport.stop()
+
+    def greeting(self) -> Outgoing:
+        """The dialect's first event, with ``session.resume_token`` when resumable."""
+        greeting = self.dialect.greeting()
+        token = self.session.resume_token
+        inner = greeting.payload.get("session") if isinstance(greeting, Event) else None
+        if token is None or not isinstance(inner, dict):
+            return greeting
+        return Event({**greeting.payload, "session": {**inner, "resume_token": token}})
 
     async def loop(self) -> None:
         """Client messages, one at a time, until :class:`Finished` or the client leaves."""

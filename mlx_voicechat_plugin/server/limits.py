@@ -8,7 +8,8 @@ sets them from these bounds when a dialect builds them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from ..runtime.options import (
     DEFAULT_CONTEXT_SECONDS, buffered_samples, check_context_seconds, check_count,
@@ -53,6 +54,17 @@ class ServerLimits:
     batch_fill: bool = True  # past the unbatched capacity, wait for every streaming session
     # Seconds of conversation a session's attention keeps after its prompt (None: unbounded).
     context_seconds: float | None = DEFAULT_CONTEXT_SECONDS
+    # A session whose connection drops (no close) waits this long to be resumed (0: off).
+    resume_seconds: float = 15.0
+    # Seconds of frames whose events a session keeps for a resume's replay.
+    max_replay_seconds: float = 10.0
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> "ServerLimits":
+        """The limits named in ``values`` (e.g. ``vars()`` of the parsed CLI flags; other
+        keys are ignored), the defaults for the rest."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (values or {}).items() if k in names})
 
     def __post_init__(self) -> None:
         """Every bound checked once, here (the engine and the pool trust them), with the
@@ -70,9 +82,16 @@ class ServerLimits:
                      "max_buffered_seconds"):
             check_positive_seconds(getattr(self, name), name)
         check_non_negative(self.batch_wait_ms, "batch_wait_ms")
+        check_non_negative(self.resume_seconds, "resume_seconds")
+        check_positive_seconds(self.max_replay_seconds, "max_replay_seconds")
         object.__setattr__(self, "context_seconds", check_context_seconds(self.context_seconds))
         if not isinstance(self.batch_fill, bool):
             raise ValueError(f"batch_fill must be true or false, got {self.batch_fill!r}")
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a dropped connection's session waits to be resumed (``--resume-seconds``)."""
+        return self.resume_seconds > 0
 
     def buffered_samples(self, sample_rate: int, frame_samples: int) -> int:
         """The most PCM samples one session may queue (never less than a frame)."""

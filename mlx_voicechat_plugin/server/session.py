@@ -11,14 +11,19 @@ which its dialect (:attr:`~Session.dialect`, the per-session state of
 :mod:`.dialects`) translates into typed messages (:mod:`.messages`).
 
 The messages go to the attached :class:`Link` (a connection, which owns a
-transport). A session can outlive its transport when asked
-(:attr:`~Session.outlives_transport`): the transport's end detaches it
-(:meth:`~Session.detach`; its messages wait, bounded, for the next link),
-and :meth:`~Session.attach` gives it another. Its clocks (the update, idle
-and wall-clock deadlines, :meth:`~Session.expired`) and the dialect's own
-timers (:meth:`~Session.spawn`, e.g. GA's owed response) run on the loop
-with or without a transport; a detached session whose deadline passes is
-released. It is released on every exit path (:meth:`~Session.release`).
+transport), numbered and kept a while (:mod:`.replay`). A resumable session
+(``--resume-seconds``: it has a :attr:`~Session.resume_token`) outlives a
+transport that drops without a close (:meth:`~Session.outlives`), as any
+session does when asked (:attr:`~Session.outlives_transport`): the
+transport's end detaches it (:meth:`~Session.detach`: its events are kept,
+bounded, its slot held, its timeline paused: the queued audio runs and
+nothing more, :attr:`~Session.linked` tells the dialect's timers to wait),
+and :meth:`~Session.attach` gives it another link, the events after the
+client's last ``seq`` first. Its clocks (the update, idle and wall-clock
+deadlines, :meth:`~Session.expired`) run on the loop; a detached session is
+released when its window (``--resume-seconds``) or its deadline passes, or
+the replica drains. It is released on every exit path
+(:meth:`~Session.release`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from typing import Any, Callable, Coroutine, Protocol
 
 import numpy as np
@@ -39,10 +43,16 @@ from .engine.commands import Close, OpenOptions, SessionDetails
 from .engine.feed import InputFeed
 from .engine.thread import Engine
 from .limits import ServerLimits
-from .messages import ClientNotReading, Outgoing
+from .messages import ClientNotReading, Hangup, Outgoing
+from .replay import ReplayLog
 from .wire import ErrorCode, ProtocolError, inference_error, init_failed, new_session_id
 
 logger = logging.getLogger(__name__)
+
+# A transport's end with no close from the client (a WebSocket's 1006): the link dropped.
+DROPPED_CODES = (1006, None)
+# Frames of one second (the model's frames are 80 ms), for the replay's bound.
+FRAMES_PER_SECOND = 12.5
 
 
 def stream_full(exc: BaseException) -> bool:
@@ -59,6 +69,14 @@ class Link(Protocol):
 
     async def watch(self, opening: asyncio.Future) -> None:
         """Wait for the engine to open the session while watching the transport."""
+
+
+class Watcher(Protocol):
+    """Who keeps track of a session's transports (the resume tokens, :mod:`.resume`)."""
+
+    def detached(self, session: "Session") -> None: ...
+
+    def released(self, session: "Session") -> None: ...
 
 
 class SessionDialect(Protocol):
@@ -97,9 +115,17 @@ class Session:
         # reading, a full stream): the connection raises it at its next wait.
         self.halted: asyncio.Future = self.event_loop.create_future()
         self.link: Link | None = None
+        self.linked = asyncio.Event()  # set while a link is attached (timers wait for it)
         self.outlives_transport = False  # detach, not release, when the transport ends
+        self.resume_token: str | None = None  # set when resumable: a dropped link detaches
         self.detached = False  # its transport ended and it goes on, awaiting another
-        self.pending: deque[Outgoing] = deque()  # messages made while detached
+        self.detached_at = 0.0
+        self.claimed = False  # a resume is being accepted (a second one is refused)
+        self.replay = ReplayLog(limits.max_replay_seconds * FRAMES_PER_SECOND)
+        self.frames_seen = 0  # frames whose events were handed over, never reset
+        self.samples_received = 0  # client audio taken, at the model's input rate
+        self.ended = ""  # why a detached session was released (not resumed)
+        self.watcher: Watcher | None = None  # told when it detaches and is released
         self.released = False
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None  # a detached session's deadline
@@ -114,6 +140,7 @@ class Session:
         for entry in handoff.entries:
             if isinstance(entry, list):
                 self.frames_run += 1
+                self.frames_seen += 1
                 self.deliver(self.dialect.translate(entry))
             elif isinstance(entry, BaseException):
                 self.frame_error(entry)
@@ -137,14 +164,16 @@ class Session:
     # --- messages out ---------------------------------------------------------------------
 
     def send(self, message: Outgoing) -> None:
-        """``message`` to the client: through the link, or kept while detached (bounded:
-        :class:`ClientNotReading` past ``max_pending_events``)."""
+        """``message`` to the client, numbered: through the link, or kept while detached
+        (bounded: past ``--max-replay-seconds`` the session ends)."""
+        if self.released:
+            return
+        message = self.replay.stamp(message, self.frames_seen, self.link is not None)
         if self.link is not None:
             self.link.send(message)
-            return
-        if len(self.pending) >= self.limits.max_pending_events:
-            raise ClientNotReading(f"{len(self.pending)} events wait for a transport")
-        self.pending.append(message)
+        elif self.replay.overflowed:
+            self.end_detached(f"its events while detached passed "
+                              f"{self.limits.max_replay_seconds:g} s (--max-replay-seconds)")
 
     def send_all(self, messages: list[Outgoing]) -> None:
         for message in messages:
@@ -152,30 +181,74 @@ class Session:
 
     # --- transports come and go -------------------------------------------------------------
 
-    def attach(self, link: Link) -> None:
-        """Send through ``link`` from now on, the messages made while detached first."""
+    def outlives(self, hangup: Hangup) -> bool:
+        """Whether the transport's end ``hangup`` detaches the session (asked to outlive
+        it, or resumable and the link dropped with no close) instead of ending it."""
+        return self.outlives_transport or (
+            self.resume_token is not None and hangup.code in DROPPED_CODES)
+
+    def attach(self, link: Link, last_seq: int | None = None) -> None:
+        """Send through ``link`` from now on, the events after ``last_seq`` first (by
+        default those made while detached)."""
         if self.released:
             raise RuntimeError(f"{self.session_id} was released")
+        replayed = self.replay.after(last_seq)
+        if replayed is None:
+            raise RuntimeError(f"{self.session_id} no longer holds the events after "
+                               f"seq {last_seq}")
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        self.link, self.detached = link, False
-        while self.pending:
-            link.send(self.pending.popleft())
+        self.link, self.detached, self.claimed = link, False, False
+        self.linked.set()
+        self.active()  # the idle clock starts again with the new link
+        for message in replayed:
+            link.send(message)
 
     def detach(self) -> None:
-        """The transport is gone; the session goes on (its slot held, its timers running)
-        until a new link attaches or its deadline passes (then it is released)."""
+        """The transport is gone; the session goes on (its slot held, its queued audio
+        running, its dialect's timers waiting for :attr:`linked`) until a new link
+        attaches or its window or deadline passes (then it is released)."""
         if self.detached or self.released:
             return
-        self.link, self.detached = None, True
+        self.link, self.detached, self.detached_at = None, True, time.monotonic()
+        self.linked.clear()
+        self.replay.detach()
         logger.info("%s detached from its transport", self.session_id)
+        if self.watcher is not None:
+            self.watcher.detached(self)
+        if self.engine.admission.draining:
+            self.end_detached("the server is draining")
+            return
         self._expiry = asyncio.ensure_future(self._expire_detached())
 
-    async def _expire_detached(self) -> None:
-        reason = await self.expired()
+    def end_detached(self, reason: str) -> None:
+        """Release a detached session (not resumed) for ``reason``."""
+        if self.released or self.ended:
+            return
+        self.ended = reason
         logger.info("%s released while detached: %s", self.session_id, reason)
-        await self.release()
+        self.spawn(self.release())
+
+    def window(self) -> tuple[float, str]:
+        """When a detached session's wait ends: its window (``--resume-seconds``; the
+        session's deadline alone when it is not resumable) or its deadline."""
+        due = self.deadline()
+        if self.resume_token is None:
+            return due
+        seconds = self.limits.resume_seconds
+        return min(due, (self.detached_at + seconds,
+                         f"not resumed within {seconds:g} s (--resume-seconds)"))
+
+    async def _expire_detached(self) -> None:
+        while True:
+            when, reason = self.window()
+            delay = when - time.monotonic()
+            if delay <= 0:
+                break
+            await asyncio.sleep(delay)
+        self._expiry = None
+        self.end_detached(reason)
 
     # --- clocks and halts -----------------------------------------------------------------
 
@@ -265,6 +338,7 @@ class Session:
         if not samples.shape[0]:
             return
         self.active()
+        self.samples_received += samples.shape[0]
         await self.input_feed().append(samples)
 
     def input_feed(self) -> InputFeed:
@@ -320,7 +394,10 @@ class Session:
         """:meth:`let_go`, stop the session's timers, then wait for the engine to have
         closed the session. Safe to call again."""
         self.let_go()
+        if not self.released and self.watcher is not None:
+            self.watcher.released(self)
         self.released, self.link, self.detached = True, None, False
+        self.replay.clear()
         current = asyncio.current_task()
         for task in [*self._tasks, self._expiry]:
             if task is not None and task is not current:

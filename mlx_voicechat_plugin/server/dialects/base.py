@@ -28,6 +28,7 @@ from ..session import Session, stream_full
 from ..wire import ErrorCode, invalid
 
 BINARY_REFUSED = "binary frames are not supported; send JSON text"
+DEFAULT_INPUT_RATE = 16_000  # the model's input rate, before a session has opened
 
 
 class Dialect:
@@ -58,6 +59,24 @@ class Dialect:
         """The error event when a session deadline passes (no update, idle, the wall
         clock; ``reason`` says which); by default ``invalid_request``."""
         return self.error(ErrorCode.INVALID_REQUEST, reason)
+
+    def resumed(self, last_seq: int, replayed: int) -> Event:
+        """The first event on a resumed session's new transport (it carries no ``seq``:
+        it is the transport's, never replayed): how much of the client's audio the
+        server holds (:meth:`received_audio`), so the client resends from there, and how
+        many events follow as the replay, those after ``last_seq``."""
+        samples, rate = self.received_audio()
+        return Event({"type": "session.resumed",
+                      "session": {"id": self.session_id,
+                                  "resume_token": self.session.resume_token},
+                      "last_seq": last_seq, "replayed": replayed,
+                      "audio_received_samples": samples, "audio_sample_rate": rate})
+
+    def received_audio(self) -> tuple[int, int]:
+        """The client's audio the session took: samples, at the rate the client sends."""
+        details = self.session.details
+        return self.session.samples_received, (details.input_sample_rate if details
+                                               else DEFAULT_INPUT_RATE)
 
     def parse(self, message: str | bytes) -> Any:
         """One client message -> the dialect's message (:class:`~..wire.ProtocolError`

@@ -99,6 +99,7 @@ class GADialect(Dialect):
         self.requested = self.options_of(self.config)  # the session options it asks for
         self.opened_with: SessionOptions | None = None  # the options of the open session
         self.heard = 0  # samples the model has been given since it opened
+        self.audio_received = 0  # client samples taken, in its input format (a resume's figure)
         self.event_id: str | None = None  # of the client event being handled
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
         self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
@@ -113,6 +114,9 @@ class GADialect(Dialect):
 
     def error(self, code: str, message: str) -> Event:
         return Event(error_event(code, message, self.event_id))
+
+    def received_audio(self) -> tuple[int, int]:
+        return self.audio_received, self.input.format.rate
 
     def parse(self, message: str | bytes) -> ClientEvent:
         """One client message -> a GA client event; its ``event_id`` is echoed by its error."""
@@ -260,10 +264,12 @@ class GADialect(Dialect):
     async def append_audio(self, audio: Any) -> None:
         if not self.session.configured:
             await self.open_engine(self.config, self.requested)
+        taken = self.input.received
         try:
             samples = self.input(audio)
         except FormatError as exc:
             raise invalid(str(exc)) from None
+        self.audio_received += self.input.received - taken
         if samples.shape[0]:
             self.last_audio = time.monotonic()
         await self.session.feed_audio(samples)
@@ -285,9 +291,13 @@ class GADialect(Dialect):
         """The session's timer (on the loop, with or without a transport): while a
         response is owed and the client has sent no audio for
         :data:`STREAM_LULL_SECONDS`, silence frames run, one at a time, between the
-        client's events (the idle clock stands still meanwhile)."""
+        client's events (the idle clock stands still meanwhile). While the session is
+        detached nothing runs: no silence is invented while nobody listens."""
         session = self.session
         while True:
+            if not session.linked.is_set():  # detached: the timeline pauses
+                await session.linked.wait()
+                continue
             if not self.owed():
                 self.nudged.clear()
                 await self.nudged.wait()

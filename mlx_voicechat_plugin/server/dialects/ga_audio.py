@@ -102,13 +102,16 @@ class InputAudio:
     def __init__(self, fmt: AudioFormat, model_rate: int):
         self.format = fmt
         self.resample = Resampler(fmt.rate, model_rate)
+        self.received = 0  # samples decoded, at the client's rate
 
     def __call__(self, audio: Any) -> np.ndarray:
         try:
             data = decode_base64(audio, "base64")
         except ValueError as exc:
             raise FormatError(str(exc)) from None
-        return self.resample(decode(self.format, data))
+        samples = decode(self.format, data)
+        self.received += samples.shape[0]
+        return self.resample(samples)
 
 
 class OutputAudio:

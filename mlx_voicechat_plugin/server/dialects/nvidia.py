@@ -82,6 +82,9 @@ class NvidiaDialect(Dialect):
         kind = "invalid_request_error" if code in CLIENT_ERRORS else "server_error"
         return Event(error_event(kind, code, bounded(message)))
 
+    def received_audio(self) -> tuple[int, int]:
+        return self.counters.samples_received, self.counters.input_rate
+
     def timed_out(self, reason: str) -> Event:
         return self.error(SESSION_TIMEOUT, reason)
 

@@ -10,7 +10,7 @@ While draining, the engine admits no one (new connections get
 ``server_busy`` and close 1013; new transcriptions a 503), the agent-check
 says ``drain`` and ``/health`` answers 503 (:mod:`.replica`), so a balancer
 or a readiness probe sends new sessions elsewhere; open sessions and file
-transcriptions run on. When the last one ends, or ``--drain-seconds`` after
+transcriptions run on, and detached ones (awaiting a resume) are ended. When the last one ends, or ``--drain-seconds`` after
 the start, the sessions still open are closed with 1001 and a reason naming
 the stop, and ``on_drained`` runs (the server exits, with status 0).
 
@@ -57,6 +57,7 @@ class Drain:
         self.open: dict[asyncio.Task, Any] = {}  # connection task -> its Connection
         self.ended: set[asyncio.Task] = set()  # tasks the stop cancelled
         self._runner: asyncio.Task | None = None
+        self.resumes: Any = None  # the detached sessions (:mod:`..resume`), ended at the start
 
     @property
     def draining(self) -> bool:
@@ -79,6 +80,8 @@ class Drain:
         logger.info("draining: %d sessions open, %d transcriptions in flight; new sessions "
                     "refused; stopping within %g s", len(self.open),
                     self._transcriptions(), self.seconds)
+        if self.resumes is not None:  # nobody may resume them now: their state is freed
+            asyncio.ensure_future(self.resumes.end_all("the server is draining"))
         self._runner = asyncio.ensure_future(self._run())
         return True
 

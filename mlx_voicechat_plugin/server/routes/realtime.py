@@ -7,6 +7,12 @@ Each registered dialect (:data:`..dialects.DIALECTS` by default: mlx-vlm's at
 at its paths; all share the engine's sessions. An upgrade refused before it
 is accepted gets an HTTP denial response where the server supports one, else
 a policy-violation close.
+
+With ``--resume-seconds`` each new session gets a resume token
+(:mod:`..resume`); an upgrade with ``?resume_token=...&last_seq=N`` (after
+the same key and ``Origin`` checks) re-attaches the detached session it
+names, in its own dialect, or is denied with the reason (404 unknown, 410
+ended, 403 another key's, 409 still attached, 400 a bad ``last_seq``).
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ from fastapi import APIRouter, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from ..connection import connect
+from ..connection import Connection, connect
 from ..dialects.base import Dialect
 from ..engine.thread import Engine
 from ..limits import ServerLimits
 from ..messages import Hangup
 from ..operations.drain import Drain
+from ..resume import REPLICA_HEADER, Refused, Resumes
 from ..transport.websocket import WebSocketTransport
 from ..wire import CloseCode
 from .access import Access, query_key_ok, websocket_auth
@@ -32,12 +39,13 @@ from .models import ServedModel
 logger = logging.getLogger(__name__)
 
 
-async def deny(websocket: WebSocket, status: int, message: str) -> None:
+async def deny(websocket: WebSocket, status: int, message: str,
+               code: str = "invalid_request") -> None:
     """Refuse an upgrade: ``status`` with an error body, or a close where no denial is possible."""
     logger.info("rejected upgrade: %s", message)
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
         await websocket.send_denial_response(
-            JSONResponse({"error": {"code": "invalid_request", "message": message}}, status))
+            JSONResponse({"error": {"code": code, "message": message}}, status))
     else:
         await websocket.close(code=CloseCode.POLICY_VIOLATION)
 
@@ -47,9 +55,10 @@ class Realtime:
     transport, a new session in the dialect) under the drain."""
 
     def __init__(self, engine: Engine, drain: Drain, served: ServedModel, limits: ServerLimits,
-                 access: Access):
+                 access: Access, resumes: Resumes | None = None):
         self.engine, self.drain, self.served = engine, drain, served
         self.limits, self.access = limits, access
+        self.resumes = resumes if resumes is not None else Resumes()
 
     async def serve(self, websocket: WebSocket, dialect: type[Dialect]) -> None:
         key = self.access.current_key()
@@ -69,7 +78,15 @@ class Realtime:
         limits = self.limits
         transport = WebSocketTransport(websocket, limits.max_pending_events, limits.send_timeout,
                                        subprotocol)
-        connection = connect(transport, dialect, self.engine, self.served.model_id, limits)
+        token = websocket.query_params.get("resume_token")
+        if token is not None:
+            connection = await self.resuming(websocket, transport, dialect, token, key)
+            if connection is None:
+                return
+        else:
+            connection = connect(transport, dialect, self.engine, self.served.model_id, limits)
+            if limits.resumable:
+                self.resumes.issue(connection.session, key, websocket.headers.get(REPLICA_HEADER))
         try:
             await self.drain.serve(connection)  # connection.run(), ended by a graceful stop
         except (WebSocketDisconnect, Hangup):
@@ -79,6 +96,24 @@ class Realtime:
                 logger.info("%s ended: client gone (%s)", connection.session_id, exc)
             else:
                 logger.exception("%s failed", connection.session_id)
+
+    async def resuming(self, websocket: WebSocket, transport: WebSocketTransport,
+                       dialect: type[Dialect], token: str, key: str | None) -> Connection | None:
+        """The connection that re-attaches the session ``token`` names (``None``: denied)."""
+        try:
+            if not self.limits.resumable:
+                raise Refused(404, "session_not_found",
+                              "sessions are not resumable here (--resume-seconds 0)")
+            session, last_seq = self.resumes.claim(
+                token, key, websocket.query_params.get("last_seq"))
+            if not isinstance(session.dialect, dialect):
+                session.claimed = False
+                raise Refused(409, "invalid_request",
+                              "resume a session at the path (the dialect) that opened it")
+        except Refused as refused:
+            await deny(websocket, refused.status, refused.message, refused.code)
+            return None
+        return Connection(transport, session, resumed=True, last_seq=last_seq)
 
     def router(self, dialects: Sequence[type[Dialect]], prefix: str = "") -> APIRouter:
         """Each dialect's WebSocket route at each of its paths."""

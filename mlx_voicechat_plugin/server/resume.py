@@ -1,0 +1,156 @@
+"""Resume tokens: which session a re-attaching client names, and who may take it (event loop).
+
+A resumable session (``--resume-seconds`` above 0) is given a token when it
+is made (:meth:`Resumes.issue`): unguessable, bound to the API key that
+opened it (a digest of it is kept, never the key), and naming the replica
+when a balancer said which one took the connection (HAProxy's
+``http-send-name-header``: the token starts ``<server>.``, and the shipped
+``deploy/haproxy.cfg`` routes a resume on that prefix). A client that lost
+its connection opens the same path with ``?resume_token=...&last_seq=N``;
+:meth:`Resumes.claim` finds the session or says why not (:class:`Refused`,
+an HTTP status with a code and a message): an unknown token, a session that
+has ended (its window passed, it was committed, the replica drained), a
+token of another key, a session still attached (or being resumed), a
+``last_seq`` past what was sent, or one whose events after it are no longer
+held (then the session ends: it cannot be made whole). A refused claim
+leaves the session as it was.
+
+``/metrics`` counts the sessions detached, resumed and expired (released
+while detached), and how many are detached now.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from .session import Session
+
+logger = logging.getLogger(__name__)
+
+TOKEN_BYTES = 24  # of randomness: 32 URL-safe characters, no dots
+ENDED_KEPT = 1024  # ended sessions' tokens remembered, to say why a resume came too late
+REPLICA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+REPLICA_HEADER = "x-voicechat-server"  # HAProxy's http-send-name-header (deploy/haproxy.cfg)
+
+
+@dataclass(frozen=True)
+class Refused(Exception):
+    """A resume refused: the HTTP ``status`` of the upgrade's denial, a ``code`` and why."""
+
+    status: int
+    code: str
+    message: str
+
+
+def key_digest(key: str | None) -> bytes:
+    return hashlib.sha256(("" if key is None else "k:" + key).encode()).digest()
+
+
+def parse_last_seq(value: str | None, sent: int) -> int:
+    """``?last_seq=``: the last event the client read, ``0`` to ``sent``."""
+    if value is None or not value.isdigit() or int(value) > sent:
+        raise Refused(400, "invalid_request",
+                      f"last_seq must be an integer from 0 to {sent} (the last seq read), "
+                      f"got {value!r}")
+    return int(value)
+
+
+class Resumes:
+    """The replica's resumable sessions by token, and the resume figures."""
+
+    def __init__(self, registry: Any = None):
+        self.sessions: dict[str, Session] = {}
+        self.keys: dict[str, bytes] = {}
+        self.ended: OrderedDict[str, str] = OrderedDict()  # token -> why its session ended
+        self.counts = {"detached": 0, "resumed": 0, "expired": 0}
+        if registry is not None:
+            self._metrics(registry)
+
+    def _metrics(self, registry: Any) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.detached_total = Counter("voicechat_sessions_detached",
+                                      "Sessions whose connection dropped and which waited "
+                                      "to be resumed (--resume-seconds)", registry=registry)
+        self.resumed_total = Counter("voicechat_sessions_resumed",
+                                     "Detached sessions resumed on a new connection",
+                                     registry=registry)
+        self.expired_total = Counter("voicechat_sessions_resume_expired",
+                                     "Detached sessions released without a resume (window "
+                                     "passed, replay bound, drain)", registry=registry)
+        Gauge("voicechat_detached_sessions", "Sessions detached now, awaiting a resume",
+              registry=registry).set_function(lambda: float(self.detached_now()))
+
+    def detached_now(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.detached)
+
+    def _count(self, what: str) -> None:
+        self.counts[what] += 1
+        counter = getattr(self, f"{what}_total", None)
+        if counter is not None:
+            counter.inc()
+
+    # --- tokens ---------------------------------------------------------------------
+
+    def issue(self, session: Session, key: str | None, replica: str | None = None) -> str:
+        """Make ``session`` resumable: its token, bound to ``key``, naming ``replica``."""
+        secret = secrets.token_urlsafe(TOKEN_BYTES)
+        name = replica if replica and REPLICA_NAME.fullmatch(replica) else None
+        token = f"{name}.{secret}" if name else secret
+        session.resume_token, session.replay.numbered = token, True
+        session.watcher = self
+        self.sessions[token] = session
+        self.keys[token] = key_digest(key)
+        return token
+
+    def detached(self, session: Session) -> None:
+        self._count("detached")
+
+    def released(self, session: Session) -> None:
+        token = session.resume_token
+        self.sessions.pop(token, None)
+        self.keys.pop(token, None)
+        if session.detached:
+            self._count("expired")
+        self.ended[token] = session.ended or "the session ended"
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
+
+    def claim(self, token: str, key: str | None, last_seq: str | None) -> tuple[Session, int]:
+        """The detached session ``token`` names, for a client with ``key`` that read up to
+        ``last_seq``; marked as being resumed. :class:`Refused` says why not."""
+        session = self.sessions.get(token)
+        if session is None or session.released:
+            if token in self.ended:
+                raise Refused(410, "session_expired",
+                              f"the session of this resume_token has ended: {self.ended[token]}")
+            raise Refused(404, "session_not_found", "unknown resume_token (no such session "
+                                                    "on this replica)")
+        if not hmac.compare_digest(self.keys[token], key_digest(key)):
+            raise Refused(403, "invalid_api_key",
+                          "this resume_token belongs to a session opened with another API key")
+        if not session.detached or session.claimed:
+            raise Refused(409, "session_attached", "the session is attached to another "
+                                                   "connection; resume after it drops")
+        seq = parse_last_seq(last_seq, session.replay.seq)
+        if not session.replay.held(seq):
+            reason = (f"the events after seq {seq} are no longer held "
+                      f"(--max-replay-seconds {session.limits.max_replay_seconds:g})")
+            session.end_detached(reason)
+            raise Refused(410, "session_expired", f"the session cannot be resumed: {reason}")
+        session.claimed = True
+        self._count("resumed")
+        return session, seq
+
+    async def end_all(self, reason: str) -> None:
+        """Release every detached session (the replica drains or stops)."""
+        for session in [s for s in self.sessions.values() if s.detached]:
+            session.end_detached(reason)
+            await session.release()
