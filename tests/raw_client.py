@@ -15,7 +15,8 @@ RECV_BUFFER = 4096  # a small kernel receive buffer, so a non-reader stalls soon
 class RawClient:
     """Upgrades ``ws://127.0.0.1:port/path`` and sends masked frames; reads on demand."""
 
-    def __init__(self, port: int, path: str = "/v1/realtime", timeout: float = 10.0):
+    def __init__(self, port: int, path: str = "/v1/realtime", timeout: float = 10.0,
+                 headers: dict[str, str] | None = None):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER)
         self.sock.settimeout(timeout)
@@ -23,7 +24,9 @@ class RawClient:
         key = base64.b64encode(os.urandom(16)).decode()
         self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
                            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                           f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                           f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+                           + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+                           + "\r\n")
                           .encode())
         self.buffer = b""
         while b"\r\n\r\n" not in self.buffer:

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from .messages import AudioOut, Event, Outgoing
+from .wire import new_id
 
 # Events kept per frame of the bound (a frame makes a handful), plus this many more.
 EVENTS_PER_FRAME = 8
@@ -29,10 +30,13 @@ SPARE_EVENTS = 256
 
 
 def with_seq(message: Outgoing, seq: int) -> Outgoing:
-    """``message`` with ``"seq": seq`` in its event (a copy; the original is left as it is)."""
+    """``message`` with ``"seq": seq`` and its ``event_id`` in its event, so a replay sends
+    it as it was first sent (a copy; the original is left as it is)."""
+    event = message.event if isinstance(message, AudioOut) else message.payload
+    stamped = {"event_id": event.get("event_id") or new_id("event"), **event, "seq": seq}
     if isinstance(message, AudioOut):
-        return replace(message, event={**message.event, "seq": seq})
-    return Event({**message.payload, "seq": seq})
+        return replace(message, event=stamped)
+    return Event(stamped)
 
 
 class Kept(NamedTuple):

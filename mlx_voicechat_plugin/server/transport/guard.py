@@ -127,5 +127,15 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
             guard.release(self.transport)
             super().connection_lost(exc)
 
+        async def receive(self) -> Any:  # uvicorn's websockets-sansio protocol
+            """A connection lost with no close frame is 1006, abnormal closure (uvicorn's
+            websockets protocols say 1005, as for a close frame with no code): a session
+            whose link dropped may wait to be resumed; one the client closed may not."""
+            message = await super().receive()
+            if message.get("type") == "websocket.disconnect" and message.get("code") == 1005 \
+                    and getattr(getattr(self, "conn", self), "close_rcvd", False) is None:
+                message = {**message, "code": 1006}
+            return message
+
     GuardedHTTP.guard = GuardedWS.guard = guard  # type: ignore[attr-defined]
     return {"http": GuardedHTTP, "ws": GuardedWS}

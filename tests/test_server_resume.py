@@ -1,0 +1,232 @@
+"""A dropped connection loses nothing: a session resumes within its window (issue 42).
+
+A resumable session (``--resume-seconds``) numbers its events (``seq``) and
+names itself in its first one (``session.resume_token``). When its TCP
+connection drops (a reset, no close frame) it is detached: paused, holding
+its slot, its events kept. A client that opens the same path with
+``?resume_token=...&last_seq=N`` gets ``session.resumed`` (how much of its
+audio the server holds), the events after ``N``, and the session goes on:
+what the client reads, end to end, equals an undisturbed run exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from raw_client import RawClient
+from resume_support import Conversation, abort, event, numbered, resume_path, stream
+from server_support import FRAME, LiveServer, append_message, connect, running
+from tool_support import VALID, WEATHER, Script, short_tool_prompt
+from websockets.exceptions import InvalidStatus
+
+from mlx_voicechat_plugin.runtime.tools import render_tool_response
+from mlx_voicechat_plugin.server.app import create_app
+from mlx_voicechat_plugin.server.limits import ServerLimits
+from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+KEY_ENV = "VOICECHAT_RESUME_TEST_KEY"
+WAIT = 10.0
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt):
+    limits = ServerLimits(update_timeout=5, idle_timeout=5, resume_seconds=5)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits, api_key_env=KEY_ENV)))
+
+
+@pytest.fixture(scope="module")
+def short_window(tiny_ckpt):
+    limits = ServerLimits(update_timeout=5, idle_timeout=5, resume_seconds=0.3)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits, api_key_env=None)))
+
+
+def until(condition, what: str):
+    deadline = time.monotonic() + WAIT
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
+def metric(live: LiveServer, name: str, headers: dict | None = None) -> float:
+    for line in httpx.get(live.http("/metrics"), headers=headers).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+# --- the conversation resumed equals the undisturbed one -----------------------------
+
+
+@pytest.fixture(scope="module")
+def tool_runs(server, tiny_ckpt):
+    """One undisturbed scripted tool-call conversation and the same dropped at three points."""
+    monkeypatch = pytest.MonkeyPatch()
+    short_tool_prompt(monkeypatch)
+    voicechat = server.app.state.engine.voicechat
+    script = Script(voicechat.tokenizer, voicechat.config.pad_token_id, VALID).install(
+        monkeypatch)
+    tool_at = script.start + len(script.tokens)
+    frames = tool_at + len(script.tokenizer_encode(render_tool_response('{"temp": 21}'))) + 4
+    signal = question_signal(frames * 0.08 + 0.1)
+    drops = {"undisturbed": None, "before": 1, "during": tool_at - 1, "after": tool_at + 1}
+    runs = {}
+    try:
+        for name, drop_at in drops.items():
+            script.inputs.clear()
+            script.forced.clear()
+            conversation = Conversation(server.port, signal, tool_at)
+            conversation.start(seed=3, tools=[WEATHER])
+            runs[name] = conversation, conversation.run(frames, drop_at)
+            server.wait_idle()
+    finally:
+        monkeypatch.undo()
+    return runs
+
+
+@pytest.mark.parametrize("drop", ["before", "during", "after"])
+def test_a_dropped_and_resumed_conversation_reads_as_an_undisturbed_one(tool_runs, drop):
+    _, undisturbed = tool_runs["undisturbed"]
+    conversation, events = tool_runs[drop]
+    assert len(conversation.resumes) == 1
+    assert stream(events) == stream(undisturbed)
+    kinds = {e["type"] for e in stream(events)}
+    assert {"response.audio.delta", "response.function_call_arguments.done",
+            "conversation.item.function_call_output.injected"} <= kinds
+
+
+@pytest.mark.parametrize("drop", ["before", "during", "after"])
+def test_seq_is_gap_free_across_the_resume(tool_runs, drop):
+    _, events = tool_runs[drop]
+    assert numbered(events) == list(range(1, len(numbered(events)) + 1))
+
+
+def test_the_resume_replays_what_the_drop_lost(tool_runs):
+    replayed = [c.resumes[0]["replayed"] for c, _ in
+                (tool_runs[d] for d in ("before", "during", "after"))]
+    assert any(replayed)  # events made after the drop came back
+
+
+# --- the contract on the wire -----------------------------------------------------
+
+
+def test_the_first_event_carries_a_resume_token_and_every_event_a_seq(server):
+    with connect(server.ws()) as ws:
+        created = json.loads(ws.recv(timeout=WAIT))
+        token = created["session"]["resume_token"]
+        assert created["seq"] == 1 and len(token) >= 32
+        ws.send('{"type": "session.ping"}')
+        assert json.loads(ws.recv(timeout=WAIT))["seq"] == 2
+
+
+def _detached(server, headers: dict | None = None, **session) -> tuple[str, int]:
+    """A configured session whose connection dropped: its token and last seq read."""
+    client = RawClient(server.port, headers=headers)
+    created = event(client)
+    client.send_json({"type": "session.update", "session": session})
+    updated = event(client)
+    assert updated["type"] == "session.updated"
+    client.send_json(append_message(question_signal(0.3)[:2 * FRAME]))
+    abort(client)
+    until(lambda: metric(server, "voicechat_detached_sessions", headers) == 1, "the detach")
+    return created["session"]["resume_token"], updated["seq"]
+
+
+def _resume(server, token: str, last_seq: int) -> RawClient:
+    return RawClient(server.port, resume_path("/v1/realtime", token, last_seq))
+
+
+def _refused(server, token: str, last_seq: int | str = 0, **kwargs) -> tuple[int, dict]:
+    with pytest.raises(InvalidStatus) as refused:
+        with connect(server.ws(resume_path("/v1/realtime", token, last_seq)), **kwargs):
+            pass
+    response = refused.value.response
+    return response.status_code, json.loads(response.body)["error"]
+
+
+def _finish(client: RawClient) -> list[dict]:
+    """Commit the resumed session and read it to its end."""
+    client.send_json({"type": "input_audio_buffer.commit"})
+    events = []
+    while (got := event(client))["type"] != "response.done":
+        events.append(got)
+    client.close()
+    return events
+
+
+def test_a_resume_says_how_much_audio_the_server_holds(server):
+    token, last = _detached(server)
+    client = _resume(server, token, last)
+    resumed = event(client)
+    assert resumed["audio_received_samples"] == 2 * FRAME
+    assert resumed["audio_sample_rate"] == 16_000 and resumed["last_seq"] == last
+    _finish(client)
+    server.wait_idle()
+
+
+def test_a_second_attach_while_attached_is_refused_and_the_session_goes_on(server):
+    token, last = _detached(server)
+    client = _resume(server, token, last)
+    assert event(client)["type"] == "session.resumed"
+    status, error = _refused(server, token, last)
+    assert (status, error["code"]) == (409, "session_attached")
+    assert _finish(client) is not None
+    server.wait_idle()
+
+
+def test_a_wrong_token_is_refused(server):
+    status, error = _refused(server, "no-such-token")
+    assert (status, error["code"]) == (404, "session_not_found")
+
+
+def test_an_expired_token_is_refused_and_its_session_freed(short_window):
+    token, last = _detached(short_window)
+    until(lambda: short_window.health().json()["sessions"] == 0, "the window to end")
+    status, error = _refused(short_window, token, last)
+    assert (status, error["code"]) == (410, "session_expired")
+    assert "--resume-seconds" in error["message"]
+    health = short_window.health().json()
+    assert health["sessions"] == 0 and health["reserved_state_bytes"] == 0
+    assert metric(short_window, "voicechat_sessions_resume_expired_total") >= 1
+
+
+def test_a_token_of_another_key_is_refused_and_the_session_unharmed(server, monkeypatch):
+    first, second = ({"Authorization": f"Bearer {k}"} for k in ("first-key", "second-key"))
+    monkeypatch.setenv(KEY_ENV, "first-key")  # the key is read at each request
+    token, last = _detached(server, headers=first)
+    monkeypatch.setenv(KEY_ENV, "second-key")
+    status, error = _refused(server, token, last, additional_headers=second)
+    assert (status, error["code"]) == (403, "invalid_api_key")
+    monkeypatch.setenv(KEY_ENV, "first-key")
+    client = RawClient(server.port, resume_path("/v1/realtime", token, last), headers=first)
+    assert event(client)["type"] == "session.resumed"
+    _finish(client)
+    server.wait_idle()
+
+
+def test_a_last_seq_past_what_was_sent_is_refused(server):
+    token, last = _detached(server)
+    status, error = _refused(server, token, last + 1000)
+    assert (status, error["code"]) == (400, "invalid_request")
+    _finish(_resume(server, token, last))
+    server.wait_idle()
+
+
+def test_a_clean_close_ends_the_session_as_before(server):
+    with connect(server.ws()) as ws:
+        ws.recv(timeout=WAIT)
+    server.wait_idle()
+    assert server.health().json()["sessions"] == 0
+
+
+def test_metrics_count_detached_and_resumed_sessions(server):
+    before = metric(server, "voicechat_sessions_resumed_total")
+    token, last = _detached(server)
+    _finish(_resume(server, token, last))
+    server.wait_idle()
+    assert metric(server, "voicechat_sessions_resumed_total") == before + 1
+    assert metric(server, "voicechat_sessions_detached_total") >= 1
+    assert metric(server, "voicechat_detached_sessions") == 0
