@@ -32,6 +32,7 @@ class RawClient:
         while b"\r\n\r\n" not in self.buffer:
             self.buffer += self.sock.recv(1)  # byte by byte: leave the frames unread
         head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        self.head = head.decode("latin-1")  # the status line and headers
         assert head.startswith(b"HTTP/1.1 101"), head
 
     def send_frame(self, payload: bytes, opcode: int = 0x1) -> None:

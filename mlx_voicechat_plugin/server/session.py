@@ -10,20 +10,14 @@ frame's error and its markers' replies in order (:meth:`~Session.on_handoff`),
 which its dialect (:attr:`~Session.dialect`, the per-session state of
 :mod:`.dialects`) translates into typed messages (:mod:`.messages`).
 
-The messages go to the attached :class:`Link` (a connection, which owns a
-transport), numbered and kept a while (:mod:`.replay`). A resumable session
-(``--resume-seconds``: it has a :attr:`~Session.resume_token`) outlives a
-transport that drops without a close (:meth:`~Session.outlives`), as any
-session does when asked (:attr:`~Session.outlives_transport`): the
-transport's end detaches it (:meth:`~Session.detach`: its events are kept,
-bounded, its slot held, its timeline paused: the queued audio runs and
-nothing more, :attr:`~Session.linked` tells the dialect's timers to wait),
-and :meth:`~Session.attach` gives it another link, the events after the
-client's last ``seq`` first. Its clocks (the update, idle and wall-clock
-deadlines, :meth:`~Session.expired`) run on the loop; a detached session is
-released when its window (``--resume-seconds``) or its deadline passes, or
-the replica drains. It is released on every exit path
-(:meth:`~Session.release`).
+The messages go to the attached :class:`Link` (a connection, over a
+transport), numbered and kept a while (:mod:`.replay`). A session outlives
+a transport when it is resumable and the link dropped, or when asked
+(:meth:`~Session.outlives`): it is detached (:meth:`~Session.detach`: slot
+held, events kept, timeline paused, :attr:`~Session.linked` cleared) until
+:meth:`~Session.attach` gives it a new link, or its window
+(``--resume-seconds``) or deadline (:meth:`~Session.expired`) passes, or the
+replica drains. It is released on every exit path (:meth:`~Session.release`).
 """
 
 from __future__ import annotations
@@ -118,8 +112,7 @@ class Session:
         self.linked = asyncio.Event()  # set while a link is attached (timers wait for it)
         self.outlives_transport = False  # detach, not release, when the transport ends
         self.resume_token: str | None = None  # set when resumable: a dropped link detaches
-        self.detached = False  # its transport ended and it goes on, awaiting another
-        self.detached_at = 0.0
+        self.detached, self.detached_at = False, 0.0  # its transport ended; it awaits another
         self.claimed = False  # a resume is being accepted (a second one is refused)
         self.replay = ReplayLog(limits.max_replay_seconds * FRAMES_PER_SECOND)
         self.frames_seen = 0  # frames whose events were handed over, never reset
@@ -241,12 +234,7 @@ class Session:
                          f"not resumed within {seconds:g} s (--resume-seconds)"))
 
     async def _expire_detached(self) -> None:
-        while True:
-            when, reason = self.window()
-            delay = when - time.monotonic()
-            if delay <= 0:
-                break
-            await asyncio.sleep(delay)
+        reason = await self.expired(self.window)
         self._expiry = None
         self.end_detached(reason)
 
@@ -272,10 +260,11 @@ class Session:
                    "successful request)")
         return min(due, wall)
 
-    async def expired(self) -> str:
-        """Return the reason once :meth:`deadline` has passed (activity meanwhile moves it)."""
+    async def expired(self, deadline: Callable[[], tuple[float, str]] | None = None) -> str:
+        """Return the reason once :meth:`deadline` (or ``deadline``) has passed (activity
+        meanwhile moves it)."""
         while True:
-            when, reason = self.deadline()
+            when, reason = (deadline or self.deadline)()
             delay = when - time.monotonic()
             if delay <= 0:
                 return reason
@@ -289,7 +278,7 @@ class Session:
         if self.feed is not None:
             self.feed.halt(exc)
         if self.detached:
-            self.spawn(self.release())
+            self.end_detached(str(exc) or type(exc).__name__)
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """A timer or background step of the session, cancelled when it is released."""
