@@ -56,7 +56,9 @@ clean:
 .PHONY: soak
 SOAK_SESSIONS ?= 200
 # 200 sessions on the tiny fixture, one at a time and then 4 at a time
-# (--max-sessions 4): resident memory, threads, fds at start, middle, end.
+# (--max-sessions 4), then 200 drop-and-resume cycles: resident memory,
+# threads, fds at start, middle, end.
 soak: $(VENV)/.installed
 	$(PY) -m bench.soak --sessions $(SOAK_SESSIONS)
 	$(PY) -m bench.soak --sessions $(SOAK_SESSIONS) --concurrency 4
+	$(PY) -m bench.soak --resume-cycles $(SOAK_SESSIONS)

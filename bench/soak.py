@@ -3,7 +3,9 @@
 Reports resident memory, thread count and open file descriptors at the start,
 the middle and the end. ``python -m bench.soak --sessions 200`` runs them one
 after another; ``--concurrency 4`` runs them 4 at a time on a server started
-with ``--max-sessions 4``.
+with ``--max-sessions 4``. ``--resume-cycles 200`` instead drops a session's
+connection (a reset, no close frame) and resumes it 200 times,
+:data:`CYCLES_PER_SESSION` to a session (issue 42).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 FRAMES_PER_SESSION = 3
+CYCLES_PER_SESSION = 10
 
 
 def resources() -> dict[str, float]:
@@ -46,11 +49,43 @@ def one_session(server, frames: int = FRAMES_PER_SESSION, wait_idle: bool = True
     return sum(e["type"] == "response.audio.delta" for e in events)
 
 
+def resumed_session(server, cycles: int = CYCLES_PER_SESSION) -> int:
+    """One session whose connection drops and is resumed ``cycles`` times, a frame of
+    audio each time; then committed. The events replayed in all."""
+    from raw_client import RawClient
+    from resume_support import abort, event, reattach, resume_path
+    from server_support import FRAME, append_message
+
+    client = RawClient(server.port)
+    token = event(client)["session"]["resume_token"]
+    client.send_json({"type": "session.update", "session": {}})
+    last_seq, replayed = event(client)["seq"], 0
+    for _ in range(cycles):
+        client.send_json(append_message(np.zeros(FRAME, np.float32)))
+        abort(client)
+        client = reattach(server.port, resume_path("/v1/realtime", token, last_seq))
+        resumed = event(client)
+        assert resumed["type"] == "session.resumed", resumed
+        replayed += resumed["replayed"]
+        client.send_json({"type": "session.ping"})
+        while (got := event(client))["type"] != "session.pong":
+            pass
+        last_seq = got["seq"]
+    client.send_json({"type": "input_audio_buffer.commit"})
+    while event(client)["type"] != "response.done":
+        pass
+    client.close()
+    return replayed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=1,
                         help="sessions at a time (the server gets --max-sessions this)")
+    parser.add_argument("--resume-cycles", type=int, default=0,
+                        help="drop-and-resume cycles instead of sessions "
+                             f"({CYCLES_PER_SESSION} to a session)")
     args = parser.parse_args(argv)
     from concurrent.futures import ThreadPoolExecutor
 
@@ -65,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = make_checkpoint(Path(tmp) / "tiny", "tiny")
         server = LiveServer(create_app(ckpt, limits=ServerLimits(max_sessions=at_once)))
         try:
+            if args.resume_cycles:
+                return resume_storm(server, args.resume_cycles)
             marks = {0: "start", args.sessions // 2: "middle", args.sessions: "end"}
             one_session(server)  # warm-up: first-use allocations are not a leak
             done = 0
@@ -84,6 +121,27 @@ def main(argv: list[str] | None = None) -> int:
                     done += batch
         finally:
             server.stop()
+    return 0
+
+
+def report(mark: str, done: int, what: str) -> None:
+    figures = resources()
+    print(f"{mark:>6} after {done:4d} {what}: rss {figures['rss_mib']:.1f} MiB, "
+          f"threads {figures['threads']}, fds {figures['fds']}", flush=True)
+
+
+def resume_storm(server, cycles: int) -> int:
+    """``cycles`` drop-and-resume cycles; the figures at the start, middle and end."""
+    resumed_session(server, 1)  # warm-up
+    server.wait_idle()
+    sessions = max(cycles // CYCLES_PER_SESSION, 1)
+    report("start", 0, "drop-and-resume cycles")
+    for done in range(1, sessions + 1):
+        resumed_session(server)
+        server.wait_idle()
+        if done == sessions // 2:
+            report("middle", done * CYCLES_PER_SESSION, "drop-and-resume cycles")
+    report("end", sessions * CYCLES_PER_SESSION, "drop-and-resume cycles")
     return 0
 
 

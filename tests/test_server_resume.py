@@ -12,7 +12,11 @@ what the client reads, end to end, equals an undisturbed run exactly.
 from __future__ import annotations
 
 import json
+import os
+import sys
+import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,8 +31,11 @@ from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.soak
+
 KEY_ENV = "VOICECHAT_RESUME_TEST_KEY"
 WAIT = 10.0
+STORM_SESSIONS = 3  # of bench.soak's 10 cycles each (make soak runs 200 cycles)
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +237,50 @@ def test_metrics_count_detached_and_resumed_sessions(server):
     assert metric(server, "voicechat_sessions_resumed_total") == before + 1
     assert metric(server, "voicechat_sessions_detached_total") >= 1
     assert metric(server, "voicechat_detached_sessions") == 0
+
+
+# --- the storm, the drain, and resuming off ---------------------------------------
+
+
+def test_a_storm_of_drops_and_resumes_leaves_threads_fds_and_sessions_flat(server):
+    from bench.soak import resumed_session
+
+    resumed_session(server, 2)  # warm-up
+    server.wait_idle()
+    threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+    for _ in range(STORM_SESSIONS):
+        resumed_session(server)
+        server.wait_idle()
+    until(lambda: threading.active_count() <= threads, "the threads to settle")
+    assert len(os.listdir("/proc/self/fd")) <= fds
+    resumes = server.app.state.resumes
+    assert not resumes.sessions and metric(server, "voicechat_detached_sessions") == 0
+
+
+def test_a_drain_ends_the_detached_sessions_and_frees_them(tiny_ckpt):
+    live = LiveServer(create_app(tiny_ckpt, limits=ServerLimits(resume_seconds=30),
+                                 api_key_env=None))
+    try:
+        token, last = _detached(live)
+        drain = live.app.state.drain
+        drain.loop.call_soon_threadsafe(drain.begin)
+        until(lambda: live.health().json()["sessions"] == 0, "the detached session's end")
+        status, error = _refused(live, token, last)
+        assert (status, error["code"]) == (410, "session_expired")
+        assert "draining" in error["message"]
+    finally:
+        live.stop()
+
+
+def test_resume_seconds_0_is_the_old_behaviour(tiny_ckpt):
+    live = LiveServer(create_app(tiny_ckpt, limits=ServerLimits(resume_seconds=0),
+                                 api_key_env=None))
+    try:
+        client = RawClient(live.port)
+        created = event(client)
+        assert "resume_token" not in created["session"] and "seq" not in created
+        abort(client)
+        live.wait_idle()
+        assert live.health().json()["sessions"] == 0
+    finally:
+        live.stop()
