@@ -11,6 +11,7 @@ what the client reads, end to end, equals an undisturbed run exactly.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from raw_client import RawClient
 from resume_support import Conversation, abort, event, numbered, resume_path, stream
@@ -137,7 +139,7 @@ def _detached(server, headers: dict | None = None, **session) -> tuple[str, int]
     updated = event(client)
     assert updated["type"] == "session.updated"
     client.send_json(append_message(question_signal(0.3)[:2 * FRAME]))
-    abort(client)
+    client.close()  # the TCP connection ends (a FIN after the audio), no close frame
     until(lambda: metric(server, "voicechat_detached_sessions", headers) == 1, "the detach")
     return created["session"]["resume_token"], updated["seq"]
 
@@ -284,3 +286,63 @@ def test_resume_seconds_0_is_the_old_behaviour(tiny_ckpt):
         assert live.health().json()["sessions"] == 0
     finally:
         live.stop()
+
+
+# --- every dialect ------------------------------------------------------------------
+
+GA_PATH, NVIDIA_PATH = "/openai/v1/realtime", "/nvidia/v1/realtime"
+
+
+def _dropped_in(server, path: str, update: dict, audio: list) -> tuple[str, int]:
+    """A session at ``path``: created (token, seq 1), updated, fed ``audio``, dropped."""
+    client = RawClient(server.port, path)
+    created = event(client)
+    assert created["type"] == "session.created" and created["seq"] == 1
+    client.send_json(update)
+    updated = event(client)
+    assert updated["type"] == "session.updated" and updated["seq"] == 2
+    for message in audio:
+        client.send_frame(message, opcode=0x2) if isinstance(message, bytes) \
+            else client.send_json(message)
+    client.close()  # the TCP connection ends (a FIN after the audio), no close frame
+    until(lambda: metric(server, "voicechat_detached_sessions") == 1, "the detach")
+    return created["session"]["resume_token"], updated["seq"]
+
+
+def _resumed_in(server, path: str, token: str, last: int) -> dict:
+    client = RawClient(server.port, resume_path(path, token, last))
+    resumed = event(client)
+    following = [event(client) for _ in range(resumed["replayed"])]
+    assert [e["seq"] for e in following] == list(range(last + 1, last + 1 + len(following)))
+    client.send_frame(b"\x03\xe8", opcode=0x8)  # a clean close: the session ends
+    client.close()
+    server.wait_idle()
+    return resumed
+
+
+def test_a_ga_session_resumes_counting_audio_in_its_input_format(server):
+    pcm = (np.zeros(2 * 1920, "<i2")).tobytes()  # 160 ms of 24 kHz PCM16
+    token, last = _dropped_in(server, GA_PATH, {"type": "session.update", "session": {
+        "type": "realtime", "audio": {"input": {"turn_detection": None}}}},
+        [{"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}])
+    resumed = _resumed_in(server, GA_PATH, token, last)
+    assert resumed["type"] == "session.resumed"
+    assert (resumed["audio_received_samples"], resumed["audio_sample_rate"]) == (3840, 24_000)
+
+
+def test_an_nvidia_session_resumes_counting_audio_at_its_input_rate(server):
+    token, last = _dropped_in(server, NVIDIA_PATH, {"type": "session.update", "session": {}},
+                              [np.zeros(1920, "<i2").tobytes()] * 2)
+    resumed = _resumed_in(server, NVIDIA_PATH, token, last)
+    assert resumed["type"] == "session.resumed"
+    assert (resumed["audio_received_samples"], resumed["audio_sample_rate"]) == (3840, 24_000)
+
+
+def test_a_resume_at_another_dialects_path_is_refused(server):
+    token, last = _detached(server)
+    with pytest.raises(InvalidStatus) as refused:
+        with connect(server.ws(resume_path(GA_PATH, token, last))):
+            pass
+    assert refused.value.response.status_code == 409
+    _finish(_resume(server, token, last))
+    server.wait_idle()
