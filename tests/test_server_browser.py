@@ -149,9 +149,11 @@ def page(chromium, served, tmp_path):
 
 
 @contextmanager
-def browser_page(chromium: str, live: LiveServer, profile: Path):
-    """Chromium on the page at ``/``, driven over DevTools once the page has loaded."""
-    process = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", live.http("/")],
+def browser_page(chromium: str, live: LiveServer, profile: Path, transport: str = "vlm"):
+    """Chromium on the page at ``/`` (its ``transport`` chosen), driven over DevTools once
+    the page has loaded."""
+    url = live.http(f"/?transport={transport}")
+    process = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", url],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port = devtools_port(profile / "DevToolsActivePort", process)
@@ -160,7 +162,7 @@ def browser_page(chromium: str, live: LiveServer, profile: Path):
                      open_timeout=TIMEOUT) as websocket:
             client = Page(websocket)
             client.wait_for("document.readyState === 'complete' && "
-                            "!!document.getElementById('start')")
+                            "document.body.dataset.state === 'idle'")
             yield client
     finally:
         process.terminate()
