@@ -26,7 +26,8 @@ from ..messages import Hangup
 from ..operations.drain import Drain
 from ..transport.websocket import WebSocketTransport
 from ..wire import CloseCode
-from .access import Access, query_key_ok, websocket_auth
+from ..keys import EphemeralKeys, KeyRefused
+from .access import Access, ephemeral_token, query_key_ok, websocket_auth
 from .models import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -47,17 +48,25 @@ class Realtime:
     transport, a new session in the dialect) under the drain."""
 
     def __init__(self, engine: Engine, drain: Drain, served: ServedModel, limits: ServerLimits,
-                 access: Access):
+                 access: Access, keys: EphemeralKeys | None = None):
         self.engine, self.drain, self.served = engine, drain, served
         self.limits, self.access = limits, access
+        self.keys = keys if keys is not None else EphemeralKeys()
 
     async def serve(self, websocket: WebSocket, dialect: type[Dialect]) -> None:
         key = self.access.current_key()
         allowed, subprotocol = websocket_auth(websocket, key)
         if not allowed and dialect.query_key:
             allowed = query_key_ok(websocket.query_params.get("api_key"), key)
-        if not allowed:
+        ephemeral = None if allowed else ephemeral_token(websocket)
+        if not allowed and ephemeral is None:
             await deny(websocket, 401, "missing or invalid API key")
+            return
+        try:
+            if ephemeral is not None:
+                self.keys.check(ephemeral)  # spent below, once every check has passed
+        except KeyRefused as exc:
+            await deny(websocket, 401, str(exc))
             return
         if not self.access.origin_ok(websocket.headers.get("origin")):
             await deny(websocket, 403, "origin not allowed")
@@ -65,6 +74,12 @@ class Realtime:
         asked = websocket.query_params.get("model")
         if asked is not None and asked not in self.served.names:
             await deny(websocket, 404, self.served.not_served(asked))
+            return
+        try:
+            if ephemeral is not None:
+                self.keys.redeem(ephemeral)
+        except KeyRefused as exc:
+            await deny(websocket, 401, str(exc))
             return
         limits = self.limits
         transport = WebSocketTransport(websocket, limits.max_pending_events, limits.send_timeout,
