@@ -5,7 +5,9 @@ Run by ``tests/test_console_webrtc.py`` as a subprocess inside a network namespa
 its own (``unshare -n``) where only loopback exists: it brings ``lo`` up, serves the
 tiny checkpoint on 127.0.0.1 with ``--api-key`` (ICE candidates on 127.0.0.1 only),
 mints an ephemeral key at ``client_secrets`` as a backend would, gives it to the
-page's key field and lets Chromium's fake microphone (a WAV file) talk over WebRTC.
+page's key field and lets Chromium's fake microphone (a WAV file) talk over WebRTC;
+the model's function head is scripted to call ``get_weather``, which the driver
+answers with the page's canned-answer button.
 
     python tests/console_driver.py CHECKPOINT OUT_DIR [--transport webrtc|websocket]
 """
@@ -25,7 +27,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from ga_support import GA_RATE
+import pytest
+from ga_support import GA_RATE, scripted_call
 from server_support import LiveServer
 from test_server_browser import browser_page, find_chromium
 
@@ -48,11 +51,21 @@ SNAPSHOT = """(() => {
           lateness: text('lateness'), rtc: text('rtc-stats'),
           sent: +text('sent'), received: +text('received'),
           errors: [...document.querySelectorAll('#errors li')].map((li) => li.textContent),
+          calls: [...document.querySelectorAll('#calls li')].map((li) => ({
+            title: li.querySelector('.call-title').textContent,
+            args: li.querySelector('.call-args').textContent,
+            ack: li.querySelector('.call-ack').textContent})),
+          function: text('function'),
           key: document.getElementById('key').value.slice(0, 3)};
 })()"""
 TALKED = ("(() => { const t = (id) => document.getElementById(id).textContent;"
           " return t('transcript') !== '' && t('assistant') !== ''"
-          " && +t('level-out-peak') > 0 && /ms/.test(t('latency')); })()")
+          " && +t('level-out-peak') > 0 && /ms/.test(t('latency'))"
+          " && !!document.querySelector('#calls li.acked'); })()")
+# The model's scripted tool call, once its arguments are in: answered with the canned button.
+ANSWER = ("(() => { const call = document.querySelector('#calls li:not(.answered)');"
+          " if (!call || !/your answer/.test(call.querySelector('.call-ack').textContent))"
+          " return false; call.querySelector('.call-canned').click(); return true; })()")
 
 
 def loopback_up() -> None:
@@ -89,8 +102,10 @@ def mint(live: LiveServer) -> str:
 def drive(checkpoint: Path, out: Path, transport: str) -> dict:
     live = LiveServer(create_app(checkpoint, api_key=KEY, ice=ICEConfig(hosts=("127.0.0.1",))),
                       wait_ready=False)
+    patch = pytest.MonkeyPatch()
     try:
         live.wait_health(200)
+        scripted_call(live, patch)  # the model calls get_weather early in the call
         key = mint(live) if transport == "webrtc" else KEY
         wav = question_wav(out / "question.wav")
         flags = (*FLAGS, f"--use-file-for-fake-audio-capture={wav}")
@@ -102,6 +117,7 @@ def drive(checkpoint: Path, out: Path, transport: str) -> dict:
             if page.evaluate("document.body.dataset.state") == "ready":
                 deadline = time.monotonic() + TALK_TIMEOUT
                 while not page.evaluate(TALKED) and time.monotonic() < deadline:
+                    page.evaluate(ANSWER)
                     time.sleep(0.2)
             seen = page.evaluate(SNAPSHOT)
             shot = page.command("Page.captureScreenshot", format="png", captureBeyondViewport=True)
@@ -114,6 +130,7 @@ def drive(checkpoint: Path, out: Path, transport: str) -> dict:
         return seen
     finally:
         live.stop()
+        patch.undo()
 
 
 def main(argv: list[str] | None = None) -> None:

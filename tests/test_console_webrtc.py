@@ -2,7 +2,8 @@
 
 Chromium's fake microphone plays a WAV file (a question, then a pause); the page,
 given an ephemeral key minted by the server at ``client_secrets``, makes the call
-(``/openai/v1/realtime/calls``) and shows what came back. The server, Chromium and
+(``/openai/v1/realtime/calls``) and shows what came back; the model's function head
+is scripted to call a tool, which the page answers with its canned answer. The server, Chromium and
 their DevTools driver (``console_driver.py``) run in a network namespace of the
 test's own where only loopback exists, and the server gathers ICE candidates on
 127.0.0.1 only: nothing is sent off loopback. Skipped without Chromium, ``unshare``
@@ -74,6 +75,16 @@ def test_the_answer_is_heard_and_timed(console_run):
     assert seen["received"] > 0  # RTP packets in
     assert re.fullmatch(r"-?\d+ ms \((page VAD|speech_stopped)\)", seen["latency"]), seen
     assert seen["turns"] >= 1
+
+
+def test_the_tool_call_is_shown_answered_and_acknowledged(console_run):
+    seen, _ = console_run  # the model's function head is scripted to call get_weather
+    (call,) = seen["calls"]
+    assert call["title"].startswith("get_weather (call_")
+    assert json.loads(call["args"]) == {"city": "Paris"}
+    assert '"forecast":"sunny"' in call["ack"]  # the canned answer went out
+    assert re.search(r"acknowledged: item_\w+ \(function_call_output\)", call["ack"])
+    assert seen["function"] == 'get_weather({"city": "Paris"})'  # the function channel
 
 
 def test_hanging_up_releases_the_session(console_run):

@@ -107,7 +107,8 @@ export class Calls {
     const call = this.calls.get(callId);
     this.send({type: "conversation.item.create",
                item: {type: "function_call_output", call_id: callId, output: String(output)}});
-    call.ack.textContent = "answer sent: " + String(output).slice(0, 120);
+    call.sent = "answer sent: " + String(output).slice(0, 120);
+    call.ack.textContent = call.sent;
     call.entry.classList.add("answered");
   }
 
@@ -116,7 +117,7 @@ export class Calls {
     const text = `acknowledged: ${item.id} (${item.type})`;
     this.log(`${item.call_id} ${text}`, "note");
     if (!call) return;
-    call.ack.textContent = text;
+    call.ack.textContent = (call.sent ? call.sent + "; " : "") + text;
     call.entry.classList.add("acked");
   }
 }
