@@ -122,9 +122,10 @@ def drive(checkpoint: Path, out: Path, transport: str) -> dict:
             seen = page.evaluate(SNAPSHOT)
             shot = page.command("Page.captureScreenshot", format="png", captureBeyondViewport=True)
             (out / "console.png").write_bytes(base64.b64decode(shot["data"]))
-            page.evaluate("document.getElementById('hangup').click()")
-            page.wait_for("document.getElementById('start').disabled === false")
-            seen["after_hangup"] = page.evaluate(SNAPSHOT)
+            # Finish: commit, ask for an answer, hang up once it is done.
+            page.evaluate("document.getElementById('stop').click()")
+            page.wait_for("document.getElementById('start').disabled === false", TALK_TIMEOUT)
+            seen["after_finish"] = page.evaluate(SNAPSHOT)
         live.wait_idle()  # the call's session was released
         seen["released"] = True
         return seen

@@ -87,11 +87,11 @@ def test_the_tool_call_is_shown_answered_and_acknowledged(console_run):
     assert seen["function"] == 'get_weather({"city": "Paris"})'  # the function channel
 
 
-def test_hanging_up_releases_the_session(console_run):
+def test_finish_gets_its_answer_then_hangs_up_and_the_session_is_released(console_run):
     seen, _ = console_run
-    after = seen["after_hangup"]
-    assert after["state"] == "closed", after
-    assert after["errors"] == [], after["errors"]
+    after = seen["after_finish"]
+    assert after["state"] == "done", after  # the response Finish asked for was done
+    assert after["errors"] == [], after["errors"]  # the hang-up (DELETE) was accepted
     assert seen["released"]
 
 
