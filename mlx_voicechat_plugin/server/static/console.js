@@ -121,6 +121,7 @@ async function start() {
     const ice = $("ice").value.trim();
     await call.connect($("key").value.trim(), session, ice ? JSON.parse(ice) : []);
     setStatus("configuring: waiting for the session");
+    $("update").disabled = !call.dialect.turns;
   } catch (err) {
     const closed = call && call.done;
     showError(err.message || String(err));
@@ -160,7 +161,7 @@ function talk(on) {
   $("ptt").classList.toggle("on", on);
   if (!call) return;
   call.setMuted(!on || $("mute").classList.contains("on"));
-  if (!on) call.send({type: "input_audio_buffer.commit"});  // push-to-talk: answer now
+  if (!on && call.dialect.turns) call.send({type: "input_audio_buffer.commit"});  // answer now
 }
 
 // --- events ---------------------------------------------------------------

@@ -16,6 +16,7 @@ export const GA = {
   // End the user's turn, and ask for a response (tagged: the page waits for its response.done).
   finish: () => [{type: "input_audio_buffer.commit"},
                  {type: "response.create", response: {metadata: {source: FINISH}}}],
+  turns: true,         // a commit ends a turn (push-to-talk); session.update may come again
   read: (event) => [event],
 };
 
@@ -32,6 +33,7 @@ export const VLM = {
   },
   // A commit ends mlx-vlm's stream: the rest runs, response.done, the server closes.
   finish: () => [{type: "input_audio_buffer.commit"}],
+  turns: false,        // one session.update; a commit ends the stream
   read: readVlm,
 };
 
