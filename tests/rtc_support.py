@@ -35,6 +35,25 @@ def question_48k(seconds: float, silence: float = 0.0) -> np.ndarray:
     return np.concatenate([pcm, np.zeros(int(silence * RATE), np.int16)])
 
 
+def opus_round_trip(samples: np.ndarray) -> np.ndarray:
+    """``samples`` (PCM16 at 48 kHz) through aiortc's own Opus encoder and decoder, as a
+    call's microphone audio goes, in 20 ms frames."""
+    import av
+    from aiortc.codecs.opus import OpusDecoder, OpusEncoder
+    from aiortc.jitterbuffer import JitterFrame
+
+    encoder, decoder, out = OpusEncoder(), OpusDecoder(), []
+    for start in range(0, samples.shape[0], FRAME_SAMPLES):
+        frame = av.AudioFrame.from_ndarray(samples[start:start + FRAME_SAMPLES].reshape(1, -1),
+                                           format="s16", layout="mono")
+        frame.sample_rate, frame.pts = RATE, start
+        frame.time_base = fractions.Fraction(1, RATE)
+        payloads, timestamp = encoder.encode(frame)
+        for payload in payloads:
+            out += [mono_pcm16(f) for f in decoder.decode(JitterFrame(payload, timestamp))]
+    return np.frombuffer(b"".join(out), dtype="<i2")
+
+
 class Microphone(MediaStreamTrack):
     """Sends nothing until :attr:`go` is set, then ``samples`` in 20 ms frames in real
     time, then ends (the sender stops)."""
