@@ -15,8 +15,10 @@ $(VENV)/.installed: pyproject.toml
 
 venv install: $(VENV)/.installed
 
-# Chromium for tests/test_server_browser.py (which skips without it); installed
-# only when CI is set, and only when missing.
+# Chromium for tests/test_server_browser.py and tests/test_console_webrtc.py (which
+# skip without it); installed only when CI is set, and only when missing. The
+# console test also needs `unshare` (util-linux, always there on Debian) and
+# brings loopback up itself (an ioctl, no iproute2).
 browser:
 	@if [ -n "$$CI" ]; then \
 		command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) \

@@ -93,17 +93,21 @@ class Page:
         self.ws = websocket
         self.next_id = 0
 
-    def evaluate(self, expression: str):
+    def command(self, method: str, **params) -> dict:
+        """One DevTools command's result (its events on the way are skipped)."""
         self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": "Runtime.evaluate", "params": {
-            "expression": expression, "returnByValue": True, "awaitPromise": True,
-            "userGesture": True}}))
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
             reply = json.loads(self.ws.recv(timeout=TIMEOUT))
             if reply.get("id") == self.next_id:
-                result = reply["result"]
-                assert "exceptionDetails" not in result, result
-                return result["result"].get("value")
+                assert "error" not in reply, reply
+                return reply["result"]
+
+    def evaluate(self, expression: str):
+        result = self.command("Runtime.evaluate", expression=expression, returnByValue=True,
+                              awaitPromise=True, userGesture=True)
+        assert "exceptionDetails" not in result, result
+        return result["result"].get("value")
 
     def wait_for(self, expression: str, timeout: float = TIMEOUT):
         deadline = time.monotonic() + timeout
@@ -149,9 +153,12 @@ def page(chromium, served, tmp_path):
 
 
 @contextmanager
-def browser_page(chromium: str, live: LiveServer, profile: Path):
-    """Chromium on the page at ``/``, driven over DevTools once the page has loaded."""
-    process = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", live.http("/")],
+def browser_page(chromium: str, live: LiveServer, profile: Path, transport: str = "vlm",
+                 flags: tuple[str, ...] = ()):
+    """Chromium (with ``flags`` besides :data:`FLAGS`) on the page at ``/`` (its
+    ``transport`` chosen), driven over DevTools once the page has loaded."""
+    url = live.http(f"/?transport={transport}")
+    process = subprocess.Popen([chromium, *FLAGS, *flags, f"--user-data-dir={profile}", url],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port = devtools_port(profile / "DevToolsActivePort", process)
@@ -160,7 +167,7 @@ def browser_page(chromium: str, live: LiveServer, profile: Path):
                      open_timeout=TIMEOUT) as websocket:
             client = Page(websocket)
             client.wait_for("document.readyState === 'complete' && "
-                            "!!document.getElementById('start')")
+                            "document.body.dataset.state === 'idle'")
             yield client
     finally:
         process.terminate()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..server.operations.drain import DEFAULT_DRAIN_SECONDS
 from ..server.limits import MIB, ServerLimits
+from ..server.transport.ice import ICEConfig
 from .common import add_graph_commit_ops, check_device_options, parse_args
 
 if TYPE_CHECKING:
@@ -62,6 +63,15 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="run each session's attention core on its own ring, the exact "
                              "path, instead of one masked core for the batch (docs/gpu.md)")
     add_graph_commit_ops(parser)
+    webrtc = parser.add_argument_group("WebRTC calls (docs/webrtc.md)")
+    webrtc.add_argument("--ice-host", dest="ice_hosts", action="append", metavar="ADDRESS",
+                        help="gather the calls' ICE host candidates on this address only "
+                             "(repeatable; default: every interface but loopback; "
+                             "--ice-host 127.0.0.1 for a browser on this machine)")
+    webrtc.add_argument("--ice-server", dest="ice_servers", action="append", metavar="URL",
+                        help="a STUN or TURN server the calls use (repeatable; "
+                             "turn:USER:PASSWORD@HOST:PORT for a relay that clients behind "
+                             "NAT reach; default: none, no server is asked)")
     replica = parser.add_argument_group("replicas (behind a balancer: docs/replicas.md)")
     replica.add_argument("--agent-port", type=int, default=None,
                          help="answer HAProxy's agent-check on this TCP port (same host as "
@@ -182,6 +192,11 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
         args.limits = ServerLimits.from_dict(vars(args))
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        args.ice = ICEConfig.from_dict({"hosts": args.ice_hosts, "servers": args.ice_servers})
+    except ValueError as exc:
+        parser.error(str(exc).replace("ice_hosts", "--ice-host")
+                     .replace("ice_servers", "--ice-server"))
     if args.agent_port is not None and not 0 < args.agent_port < 65536:
         parser.error(f"--agent-port must be a TCP port (1-65535), got {args.agent_port}")
     if args.agent_port is not None and args.agent_port == args.port:
@@ -252,7 +267,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
     app = create_app(args.model, alias=args.alias, api_key=args.api_key, dialects=served,
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
                      limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,
-                     agent_port=args.agent_port, agent_host=args.host)
+                     agent_port=args.agent_port, agent_host=args.host, ice=args.ice)
     run_server(app, host=args.host, port=args.port, log_level=args.log_level,
                **args.limits.uvicorn_options())  # uvicorn.run, draining on SIGTERM
     return 0

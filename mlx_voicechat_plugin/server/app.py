@@ -6,7 +6,9 @@ models, 501 routes and the browser page, all under ``--api-prefix`` but the
 page. ``/openai/v1`` is one base URL for an OpenAI client: ``realtime``,
 ``models`` and ``audio/transcriptions`` (the same handler as
 ``/v1/audio/transcriptions``); ``/v1/models`` lists the model in mlx-vlm's
-shape. Who may use them: :mod:`.routes.access`.
+shape. WebRTC calls (``/openai/v1/realtime/calls``, :mod:`.routes.calls`) and
+ephemeral keys (``/openai/v1/realtime/client_secrets``) sit beside the GA
+WebSocket. Who may use them: :mod:`.routes.access`.
 """
 
 from __future__ import annotations
@@ -27,12 +29,16 @@ from .limits import ServerLimits
 from .operations.drain import DEFAULT_DRAIN_SECONDS, Drain
 from .resume import Resumes
 from .operations.replica import ReplicaStatus, add_replica_metrics, agent_line, replica_status
+from .keys import EphemeralKeys
 from .routes.access import API_KEY_ENV, Access
 from .routes.browser import browser_router
+from .routes.calls import Calls
+from .routes.client_secrets import client_secrets_router
 from .routes.models import OPENAI_BASE, ServedModel, models_router, unsupported_router
 from .routes.realtime import Realtime
 from .routes.status import status_router
 from .routes.transcriptions import transcriptions_router
+from .transport.ice import ICEConfig
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +67,7 @@ def create_app(
     drain_seconds: float = DEFAULT_DRAIN_SECONDS,
     agent_port: int | None = None,
     agent_host: str = "127.0.0.1",
+    ice: ICEConfig | None = None,
 ) -> FastAPI:
     """The realtime server for one checkpoint; the engine starts with the app.
 
@@ -68,7 +75,9 @@ def create_app(
     each request (none while it is unset or empty). ``dialects`` are served
     at their paths (under ``api_prefix``). ``app.state.drain`` stops it
     gracefully (:mod:`.drain`, within ``drain_seconds``); with ``agent_port``
-    it answers HAProxy's agent-check there (:mod:`.agent`; 0: a free port).
+    it answers HAProxy's agent-check there (:mod:`.agent`; 0: a free port). WebRTC
+    calls gather their ICE candidates as ``ice`` says (default: every interface but
+    loopback, no STUN or TURN server).
     """
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
@@ -125,6 +134,11 @@ def create_app(
     app.include_router(unsupported_router(dialects[0].paths[0], prefix))
     for base in (prefix, prefix + OPENAI_BASE):  # one handler, mounted under both
         app.include_router(transcriptions_router(engine, served.names, limits, access, base))
-    realtime = Realtime(engine, drain, served, limits, access, resumes)
+    keys = app.state.keys = EphemeralKeys()
+    realtime = Realtime(engine, drain, served, limits, access, keys, resumes)
     app.include_router(realtime.router(dialects, prefix))
+    calls = app.state.calls = Calls(engine, drain, served.model_id, limits, access, keys,
+                                    ice or ICEConfig(), prefix)
+    app.include_router(calls.router())
+    app.include_router(client_secrets_router(keys, access, prefix))
     return app

@@ -34,7 +34,8 @@ from typing import Any, Callable, Protocol
 
 from .engine.thread import Engine
 from .limits import ServerLimits
-from .messages import NOT_READING, ClientNotReading, Ending, Event, Finished, Hangup, Outgoing
+from .messages import (NOT_READING, AudioIn, ClientNotReading, Ending, Event, Finished, Hangup,
+                       Outgoing)
 from .session import Session, SessionDialect
 from .wire import ErrorCode, ProtocolError
 
@@ -46,8 +47,9 @@ class Transport(Protocol):
 
     async def accept(self) -> None: ...
 
-    async def receive(self) -> str | bytes | Hangup:
-        """The next client frame, or :class:`Hangup` once the client has gone."""
+    async def receive(self) -> str | bytes | AudioIn | Hangup:
+        """The next client frame (or media audio), or :class:`Hangup` once the client
+        has gone."""
 
     def send(self, message: Outgoing) -> None:
         """Queue one message (:class:`ClientNotReading` if the client does not read)."""
@@ -73,6 +75,8 @@ class SpokenDialect(SessionDialect, Protocol):
     def resumed(self, last_seq: int, replayed: int) -> Outgoing: ...
 
     def parse(self, message: str | bytes) -> Any: ...
+
+    def audio_in(self, audio: AudioIn) -> Any: ...
 
     def queues_audio(self, message: Any) -> bool: ...
 
@@ -102,6 +106,7 @@ class Connection:
         self.failed_updates = 0
         self.receiving: asyncio.Future | None = None  # a pending transport.receive()
         self.early: deque[Any] = deque()  # messages read while a prefill ran
+        self.admitted = False  # its slot was reserved before the transport (a WebRTC call)
 
     @property
     def session_id(self) -> str:
@@ -212,7 +217,7 @@ class Connection:
                 if not engine.ready:
                     self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
-                if not engine.admission.try_reserve(self.session_id):
+                if not (self.admitted or engine.admission.try_reserve(self.session_id)):
                     self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
                     raise Finished(Ending.BUSY)
                 logger.info("%s connected", self.session_id)
@@ -276,11 +281,12 @@ class Connection:
                                 f"{self.limits.max_message_bytes}-byte limit")
         return message
 
-    async def handle(self, raw: str | bytes) -> None:
+    async def handle(self, raw: str | bytes | AudioIn) -> None:
         """One message: checked, parsed by the dialect, answered after the audio before it."""
         session = self.session
         try:
-            message = self.dialect.parse(self.checked(raw))
+            message = self.dialect.audio_in(raw) if isinstance(raw, AudioIn) \
+                else self.dialect.parse(self.checked(raw))
         except ProtocolError:
             await session.settle()
             raise
@@ -294,7 +300,7 @@ class Connection:
                 await session.settle()
             raise
 
-    async def next_message(self) -> tuple[str | bytes] | Hangup | str:
+    async def next_message(self) -> tuple[str | bytes | AudioIn] | Hangup | str:
         """The next client message (in a 1-tuple), a :class:`Hangup`, or the reason the
         session's deadline passed; kept ones first.
 

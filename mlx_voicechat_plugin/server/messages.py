@@ -9,6 +9,9 @@ connection (:mod:`.connection`) pass them on. None of them is JSON text:
   the dialect's own wire (its :attr:`~AudioOut.field` holds the audio there).
   A WebSocket transport writes the audio into that field (base64); a media
   transport could send the bytes on its own track instead;
+- :class:`AudioIn` is client audio that came on a media track (WebRTC), not
+  inside a protocol message: the connection hands it to the dialect
+  (``Dialect.audio_in``), which takes it as it takes its own audio messages;
 - :class:`Ending` says *why* a connection ends; each transport maps it to
   its own close (a WebSocket close code);
 - :class:`Hangup` is the client's end of a transport, :class:`Finished` a
@@ -46,6 +49,14 @@ class AudioOut:
     field: str
     data: bytes
     encoding: str
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class AudioIn:
+    """Client audio from a media track: PCM16 little-endian mono at ``sample_rate``."""
+
+    data: bytes
     sample_rate: int
 
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ..messages import Event, Outgoing
+from ..messages import AudioIn, Event, Outgoing
 from ..session import Session, stream_full
 from ..wire import ErrorCode, invalid
 
 BINARY_REFUSED = "binary frames are not supported; send JSON text"
 DEFAULT_INPUT_RATE = 16_000  # the model's input rate, before a session has opened
+MEDIA_REFUSED = "this protocol takes no audio on a media track"
 
 
 class Dialect:
@@ -82,6 +83,11 @@ class Dialect:
         """One client message -> the dialect's message (:class:`~..wire.ProtocolError`
         if bad)."""
         raise NotImplementedError
+
+    def audio_in(self, audio: AudioIn) -> Any:
+        """Audio from a media track (WebRTC) -> the dialect's message that carries it, as
+        :meth:`parse` would make it; by default refused."""
+        raise invalid(MEDIA_REFUSED)
 
     def queues_audio(self, message: Any) -> bool:
         """Whether ``message`` carries audio: queued, not awaited; anything else is

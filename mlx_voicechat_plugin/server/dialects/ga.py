@@ -33,6 +33,8 @@ and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
   history) are acknowledged, not injected: the model hears only audio, and
   its text context is ``instructions``.
 - A binary frame is an ``invalid_request``.
+- Audio from a media track (a WebRTC call, :class:`~..messages.AudioIn`) is an
+  ``input_audio_buffer.append`` of GA ``audio/pcm`` (:class:`.ga_audio.MediaInput`).
 """
 
 from __future__ import annotations
@@ -47,14 +49,14 @@ import numpy as np
 
 from ...runtime.options import SessionOptions
 from ...runtime.quoting import brief
-from ..messages import Ending, Event, Finished, Outgoing
+from ..messages import AudioIn, Ending, Event, Finished, Outgoing
 from ..session import Session, stream_full
 from .client_options import session_options, transcription_options
 from ..wire import (
     ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id, parse_tool_output,
 )
 from .base import Dialect
-from .ga_audio import FormatError, InputAudio
+from .ga_audio import FormatError, InputAudio, MediaInput
 from .ga_items import tool_output_item
 from .ga_responses import GAResponses, outgoing
 from .ga_turns import Out
@@ -83,6 +85,7 @@ FIELDS = {"system_prompt": "session.instructions", "seed": "session.seed",
 class ClientEvent:
     kind: str
     message: dict[str, Any]
+    media: AudioIn | None = None  # an append's audio from a media track
 
 
 class GADialect(Dialect):
@@ -96,6 +99,7 @@ class GADialect(Dialect):
         self.config = GAConfig()
         self.responses = GAResponses(self.config)
         self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
+        self.media = MediaInput(MODEL_INPUT_RATE)
         self.requested = self.options_of(self.config)  # the session options it asks for
         self.opened_with: SessionOptions | None = None  # the options of the open session
         self.heard = 0  # samples the model has been given since it opened
@@ -128,6 +132,12 @@ class GADialect(Dialect):
         if kind not in CLIENT_EVENTS:
             raise invalid(f"unsupported event type {brief(kind)}")
         return ClientEvent(kind, message)
+
+    def audio_in(self, audio: AudioIn) -> ClientEvent:
+        """Media audio: an ``input_audio_buffer.append`` of it."""
+        self.event_id = None
+        return ClientEvent("input_audio_buffer.append", {"type": "input_audio_buffer.append"},
+                           audio)
 
     def queues_audio(self, event: ClientEvent) -> bool:
         # The responses' state follows the frames run so far: the audio queued
@@ -167,7 +177,7 @@ class GADialect(Dialect):
         if kind == "session.update":
             await self.update(message.get("session"))
         elif kind == "input_audio_buffer.append":
-            await self.append_audio(message.get("audio"))
+            await self.append_audio(message.get("audio"), event.media)
         elif kind == "input_audio_buffer.commit":
             if not session.configured and self.config.turn_detection is None:
                 # the response owed needs a timeline
@@ -177,6 +187,7 @@ class GADialect(Dialect):
                 self.last_audio = 0.0  # push-to-talk: the user's turn ended, answer now
         elif kind == "input_audio_buffer.clear":
             self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
+            self.media = MediaInput(MODEL_INPUT_RATE)
             self.send({"type": "input_audio_buffer.cleared"})
         elif kind == "conversation.item.create":
             await self.create_item(message.get("item"))
@@ -261,12 +272,13 @@ class GADialect(Dialect):
 
     # --- audio ------------------------------------------------------------
 
-    async def append_audio(self, audio: Any) -> None:
+    async def append_audio(self, audio: Any, media: AudioIn | None = None) -> None:
         if not self.session.configured:
             await self.open_engine(self.config, self.requested)
         taken = self.input.received
         try:
-            samples = self.input(audio)
+            samples = self.input(audio) if media is None \
+                else self.media(media.data, media.sample_rate)
         except FormatError as exc:
             raise invalid(str(exc)) from None
         self.audio_received += self.input.received - taken

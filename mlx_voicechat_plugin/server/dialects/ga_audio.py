@@ -109,9 +109,38 @@ class InputAudio:
             data = decode_base64(audio, "base64")
         except ValueError as exc:
             raise FormatError(str(exc)) from None
+        return self.from_bytes(data)
+
+    def from_bytes(self, data: bytes) -> np.ndarray:
+        """Audio bytes in the client's format -> model samples (counted as received)."""
         samples = decode(self.format, data)
         self.received += samples.shape[0]
         return self.resample(samples)
+
+
+class MediaInput:
+    """Audio from a media track (WebRTC: PCM16 at 48 kHz) taken as GA ``audio/pcm``: each
+    chunk is resampled to GA's 24 kHz PCM16 (:meth:`ga_pcm`), then goes the way an
+    ``input_audio_buffer.append`` of that audio goes, whatever the session's input format
+    (OpenAI's WebRTC ignores it too). The WebSocket fed the same 24 kHz bytes gives the
+    model the same samples."""
+
+    def __init__(self, model_rate: int):
+        self.input = InputAudio(AudioFormat(), model_rate)
+        self.to_ga: Resampler | None = None
+
+    def ga_pcm(self, data: bytes, rate: int) -> bytes:
+        """The track's PCM16 at ``rate`` -> GA's 24 kHz PCM16."""
+        if self.to_ga is None or self.to_ga.in_rate != rate:
+            self.to_ga = Resampler(rate, RATES[PCM])
+        try:
+            samples = pcm16_samples(data, "media")
+        except ValueError as exc:
+            raise FormatError(str(exc)) from None
+        return pcm16_bytes(self.to_ga(samples))
+
+    def __call__(self, data: bytes, rate: int) -> np.ndarray:
+        return self.input.from_bytes(self.ga_pcm(data, rate))
 
 
 class OutputAudio:

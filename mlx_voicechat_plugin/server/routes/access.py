@@ -4,8 +4,9 @@ The key is ``api_key`` (``--api-key``) when given; otherwise, as mlx-vlm's
 own server does, ``MLX_VLM_SERVER_API_KEY`` read on every request, so a key
 set in the environment always guards the server, and an empty one is none.
 A browser, which cannot set headers on a WebSocket, may send the key as the
-``openai-insecure-api-key.<KEY>`` subprotocol beside ``realtime``. The API key
-is never logged.
+``openai-insecure-api-key.<KEY>`` subprotocol beside ``realtime``; either may
+carry an ephemeral key instead (:func:`ephemeral_token`). The API key is
+never logged.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from urllib.parse import urlsplit
 
 from fastapi import WebSocket
 from fastapi.responses import JSONResponse
+
+from ..keys import is_ephemeral
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + the API key (OpenAI's browser examples)
 REALTIME_SUBPROTOCOL = "realtime"
@@ -80,6 +83,16 @@ def websocket_auth(websocket: WebSocket, api_key: str | None) -> tuple[bool, str
     keys = [p[len(KEY_SUBPROTOCOL):] for p in offered if p.startswith(KEY_SUBPROTOCOL)]
     ok = any(hmac.compare_digest(key.encode(), api_key.encode()) for key in keys)
     return ok, selected
+
+
+def ephemeral_token(websocket: WebSocket) -> str | None:
+    """The ephemeral key (``ek_...``, :mod:`..keys`) an upgrade carries as its bearer token
+    or key subprotocol, if any."""
+    scheme, _, token = (websocket.headers.get("authorization") or "").partition(" ")
+    offered = [token.strip()] if scheme.lower() == "bearer" else []
+    offered += [str(p)[len(KEY_SUBPROTOCOL):] for p in websocket.scope.get("subprotocols") or ()
+                if str(p).startswith(KEY_SUBPROTOCOL)]
+    return next((t for t in offered if is_ephemeral(t)), None)
 
 
 def invalid_key() -> JSONResponse:

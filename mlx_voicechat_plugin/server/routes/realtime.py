@@ -33,7 +33,8 @@ from ..operations.drain import Drain
 from ..resume import REPLICA_HEADER, Refused, Resumes
 from ..transport.websocket import WebSocketTransport
 from ..wire import CloseCode
-from .access import Access, query_key_ok, websocket_auth
+from ..keys import EphemeralKeys, KeyRefused
+from .access import Access, ephemeral_token, query_key_ok, websocket_auth
 from .models import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -55,9 +56,11 @@ class Realtime:
     transport, a new session in the dialect) under the drain."""
 
     def __init__(self, engine: Engine, drain: Drain, served: ServedModel, limits: ServerLimits,
-                 access: Access, resumes: Resumes | None = None):
+                 access: Access, keys: EphemeralKeys | None = None,
+                 resumes: Resumes | None = None):
         self.engine, self.drain, self.served = engine, drain, served
         self.limits, self.access = limits, access
+        self.keys = keys if keys is not None else EphemeralKeys()
         self.resumes = resumes if resumes is not None else Resumes()
 
     async def serve(self, websocket: WebSocket, dialect: type[Dialect]) -> None:
@@ -65,8 +68,15 @@ class Realtime:
         allowed, subprotocol = websocket_auth(websocket, key)
         if not allowed and dialect.query_key:
             allowed = query_key_ok(websocket.query_params.get("api_key"), key)
-        if not allowed:
+        ephemeral = None if allowed else ephemeral_token(websocket)
+        if not allowed and ephemeral is None:
             await deny(websocket, 401, "missing or invalid API key")
+            return
+        try:
+            if ephemeral is not None:
+                self.keys.check(ephemeral)  # spent below, once every check has passed
+        except KeyRefused as exc:
+            await deny(websocket, 401, str(exc))
             return
         if not self.access.origin_ok(websocket.headers.get("origin")):
             await deny(websocket, 403, "origin not allowed")
@@ -74,6 +84,12 @@ class Realtime:
         asked = websocket.query_params.get("model")
         if asked is not None and asked not in self.served.names:
             await deny(websocket, 404, self.served.not_served(asked))
+            return
+        try:
+            if ephemeral is not None:
+                self.keys.redeem(ephemeral)
+        except KeyRefused as exc:
+            await deny(websocket, 401, str(exc))
             return
         limits = self.limits
         transport = WebSocketTransport(websocket, limits.max_pending_events, limits.send_timeout,
