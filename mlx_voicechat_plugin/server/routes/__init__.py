@@ -4,6 +4,7 @@
 ``realtime`` the WebSocket routes of the dialects, ``transcriptions``
 ``/v1/audio/transcriptions``, ``status`` ``/health`` and ``/metrics``,
 ``models`` the served model (``/v1/models``) and the 501s for what a text
-model would serve, ``browser`` the microphone page. Each router is made from
+model would serve, ``browser`` the microphone page, ``calls`` WebRTC calls
+and ``client_secrets`` their ephemeral keys. Each router is made from
 what it needs, given as arguments; :func:`..app.create_app` wires them.
 """
