@@ -131,8 +131,10 @@ def test_the_first_event_carries_a_resume_token_and_every_event_a_seq(server):
         assert json.loads(ws.recv(timeout=WAIT))["seq"] == 2
 
 
-def _detached(server, headers: dict | None = None, **session) -> tuple[str, int]:
-    """A configured session whose connection dropped: its token and last seq read."""
+def _detached(server, headers: dict | None = None, scrape: dict | None = None,
+              **session) -> tuple[str, int]:
+    """A configured session whose connection dropped: its token and last seq read
+    (``scrape``: the headers /metrics takes, if not ``headers``)."""
     client = RawClient(server.port, headers=headers)
     created = event(client)
     client.send_json({"type": "session.update", "session": session})
@@ -140,7 +142,8 @@ def _detached(server, headers: dict | None = None, **session) -> tuple[str, int]
     assert updated["type"] == "session.updated"
     client.send_json(append_message(question_signal(0.3)[:2 * FRAME]))
     client.close()  # the TCP connection ends (a FIN after the audio), no close frame
-    until(lambda: metric(server, "voicechat_detached_sessions", headers) == 1, "the detach")
+    until(lambda: metric(server, "voicechat_detached_sessions", scrape or headers) == 1,
+          "the detach")
     return created["session"]["resume_token"], updated["seq"]
 
 
@@ -345,4 +348,25 @@ def test_a_resume_at_another_dialects_path_is_refused(server):
             pass
     assert refused.value.response.status_code == 409
     _finish(_resume(server, token, last))
+    server.wait_idle()
+
+
+def _minted(server, monkeypatch) -> str:
+    """An ephemeral key minted with the server's key (``client_secrets``)."""
+    monkeypatch.setenv(KEY_ENV, "server-key")
+    minted = httpx.post(server.http("/openai/v1/realtime/client_secrets"), json={},
+                        headers={"Authorization": "Bearer server-key"})
+    assert minted.status_code == 200, minted.text
+    return minted.json()["value"]
+
+
+def test_a_session_opened_with_an_ephemeral_key_resumes_with_that_key_only(server, monkeypatch):
+    first, second = ({"Authorization": f"Bearer {_minted(server, monkeypatch)}"}
+                     for _ in range(2))
+    token, last = _detached(server, headers=first, scrape={"Authorization": "Bearer server-key"})
+    status, error = _refused(server, token, last, additional_headers=second)
+    assert (status, error["code"]) == (403, "invalid_api_key")
+    client = RawClient(server.port, resume_path("/v1/realtime", token, last), headers=first)
+    assert event(client)["type"] == "session.resumed"
+    _finish(client)
     server.wait_idle()

@@ -69,11 +69,15 @@ class Realtime:
         if not allowed and dialect.query_key:
             allowed = query_key_ok(websocket.query_params.get("api_key"), key)
         ephemeral = None if allowed else ephemeral_token(websocket)
+        token = websocket.query_params.get("resume_token")
+        # A session opened with an ephemeral key resumes with that (spent) key: the
+        # resume token is bound to it, so the claim below is the check.
+        resuming_ephemeral = token is not None and ephemeral is not None
         if not allowed and ephemeral is None:
             await deny(websocket, 401, "missing or invalid API key")
             return
         try:
-            if ephemeral is not None:
+            if ephemeral is not None and not resuming_ephemeral:
                 self.keys.check(ephemeral)  # spent below, once every check has passed
         except KeyRefused as exc:
             await deny(websocket, 401, str(exc))
@@ -86,7 +90,7 @@ class Realtime:
             await deny(websocket, 404, self.served.not_served(asked))
             return
         try:
-            if ephemeral is not None:
+            if ephemeral is not None and not resuming_ephemeral:
                 self.keys.redeem(ephemeral)
         except KeyRefused as exc:
             await deny(websocket, 401, str(exc))
@@ -94,15 +98,16 @@ class Realtime:
         limits = self.limits
         transport = WebSocketTransport(websocket, limits.max_pending_events, limits.send_timeout,
                                        subprotocol)
-        token = websocket.query_params.get("resume_token")
+        opener = ephemeral if ephemeral is not None else key  # what the token is bound to
         if token is not None:
-            connection = await self.resuming(websocket, transport, dialect, token, key)
+            connection = await self.resuming(websocket, transport, dialect, token, opener)
             if connection is None:
                 return
         else:
             connection = connect(transport, dialect, self.engine, self.served.model_id, limits)
             if limits.resumable:
-                self.resumes.issue(connection.session, key, websocket.headers.get(REPLICA_HEADER))
+                self.resumes.issue(connection.session, opener,
+                                   websocket.headers.get(REPLICA_HEADER))
         try:
             await self.drain.serve(connection)  # connection.run(), ended by a graceful stop
         except (WebSocketDisconnect, Hangup):
