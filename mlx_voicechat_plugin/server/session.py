@@ -5,12 +5,10 @@ A :class:`Session` runs on the event loop. It opens the engine session
 :mod:`.dialects.client_options`), hands audio to the bounded
 :class:`~.engine.feed.InputFeed`, queues markers behind it
 (:meth:`~Session.settle`, tool results) and is the engine's sink: once per
-engine cycle the engine hands it the frames' runtime events, a
-frame's error and its markers' replies in order (:meth:`~Session.on_handoff`),
-which its dialect (:attr:`~Session.dialect`, the per-session state of
-:mod:`.dialects`) translates into typed messages (:mod:`.messages`).
-
-The messages go to the attached :class:`Link` (a connection, over a
+engine cycle it is handed how late the frames ran, their runtime events, a
+frame's error and its markers' replies (:meth:`~Session.on_handoff`), which its
+dialect (:attr:`~Session.dialect`, :mod:`.dialects`) turns into typed messages
+(:mod:`.messages`) for the attached :class:`Link` (a connection, over a
 transport), numbered and kept a while (:mod:`.replay`). A session outlives
 a transport when it is resumable and the link dropped, or when asked
 (:meth:`~Session.outlives`): it is detached (:meth:`~Session.detach`: slot
@@ -35,6 +33,7 @@ from ..runtime.streaming import ContextLimit, TranscriptLimit
 from .engine.channel import Handoff
 from .engine.commands import Close, OpenOptions, SessionDetails
 from .engine.feed import InputFeed
+from .engine.pace import FramePace
 from .engine.thread import Engine
 from .limits import ServerLimits
 from .messages import ClientNotReading, Hangup, Outgoing
@@ -50,8 +49,8 @@ FRAMES_PER_SECOND = 12.5
 
 
 def stream_full(exc: BaseException) -> bool:
-    """Whether a frame's error is its stream reaching ``max_streaming_seconds``
-    (:class:`ContextLimit`; a transcript's byte limit is another matter)."""
+    """Whether a frame's error is its stream reaching ``max_streaming_seconds`` (not a
+    transcript's byte limit)."""
     return isinstance(exc, ContextLimit) and not isinstance(exc, TranscriptLimit)
 
 
@@ -81,6 +80,8 @@ class SessionDialect(Protocol):
 
     def frame_error(self, exc: BaseException) -> list[Outgoing]:
         """A queued frame failed: what the client is told."""
+
+    def paced(self, pace: FramePace) -> None: ...  # how late the next hand-off's frames ran
 
 
 class Session:
@@ -116,6 +117,7 @@ class Session:
         self.claimed = False  # a resume is being accepted (a second one is refused)
         self.replay = ReplayLog(limits.max_replay_seconds * FRAMES_PER_SECOND)
         self.frames_seen = 0  # frames whose events were handed over, never reset
+        self.pace = FramePace()  # how late the session's frames ran, all of them
         self.samples_received = 0  # client audio taken, at the model's input rate
         self.ended = ""  # why a detached session was released (not resumed)
         self.watcher: Watcher | None = None  # told when it detaches and is released
@@ -126,10 +128,13 @@ class Session:
     # --- the engine's hand-offs (on the loop) ------------------------------------------
 
     def on_handoff(self, handoff: Handoff) -> None:
-        """What the engine did for the session in one cycle (on the loop), in order: a
-        frame's events (translated here), a frame's error, a marker's reply."""
+        """One engine cycle's output (on the loop): how late its frames ran, then in order
+        a frame's events (translated here), a frame's error, a marker's reply."""
         if handoff.consumed and self.feed is not None:
             self.feed.consumed(handoff.consumed)
+        if handoff.pace.frames:
+            self.pace.add(handoff.pace)
+            self.dialect.paced(handoff.pace)
         for entry in handoff.entries:
             if isinstance(entry, list):
                 self.frames_run += 1
@@ -226,10 +231,9 @@ class Session:
     def window(self) -> tuple[float, str]:
         """When a detached session's wait ends: its window (``--resume-seconds``; the
         session's deadline alone when it is not resumable) or its deadline."""
-        due = self.deadline()
+        due, seconds = self.deadline(), self.limits.resume_seconds
         if self.resume_token is None:
             return due
-        seconds = self.limits.resume_seconds
         return min(due, (self.detached_at + seconds,
                          f"not resumed within {seconds:g} s (--resume-seconds)"))
 
@@ -368,12 +372,9 @@ class Session:
     # --- release ---------------------------------------------------------------------------
 
     def let_go(self) -> None:
-        """Queue the engine's close (cancelling unflushed audio) and free the slot, now.
-
-        The close is queued before the slot is freed, and the engine runs its
-        commands in order, so a client reconnecting at once is admitted and
-        its session opens after this one is gone. Safe to call again.
-        """
+        """Queue the engine's close (cancelling unflushed audio), then free the slot, now:
+        the engine runs its commands in order, so a client reconnecting at once is admitted
+        and its session opens after this one is gone. Safe to call again."""
         if self.open:
             self.open = False
             self.closing = self.engine.submit(Close(self.session_id))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from ..engine.pace import FramePace
 from ..messages import AudioIn, Event, Outgoing
 from ..session import Session, stream_full
 from ..wire import ErrorCode, invalid
@@ -110,6 +111,10 @@ class Dialect:
         if stream_full(exc):
             self.limit_reached()
         return out
+
+    def paced(self, pace: FramePace) -> None:
+        """How late the frames of the hand-off about to be translated ran (the session
+        sums them in :attr:`~..session.Session.pace`); by default not told."""
 
     def limit_reached(self) -> None:
         """A frame failed at ``max_streaming_seconds`` (its error goes out); by default

@@ -49,6 +49,7 @@ import numpy as np
 
 from ...runtime.options import SessionOptions
 from ...runtime.quoting import brief
+from ..engine.pace import FramePace
 from ..messages import AudioIn, Ending, Event, Finished, Outgoing
 from ..session import Session, stream_full
 from .client_options import session_options, transcription_options
@@ -107,6 +108,7 @@ class GADialect(Dialect):
         self.event_id: str | None = None  # of the client event being handled
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
         self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
+        self.responses.session_pace = session.pace
         session.keep_alive = self.owed  # idle time does not count while a response is owed
         session.spawn(self.run_owed())
 
@@ -149,6 +151,9 @@ class GADialect(Dialect):
         if self.responses.owes:
             self.nudged.set()
         return out
+
+    def paced(self, pace: FramePace) -> None:
+        self.responses.paced(pace)
 
     def frame_error(self, exc: BaseException) -> list[Outgoing]:
         """A frame's error; one of the server's silence frames failing (not at the

@@ -27,6 +27,11 @@ responses. The mapping, one frame's runtime events at a time:
   the session's timer runs the timeline on silence if the client sends no audio;
   text in those frames after the owed response ended opens no new one (else a
   model that never stops would keep the server running silence for ever).
+- ``response.done`` carries this server's extension, a top-level
+  ``voicechat`` object GA clients ignore: how late the engine ran the frames
+  stepped while the response was open (``frames``, ``late_frames``: steps
+  slower than a frame of wall time, ``max_late_ms``; :mod:`..engine.pace`),
+  and the same for the whole session so far (``session``).
 - A tool call is a ``function_call`` output item of the response it ends:
   ``response.output_item.added`` -> ``conversation.item.added`` ->
   ``response.function_call_arguments.delta``/``done`` ->
@@ -70,6 +75,7 @@ from ...runtime.events import (
     TurnEnded,
     UserTranscriptDelta,
 )
+from ..engine.pace import FramePace
 from ..messages import AudioOut, Event as Message, Outgoing
 from ..wire import new_id
 from . import ga_items
@@ -220,6 +226,11 @@ class GAResponses(ResponseBook):
         self.user.text += event.delta  # event.text is the whole session's transcript
         out.append({"type": "conversation.item.input_audio_transcription.delta",
                     "item_id": self.user.id, "content_index": 0, "delta": event.delta})
+
+    def paced(self, pace: FramePace) -> None:
+        """The next frames' lateness counts for the open response."""
+        if self.response is not None:
+            self.response.pace.add(pace)
 
     # --- client requests ---------------------------------------------------------
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.pace import FramePace
 from ..messages import AudioOut
 from ..wire import new_id
 from . import ga_items
@@ -47,6 +48,7 @@ class Response:
     text_tokens: int = 0
     audio_frames: int = 0
     audio: OutputAudio | None = None
+    pace: FramePace = field(default_factory=FramePace)  # its frames' lateness
 
 
 @dataclass
@@ -77,6 +79,7 @@ class ResponseBook:
         self.frame = 0  # the latest frame seen
         self.ended = False  # the stream ended (Done / Cancelled)
         self.waiting: list[Any] = []  # a response.create's metadata, while one is active
+        self.session_pace = FramePace()  # the session's (its own object, summed by it)
 
     def configure(self, config: GAConfig, model_rate: int | None = None,
                   frame_seconds: float | None = None) -> None:
@@ -175,7 +178,8 @@ class ResponseBook:
         response = self.response
         self.response = None
         body = self._response_object(response, status)
-        out.append({"type": "response.done", "response": body})
+        out.append({"type": "response.done", "response": body,
+                    "voicechat": {**response.pace.wire(), "session": self.session_pace.wire()}})
         if self.waiting:  # the request that waited opens its response
             self._start(out, self.frame + 1, metadata=self.waiting.pop())
             if self.ended:  # the stream is over: that response ends at once

@@ -13,8 +13,8 @@ inputs).
 
 What the engine did for the session in one cycle -- a frame's runtime
 events, a frame's error, the replies of the markers it ran, the client
-samples that left the inbox -- is collected in one :class:`Handoff`, in
-order, and handed to the session's sink on its event loop (its connection,
+samples that left the inbox, how late its frames ran (:class:`~.pace.FramePace`)
+-- is collected in one :class:`Handoff`, in order, and handed to the session's sink on its event loop (its connection,
 which translates the events into its dialect there).
 """
 
@@ -26,6 +26,7 @@ from typing import Any, Iterator, Protocol
 import numpy as np
 
 from ...runtime.framing import Chunk, Framer
+from .pace import FramePace
 
 __all__ = ["Chunk", "Handoff", "Reply", "SessionChannel", "Sink", "hand_off"]
 
@@ -53,10 +54,12 @@ class Reply:
 @dataclass
 class Handoff:
     """One cycle's output of a session, in order: a frame's events (a list), a frame's
-    error (an exception) or a marker's :class:`Reply`; and the client samples consumed."""
+    error (an exception) or a marker's :class:`Reply`; the client samples consumed; and
+    how late the frames stepped ran."""
 
     entries: list[Any] = field(default_factory=list)
     consumed: int = 0
+    pace: FramePace = field(default_factory=FramePace)
 
 
 def hand_off(sink: Sink | None, handoff: Handoff) -> None:
@@ -155,9 +158,13 @@ class SessionChannel:
         """A frame's events (a list), a frame's error, or a marker's :class:`Reply`."""
         self.out.entries.append(entry)
 
+    def paced(self, frames: int, seconds: float, frame_duration: float) -> None:
+        """``frames`` of the session's frames ran in a step (or a flush) of ``seconds``."""
+        self.out.pace.step(frames, seconds, frame_duration)
+
     def send(self) -> None:
         """Hand this cycle's output to the sink (if there is any)."""
         out = self.out
-        if out.entries or out.consumed:
+        if out.entries or out.consumed or out.pace.frames:
             self.out = Handoff()
             hand_off(self.sink, out)

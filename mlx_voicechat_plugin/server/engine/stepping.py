@@ -122,8 +122,9 @@ class Stepper:
         if isinstance(command, Flush):
             before, started = stream.frame_index, time.perf_counter()
             events = pool.flush(session_id, command.pad_partial, channel.take_partial())
-            self.metrics.step(stream.frame_index - before, time.perf_counter() - started,
-                              pool.voicechat.config.frame_duration)
+            frames, seconds = stream.frame_index - before, time.perf_counter() - started
+            self.metrics.step(frames, seconds, pool.voicechat.config.frame_duration)
+            channel.paced(frames, seconds, pool.voicechat.config.frame_duration)
             self.metrics.sessions(len(pool), pool.state_bytes)
             return events
         if isinstance(command, Cancel):
@@ -155,6 +156,7 @@ class Stepper:
             channel = self.channels[session_id]
             error = result.errors.get(session_id)
             if error is None:
+                channel.paced(1, result.seconds, config.frame_duration)  # one frame each
                 channel.emit(result.events[session_id])
                 continue
             logger.debug("engine frame failed for %s: %s", session_id, error, exc_info=error)
