@@ -48,6 +48,7 @@ SNAPSHOT = """(() => {
           transcript: text('transcript'), assistant: text('assistant'),
           peak: +text('level-out-peak'), latency: text('latency'),
           turns: document.getElementById('turns').childElementCount,
+          paces: [...document.querySelectorAll('#turns tr')].map((tr) => tr.lastChild.textContent),
           lateness: text('lateness'), rtc: text('rtc-stats'),
           sent: +text('sent'), received: +text('received'),
           errors: [...document.querySelectorAll('#errors li')].map((li) => li.textContent),

@@ -77,6 +77,15 @@ def test_the_answer_is_heard_and_timed(console_run):
     assert seen["turns"] >= 1
 
 
+def test_the_servers_lateness_is_this_sessions_own_per_turn_and_overall(console_run):
+    """From GA's response.done (its voicechat extension), with an ephemeral key that
+    /metrics would refuse."""
+    seen = console_run[0]["after_finish"]
+    late = r"\d+ late of \d+ frames( \(\d+\.\d%\))?(, worst \+[\d.]+ ms)?"
+    assert re.fullmatch(late + ", this session", seen["lateness"]), seen["lateness"]
+    assert any(re.fullmatch(late, pace) for pace in seen["paces"]), seen["paces"]
+
+
 def test_the_tool_call_is_shown_answered_and_acknowledged(console_run):
     seen, _ = console_run  # the model's function head is scripted to call get_weather
     (call,) = seen["calls"]

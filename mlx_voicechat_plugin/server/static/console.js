@@ -12,7 +12,7 @@ const prefix = document.querySelector('meta[name="api-prefix"]').content;
 const LEVEL_MS = 50, STATS_MS = 1000, METRICS_MS = 2000;
 
 let call = null, ctx = null, inLevel = null, outLevel = null, finishing = false;
-let timers = [], metricsBase = null, outPeak = 0;
+let timers = [], metricsBase = null, outPeak = 0, paced = false;
 const user = new Transcript($("transcript"), "user");
 const assistant = new Transcript($("assistant"), "assistant");
 const calls = new Calls($("calls"), $("function"), (event) => call && call.send(event), log);
@@ -97,7 +97,7 @@ const hooks = {
 
 async function start() {
   buttons(true);
-  finishing = false; outPeak = 0; metricsBase = null;
+  finishing = false; outPeak = 0; metricsBase = null; paced = false;
   user.clear(); assistant.clear(); calls.clear();
   for (const id of ["sent", "received"]) $(id).textContent = "0";
   let session;
@@ -212,6 +212,7 @@ function onEvent(event) {
       break;
     case "response.done":
       responseDone(event.response || {});
+      if (event.voicechat) showPace(event.voicechat);
       break;
     case "error":
       onServerError(event.error || {});
@@ -267,15 +268,37 @@ function levels() {
   clock.tick(performance.now(), input, output);
 }
 
-function showTurn(turn) {
+function turnRow(turn) {
   const row = document.createElement("tr");
   const cell = (v) => { const td = document.createElement("td"); td.textContent = v; row.append(td); };
   cell(String($("turns").childElementCount + 1));
   cell(turn.vadMs === null ? "-" : turn.vadMs + " ms");
   cell(turn.serverMs === null ? "-" : turn.serverMs + " ms");
+  cell("");  // the server's lateness, when its response is done
   $("turns").append(row);
+  return row;
+}
+
+function showTurn(turn) {
+  turnRow(turn);
   const figure = turn.vadMs !== null ? turn.vadMs : turn.serverMs;
   $("latency").textContent = figure + " ms" + (turn.vadMs !== null ? " (page VAD)" : " (speech_stopped)");
+}
+
+const lateText = (p) => `${p.late_frames} late of ${p.frames} frames` +
+  (p.frames ? ` (${(100 * p.late_frames / p.frames).toFixed(1)}%)` : "") +
+  (p.late_frames && p.max_late_ms !== undefined ? `, worst +${p.max_late_ms} ms` : "");
+
+// The server's lateness for this session (the voicechat extension of GA's
+// response.done): the response's in the latest turn's row (a row of its own
+// when that one has it already), the session's so far overall.
+function showPace(pace) {
+  const last = $("turns").lastElementChild;
+  const row = last && last.lastChild.textContent === "" ? last : turnRow({vadMs: null, serverMs: null});
+  row.lastChild.textContent = lateText(pace);
+  if (!pace.session) return;
+  paced = true;
+  $("lateness").textContent = lateText(pace.session) + ", this session";
 }
 
 function showCounts() {
@@ -294,9 +317,11 @@ async function stats() {
     `lost ${s.lost || 0} packets, concealed ${concealed}% of the output`;
 }
 
-// The server's late frames (steps slower than a frame of wall time), all
-// sessions, since this call began: /metrics, which needs the server's key.
+// Until a response.done tells this session's own figure (mlx-vlm's route never
+// does): the server's late frames (steps slower than a frame of wall time), all
+// sessions, since this call began, from /metrics, which needs the server's key.
 async function lateness() {
+  if (paced) return;
   const key = $("key").value.trim();
   const headers = key && !key.startsWith("ek_") ? {Authorization: "Bearer " + key} : {};
   let text;
@@ -310,8 +335,7 @@ async function lateness() {
   const now = {frames: read("voicechat_frames_total"), late: read("voicechat_late_frames_total")};
   metricsBase = metricsBase || now;
   const frames = now.frames - metricsBase.frames, late = now.late - metricsBase.late;
-  $("lateness").textContent = `${late} late of ${frames} frames` +
-    (frames ? ` (${(100 * late / frames).toFixed(1)}%)` : "") + ", all sessions";
+  $("lateness").textContent = lateText({frames, late_frames: late}) + ", all sessions";
 }
 
 // --- wiring -----------------------------------------------------------------
