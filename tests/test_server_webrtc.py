@@ -60,9 +60,11 @@ def texts(events: list[dict]) -> list[tuple[str, str]]:
 
 
 def flow(events: list[dict]) -> list[str]:
-    """The event types after the session's, audio deltas apart."""
+    """The event types after the session's, audio deltas and the WebRTC-only playback
+    events (``output_audio_buffer.*``, tests/test_server_webrtc_playback.py) apart."""
     return [e["type"] for e in events if not e["type"].startswith("session.")
-            and e["type"] != "response.output_audio.delta"]
+            and e["type"] != "response.output_audio.delta"
+            and not e["type"].startswith("output_audio_buffer.")]
 
 
 async def webrtc_call(server: LiveServer) -> dict:
@@ -158,6 +160,15 @@ def test_transcripts_and_text_equal_the_websocket_exactly(calls):
 
 def test_the_events_follow_the_websocket_in_order(calls):
     assert flow(calls["rtc"]["events"]) == flow(calls["ws"]["events"])
+
+
+def test_each_response_heard_is_started_and_stopped_on_the_data_channel_only(calls):
+    rtc, ws = calls["rtc"]["events"], calls["ws"]["events"]
+    spoken = {e["response_id"] for e in ws if e["type"] == "response.output_audio.delta"}
+    started, stopped = ([e["response_id"] for e in rtc if e["type"] == kind]
+                        for kind in ("output_audio_buffer.started", "output_audio_buffer.stopped"))
+    assert started and sorted(started) == sorted(stopped) and len(started) == len(spoken)
+    assert not [e for e in ws if e["type"].startswith("output_audio_buffer.")]
 
 
 def rms(samples: np.ndarray) -> float:

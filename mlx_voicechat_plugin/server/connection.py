@@ -34,8 +34,8 @@ from typing import Any, Callable, Protocol
 
 from .engine.thread import Engine
 from .limits import ServerLimits
-from .messages import (NOT_READING, AudioIn, ClientNotReading, Ending, Event, Finished, Hangup,
-                       Outgoing)
+from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending, Event,
+                       Finished, Hangup, Outgoing)
 from .session import Session, SessionDialect
 from .wire import ErrorCode, ProtocolError
 
@@ -45,11 +45,14 @@ logger = logging.getLogger(__name__)
 class Transport(Protocol):
     """What a connection needs of a transport (:mod:`.transport`), on the event loop."""
 
+    plays_audio: bool  # it plays the model's audio itself (a WebRTC track), paced
+
+
     async def accept(self) -> None: ...
 
-    async def receive(self) -> str | bytes | AudioIn | Hangup:
-        """The next client frame (or media audio), or :class:`Hangup` once the client
-        has gone."""
+    async def receive(self) -> str | bytes | AudioIn | AudioMark | Hangup:
+        """The next client frame (or media audio, or a mark its playback reached), or
+        :class:`Hangup` once the client has gone."""
 
     def send(self, message: Outgoing) -> None:
         """Queue one message (:class:`ClientNotReading` if the client does not read)."""
@@ -66,6 +69,8 @@ class SpokenDialect(SessionDialect, Protocol):
     """What a connection asks of its session's dialect (:class:`~.dialects.base.Dialect`;
     the dialects sit above this module, so it names them by their shape)."""
 
+    plays_audio: bool  # set from the transport: its own playback events are the dialect's
+
     def greeting(self) -> Outgoing: ...
 
     def error(self, code: str, message: str) -> Outgoing: ...
@@ -77,6 +82,8 @@ class SpokenDialect(SessionDialect, Protocol):
     def parse(self, message: str | bytes) -> Any: ...
 
     def audio_in(self, audio: AudioIn) -> Any: ...
+
+    def played(self, mark: AudioMark) -> None: ...
 
     def queues_audio(self, message: Any) -> bool: ...
 
@@ -204,6 +211,7 @@ class Connection:
         except BaseException:
             session.claimed = False  # a resume that never reached its client
             raise
+        self.dialect.plays_audio = getattr(self.transport, "plays_audio", False)
         try:
             if self.resumed:
                 replayed = session.replay.seq - (self.last_seq if self.last_seq is not None
@@ -254,6 +262,9 @@ class Connection:
             message = await self.next_message()
             if isinstance(message, Hangup):
                 raise message
+            if isinstance(message, tuple) and isinstance(message[0], AudioMark):
+                self.dialect.played(message[0])  # the transport's playback reached it
+                continue
             if isinstance(message, str):  # the session's deadline passed
                 logger.info("%s timed out: %s", self.session_id, message)
                 self.session.send(self.dialect.timed_out(message))

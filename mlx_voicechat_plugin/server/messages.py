@@ -9,6 +9,11 @@ connection (:mod:`.connection`) pass them on. None of them is JSON text:
   the dialect's own wire (its :attr:`~AudioOut.field` holds the audio there).
   A WebSocket transport writes the audio into that field (base64); a media
   transport could send the bytes on its own track instead;
+- :class:`ClearAudio` and :class:`AudioMark` are about audio already sent, for a
+  transport that plays it itself (a WebRTC track, paced in real time): drop
+  what is queued unplayed (a barge-in), and say when playback reaches a point
+  (the transport hands the mark back through ``receive()``); a transport
+  whose client plays the audio (a WebSocket) ignores both;
 - :class:`AudioIn` is client audio that came on a media track (WebRTC), not
   inside a protocol message: the connection hands it to the dialect
   (``Dialect.audio_in``), which takes it as it takes its own audio messages;
@@ -60,7 +65,22 @@ class AudioIn:
     sample_rate: int
 
 
-Outgoing = Union[Event, AudioOut]
+@dataclass(frozen=True)
+class ClearAudio:
+    """Drop the model's audio the transport holds unplayed (not numbered, not replayed)."""
+
+
+@dataclass(frozen=True)
+class AudioMark:
+    """A point in the audio sent so far, named ``name``: a transport that plays the audio
+    hands it back from ``receive()`` once everything before it has played (never when
+    that audio was cleared); any other transport ignores it."""
+
+    name: str
+
+
+PLAYBACK = (ClearAudio, AudioMark)  # messages about a transport's own playback
+Outgoing = Union[Event, AudioOut, ClearAudio, AudioMark]
 
 
 class Ending(enum.Enum):

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import replace
 from typing import NamedTuple
 
-from .messages import AudioOut, Event, Outgoing
+from .messages import PLAYBACK, AudioOut, Event, Outgoing
 from .wire import new_id
 
 # Events kept per frame of the bound (a frame makes a handful), plus this many more.
@@ -58,7 +58,10 @@ class ReplayLog:
         self.overflowed = False  # a detached session's unread events passed the bound
 
     def stamp(self, message: Outgoing, frame: int, attached: bool) -> Outgoing:
-        """Number ``message`` (when numbered) and keep it if it may be asked for again."""
+        """Number ``message`` (when numbered) and keep it if it may be asked for again;
+        a message about the transport's own playback is neither."""
+        if isinstance(message, PLAYBACK):
+            return message
         self.seq += 1
         if self.numbered:
             message = with_seq(message, self.seq)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..engine.pace import FramePace
-from ..messages import AudioIn, Event, Outgoing
+from ..messages import AudioIn, AudioMark, Event, Outgoing
 from ..session import Session, stream_full
 from ..wire import ErrorCode, invalid
 
@@ -40,6 +40,10 @@ class Dialect:
     paths: ClassVar[tuple[str, ...]]
     query_key: ClassVar[bool] = False  # the API key may also come as ``?api_key=``
     health: ClassVar[bool] = False  # ``GET <path>/health`` reports the engine's readiness
+    # Whether the session's transport plays the model's audio itself (a WebRTC track):
+    # the connection sets it from its transport; what the dialect tells of that
+    # playback (GA's ``output_audio_buffer.*``) is said only then.
+    plays_audio = False
 
     def __init__(self, session: Session, model_id: str):
         self.session = session
@@ -89,6 +93,10 @@ class Dialect:
         """Audio from a media track (WebRTC) -> the dialect's message that carries it, as
         :meth:`parse` would make it; by default refused."""
         raise invalid(MEDIA_REFUSED)
+
+    def played(self, mark: AudioMark) -> None:
+        """The transport's playback reached ``mark`` (one the dialect sent); by default
+        nothing is said."""
 
     def queues_audio(self, message: Any) -> bool:
         """Whether ``message`` carries audio: queued, not awaited; anything else is

@@ -19,7 +19,9 @@ and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
   resampled; neither ends the session. The model keeps listening until the
   client leaves (close 1000 is never needed).
 - ``response.create`` / ``response.cancel`` / ``conversation.item.truncate``
-  are accepted as described in :mod:`.ga_responses`.
+  are accepted as described in :mod:`.ga_responses`; a cancel or a truncate
+  also cuts the speech a WebRTC track still holds (``output_audio_buffer.*``,
+  and the client's ``output_audio_buffer.clear``: :mod:`.ga_playback`).
 - While a response is owed (opened or requested, not yet ``response.done``)
   and the client has sent no audio for :data:`STREAM_LULL_SECONDS` (at once
   after a commit with turn detection off), the session's timer
@@ -32,7 +34,6 @@ and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
   ``function_call_output``; other items (a framework replaying its chat
   history) are acknowledged, not injected: the model hears only audio, and
   its text context is ``instructions``.
-- A binary frame is an ``invalid_request``.
 - Audio from a media track (a WebRTC call, :class:`~..messages.AudioIn`) is an
   ``input_audio_buffer.append`` of GA ``audio/pcm`` (:class:`.ga_audio.MediaInput`).
 """
@@ -50,15 +51,15 @@ import numpy as np
 from ...runtime.options import SessionOptions
 from ...runtime.quoting import brief
 from ..engine.pace import FramePace
-from ..messages import AudioIn, Ending, Event, Finished, Outgoing
+from ..messages import AudioIn, AudioMark, Ending, Event, Finished, Outgoing
 from ..session import Session, stream_full
 from .client_options import session_options, transcription_options
-from ..wire import (
-    ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id, parse_tool_output,
-)
+from ..wire import (ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id,
+                    parse_tool_output)
 from .base import Dialect
 from .ga_audio import FormatError, InputAudio, MediaInput
 from .ga_items import tool_output_item
+from .ga_playback import Playback
 from .ga_responses import GAResponses, outgoing
 from .ga_turns import Out
 from .ga_session import GAConfig, error_event, merge_session, session_event
@@ -75,6 +76,7 @@ CLIENT_EVENTS = (
     "session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
     "input_audio_buffer.clear", "conversation.item.create", "conversation.item.truncate",
     "conversation.item.delete", "response.create", "response.cancel",
+    "output_audio_buffer.clear",
 )
 # The runtime's option -> the client's field, in error messages.
 FIELDS = {"system_prompt": "session.instructions", "seed": "session.seed",
@@ -109,6 +111,7 @@ class GADialect(Dialect):
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
         self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
         self.responses.session_pace = session.pace
+        self.playback = Playback(lambda: self.plays_audio)  # a WebRTC track's playback
         session.keep_alive = self.owed  # idle time does not count while a response is owed
         session.spawn(self.run_owed())
 
@@ -147,7 +150,7 @@ class GADialect(Dialect):
         return event.kind == "input_audio_buffer.append"
 
     def translate(self, events: list) -> list[Outgoing]:
-        out = self.responses.translate(events)
+        out = self.playback.follow(self.responses.translate(events))
         if self.responses.owes:
             self.nudged.set()
         return out
@@ -160,7 +163,8 @@ class GADialect(Dialect):
         stream's bound) ends the owed response as ``failed`` (the session stays)."""
         out = super().frame_error(exc)
         if self.responses.server_frames and not stream_full(exc):
-            out += outgoing(self.responses.fail(str(exc) or type(exc).__name__))
+            out += self.playback.follow(outgoing(self.responses.fail(str(exc)
+                                                                      or type(exc).__name__)))
         return out
 
     def limit_reached(self) -> None:
@@ -169,7 +173,10 @@ class GADialect(Dialect):
 
     def emit(self, out: Out) -> None:
         """Events of the responses' book (audio apart), sent in order."""
-        self.session.send_all(outgoing(out))
+        self.session.send_all(self.playback.follow(outgoing(out)))
+
+    def played(self, mark: AudioMark) -> None:
+        self.session.send_all(self.playback.played(mark))
 
     async def dispatch(self, event: ClientEvent) -> None:
         try:
@@ -205,7 +212,13 @@ class GADialect(Dialect):
             self.send({"type": "conversation.item.deleted", "item_id": item_id})
         elif kind == "response.create":
             await self.create_response(message.get("response"))
+        elif kind == "output_audio_buffer.clear":
+            if not self.plays_audio:
+                raise invalid("output_audio_buffer.clear is for WebRTC calls, where the server "
+                              "plays the audio; a WebSocket client drops its own")
+            self.session.send_all(self.playback.clear(asked=True))
         elif kind == "response.cancel":
+            self.session.send_all(self.playback.clear())  # the speech queued is cut too
             events = self.responses.cancel()
             if events is None:
                 raise ProtocolError("response_cancel_not_active",
@@ -375,6 +388,8 @@ class GADialect(Dialect):
             raise invalid("item_id must be a string")
         if isinstance(end, bool) or not isinstance(end, int) or end < 0:
             raise invalid("audio_end_ms must be a non-negative integer")
+        if self.playback.holds(item_id):  # its speech still queued on the track: cut
+            self.session.send_all(self.playback.clear())
         events = self.responses.truncate(item_id)
         if events is None:
             raise invalid(f"unknown item_id {item_id[:64]!r}")

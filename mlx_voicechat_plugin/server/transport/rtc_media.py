@@ -7,7 +7,10 @@ hears: the model's audio (:class:`~..messages.AudioOut` bytes, PCM16 or
 G.711 at their rate) resampled to 48 kHz (``soxr``, a stream per input
 rate, so chunked output equals whole-signal output) and sent in 20 ms frames
 paced in real time; silence while there is none (a call's audio never
-pauses), which aiortc's sender encodes as Opus. Needs ``aiortc`` (the
+pauses), which aiortc's sender encodes as Opus. Marks
+(:class:`~..messages.AudioMark`) queued between the chunks are handed to
+``on_mark`` as playback reaches them; :meth:`SpeechTrack.clear` drops the
+queued speech and marks (a barge-in). Needs ``aiortc`` (the
 ``webrtc`` extra).
 """
 
@@ -26,7 +29,7 @@ import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from ..messages import AudioIn, ClientNotReading
+from ..messages import AudioIn, AudioMark, ClientNotReading
 from ..wire import pcm16_samples
 
 with warnings.catch_warnings():  # deprecated in the standard library of 3.11/3.12 only
@@ -75,10 +78,13 @@ class SpeechTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, max_seconds: float = MAX_SPEECH_SECONDS):
+    def __init__(self, max_seconds: float = MAX_SPEECH_SECONDS,
+                 on_mark: Callable[[AudioMark], None] | None = None):
         super().__init__()
         self.max_samples = int(max_seconds * RATE)
-        self.chunks: deque[np.ndarray] = deque()  # int16 at 48 kHz, not yet sent
+        self.on_mark = on_mark
+        # int16 at 48 kHz not yet sent, and the marks between them
+        self.chunks: deque[np.ndarray | AudioMark] = deque()
         self.queued = 0  # samples in ``chunks``
         self.resamplers: dict[int, Any] = {}  # input rate -> its soxr stream
         self.started: float | None = None  # when the first frame went out
@@ -101,12 +107,30 @@ class SpeechTrack(MediaStreamTrack):
             self.chunks.append(pcm)
             self.queued += pcm.shape[0]
 
+    def mark(self, mark: AudioMark) -> None:
+        """Hand ``mark`` to ``on_mark`` once the speech queued before it has been sent."""
+        self.chunks.append(mark)
+
+    def clear(self) -> int:
+        """Drop the speech (and marks) not yet sent; the samples dropped."""
+        dropped = self.queued
+        self.chunks.clear()
+        self.queued = 0
+        self.resamplers.clear()  # the next speech starts afresh, no tail of this one
+        return dropped
+
     def take(self, count: int) -> np.ndarray:
-        """The next ``count`` samples, silence where no speech is queued."""
+        """The next ``count`` samples, silence where no speech is queued; the marks
+        reached on the way handed over."""
         out = np.zeros(count, np.int16)
         filled = 0
-        while filled < count and self.chunks:
+        while self.chunks and (filled < count or isinstance(self.chunks[0], AudioMark)):
             chunk = self.chunks[0]
+            if isinstance(chunk, AudioMark):
+                self.chunks.popleft()
+                if self.on_mark is not None:
+                    self.on_mark(chunk)
+                continue
             step = min(count - filled, chunk.shape[0])
             out[filled:filled + step] = chunk[:step]
             filled += step

@@ -15,7 +15,10 @@ the client's SDP offer and makes the answer (candidates gathered as
   (queued, bounded, until the channel opens); an
   :class:`~..messages.AudioOut`'s audio on the call's audio track
   (:class:`~.rtc_media.SpeechTrack`), and its event, which only carries it,
-  not at all;
+  not at all; the transport plays the audio itself (:attr:`plays_audio`): a
+  :class:`~..messages.ClearAudio` drops the speech queued on the track (a
+  barge-in), an :class:`~..messages.AudioMark` comes back from
+  :meth:`~WebRTCTransport.receive` once the track has sent the speech before it;
 - the end: the peer connection failing or closing, the data channel
   closing, or :meth:`~WebRTCTransport.hang_up` (the route's ``DELETE``) is a
   :class:`~..messages.Hangup`; :meth:`~WebRTCTransport.stop` closes the peer
@@ -34,9 +37,10 @@ from typing import Any, Callable, Union
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from ..messages import AudioIn, AudioOut, ClientNotReading, Ending, Hangup, Outgoing
+from ..messages import (AudioIn, AudioMark, AudioOut, ClearAudio, ClientNotReading, Ending,
+                        Hangup, Outgoing)
 from .ice import ICEConfig
-from .rtc_media import SpeechTrack, read_track
+from .rtc_media import RATE, SpeechTrack, read_track
 from .websocket import serialize
 
 logger = logging.getLogger(__name__)
@@ -46,7 +50,7 @@ MAX_AUDIO_BACKLOG = 100  # 20 ms frames (2 s) waiting for the connection before 
 MAX_CHANNEL_BYTES = 4 * 2**20  # unsent bytes on the data channel: the client is not reading
 ENDED_STATES = ("failed", "closed")
 
-Received = Union[str, bytes, AudioIn, Hangup]
+Received = Union[str, bytes, AudioIn, AudioMark, Hangup]
 
 
 class OfferError(ValueError):
@@ -66,6 +70,8 @@ def check_offer(sdp: str) -> None:
 class WebRTCTransport:
     """One call's peer connection, as the connection sees it."""
 
+    plays_audio = True  # the model's audio is paced onto a track here, not by the client
+
     def __init__(self, max_pending: int, send_timeout: float,
                  on_end: Callable[[], None] | None = None):
         self.max_pending = max_pending
@@ -79,7 +85,7 @@ class WebRTCTransport:
         self.dropped = 0  # audio frames dropped: the connection was not taking them
         self.channel: Any = None
         self.unsent: deque[str] = deque()  # events made before the data channel opened
-        self.speech = SpeechTrack()
+        self.speech = SpeechTrack(on_mark=self._put)
         self.reader: asyncio.Task | None = None
         self.stopped = False
 
@@ -160,13 +166,16 @@ class WebRTCTransport:
         """Nothing to accept: the call was answered at signaling."""
 
     async def receive(self) -> Received:
-        """The next data channel message, the audio queued now (joined), or :class:`Hangup`."""
+        """The next data channel message, the audio queued now (joined), a mark the track
+        reached, or :class:`Hangup`."""
         while not self.inbox:
             self.arrived.clear()
             await self.arrived.wait()
         item = self.inbox.popleft()
         if isinstance(item, Hangup):
             self.inbox.appendleft(item)  # every later receive says so too
+            return item
+        if isinstance(item, AudioMark):
             return item
         if not isinstance(item, AudioIn):
             self.messages -= 1
@@ -187,6 +196,13 @@ class WebRTCTransport:
             raise ClientNotReading("the call has ended")
         if isinstance(message, AudioOut):
             self.speech.put(message.data, message.encoding, message.sample_rate)
+            return
+        if isinstance(message, ClearAudio):
+            dropped = self.speech.clear()
+            logger.debug("cleared %.2f s of queued speech", dropped / RATE)
+            return
+        if isinstance(message, AudioMark):
+            self.speech.mark(message)
             return
         text = serialize(message)
         channel = self.channel

@@ -19,7 +19,7 @@ import base64
 import logging
 from typing import Any, Union
 
-from ..messages import AudioOut, Ending, Hangup, Outgoing
+from ..messages import PLAYBACK, AudioOut, Ending, Hangup, Outgoing
 from ..wire import CloseCode, dumps
 from .outbox import Outbox
 
@@ -48,6 +48,8 @@ def serialize(message: Outgoing) -> str:
 class WebSocketTransport:
     """One client's WebSocket (Starlette's), as the connection sees it."""
 
+    plays_audio = False  # the client plays (and drops) the audio it is sent
+
     def __init__(self, websocket: Any, max_pending: int, send_timeout: float,
                  subprotocol: str | None = None):
         self.ws = websocket
@@ -69,8 +71,9 @@ class WebSocketTransport:
 
     def send(self, message: Outgoing) -> None:
         """Queue ``message`` (:class:`~..messages.ClientNotReading` when the client does
-        not read)."""
-        self.outbox.put(serialize(message))
+        not read); :class:`ClearAudio` and :class:`AudioMark` are not for it."""
+        if not isinstance(message, PLAYBACK):
+            self.outbox.put(serialize(message))
 
     async def drain(self) -> bool:
         """Let the queued messages go out; ``False`` if they took past the send timeout."""
