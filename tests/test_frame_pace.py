@@ -16,6 +16,7 @@ import asyncio
 import time
 
 import pytest
+from test_session_transport import engine  # noqa: F401  (the module's engine, tiny)
 
 from mlx_voicechat_plugin.runtime.pool import SessionPool
 from mlx_voicechat_plugin.runtime.streaming import StreamingShell
@@ -29,15 +30,6 @@ from mlx_voicechat_plugin.server.transport.memory import MemoryTransport
 FRAME_SECONDS = 0.08
 SLOW_SECONDS = 0.25  # a planted step: 170 ms later than a frame of wall time
 RESPONSE_SECONDS = 0.4  # five frames, run on silence once the response is owed
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_ckpt):
-    engine = Engine(str(tiny_ckpt), max_sessions=1)
-    engine.start()
-    assert engine.loaded.wait(120) and engine.ready
-    yield engine
-    engine.stop()
 
 
 @pytest.fixture

@@ -17,29 +17,19 @@ import asyncio
 import time
 
 import pytest
-from server_support import LiveServer, configure, connect, recv, running, send
+from server_support import LiveServer, configure, connect, recv, send
 
 pytest.importorskip("aiortc")
-from rtc_support import LOOPBACK, Caller, question_48k  # noqa: E402
+from rtc_support import Caller, question_48k  # noqa: E402
+from test_server_webrtc import API_KEY, server  # noqa: E402,F401  (loopback ICE only)
 
-from mlx_voicechat_plugin.server.app import create_app  # noqa: E402
-from mlx_voicechat_plugin.server.limits import ServerLimits  # noqa: E402
-from mlx_voicechat_plugin.server.transport.ice import ICEConfig  # noqa: E402
 from mlx_voicechat_plugin.server.transport.rtc_media import RATE  # noqa: E402
 
-API_KEY = "test-key"
 QUESTION_SECONDS = 1.0
 SESSION = {"type": "realtime", "max_response_seconds": 4.0,
            "audio": {"input": {"turn_detection": None}}}
 QUEUED_SECONDS = 0.5  # speech waiting on the track before the barge-in
 TIMEOUT = 30.0
-
-
-@pytest.fixture(scope="module")
-def server(tiny_ckpt):
-    limits = ServerLimits(update_timeout=10, idle_timeout=20)
-    app = create_app(tiny_ckpt, api_key=API_KEY, limits=limits, ice=ICEConfig(hosts=LOOPBACK))
-    yield from running(LiveServer(app))
 
 
 def playback(events: list[dict]) -> list[tuple[str, str]]:
