@@ -48,7 +48,8 @@ QUIET_SECONDS = 1.5
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt):
-    limits = ServerLimits(update_timeout=10, idle_timeout=20)
+    # A long idle timeout: a loaded machine may take a while over the WebSocket's backlog.
+    limits = ServerLimits(update_timeout=10, idle_timeout=120)
     app = create_app(tiny_ckpt, api_key=API_KEY, limits=limits, ice=ICEConfig(hosts=LOOPBACK))
     yield from running(LiveServer(app))
 
