@@ -111,3 +111,36 @@ def test_a_timed_out_connection_releases_the_session(server):
         assert until_closed(first, timeout=3.0)[1] == 1008
     with connect(server.ws()) as second:
         configure(second)
+
+
+@pytest.fixture
+def slow_server(tiny_ckpt, monkeypatch):
+    """Idle after 0.5 s, on an engine that takes 0.1 s over each frame (a loaded machine)."""
+    from mlx_voicechat_plugin.runtime.streaming import StreamingShell
+
+    check = StreamingShell.check_frame
+
+    def slow_check(self):
+        time.sleep(0.1)
+        check(self)
+
+    monkeypatch.setattr(StreamingShell, "check_frame", slow_check)
+    limits = ServerLimits(update_timeout=5, idle_timeout=0.5)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits)))
+
+
+def test_a_backlog_the_server_still_works_on_is_not_idle(slow_server):
+    """Twelve frames sent at once take the slow engine over 1 s: every one is answered before
+    the idle close, which counts from the last frame the server took."""
+    frames = 12
+    with connect(slow_server.ws()) as ws:
+        configure(ws)
+        for _ in range(frames):
+            send(ws, append_message(np.zeros(FRAME, np.float32)))
+        started, audio = time.monotonic(), 0
+        while (event := recv(ws, timeout=10))["type"] != "error":
+            audio += event["type"] == "response.audio.delta"
+        assert "idle" in event["error"]["message"]
+        assert time.monotonic() - started > 1.0
+        assert audio >= frames - 1  # the last frame's audio waits for a commit
+        assert until_closed(ws)[1] == 1008

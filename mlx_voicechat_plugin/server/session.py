@@ -92,8 +92,7 @@ class Session:
         self.limits = limits
         self.session_id = new_session_id()
         self.dialect: SessionDialect | None = None  # set once by whoever makes the session
-        self.configured = False
-        self.tools_set = False
+        self.configured = self.tools_set = False
         self.open = False  # the engine holds our streaming session
         self.closing: asyncio.Future | None = None  # the engine's close, once queued
         self.details: SessionDetails | None = None  # of the open session
@@ -130,8 +129,9 @@ class Session:
     def on_handoff(self, handoff: Handoff) -> None:
         """One engine cycle's output (on the loop): how late its frames ran, then in order
         a frame's events (translated here), a frame's error, a marker's reply."""
-        if handoff.consumed and self.feed is not None:
-            self.feed.consumed(handoff.consumed)
+        if handoff.consumed and self.feed is not None:  # the client's audio, still worked on:
+            self.feed.consumed(handoff.consumed)  # not idle (a backlog on a slow server)
+            self.active()
         if handoff.pace.frames:
             self.pace.add(handoff.pace)
             self.dialect.paced(handoff.pace)
@@ -245,7 +245,7 @@ class Session:
     # --- clocks and halts -----------------------------------------------------------------
 
     def active(self) -> None:
-        """Audio arrived or a request succeeded: the idle clock restarts."""
+        """Audio arrived or was taken into a frame, or a request succeeded: idle from now."""
         self.last_activity = time.monotonic()
 
     def deadline(self) -> tuple[float, str]:
