@@ -202,6 +202,8 @@ class GemmaStep:
     ) -> mx.array:
         """The attention core of each stream on its strided rows, re-interleaved."""
         streams = len(caches)
+        if streams == 1:  # one stream owns every row: no slices, nothing to re-interleave
+            return self._core(attn, q, k, v, caches[0])
         outs = [
             self._core(attn, q[s::streams], k[s::streams], v[s::streams], cache)[:, None]
             for s, cache in enumerate(caches)

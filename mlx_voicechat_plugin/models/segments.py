@@ -141,6 +141,10 @@ class _Attention:
         caches = [r[self.slot] for r in rows]
 
         def alone() -> mx.array:
+            if len(caches) == 1:  # one stream: its rows are the batch, nothing to slice
+                keys, values = caches[0].update_and_fetch(k, v)
+                return scaled_dot_product_attention(q, keys, values, cache=caches[0],
+                                                    scale=scale, mask=None)
             outs = []
             for b, cache in enumerate(caches):
                 keys, values = cache.update_and_fetch(k[b : b + 1], v[b : b + 1])
