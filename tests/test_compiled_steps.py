@@ -17,7 +17,7 @@ from backbone_support import backbone_steps
 from mlx_audio.stt.models.nemotron_asr.rnnt import GreedyDecoderState
 
 from mlx_voicechat_plugin import load
-from mlx_voicechat_plugin.models.rvq import rvq_assign
+from mlx_voicechat_plugin.models.rvq import CodebookTables, rvq_assign, rvq_block
 from mlx_voicechat_plugin.models.perception_stream import MelStream, PerceptionStream, push_frames
 from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTFrame, RNNTState
 from mlx_voicechat_plugin.runtime.rng import RandomStream
@@ -86,6 +86,18 @@ def test_depth_loop_traces_once_as_new_tokens_arrive(small):
         del tts._compiled_loop
         tts._compiled_depth = None
     assert len(traces) == 1
+
+
+def test_rvq_block_is_the_assigned_indices_side_by_side():
+    """The depth loop's block (held transposed tables, indices joined at once) is
+    ``rvq_assign``'s indices stacked (also with one-product distances, where probed equal)."""
+    codebooks = mx.random.normal((4, 32, 8), key=mx.random.key(3))
+    residual = mx.random.normal((6, 8), key=mx.random.key(4))
+    tables = CodebookTables(codebooks)
+    expected = mx.stack(rvq_assign(residual, codebooks), axis=-1)
+    for one_product in {False, tables.one_product}:
+        got = rvq_block(residual, tables.tables, tables.norms, tables.transposed, one_product)
+        assert got.shape == (6, 4) and _equal(got, expected)
 
 
 def test_rvq_assign_with_precomputed_norms_equals_computed_norms():

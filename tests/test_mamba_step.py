@@ -66,10 +66,20 @@ def _same(a: mx.array, b: mx.array) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and bool(mx.array_equal(a, b))
 
 
-def _assert_steps_equal(block, batch: int, compiled: bool, seed: int) -> None:
+def _as_rows(step):
+    """``step`` fed one position's ``(B, hidden)`` rows, its hidden state back as ``(B, 1, hidden)``."""
+    def rows(x, conv, ssm):
+        y, conv, ssm = step(x[:, 0], conv, ssm)
+        return y[:, None], conv, ssm
+    return rows
+
+
+def _assert_steps_equal(block, batch: int, compiled: bool, seed: int, rows: bool = False) -> None:
     hidden = block.norm.weight.shape[0]
     dtype = block.norm.weight.dtype
     expected_fn, got_fn = _upstream(block), MambaStep(block)
+    if rows:
+        got_fn = _as_rows(got_fn)
     if compiled:
         expected_fn, got_fn = mx.compile(expected_fn), mx.compile(got_fn)
     keys = iter(mx.random.split(mx.random.key(seed), STEPS + 1))
@@ -91,6 +101,14 @@ def test_step_equals_the_upstream_block_compiled(shape, dtype):
     block = _block(*SHAPES[shape], dtype)
     _assert_steps_equal(block, batch=3, compiled=True, seed=1)
     _assert_steps_equal(block, batch=1, compiled=True, seed=2)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32], ids=["bf16", "f32"])
+def test_step_on_rows_equals_the_upstream_block(dtype):
+    """The LLM's runs carry one position as (B, hidden) rows: the same bits."""
+    block = _block(*SHAPES["three groups"], dtype)
+    _assert_steps_equal(block, batch=3, compiled=True, seed=7, rows=True)
+    _assert_steps_equal(block, batch=1, compiled=False, seed=8, rows=True)
 
 
 @pytest.mark.parametrize("shape", ["tiny", "three groups"])

@@ -49,7 +49,7 @@ from ..config import TTSConfig
 from .context import ContextWindow, ring
 from .layers import GatedFusion
 from .mog_head import KeyRows, KeyStream, MoGHead, draw, next_key, take_keys
-from .rvq import CodebookTables, rvq_assign, unmasking_schedule
+from .rvq import CodebookTables, rvq_assign, rvq_block, unmasking_schedule
 from .gemma_step import GemmaStep
 from .subword import CharAwareSubwordEncoder
 
@@ -140,11 +140,12 @@ class EarTTS(nn.Module):
         return [None if (i + 1) % pattern == 0 else self.config.sliding_window
                 for i in range(self.config.num_hidden_layers)]
 
-    def embed_codes(self, codes: mx.array) -> mx.array:
+    def embed_codes(self, codes: mx.array, flat: mx.array | None = None) -> mx.array:
         """Codes [B, T, Q] -> summed codebook latents [B, T, latent], float32.
 
-        One gather over the flattened codebooks; ``mask_code`` (or any id past
-        the codebook) contributes zero.
+        One gather over the flattened codebooks (``flat``: them already flattened,
+        :class:`CodebookTables`' view); ``mask_code`` (or any id past the codebook)
+        contributes zero.
         """
         q, size, latent = self.rvq_embs.shape
         offsets = self._code_offsets
@@ -152,7 +153,7 @@ class EarTTS(nn.Module):
             offsets = mx.arange(q, dtype=mx.int32) * size
         valid = codes < size
         index = mx.where(valid, codes, 0).astype(mx.int32) + offsets
-        rows = self.rvq_embs.reshape(q * size, latent)[index]
+        rows = (self.rvq_embs.reshape(q * size, latent) if flat is None else flat)[index]
         rows = mx.where(valid[..., None], rows, 0)
         return rows.astype(mx.float32).sum(axis=-2)
 
@@ -236,7 +237,7 @@ class EarTTS(nn.Module):
         return self._compiled_depth(hidden, keys, masked, *self._codebook_tables().arrays())
 
     def _compiled_loop(self, hidden: mx.array, keys: mx.array, masked: mx.array,
-                       *books: list[mx.array]) -> mx.array:
+                       *books: Any) -> mx.array:
         return self._depth_loop(hidden, KeyRows(keys), books, masked)
 
     def _masked_codes(self, batch: int, length: int) -> mx.array:
@@ -280,7 +281,7 @@ class EarTTS(nn.Module):
         self,
         hidden: mx.array,
         rng: KeyStream | None,
-        codebooks: tuple[list[mx.array], ...] | None = None,
+        codebooks: tuple[Any, ...] | None = None,
         codes: mx.array | None = None,
     ) -> mx.array:
         config = self.config
@@ -298,7 +299,8 @@ class EarTTS(nn.Module):
         for count in self._schedule:
             if count == 0:
                 continue
-            embedded = self.embed_code(self.embed_codes(codes))
+            flat = None if codebooks is None else codebooks[-1]
+            embedded = self.embed_code(self.embed_codes(codes, flat))
             mu, logs = self.mog_head(
                 (embedded + guided).reshape(hidden.shape),
                 guidance_scale=config.guidance_scale,
@@ -309,13 +311,14 @@ class EarTTS(nn.Module):
             latent = mu + mx.exp(logs) * noise * config.noise_scale
             rows = latent.reshape(-1, latent.shape[-1])  # 2-D matmuls, no reshapes
             if codebooks is None:
-                picked = rvq_assign(rows, self.rvq_embs[done : done + count])
+                picked = mx.stack(rvq_assign(rows, self.rvq_embs[done : done + count]), axis=-1)
             else:
-                tables, norms = CodebookTables.pick(codebooks, rows.dtype)
+                tables, norms, transposed = CodebookTables.pick(codebooks, rows.dtype)
                 span = slice(done, done + count)
                 one_product = rows.dtype == mx.float32 and self._codebook_tables().one_product
-                picked = rvq_assign(rows, tables[span], norms[span], one_product=one_product)
-            block = mx.stack(picked, axis=-1).astype(mx.int32).reshape(*latent.shape[:-1], count)
+                picked = rvq_block(rows, tables[span], norms[span], transposed[span],
+                                   one_product=one_product)
+            block = picked.astype(mx.int32).reshape(*latent.shape[:-1], count)
             codes = mx.concatenate(
                 [codes[..., :done], block, codes[..., done + count :]], axis=-1
             )

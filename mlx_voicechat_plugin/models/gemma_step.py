@@ -53,12 +53,12 @@ class GemmaStep:
             self._angles = mx.compile(
                 lambda offset: tuple(t for rope in ropes for t in rope.angles(offset)))
             self._qk_weights: list[tuple[mx.array, ...] | None] = [None] * len(self.layers)
-        self._enter = mx.compile(lambda rope, *inputs: self._pre(0, entry(*inputs), rope))
+        self._enter = mx.compile(lambda rope, *inputs: self._pre(0, _rows(entry(*inputs)), rope))
         self._between = [
             mx.compile(lambda x, out, rope, i=i: self._pre(i + 1, self._post(i, x, out), rope))
             for i in range(last)
         ]
-        self._exit = mx.compile(lambda x, out: model.norm(self._post(last, x, out)))
+        self._exit = mx.compile(lambda x, out: model.norm(self._post(last, x, out))[:, None])
         self._cores = [LayerCores() for _ in self.layers]
 
     def _rope_forms(self) -> list[RopeForm] | None:
@@ -98,11 +98,8 @@ class GemmaStep:
         h = self.layers[i].input_layernorm(x)
         if self._forms is not None:
             return (x, *self._rotated(i, attn, h, *rope))
-        b, length, _ = h.shape
         q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
-        q = q.reshape(b, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
-        k = k.reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = v.reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k, v = _heads(q, attn.n_heads), _heads(k, attn.n_kv_heads), _heads(v, attn.n_kv_heads)
         (offset,) = rope
         q = attn.rope(attn.q_norm(q), offset=offset)
         k = attn.rope(attn.k_norm(k), offset=offset)
@@ -131,28 +128,26 @@ class GemmaStep:
         """q, k (normed, rotated) and v of layer ``i`` with its RoPE's tables. Where q/k/v
         are one product, q's and k's heads are adjacent in it: one norm over both (each
         head with its own norm's weight) and one rotation, instead of two of each."""
-        rope, b, length = self._forms[i], h.shape[0], h.shape[1]
+        rope = self._forms[i]
         heads, kv_heads = attn.n_heads, attn.n_kv_heads
         fused = getattr(attn, "fused_qkv", None)
         if (qk_weight is not None and fused is not None
                 and fused.serves((attn.q_proj, attn.k_proj, attn.v_proj))):
             qk, v = mx.split(fused.layer(h), [fused.splits[1]], axis=-1)
-            qk = qk.reshape(b, length, heads + kv_heads, -1).transpose(0, 2, 1, 3)
+            qk = _heads(qk, heads + kv_heads)
             qk = rope(rms_norm(qk, qk_weight, attn.q_norm.eps), cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
         else:
             q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
-            q = q.reshape(b, length, heads, -1).transpose(0, 2, 1, 3)
-            k = k.reshape(b, length, kv_heads, -1).transpose(0, 2, 1, 3)
+            q, k = _heads(q, heads), _heads(k, kv_heads)
             q = rope(attn.q_norm(q), cos, sin)
             k = rope(attn.k_norm(k), cos, sin)
-        v = v.reshape(b, length, kv_heads, -1).transpose(0, 2, 1, 3)
-        return q, k, v
+        return q, k, _heads(v, kv_heads)
 
     def _post(self, i: int, x: mx.array, out: mx.array) -> mx.array:
         layer = self.layers[i]
-        b, _, length, _ = out.shape
-        r = layer.self_attn.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+        # One position: [b, heads, 1, head_dim] in the order of the [b, width] rows.
+        r = layer.self_attn.o_proj(out.reshape(out.shape[0], -1))
         h = clip_residual(x + layer.post_attention_layernorm(r))
         r = gated_mlp(layer.mlp, layer.pre_feedforward_layernorm(h))
         return clip_residual(h + layer.post_feedforward_layernorm(r))
@@ -207,6 +202,8 @@ class GemmaStep:
     ) -> mx.array:
         """The attention core of each stream on its strided rows, re-interleaved."""
         streams = len(caches)
+        if streams == 1:  # one stream owns every row: no slices, nothing to re-interleave
+            return self._core(attn, q, k, v, caches[0])
         outs = [
             self._core(attn, q[s::streams], k[s::streams], v[s::streams], cache)[:, None]
             for s, cache in enumerate(caches)
@@ -214,6 +211,19 @@ class GemmaStep:
         # outs[s] is [group, 1, ...]: row j of stream s goes back to row j * S + s.
         joined = mx.concatenate(outs, axis=1)
         return joined.reshape(-1, *joined.shape[2:])
+
+
+def _rows(x: mx.array) -> mx.array:
+    """One position's ``[b, 1, width]`` as ``[b, width]`` rows: the spans carry rows, so
+    no product flattens its input and unflattens its output, and heads are one reshape
+    (with one position, ``[b, 1, heads, d]`` transposed is ``[b, heads, 1, d]`` in the
+    same order)."""
+    return x.reshape(x.shape[0], x.shape[-1])
+
+
+def _heads(x: mx.array, heads: int) -> mx.array:
+    """A projection's ``[b, heads * d]`` rows of one position as ``[b, heads, 1, d]``."""
+    return x.reshape(x.shape[0], heads, 1, -1)
 
 
 def _gemma_norms(attn: Any) -> bool:

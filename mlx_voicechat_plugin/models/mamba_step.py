@@ -66,17 +66,28 @@ class MambaStep:
         self.mixer = block.mixer
         # Constants upstream recomputes every step: -exp(A_log), and dt_bias in
         # float32 (compute_dt adds it to a float32 dt, casting it each time).
-        self.a = _negative_a(self.mixer.A_log)
-        self.dt_bias = self.mixer.dt_bias.astype(mx.float32)
+        mixer = self.mixer
+        heads = (mixer.n_groups, mixer.num_heads // mixer.n_groups, 1, 1)
+        self.a = _negative_a(mixer.A_log)
+        self.dt_bias = mixer.dt_bias.astype(mx.float32)
+        # Per head in _ssm's (g, rep, 1, 1) layout, made once: views of the
+        # constants would otherwise be nodes of every compiled step.
+        self._a_heads = self.a.reshape(heads)
+        self._dt_bias_heads = self.dt_bias.reshape(heads)
+        self._d_heads = mixer.D.reshape(heads)
         # Scheduled, not waited for: the first frame builds this object, and a
         # frame's host syncs are counted (tests/test_host_syncs.py). Scheduling
         # detaches their graphs, so mx.compile captures them as constants.
-        mx.async_eval(self.a, self.dt_bias)
+        mx.async_eval(self.a, self.dt_bias, self._a_heads, self._dt_bias_heads, self._d_heads)
 
     def __call__(self, x: mx.array, conv_state: mx.array, ssm_state: mx.array):
+        """``x``: ``(B, 1, hidden)``, or one position's ``(B, hidden)`` rows (the products
+        then take their input as it is, without a flatten and an unflatten each)."""
         block, mixer = self.block, self.mixer
         projected = mixer.in_proj(block.norm(x))
         gate, conv_input, dt = self._split(projected)
+        if x.ndim == 2:
+            conv_input = conv_input[:, None]
 
         # Upstream's _conv with a cache and no mask.
         padded = mx.concatenate([conv_state, conv_input], axis=1)
@@ -87,8 +98,10 @@ class MambaStep:
 
         y, ssm_state = self._ssm(hidden, B, C, dt, gate, ssm_state)
         # The rest of MambaRMSNormGated (its gate multiply ran in _ssm's output chain).
+        # _ssm's (b, g, rep, 1, dh) is upstream's (b, 1, h * dh) in order: its norm groups
+        # are one reshape of it.
         norm = mixer.norm
-        y = mx.unflatten(y.reshape(y.shape[0], 1, inner), axis=-1, shape=(-1, norm.group_size))
+        y = y.reshape(*x.shape[:-1], -1, norm.group_size)
         y = norm.weight * mx.fast.rms_norm(y, weight=None, eps=norm.eps).flatten(-2)
         return x + mixer.out_proj(y), conv_state, ssm_state
 
@@ -112,7 +125,8 @@ class MambaStep:
 
     def _ssm(self, hidden: mx.array, B: mx.array, C: mx.array, dt: mx.array, gate: mx.array,
              state: mx.array) -> tuple[mx.array, mx.array]:
-        """``ssm_attn`` at one position with a state (see the module docstring).
+        """``ssm_attn`` at one position with a state (see the module docstring): the output
+        ``(b, g, rep, 1, dh)`` and the next state ``(b, h, dh, d)``.
 
         ``dt`` and its decay ``exp(dt A)`` are per head (one small kernel each);
         the next state and the output are each one elementwise chain built
@@ -126,10 +140,9 @@ class MambaStep:
         g, d = mixer.n_groups, mixer.ssm_state_size
         rep = h // g
 
-        dt = compute_dt(dt.reshape(b, g, rep, 1, 1), self.dt_bias.reshape(g, rep, 1, 1),
-                        mixer.time_step_limit)
+        dt = compute_dt(dt.reshape(b, g, rep, 1, 1), self._dt_bias_heads, mixer.time_step_limit)
         # exp(cumsum(dt A)) over one position.
-        decay = mx.exp(dt * self.a.reshape(g, rep, 1, 1))
+        decay = mx.exp(dt * self._a_heads)
 
         # The next state: dtx (outer) B, a length-1 contraction (one product per
         # element), plus exp(dt A) state.
@@ -148,6 +161,6 @@ class MambaStep:
         x = hidden.reshape(b, g, rep, 1, dh)
         y = cb.reshape(b, g, 1, 1, 1).astype(mx.float32) * (dt * x)
         y = y + decay * y_prev.reshape(b, g, rep, 1, dh)
-        y = y.astype(x.dtype) + x * mixer.D.reshape(g, rep, 1, 1).astype(x.dtype)
+        y = y.astype(x.dtype) + x * self._d_heads.astype(x.dtype)
         y = swiglu(gate.reshape(b, g, rep, 1, dh), y)
-        return y.reshape(b, 1, h * dh), next_state.reshape(b, h, dh, d)
+        return y, next_state.reshape(b, h, dh, d)

@@ -61,14 +61,17 @@ class KeyStream(Protocol):
 class KeyRows:
     """Keys drawn in advance, ``[B, count, 2]``, handed out in order inside the
     compiled depth loop: each ``next`` is the next key of every session, ``[B, 2]``
-    (one key per row; :func:`~.mog_head.draw` draws each row from its own)."""
+    (one key per row; :func:`~.mog_head.draw` draws each row from its own), or of
+    the one session, ``[2]``."""
 
     def __init__(self, keys: mx.array):
         self.keys = keys
         self.index = 0
 
     def next(self) -> mx.array:
-        keys = self.keys[:, self.index]
+        # One session: its key itself, ``[2]`` (what ``draw`` takes from a one-row
+        # ``[1, 2]``, without a second slice of it).
+        keys = self.keys[0, self.index] if self.keys.shape[0] == 1 else self.keys[:, self.index]
         self.index += 1
         return keys
 

@@ -11,7 +11,7 @@ tables and norms, made once per weight array.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 
@@ -53,19 +53,41 @@ def rvq_assign(
     """
     if norms is None:
         norms = codebook_norms(codebooks if isinstance(codebooks, mx.array) else mx.stack(codebooks))
+    return [index for _, index in _assign(residual, codebooks, norms, one_product, None)]
+
+
+def rvq_block(residual: mx.array, tables: Sequence[mx.array], norms: Sequence[mx.array],
+              transposed: Sequence[mx.array], one_product: bool = False) -> mx.array:
+    """:func:`rvq_assign`'s indices as one ``[..., K]`` block (``uint32``), from
+    :class:`CodebookTables`' lists: ``transposed`` holds each table's evaluated
+    ``[D, C]`` view (the product's operand, not a transpose of every frame), and each
+    index keeps its axis so the block is one concatenation (no expansion per index)."""
+    picked = _assign(residual, tables, norms, one_product, transposed)
+    return mx.concatenate([kept for kept, _ in picked], axis=-1)
+
+
+def _assign(residual: mx.array, codebooks: mx.array | Sequence[mx.array],
+            norms: mx.array | Sequence[mx.array], one_product: bool,
+            transposed: Sequence[mx.array] | None) -> list[tuple[mx.array, mx.array]]:
+    """Greedy assignment: each codebook's index with its axis kept, ``[..., 1]``, and
+    without it (``argmin``'s own two steps, the same ops as ever)."""
     picked = []
     for k in range(len(codebooks)):
         table = codebooks[k]
-        index = mx.argmin(_distances(residual, table, norms[k], one_product), axis=-1)
+        matrix = table.T if transposed is None else transposed[k]
+        kept = mx.argmin(_distances(residual, matrix, norms[k], one_product), axis=-1,
+                         keepdims=True)
+        index = kept.squeeze(-1)
         residual = residual - table[index]
-        picked.append(index)
+        picked.append((kept, index))
     return picked
 
 
-def _distances(residual: mx.array, table: mx.array, norms: mx.array, one_product: bool) -> mx.array:
+def _distances(residual: mx.array, matrix: mx.array, norms: mx.array, one_product: bool) -> mx.array:
+    """Distances to every code; ``matrix`` is the table transposed, ``[D, C]``."""
     if one_product:
-        return mx.addmm(norms, residual, table.T, alpha=-2.0, beta=1.0)
-    return norms - 2.0 * (residual @ table.T)
+        return mx.addmm(norms, residual, matrix, alpha=-2.0, beta=1.0)
+    return norms - 2.0 * (residual @ matrix)
 
 
 def distance_in_one_product(tables: Sequence[mx.array], norms: Sequence[mx.array],
@@ -79,8 +101,8 @@ def distance_in_one_product(tables: Sequence[mx.array], norms: Sequence[mx.array
     for count in rows:
         key, sub = mx.random.split(key)
         residual = mx.random.normal((count, tables[0].shape[1]), key=sub).astype(dtype)
-        a = _distances(residual, tables[0], norms[0], False)
-        b = _distances(residual, tables[0], norms[0], True)
+        a = _distances(residual, tables[0].T, norms[0], False)
+        b = _distances(residual, tables[0].T, norms[0], True)
         if not mx.array_equal(a, b).item():
             return False
     return True
@@ -100,16 +122,25 @@ class CodebookTables:
         wide = rvq_embs.dtype == mx.float32
         self.tables32 = self.tables if wide else [t.astype(mx.float32) for t in self.tables]
         self.norms32 = self.norms if wide else [n.astype(mx.float32) for n in self.norms]
-        mx.eval(self.tables, self.norms, self.tables32, self.norms32)
+        # Each table's [D, C] operand held as an evaluated view (the same strides as
+        # the transpose the product would otherwise take every frame), and the
+        # codebooks as one [Q * C, D] table for the code embedding's gather.
+        self.transposed = [t.T for t in self.tables]
+        self.transposed32 = [t.T for t in self.tables32]
+        self.flat = rvq_embs.reshape(-1, rvq_embs.shape[-1])
+        mx.eval(self.tables, self.norms, self.tables32, self.norms32, self.transposed,
+                self.transposed32, self.flat)
         # Whether float32 distances may be one addmm (rvq_assign's one_product).
         self.one_product = distance_in_one_product(self.tables32, self.norms32)
 
-    def arrays(self) -> tuple[list[mx.array], ...]:
-        """What the compiled depth loop takes: both sets of tables and norms."""
-        return self.tables, self.norms, self.tables32, self.norms32
+    def arrays(self) -> tuple[Any, ...]:
+        """What the compiled depth loop takes: both sets of tables, norms and transposed
+        tables, and the flat table."""
+        return (self.tables, self.norms, self.transposed, self.tables32, self.norms32,
+                self.transposed32, self.flat)
 
     @staticmethod
-    def pick(arrays: tuple[list[mx.array], ...], dtype: mx.Dtype) -> tuple[list, list]:
-        """The tables and norms for residuals of ``dtype`` (from :meth:`arrays`)."""
-        tables, norms, tables32, norms32 = arrays
-        return (tables32, norms32) if dtype == mx.float32 else (tables, norms)
+    def pick(arrays: tuple[Any, ...], dtype: mx.Dtype) -> tuple[list, list, list]:
+        """The tables, norms and transposed tables for residuals of ``dtype`` (from
+        :meth:`arrays`)."""
+        return arrays[3:6] if dtype == mx.float32 else arrays[:3]

@@ -63,7 +63,12 @@ class _Run:
             k += 2
             x = layer(x, mask=None, cache=cache)
             new_state += [cache[0], cache[1]]
-        outputs = (x,) if self.head is None else tuple(self.head(x))
+        if self.head is None:
+            outputs: tuple[mx.array, ...] = (x,)
+        elif x.ndim == 2:  # rows: the heads' outputs as the stack's (B, 1, V)
+            outputs = tuple(o[:, None] for o in self.head(x))
+        else:
+            outputs = tuple(self.head(x))
         return (*outputs, *new_state)
 
     def __call__(self, x: mx.array, rows: Sequence[list[Any]]) -> tuple[mx.array, ...]:
@@ -112,8 +117,13 @@ class _Attention:
     def _project(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         attn = self.layer.mixer
         h = self.layer.norm(x)
-        b, length, _ = h.shape
         q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
+        if h.ndim == 2:  # one position's rows: [b, heads, 1, d] is one reshape
+            b = h.shape[0]
+            return (q.reshape(b, attn.num_heads, 1, -1),
+                    k.reshape(b, attn.num_key_value_heads, 1, -1),
+                    v.reshape(b, attn.num_key_value_heads, 1, -1))
+        b, length, _ = h.shape
         q = q.reshape(b, length, attn.num_heads, -1).transpose(0, 2, 1, 3)
         k = k.reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
         v = v.reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
@@ -121,6 +131,8 @@ class _Attention:
 
     def _output(self, x: mx.array, out: mx.array) -> mx.array:
         b, _, length, _ = out.shape
+        if x.ndim == 2:  # rows of one position: [b, heads, 1, d] in the rows' order
+            return x + self.layer.mixer.o_proj(out.reshape(b, -1))
         return x + self.layer.mixer.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
 
     def __call__(self, x: mx.array, rows: Sequence[list[Any]]) -> mx.array:
@@ -129,6 +141,10 @@ class _Attention:
         caches = [r[self.slot] for r in rows]
 
         def alone() -> mx.array:
+            if len(caches) == 1:  # one stream: its rows are the batch, nothing to slice
+                keys, values = caches[0].update_and_fetch(k, v)
+                return scaled_dot_product_attention(q, keys, values, cache=caches[0],
+                                                    scale=scale, mask=None)
             outs = []
             for b, cache in enumerate(caches):
                 keys, values = cache.update_and_fetch(k[b : b + 1], v[b : b + 1])
@@ -170,6 +186,14 @@ class SegmentedStep:
                 run_slots.append(None)
         self.plan.append(_Run(run, run_slots, head))
         self.head = head
+        # One position's hidden states travel as (B, hidden) rows where every layer
+        # takes them (MambaStep, MLP and attention blocks): no product flattens its
+        # input and unflattens its output. Upstream's Mamba2 block (Metal) or other
+        # mixers take (B, 1, hidden).
+        self.rows = all(
+            part.steps[i] is not None if slot is not None else part.layers[i].block_type == "-"
+            for part in self.plan if isinstance(part, _Run)
+            for i, slot in enumerate(part.cache_index))
         self._mamba_slots = [s for part in self.plan if isinstance(part, _Run) for s in part.slots]
 
     def ready(self, x: mx.array, caches: list[Any]) -> bool:
@@ -188,6 +212,8 @@ class SegmentedStep:
         so each row's attention is its stream's own). Every stream must be
         :meth:`ready`; one stream is the ``B = 1`` case.
         """
+        if self.rows:
+            x = x.reshape(x.shape[0], x.shape[-1])
         for part in self.plan:
             if isinstance(part, _Run):
                 x = part(x, rows)
