@@ -218,6 +218,8 @@ class Connection:
                                                  else session.replay.detached_after or 0)
                 self.send(self.dialect.resumed(self.last_seq or 0, replayed))
                 session.attach(self, self.last_seq)
+                if session.watcher is not None:  # counted once the session is attached
+                    session.watcher.resumed(session)
                 logger.info("%s resumed on a new transport (%d events replayed)",
                             self.session_id, replayed)
             else:

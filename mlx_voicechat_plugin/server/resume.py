@@ -113,6 +113,9 @@ class Resumes:
     def detached(self, session: Session) -> None:
         self._count("detached")
 
+    def resumed(self, session: Session) -> None:
+        self._count("resumed")
+
     def released(self, session: Session) -> None:
         token = session.resume_token
         self.sessions.pop(token, None)
@@ -146,7 +149,6 @@ class Resumes:
             session.end_detached(reason)
             raise Refused(410, "session_expired", f"the session cannot be resumed: {reason}")
         session.claimed = True
-        self._count("resumed")
         return session, seq
 
     async def end_all(self, reason: str) -> None:

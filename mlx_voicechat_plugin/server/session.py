@@ -49,8 +49,7 @@ FRAMES_PER_SECOND = 12.5
 
 
 def stream_full(exc: BaseException) -> bool:
-    """Whether a frame's error is its stream reaching ``max_streaming_seconds`` (not a
-    transcript's byte limit)."""
+    """Whether a frame's error is its stream reaching ``max_streaming_seconds`` (no byte cap)."""
     return isinstance(exc, ContextLimit) and not isinstance(exc, TranscriptLimit)
 
 
@@ -68,6 +67,8 @@ class Watcher(Protocol):
     """Who keeps track of a session's transports (the resume tokens, :mod:`.resume`)."""
 
     def detached(self, session: "Session") -> None: ...
+
+    def resumed(self, session: "Session") -> None: ...
 
     def released(self, session: "Session") -> None: ...
 
@@ -146,8 +147,7 @@ class Session:
                 entry.resolve()
 
     def deliver(self, messages: list[Outgoing]) -> None:
-        """Messages of the engine's output (on the loop), in order; a client that does
-        not read them halts the session."""
+        """The engine's messages (on the loop), in order; a client not reading halts it."""
         try:
             self.send_all(messages)
         except ClientNotReading as exc:
