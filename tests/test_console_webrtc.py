@@ -43,21 +43,26 @@ def namespace_command() -> list[str]:
     return command
 
 
-@pytest.fixture(scope="module")
-def console_run(tiny_ckpt, tmp_path_factory) -> tuple[dict, Path]:
-    """One call from the page, driven in its namespace: what the page showed, and where."""
+def drive_console(checkpoint: Path, out: Path, transport: str = "webrtc") -> tuple[dict, Path]:
+    """One call from the page over ``transport``, driven in its namespace: what the page
+    showed, and where its files are."""
     if find_chromium() is None:
         pytest.skip("no chromium binary (apt-get install chromium; `make browser` does it in CI)")
-    pytest.importorskip("aiortc", reason="WebRTC needs aiortc (the webrtc extra)")
+    pytest.importorskip("aiortc", reason="the server's calls route needs aiortc (webrtc extra)")
     command = namespace_command()
-    out = tmp_path_factory.mktemp("console")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([*command, sys.executable, str(DRIVER), str(tiny_ckpt), str(out)],
+    done = subprocess.run([*command, sys.executable, str(DRIVER), str(checkpoint), str(out),
+                           "--transport", transport],
                           cwd=DRIVER.parent, env=env, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads((out / "result.json").read_text()), out
+
+
+@pytest.fixture(scope="module")
+def console_run(tiny_ckpt, tmp_path_factory) -> tuple[dict, Path]:
+    return drive_console(tiny_ckpt, tmp_path_factory.mktemp("console"))
 
 
 def test_the_page_calls_with_an_ephemeral_key_and_shows_both_sides(console_run):
