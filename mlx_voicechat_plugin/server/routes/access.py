@@ -53,13 +53,17 @@ def origin_allowed(origin: str | None, allowed: Sequence[str]) -> bool:
     return hostname.lower() in LOOPBACK_HOSTS
 
 
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, if it is one."""
+    scheme, _, token = (header or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
 def bearer_ok(header: str | None, api_key: str | None) -> bool:
     if not api_key:
         return True
-    scheme, _, token = (header or "").partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(token.strip().encode(), api_key.encode())
+    token = bearer_token(header)
+    return token is not None and hmac.compare_digest(token.encode(), api_key.encode())
 
 
 def query_key_ok(value: str | None, api_key: str | None) -> bool:
@@ -88,8 +92,8 @@ def websocket_auth(websocket: WebSocket, api_key: str | None) -> tuple[bool, str
 def ephemeral_token(websocket: WebSocket) -> str | None:
     """The ephemeral key (``ek_...``, :mod:`..keys`) an upgrade carries as its bearer token
     or key subprotocol, if any."""
-    scheme, _, token = (websocket.headers.get("authorization") or "").partition(" ")
-    offered = [token.strip()] if scheme.lower() == "bearer" else []
+    token = bearer_token(websocket.headers.get("authorization"))
+    offered = [token] if token is not None else []
     offered += [str(p)[len(KEY_SUBPROTOCOL):] for p in websocket.scope.get("subprotocols") or ()
                 if str(p).startswith(KEY_SUBPROTOCOL)]
     return next((t for t in offered if is_ephemeral(t)), None)

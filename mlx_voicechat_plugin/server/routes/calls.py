@@ -20,6 +20,7 @@ reason. Without aiortc (the ``webrtc`` extra) the route answers 501.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 from typing import Any, AsyncIterator
@@ -38,7 +39,7 @@ from ..limits import ServerLimits
 from ..operations.drain import Drain
 from ..transport.ice import ICEConfig
 from ..wire import ProtocolError
-from .access import Access, bearer_ok
+from .access import Access, bearer_token
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +59,6 @@ class CallRefused(Exception):
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return JSONResponse({"error": {"message": self.message, "type": kind,
                                        "code": self.code, "param": self.param}}, self.status)
-
-
-def bearer_token(header: str | None) -> str | None:
-    scheme, _, token = (header or "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else None
 
 
 def authorize(access: Access, keys: EphemeralKeys, header: str | None
@@ -226,8 +222,8 @@ class Calls:
         transport, key = self.open.get(call_id, (None, None))
         header = request.headers.get("authorization")
         token = bearer_token(header)
-        own = key is not None and token is not None and is_ephemeral(token) \
-            and bearer_ok(header, key.value)
+        own = key is not None and token is not None \
+            and hmac.compare_digest(token.encode(), key.value.encode())
         if not (own or self.access.authorized(header)):
             return CallRefused(401, "invalid_api_key", "missing or invalid API key").response()
         if transport is None:
