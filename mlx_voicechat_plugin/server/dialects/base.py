@@ -29,7 +29,7 @@ from ..session import Session, stream_full
 from ..wire import ErrorCode, invalid
 
 BINARY_REFUSED = "binary frames are not supported; send JSON text"
-DEFAULT_INPUT_RATE = 16_000  # the model's input rate, before a session has opened
+MODEL_INPUT_RATE = 16_000  # the model's input rate (before a session has opened)
 MEDIA_REFUSED = "this protocol takes no audio on a media track"
 
 
@@ -82,7 +82,7 @@ class Dialect:
         """The client's audio the session took: samples, at the rate the client sends."""
         details = self.session.details
         return self.session.samples_received, (details.input_sample_rate if details
-                                               else DEFAULT_INPUT_RATE)
+                                               else MODEL_INPUT_RATE)
 
     def parse(self, message: str | bytes) -> Any:
         """One client message -> the dialect's message (:class:`~..wire.ProtocolError`

@@ -56,7 +56,7 @@ from ..session import Session, stream_full
 from .client_options import session_options, transcription_options
 from ..wire import (ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id,
                     parse_tool_output)
-from .base import Dialect
+from .base import MODEL_INPUT_RATE, Dialect
 from .ga_audio import FormatError, InputAudio, MediaInput
 from .ga_items import tool_output_item
 from .ga_playback import Playback
@@ -67,7 +67,6 @@ from .ga_session import GAConfig, error_event, merge_session, session_event
 logger = logging.getLogger(__name__)
 
 REALTIME_PATH = "/openai/v1/realtime"
-MODEL_INPUT_RATE = 16_000
 # A client that sent no audio for this long is not streaming: while a response is
 # owed the server runs the timeline on silence (real-time clients send a chunk
 # every 20-100 ms).
