@@ -47,7 +47,6 @@ class Transport(Protocol):
 
     plays_audio: bool  # it plays the model's audio itself (a WebRTC track), paced
 
-
     async def accept(self) -> None: ...
 
     async def receive(self) -> str | bytes | AudioIn | AudioMark | Hangup:
@@ -211,7 +210,7 @@ class Connection:
         except BaseException:
             session.claimed = False  # a resume that never reached its client
             raise
-        self.dialect.plays_audio = getattr(self.transport, "plays_audio", False)
+        self.dialect.plays_audio = self.transport.plays_audio
         try:
             if self.resumed:
                 replayed = session.replay.seq - (self.last_seq if self.last_seq is not None
