@@ -36,7 +36,7 @@ class Playback:
     def __init__(self, plays: Callable[[], bool]):
         self.plays = plays  # whether the transport plays the audio (the dialect's flag)
         self.queued: dict[str, str | None] = {}  # response id -> its item, started, not done
-        self.cut: set[str] = set()  # responses whose queued audio was dropped
+        self.cut: set[str] = set()  # responses cut, not yet done: their audio is dropped
         self.last: str | None = None  # the latest response that sent audio
 
     def follow(self, messages: list[Outgoing]) -> list[Outgoing]:
@@ -58,6 +58,7 @@ class Playback:
             out.append(message)
             if isinstance(message, Event) and message.payload.get("type") == "response.done":
                 response = message.payload.get("response", {}).get("id")
+                self.cut.discard(response)  # no audio of it follows its done
                 if response in self.queued:
                     out.append(AudioMark(response))
         return out
