@@ -69,16 +69,16 @@ class Realtime:
         if not allowed and dialect.query_key:
             allowed = query_key_ok(websocket.query_params.get("api_key"), key)
         ephemeral = None if allowed else ephemeral_token(websocket)
-        token = websocket.query_params.get("resume_token")
-        # A session opened with an ephemeral key resumes with that (spent) key: the
-        # resume token is bound to it, so the claim below is the check.
-        resuming_ephemeral = token is not None and ephemeral is not None
         if not allowed and ephemeral is None:
             await deny(websocket, 401, "missing or invalid API key")
             return
+        token = websocket.query_params.get("resume_token")
+        # A session opened with an ephemeral key resumes with that (spent) key: the
+        # resume token is bound to it, so the claim below is the check.
+        spend = ephemeral if token is None else None
         try:
-            if ephemeral is not None and not resuming_ephemeral:
-                self.keys.check(ephemeral)  # spent below, once every check has passed
+            if spend is not None:
+                self.keys.check(spend)  # spent below, once every check has passed
         except KeyRefused as exc:
             await deny(websocket, 401, str(exc))
             return
@@ -90,8 +90,8 @@ class Realtime:
             await deny(websocket, 404, self.served.not_served(asked))
             return
         try:
-            if ephemeral is not None and not resuming_ephemeral:
-                self.keys.redeem(ephemeral)
+            if spend is not None:
+                self.keys.redeem(spend)
         except KeyRefused as exc:
             await deny(websocket, 401, str(exc))
             return
