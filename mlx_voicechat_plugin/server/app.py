@@ -26,10 +26,10 @@ from .dialects import DIALECTS
 from .dialects.client_options import session_options
 from .engine.thread import Engine
 from .limits import ServerLimits
-from .operations.drain import DEFAULT_DRAIN_SECONDS, Drain
-from .resume import Resumes
-from .operations.replica import ReplicaStatus, add_replica_metrics, agent_line, replica_status
 from .keys import EphemeralKeys
+from .operations.drain import DEFAULT_DRAIN_SECONDS, Drain
+from .operations.replica import ReplicaStatus, add_replica_metrics, agent_line, replica_status
+from .resume import Resumes
 from .routes.access import API_KEY_ENV, Access
 from .routes.browser import browser_router
 from .routes.calls import Calls
@@ -89,8 +89,8 @@ def create_app(
     served = ServedModel.of(str(model_path), alias)
     prefix = normalize_prefix(api_prefix)
     access = Access.of(api_key, api_key_env, allowed_origins)
-    drain = Drain(engine, drain_seconds)
-    drain.resumes = resumes = Resumes(engine.metrics.registry)
+    resumes = Resumes(engine.metrics.registry)
+    drain = Drain(engine, drain_seconds, resumes=resumes)
 
     def status() -> ReplicaStatus:
         """The replica's state now, for /health, the agent-check and /metrics."""

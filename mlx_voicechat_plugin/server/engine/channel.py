@@ -13,9 +13,10 @@ inputs).
 
 What the engine did for the session in one cycle -- a frame's runtime
 events, a frame's error, the replies of the markers it ran, the client
-samples that left the inbox, how late its frames ran (:class:`~.pace.FramePace`)
--- is collected in one :class:`Handoff`, in order, and handed to the session's sink on its event loop (its connection,
-which translates the events into its dialect there).
+samples that left the inbox, how late its frames ran
+(:class:`~.pace.FramePace`) -- is collected in one :class:`Handoff`, in order,
+and handed to the session's sink on its event loop (its connection, which
+translates the events into its dialect there).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ While draining, the engine admits no one (new connections get
 ``server_busy`` and close 1013; new transcriptions a 503), the agent-check
 says ``drain`` and ``/health`` answers 503 (:mod:`.replica`), so a balancer
 or a readiness probe sends new sessions elsewhere; open sessions and file
-transcriptions run on, and detached ones (awaiting a resume) are ended. When the last one ends, or ``--drain-seconds`` after
-the start, the sessions still open are closed with 1001 and a reason naming
-the stop, and ``on_drained`` runs (the server exits, with status 0).
+transcriptions run on, and detached ones (awaiting a resume) are ended. When
+the last one ends, or ``--drain-seconds`` after the start, the sessions still
+open are closed with 1001 and a reason naming the stop, and ``on_drained``
+runs (the server exits, with status 0).
 
 The app runs each connection through :meth:`Drain.serve`, which tracks it so
 the stop can end it. :func:`draining_server` is uvicorn's server with the
@@ -44,7 +45,7 @@ class Drain:
 
     def __init__(self, engine: Any, seconds: float = DEFAULT_DRAIN_SECONDS,
                  on_drained: Callable[[], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, resumes: Any = None):
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
                 or not seconds >= 0:
             raise ValueError(f"drain_seconds must be >= 0, got {seconds!r}")
@@ -57,7 +58,7 @@ class Drain:
         self.open: dict[asyncio.Task, Any] = {}  # connection task -> its Connection
         self.ended: set[asyncio.Task] = set()  # tasks the stop cancelled
         self._runner: asyncio.Task | None = None
-        self.resumes: Any = None  # the detached sessions (:mod:`..resume`), ended at the start
+        self.resumes = resumes  # the detached sessions (:mod:`..resume`), ended at the start
 
     @property
     def draining(self) -> bool:
