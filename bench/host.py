@@ -14,6 +14,11 @@ for ``--frames`` steady frames of each side:
   ``push_audio`` (MLX computes on its own threads, so this is Python, graph
   building, compile-cache lookups, dispatch and books), the median over the
   frames of each round and its ratio plugin / reference per round;
+- waits per frame: how often the stepping thread blocked in those frames
+  (its voluntary context switches, the median over every timed frame; on
+  MLX's CPU backend mostly the evaluation's throttle, a cost of this proxy
+  that a GPU backend pays about ten times less often; ``None`` where the
+  system does not count them per thread);
 - in a separate counted pass (the counter's export costs host time, so it
   is never timed): kernels, graph nodes (views included) and evaluations per
   frame (:class:`~mlx_voicechat_plugin.runtime.kernels.KernelCounter`).
@@ -67,7 +72,7 @@ def side_by_side(ours: Any, theirs: Any, audio: np.ndarray, frame: int, warm: in
     """Host CPU per frame of both sides, interleaved, then their counts per frame."""
     import mlx.core as mx
 
-    from mlx_voicechat_plugin.runtime.kernels import host_ms
+    from mlx_voicechat_plugin.runtime.kernels import host_ms, thread_waits
 
     sides = [Side("plugin", ours, lambda x: x, audio, frame),
              Side("reference", theirs, mx.array, audio, frame)]
@@ -75,11 +80,15 @@ def side_by_side(ours: Any, theirs: Any, audio: np.ndarray, frame: int, warm: in
         for side in sides:
             side.push()
     times: dict[str, list[list[float]]] = {s.name: [] for s in sides}
+    waits: dict[str, list[int]] = {s.name: [] for s in sides}
     for r in range(rounds):
         round_times: dict[str, list[float]] = {s.name: [] for s in sides}
         for _ in range(frames):
             for side in sides if r % 2 == 0 else sides[::-1]:
+                before = thread_waits()
                 round_times[side.name].append(host_ms(side.push))
+                if before is not None:
+                    waits[side.name].append(thread_waits() - before)
         for name, values in round_times.items():
             times[name].append(values)
     counts = {s.name: [counted(s.push) for _ in range(3)] for s in sides}
@@ -88,6 +97,7 @@ def side_by_side(ours: Any, theirs: Any, audio: np.ndarray, frame: int, warm: in
     report: dict[str, Any] = {
         "host_ms_round_medians": medians,
         "host_ratio_rounds": ratios, "host_ratio": statistics.median(ratios),
+        "waits": {name: statistics.median(w) if w else None for name, w in waits.items()},
     }
     for key in ("kernels", "nodes", "views", "evaluations"):
         values = {name: statistics.median(c[key] for c in cs) for name, cs in counts.items()}

@@ -23,8 +23,10 @@ quantized ones with more than one row (``qmm``, not ``qmv``), and their
 callers. Reported per N: median,
 min and max over the counted steps, the graph nodes (views included: each
 costs the host a dispatch), the matmuls among the primitives, the wide
-float products of the uncompiled step (``wide``), and the host
-CPU ms per step with its ratio to the first N. Counts do not depend on the
+float products of the uncompiled step (``wide``), the host
+CPU ms per step with its ratio to the first N, and the stepping thread's
+waits per step (how often it blocked: on MLX's CPU backend mostly the
+evaluation's throttle, see :func:`~mlx_voicechat_plugin.runtime.kernels.thread_waits`). Counts do not depend on the
 machine's load; host milliseconds do, so compare them as ratios in one run.
 """
 
@@ -46,7 +48,7 @@ SIZES = ("tiny", "small", "medium", "full")
 def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> dict[str, Any]:
     """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps."""
     from mlx_voicechat_plugin.runtime import compile_policy
-    from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter, host_ms
+    from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter, host_ms, thread_waits
     from mlx_voicechat_plugin.runtime.matmuls import MatmulShapes
     from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
@@ -62,6 +64,7 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
         pool.open(i, SessionOptions(seed=int(i)))
     steps: list[dict[str, Any]] = []
     host: list[float] = []
+    waits: list[int] = []
     outcome: list[Any] = []
     products: dict[str, Any] = {}
     try:
@@ -70,7 +73,10 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
             if index < warm_frames:
                 result = pool.step(chunk)
             elif index < warm_frames + frames:  # timed, never counted (the count costs host time)
+                before = thread_waits()
                 host.append(host_ms(lambda: outcome.append(pool.step(chunk))))
+                if before is not None:
+                    waits.append(thread_waits() - before)
                 result = outcome.pop()
             elif index < warm_frames + 2 * frames:
                 with KernelCounter() as counter:
@@ -96,7 +102,7 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
     return {"batch": batch, "steps": len(steps), "kernels": counts("kernels"),
             "nodes": counts("nodes"), "evaluations": counts("evaluations"),
             "matmuls": counts("matmuls"),
-            "host_ms": summary(host),
+            "host_ms": summary(host), "waits": summary(waits) if waits else None,
             "products": products.get("products", 0), "wide_float": products.get("wide_float", 0),
             "wide_quantized": products.get("wide_quantized", 0),
             "wide_callers": products.get("wide_callers", {}), "product_shapes": products,
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{mx.default_device()}, counted after {args.warm_frames} frames", flush=True)
     print(f"{'N':>3s} {'kernels/step':>13s} {'(min-max)':>13s} {'x N=1':>6s} "
           f"{'nodes':>6s} {'matmuls':>8s} {'wide':>5s} {'evals/step':>10s} {'host ms':>8s} "
-          f"{'x N=1':>6s}",
+          f"{'x N=1':>6s} {'waits':>6s}",
           flush=True)
     for n in batches:
         row = count_steps(voicechat, n, args.warm_frames, args.frames)
@@ -158,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{k['median'] / base:6.2f} {row['nodes']['median']:6.0f} "
               f"{row['matmuls']['median']:8.0f} {row['wide_float']:5d} "
               f"{row['evaluations']['median']:10.0f} "
-              f"{host:8.1f} {host / host_base:6.2f}", flush=True)
+              f"{host:8.1f} {host / host_base:6.2f} "
+              f"{row['waits']['median'] if row['waits'] else float('nan'):6.0f}", flush=True)
         callers = ", ".join(f"{caller} {count}"
                             for caller, count in list(row["wide_callers"].items())[:3])
         print(f"    wide float products by caller: {callers or 'none'}", flush=True)

@@ -148,3 +148,42 @@ def test_the_host_bench_sets_the_plugin_beside_the_reference(tiny_ckpt):
     for key in ("kernels", "nodes", "views", "evaluations"):
         assert report[key]["plugin"] > 0 and report[key]["reference"] > 0, key
     assert report["nodes"]["plugin"] > report["kernels"]["plugin"]
+
+
+def test_thread_waits_counts_the_threads_blocks_not_its_work():
+    """A planted run of waits moves the count by at least one a wait; CPU work alone
+    does not block (where the system counts per thread)."""
+    from mlx_voicechat_plugin.runtime.kernels import thread_waits
+
+    if thread_waits() is None:
+        pytest.skip("this system does not count context switches per thread")
+    event = threading.Event()
+    before = thread_waits()
+    for _ in range(20):
+        event.wait(0.001)
+    planted = thread_waits() - before
+    before = thread_waits()
+    sum(i * i for i in range(200_000))
+    working = thread_waits() - before
+    assert planted >= 20, planted
+    assert working <= 2, working
+
+
+def test_the_host_bench_reports_waits_per_frame(tiny_ckpt):
+    """``bench.host`` gives each side's waits per frame beside its host CPU."""
+    from mlx_vlm.utils import load as reference_load
+
+    from bench.host import side_by_side
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.runtime.kernels import thread_waits
+    from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+    model, processor = load(tiny_ckpt)
+    ref, ref_processor = reference_load(str(tiny_ckpt))
+    report = side_by_side(model.create_session(processor), ref.create_session(ref_processor),
+                          question_signal(2.0), model.config.frame_samples, warm=4, frames=2,
+                          rounds=1)
+    if thread_waits() is None:
+        assert report["waits"] == {"plugin": None, "reference": None}
+    else:
+        assert all(report["waits"][side] >= 0 for side in ("plugin", "reference"))

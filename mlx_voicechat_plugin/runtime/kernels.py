@@ -22,7 +22,12 @@ evaluated with ``mx.export_to_dot`` and counts its primitive nodes by name.
 
 :func:`host_ms` measures the other cost of a frame on a GPU: the stepping
 thread's CPU time, where every graph node (views included, :attr:`~KernelCounter.nodes`)
-costs a dispatch.
+costs a dispatch; :func:`thread_waits` how often that thread blocked (on MLX's
+CPU backend, mostly the evaluation's throttle: the stepping thread is held
+back whenever more than ten tasks of ten dispatches each are queued on the
+compute thread, so it stays about fifty graph nodes ahead of the compute and
+pays a block and a wake-up about every five nodes, which a GPU backend,
+whose task is a command buffer of about a hundred operations, does not).
 
 Nothing is patched outside the ``with`` block, so normal runs pay nothing.
 Used by ``python -m bench.kernels`` (per pool step, per batch size) and by
@@ -68,6 +73,18 @@ def host_ms(run: Callable[[], Any]) -> float:
     began = time.thread_time()
     run()
     return (time.thread_time() - began) * 1e3
+
+
+def thread_waits() -> int | None:
+    """How many times the calling thread has blocked so far (its voluntary context
+    switches), or ``None`` where the system does not count them per thread (Linux
+    does; macOS has no ``RUSAGE_THREAD``). Take the difference around a step."""
+    try:
+        import resource
+    except ImportError:  # no getrusage on this system
+        return None
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return None if who is None else resource.getrusage(who).ru_nvcsw
 
 
 def kernel_count(primitives: Counter) -> int:
