@@ -7,7 +7,8 @@ point, so the result enters the timeline at the same frame in every run); then
 commit. With ``drop_at`` it sends a burst of frames it does not wait for,
 aborts its socket (a TCP reset: no close frame, the events in flight lost)
 and resumes with its ``resume_token`` and the last ``seq`` it read, resending
-its audio from what ``session.resumed`` says the server holds.
+its audio from what ``session.resumed`` says the server holds. A silent drop
+leaves the socket open and quiet (a half-open link) and resumes at once.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def event(client: RawClient) -> dict:
 
 
 def reattach(port: int, path: str, seconds: float = 10.0, **kwargs: Any) -> RawClient:
-    """Resume at ``path``, again while the server still counts the session attached (409:
-    it has not seen the old connection drop yet), as a client should."""
+    """Resume at ``path``, again while another resume of the session is being accepted
+    (409), as a client should."""
     deadline = time.monotonic() + seconds
     while True:
         try:
@@ -68,6 +69,7 @@ class Conversation:
         self.token = ""
         self.answered = False
         self.resumes: list[dict] = []  # the session.resumed events
+        self.superseded: tuple[int, str] | None = None  # a silent drop's close, when taken
 
     def read(self) -> dict:
         got = event(self.client)
@@ -101,14 +103,24 @@ class Conversation:
             self.client.send_json({"type": "session.ping"})
             self.until("session.pong")
 
-    def drop_and_resume(self, at: int) -> int:
-        """Send frames from ``at`` unacknowledged, drop, resume: the frame to go on from."""
+    def drop_and_resume(self, at: int, silent: bool = False) -> int:
+        """Send frames from ``at`` unacknowledged, drop, resume: the frame to go on from.
+
+        ``silent``: the link goes quiet instead of resetting (a half-open connection the
+        server cannot see drop), and the resume comes at once: it takes the session
+        over, and the server closes the old connection (1000)."""
         end = at + BURST if self.tool_at is None or at >= self.tool_at else \
             min(at + BURST, self.tool_at)
         for index in range(at, end):
             self.frame(index, wait=False)
-        abort(self.client)
-        self.client = reattach(self.port, resume_path(self.path, self.token, self.last_seq))
+        old, path = self.client, resume_path(self.path, self.token, self.last_seq)
+        if silent:
+            self.client = RawClient(self.port, path)  # never a 409: the resume takes it
+            self.superseded = old.close_frame()
+            old.close()
+        else:
+            abort(old)
+            self.client = reattach(self.port, path)
         resumed = event(self.client)
         assert resumed["type"] == "session.resumed", resumed
         assert "seq" not in resumed
@@ -121,15 +133,15 @@ class Conversation:
         assert held % FRAME == 0 and at * FRAME <= held <= end * FRAME, (held, at, end)
         return held // FRAME
 
-    def run(self, frames: int, drop_at: int | None = None) -> list[dict]:
-        """The whole conversation; every event read."""
+    def run(self, frames: int, drop_at: int | None = None, silent: bool = False) -> list[dict]:
+        """The whole conversation; every event read (``silent``: see :meth:`drop_and_resume`)."""
         index = 0
         while index < frames:
             if index == self.tool_at and not self.answered:
                 self.answer_call()
             if index == drop_at:
                 drop_at = None
-                index = self.drop_and_resume(index)
+                index = self.drop_and_resume(index, silent)
                 continue
             self.frame(index)
             index += 1

@@ -81,7 +81,8 @@ def tool_runs(server, tiny_ckpt):
     tool_at = script.start + len(script.tokens)
     frames = tool_at + len(script.tokenizer_encode(render_tool_response('{"temp": 21}'))) + 4
     signal = question_signal(frames * 0.08 + 0.1)
-    drops = {"undisturbed": None, "before": 1, "during": tool_at - 1, "after": tool_at + 1}
+    drops = {"undisturbed": None, "before": 1, "during": tool_at - 1, "after": tool_at + 1,
+             "silent": tool_at - 1}
     runs = {}
     try:
         for name, drop_at in drops.items():
@@ -89,14 +90,14 @@ def tool_runs(server, tiny_ckpt):
             script.forced.clear()
             conversation = Conversation(server.port, signal, tool_at)
             conversation.start(seed=3, tools=[WEATHER])
-            runs[name] = conversation, conversation.run(frames, drop_at)
+            runs[name] = conversation, conversation.run(frames, drop_at, name == "silent")
             server.wait_idle()
     finally:
         monkeypatch.undo()
     return runs
 
 
-@pytest.mark.parametrize("drop", ["before", "during", "after"])
+@pytest.mark.parametrize("drop", ["before", "during", "after", "silent"])
 def test_a_dropped_and_resumed_conversation_reads_as_an_undisturbed_one(tool_runs, drop):
     _, undisturbed = tool_runs["undisturbed"]
     conversation, events = tool_runs[drop]
@@ -107,7 +108,7 @@ def test_a_dropped_and_resumed_conversation_reads_as_an_undisturbed_one(tool_run
             "conversation.item.function_call_output.injected"} <= kinds
 
 
-@pytest.mark.parametrize("drop", ["before", "during", "after"])
+@pytest.mark.parametrize("drop", ["before", "during", "after", "silent"])
 def test_seq_is_gap_free_across_the_resume(tool_runs, drop):
     _, events = tool_runs[drop]
     assert numbered(events) == list(range(1, len(numbered(events)) + 1))
@@ -187,13 +188,23 @@ def test_a_resume_says_how_much_audio_the_server_holds(server):
     server.wait_idle()
 
 
-def test_a_second_attach_while_attached_is_refused_and_the_session_goes_on(server):
+def test_a_resume_takes_the_session_from_a_link_that_went_silent(tool_runs):
+    """A half-open link (the server never saw it drop) does not hold the session hostage:
+    the resume takes it at once, and the old connection is closed, 1000, saying why."""
+    conversation, _ = tool_runs["silent"]
+    assert conversation.superseded == (1000, "the session was resumed on another connection")
+
+
+def test_the_newest_resume_wins_and_the_session_goes_on(server):
     token, last = _detached(server)
-    client = _resume(server, token, last)
-    assert event(client)["type"] == "session.resumed"
-    status, error = _refused(server, token, last)
-    assert (status, error["code"]) == (409, "session_attached")
-    assert _finish(client) is not None
+    first = _resume(server, token, last)
+    assert event(first)["type"] == "session.resumed"
+    second = _resume(server, token, last)
+    assert event(second)["type"] == "session.resumed"
+    assert first.close_frame() == (1000, "the session was resumed on another connection")
+    first.close()
+    assert metric(server, "voicechat_sessions_resumed_total") >= 2
+    assert _finish(second) is not None
     server.wait_idle()
 
 

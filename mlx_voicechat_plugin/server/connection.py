@@ -113,6 +113,8 @@ class Connection:
         self.receiving: asyncio.Future | None = None  # a pending transport.receive()
         self.early: deque[Any] = deque()  # messages read while a prefill ran
         self.admitted = False  # its slot was reserved before the transport (a WebRTC call)
+        self.superseded = False  # a resume took the session from this transport
+        self.letting_go: asyncio.Future = asyncio.get_running_loop().create_future()
 
     @property
     def session_id(self) -> str:
@@ -141,8 +143,12 @@ class Connection:
             self.receive()
             remaining = session.connected_at + self.limits.max_session_wall_seconds \
                 - time.monotonic()
-            done, _ = await asyncio.wait({opening, self.receiving}, timeout=max(remaining, 0),
+            done, _ = await asyncio.wait({opening, self.receiving, self.letting_go},
+                                         timeout=max(remaining, 0),
                                          return_when=asyncio.FIRST_COMPLETED)
+            if self.superseded:  # the session goes on opening for the resume that took it
+                await session.wait_opening(opening)
+                return
             gone = self.receiving in done and isinstance(self.receiving.result(), Hangup)
             if gone and session.outlives(self.receiving.result()):
                 self.early.append(self.receiving.result())
@@ -159,6 +165,17 @@ class Connection:
                 self.early.append(self.receiving.result())
                 self.receiving = None
 
+    def supersede(self) -> None:
+        """A resume took the session (:meth:`.resume.Resumes.take_over`): read nothing
+        more from this transport, never detach or release the session from here, and
+        let :meth:`run` close the transport."""
+        self.superseded = True
+        if self.receiving is not None:
+            self.receiving.cancel()
+            self.receiving = None
+        if not self.letting_go.done():
+            self.letting_go.set_result(None)
+
     # --- lifetime -----------------------------------------------------------------
 
     def _hung_up(self, receiving: asyncio.Future) -> None:
@@ -171,7 +188,7 @@ class Connection:
         reaches the application, so the newcomer finds the slot free. A session
         that outlives its transport is detached instead.
         """
-        if receiving.cancelled() or receiving.exception() is not None \
+        if self.superseded or receiving.cancelled() or receiving.exception() is not None \
                 or not isinstance(receiving.result(), Hangup):
             return
         session = self.session
@@ -235,7 +252,14 @@ class Connection:
         except Finished as end:
             await self.finish(end.ending)
         except Hangup:
-            logger.info("%s disconnected", self.session_id)
+            if self.superseded:
+                logger.info("%s: the old transport closes (resumed on another)",
+                            self.session_id)
+                await self.transport.stop()
+                await self.close(Ending.SUPERSEDED, "the session was resumed on another "
+                                                    "connection")
+            else:
+                logger.info("%s disconnected", self.session_id)
         except ClientNotReading as exc:
             logger.info("%s closed: %s (%s)", self.session_id, NOT_READING, exc)
             await session.release()
@@ -244,7 +268,9 @@ class Connection:
         finally:
             if self.receiving is not None:
                 self.receiving.cancel()
-            if not session.detached:  # a hangup detached one that outlives its transport
+            # A hangup detached one that outlives its transport; a superseded
+            # transport's session belongs to the resume that took it.
+            if not (session.detached or self.superseded):
                 await session.release()
             await self.transport.stop()
 
@@ -320,6 +346,8 @@ class Connection:
         forwarding a frame's events) as soon as it happens. A message already
         there is taken even when the deadline has passed meanwhile.
         """
+        if self.superseded:
+            return Hangup(None)
         if self.early:
             message = self.early.popleft()
             return message if isinstance(message, Hangup) else (message,)
@@ -327,10 +355,12 @@ class Connection:
         expiry = asyncio.ensure_future(self.session.expired())
         try:
             if not (halted.done() or receiving.done()):
-                await asyncio.wait({receiving, halted, expiry},
+                await asyncio.wait({receiving, halted, expiry, self.letting_go},
                                    return_when=asyncio.FIRST_COMPLETED)
         finally:
             expiry.cancel()
+        if self.superseded:
+            return Hangup(None)
         if halted.done():
             raise halted.result()
         if not receiving.done():

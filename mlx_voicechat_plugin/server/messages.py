@@ -91,6 +91,7 @@ class Ending(enum.Enum):
     VIOLATION = "violation"  # a timeout, too many failed updates: the client broke a rule
     NOT_READING = "not reading"  # the client left its events unread
     STOPPING = "stopping"  # the server is stopping (a drain's end)
+    SUPERSEDED = "superseded"  # a resume took the session to another connection
 
 
 class Finished(Exception):

@@ -10,10 +10,15 @@ its connection opens the same path with ``?resume_token=...&last_seq=N``;
 :meth:`Resumes.claim` finds the session or says why not (:class:`Refused`,
 an HTTP status with a code and a message): an unknown token, a session that
 has ended (its window passed, it was committed, the replica drained), a
-token of another key, a session still attached (or being resumed), a
-``last_seq`` past what was sent, or one whose events after it are no longer
-held (then the session ends: it cannot be made whole). A refused claim
-leaves the session as it was.
+token of another key, a resume at another dialect's path, a session being
+resumed by another connection, a ``last_seq`` past what was sent, or one
+whose events after it are no longer held (then the session ends: it cannot
+be made whole). A refused claim leaves the session as it was, except the
+last: the events are gone. A session still attached when a valid resume
+comes (the server has not seen its old connection drop: a half-open TCP
+connection is seen only when pings time out) is taken over, as MQTT takes
+over a client id: the old connection is closed (1000, "the session was
+resumed on another connection") and the resume goes on.
 
 ``/metrics`` counts the sessions detached, resumed and expired (released
 while detached), and how many are detached now.
@@ -126,9 +131,12 @@ class Resumes:
         while len(self.ended) > ENDED_KEPT:
             self.ended.popitem(last=False)
 
-    def claim(self, token: str, key: str | None, last_seq: str | None) -> tuple[Session, int]:
-        """The detached session ``token`` names, for a client with ``key`` that read up to
-        ``last_seq``; marked as being resumed. :class:`Refused` says why not."""
+    def claim(self, token: str, key: str | None, last_seq: str | None,
+              dialect: type | None = None) -> tuple[Session, int]:
+        """The session ``token`` names, for a client with ``key`` that read up to
+        ``last_seq`` at ``dialect``'s path; detached (taken from a link the server still
+        holds: :meth:`take_over`) and marked as being resumed.
+        :class:`Refused` says why not."""
         session = self.sessions.get(token)
         if session is None or session.released:
             if token in self.ended:
@@ -139,17 +147,40 @@ class Resumes:
         if not hmac.compare_digest(self.keys[token], key_digest(key)):
             raise Refused(403, "invalid_api_key",
                           "this resume_token belongs to a session opened with another API key")
-        if not session.detached or session.claimed:
-            raise Refused(409, "session_attached", "the session is attached to another "
-                                                   "connection; resume after it drops")
+        if dialect is not None and not isinstance(session.dialect, dialect):
+            raise Refused(409, "invalid_request",
+                          "resume a session at the path (the dialect) that opened it")
+        if session.claimed:
+            raise Refused(409, "session_attached", "the session is being resumed by another "
+                                                   "connection")
         seq = parse_last_seq(last_seq, session.replay.seq)
         if not session.replay.held(seq):
             reason = (f"the events after seq {seq} are no longer held "
                       f"(--max-replay-seconds {session.limits.max_replay_seconds:g})")
-            session.end_detached(reason)
+            if session.detached:  # nobody can be made whole: end it
+                session.end_detached(reason)
             raise Refused(410, "session_expired", f"the session cannot be resumed: {reason}")
+        if not session.detached and not self.take_over(session):
+            raise Refused(409, "session_attached", "the session is attached to another "
+                                                   "connection and cannot be taken now")
         session.claimed = True
         return session, seq
+
+    @staticmethod
+    def take_over(session: Session) -> bool:
+        """Take a resumable session from the link it still has, for a resume: the server
+        has not seen that link drop (a half-open connection, seen only when its pings
+        time out) while the client holding its token and key is back. The old link
+        stops reading and closes; the session is detached, ready to be claimed.
+        ``False`` (nothing done) when there is no link to take or the server drains."""
+        link = session.link
+        if (link is None or session.detached or session.released or session.claimed
+                or session.resume_token is None or session.engine.admission.draining):
+            return False
+        link.supersede()
+        logger.info("%s taken over by a resume from its old transport", session.session_id)
+        session.detach()
+        return True
 
     async def end_all(self, reason: str) -> None:
         """Release every detached session (the replica drains or stops)."""

@@ -9,13 +9,12 @@ engine cycle it is handed how late the frames ran, their runtime events, a
 frame's error and its markers' replies (:meth:`~Session.on_handoff`), which its
 dialect (:attr:`~Session.dialect`, :mod:`.dialects`) turns into typed messages
 (:mod:`.messages`) for the attached :class:`Link` (a connection, over a
-transport), numbered and kept a while (:mod:`.replay`). A session outlives
-a transport when it is resumable and the link dropped, or when asked
-(:meth:`~Session.outlives`): it is detached (:meth:`~Session.detach`: slot
+transport), numbered and kept a while (:mod:`.replay`). A resumable session
+outlives a link that dropped or that a resume takes (:mod:`.resume`), as one
+asked to (:meth:`~Session.outlives`): detached (:meth:`~Session.detach`: slot
 held, events kept, timeline paused, :attr:`~Session.linked` cleared) until
-:meth:`~Session.attach` gives it a new link, or its window
-(``--resume-seconds``) or deadline (:meth:`~Session.expired`) passes, or the
-replica drains. It is released on every exit path (:meth:`~Session.release`).
+:meth:`~Session.attach` gives it a new link, or its window, deadline or the
+replica's drain ends it. Released on every exit path (:meth:`~Session.release`).
 """
 
 from __future__ import annotations
@@ -62,6 +61,8 @@ class Link(Protocol):
     async def watch(self, opening: asyncio.Future) -> None:
         """Wait for the engine to open the session while watching the transport."""
 
+    def supersede(self) -> None: ...  # a resume took the session: stop reading, close
+
 
 class Watcher(Protocol):
     """Who keeps track of a session's transports (the resume tokens, :mod:`.resume`)."""
@@ -102,8 +103,7 @@ class Session:
         self.frames_run = 0  # frames of the session whose events were handed over
         self.connected_at = time.monotonic()
         self.last_activity = self.connected_at  # last audio or successful request
-        # While this says so (GA: a response is owed), idle time does not count.
-        self.keep_alive: Callable[[], bool] | None = None
+        self.keep_alive: Callable[[], bool] | None = None  # while true, idle time stops
         # One thing acts on the session at a time: a client message, a timer's step.
         self.turn = asyncio.Lock()
         # Resolves with the exception that ends the conversation (a client not

@@ -10,9 +10,11 @@ a policy-violation close.
 
 With ``--resume-seconds`` each new session gets a resume token
 (:mod:`..resume`); an upgrade with ``?resume_token=...&last_seq=N`` (after
-the same key and ``Origin`` checks) re-attaches the detached session it
-names, in its own dialect, or is denied with the reason (404 unknown, 410
-ended, 403 another key's, 409 still attached, 400 a bad ``last_seq``).
+the same key and ``Origin`` checks) re-attaches the session it names, in its
+own dialect (taking it from an old connection the server still holds), or is
+denied with the reason (404 unknown, 410 ended, 403 another key's, 409 being
+resumed by another connection or another dialect's path, 400 a bad
+``last_seq``).
 """
 
 from __future__ import annotations
@@ -126,11 +128,7 @@ class Realtime:
                 raise Refused(404, "session_not_found",
                               "sessions are not resumable here (--resume-seconds 0)")
             session, last_seq = self.resumes.claim(
-                token, key, websocket.query_params.get("last_seq"))
-            if not isinstance(session.dialect, dialect):
-                session.claimed = False
-                raise Refused(409, "invalid_request",
-                              "resume a session at the path (the dialect) that opened it")
+                token, key, websocket.query_params.get("last_seq"), dialect)
         except Refused as refused:
             await deny(websocket, refused.status, refused.message, refused.code)
             return None

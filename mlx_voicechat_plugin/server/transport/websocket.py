@@ -33,6 +33,7 @@ CLOSE_CODES = {
     Ending.VIOLATION: CloseCode.POLICY_VIOLATION,
     Ending.NOT_READING: CloseCode.POLICY_VIOLATION,
     Ending.STOPPING: CloseCode.GOING_AWAY,
+    Ending.SUPERSEDED: CloseCode.NORMAL,  # this client's conversation goes on elsewhere
 }
 
 
