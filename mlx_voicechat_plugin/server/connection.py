@@ -249,15 +249,15 @@ class Connection:
                 logger.info("%s connected", self.session_id)
                 session.send(self.greeting())
             await self.loop()
-        except Finished as end:
-            await self.finish(end.ending)
-        except Hangup:
-            if self.superseded:
+        except (Finished, Hangup) as end:
+            if self.superseded:  # the session goes on with the resume that took it
                 logger.info("%s: the old transport closes (resumed on another)",
                             self.session_id)
                 await self.transport.stop()
                 await self.close(Ending.SUPERSEDED, "the session was resumed on another "
                                                     "connection")
+            elif isinstance(end, Finished):
+                await self.finish(end.ending)
             else:
                 logger.info("%s disconnected", self.session_id)
         except ClientNotReading as exc:
