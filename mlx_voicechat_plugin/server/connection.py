@@ -113,7 +113,7 @@ class Connection:
         self.receiving: asyncio.Future | None = None  # a pending transport.receive()
         self.early: deque[Any] = deque()  # messages read while a prefill ran
         self.admitted = False  # its slot was reserved before the transport (a WebRTC call)
-        self.superseded = False  # a resume took the session from this transport
+        # Resolved when a resume takes the session from this transport (:meth:`supersede`).
         self.letting_go: asyncio.Future = asyncio.get_running_loop().create_future()
 
     @property
@@ -165,11 +165,14 @@ class Connection:
                 self.early.append(self.receiving.result())
                 self.receiving = None
 
+    @property
+    def superseded(self) -> bool:
+        return self.letting_go.done()
+
     def supersede(self) -> None:
         """A resume took the session (:meth:`.resume.Resumes.take_over`): read nothing
         more from this transport, never detach or release the session from here, and
         let :meth:`run` close the transport."""
-        self.superseded = True
         if self.receiving is not None:
             self.receiving.cancel()
             self.receiving = None
