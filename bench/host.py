@@ -72,7 +72,7 @@ def side_by_side(ours: Any, theirs: Any, audio: np.ndarray, frame: int, warm: in
     """Host CPU per frame of both sides, interleaved, then their counts per frame."""
     import mlx.core as mx
 
-    from mlx_voicechat_plugin.runtime.kernels import host_ms, thread_waits
+    from mlx_voicechat_plugin.runtime.kernels import host_work
 
     sides = [Side("plugin", ours, lambda x: x, audio, frame),
              Side("reference", theirs, mx.array, audio, frame)]
@@ -85,10 +85,10 @@ def side_by_side(ours: Any, theirs: Any, audio: np.ndarray, frame: int, warm: in
         round_times: dict[str, list[float]] = {s.name: [] for s in sides}
         for _ in range(frames):
             for side in sides if r % 2 == 0 else sides[::-1]:
-                before = thread_waits()
-                round_times[side.name].append(host_ms(side.push))
-                if before is not None:
-                    waits[side.name].append(thread_waits() - before)
+                ms, blocked = host_work(side.push)
+                round_times[side.name].append(ms)
+                if blocked is not None:
+                    waits[side.name].append(blocked)
         for name, values in round_times.items():
             times[name].append(values)
     counts = {s.name: [counted(s.push) for _ in range(3)] for s in sides}

@@ -26,8 +26,9 @@ costs the host a dispatch), the matmuls among the primitives, the wide
 float products of the uncompiled step (``wide``), the host
 CPU ms per step with its ratio to the first N, and the stepping thread's
 waits per step (how often it blocked: on MLX's CPU backend mostly the
-evaluation's throttle, see :func:`~mlx_voicechat_plugin.runtime.kernels.thread_waits`). Counts do not depend on the
-machine's load; host milliseconds do, so compare them as ratios in one run.
+evaluation's throttle, see ``runtime.kernels.thread_waits``). Counts do not
+depend on the machine's load; host milliseconds do, so compare them as ratios
+in one run.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ SIZES = ("tiny", "small", "medium", "full")
 def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> dict[str, Any]:
     """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps."""
     from mlx_voicechat_plugin.runtime import compile_policy
-    from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter, host_ms, thread_waits
+    from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter, host_work
     from mlx_voicechat_plugin.runtime.matmuls import MatmulShapes
     from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
@@ -73,10 +74,10 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
             if index < warm_frames:
                 result = pool.step(chunk)
             elif index < warm_frames + frames:  # timed, never counted (the count costs host time)
-                before = thread_waits()
-                host.append(host_ms(lambda: outcome.append(pool.step(chunk))))
-                if before is not None:
-                    waits.append(thread_waits() - before)
+                ms, blocked = host_work(lambda: outcome.append(pool.step(chunk)))
+                host.append(ms)
+                if blocked is not None:
+                    waits.append(blocked)
                 result = outcome.pop()
             elif index < warm_frames + 2 * frames:
                 with KernelCounter() as counter:

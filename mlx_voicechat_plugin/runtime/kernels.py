@@ -87,6 +87,14 @@ def thread_waits() -> int | None:
     return None if who is None else resource.getrusage(who).ru_nvcsw
 
 
+def host_work(run: Callable[[], Any]) -> tuple[float, int | None]:
+    """:func:`host_ms` of ``run()`` and the :func:`thread_waits` it added (``None`` where
+    not counted)."""
+    before = thread_waits()
+    ms = host_ms(run)
+    return ms, None if before is None else thread_waits() - before
+
+
 def kernel_count(primitives: Counter) -> int:
     """How many of ``primitives`` launch a kernel (views excluded)."""
     return sum(n for name, n in primitives.items() if name not in VIEWS)
