@@ -74,8 +74,8 @@ STREAM_LULL_SECONDS = 0.3
 CLIENT_EVENTS = (
     "session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
     "input_audio_buffer.clear", "conversation.item.create", "conversation.item.truncate",
-    "conversation.item.delete", "response.create", "response.cancel",
-    "output_audio_buffer.clear",
+    "conversation.item.delete", "conversation.item.retrieve", "response.create",
+    "response.cancel", "output_audio_buffer.clear",
 )
 # The runtime's option -> the client's field, in error messages.
 FIELDS = {"system_prompt": "session.instructions", "seed": "session.seed",
@@ -208,7 +208,10 @@ class GADialect(Dialect):
             item_id = message.get("item_id")
             if not isinstance(item_id, str):
                 raise invalid("item_id must be a string")
+            self.responses.items.pop(item_id, None)  # no longer retrieved
             self.send({"type": "conversation.item.deleted", "item_id": item_id})
+        elif kind == "conversation.item.retrieve":
+            self.send(self.responses.retrieve(message.get("item_id")))
         elif kind == "response.create":
             await self.create_response(message.get("response"))
         elif kind == "output_audio_buffer.clear":
