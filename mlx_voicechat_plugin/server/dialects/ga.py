@@ -95,6 +95,7 @@ class GADialect(Dialect):
 
     name = "openai-realtime-ga"
     paths = (REALTIME_PATH,)
+    any_model = True  # GA clients ask for gpt-realtime by default: the served id answers
 
     def __init__(self, session: Session, model_id: str):
         super().__init__(session, model_id)
