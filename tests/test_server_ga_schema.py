@@ -155,11 +155,17 @@ def test_playback_on_a_track_is_valid():
             "output_audio_buffer.cleared"} <= set(kinds)
 
 
-def test_retrieve_of_an_unknown_item_is_openais_error():
-    with pytest.raises(ProtocolError) as refused:
-        _book(("audio",)).retrieve("item_nope")
-    assert refused.value.code == "item_retrieve_invalid_item_id"
-    assert "the item with id 'item_nope' does not exist" in refused.value.message
+def test_retrieve_of_an_unknown_or_deleted_item_is_openais_error():
+    book = _book(("audio",))
+    book.item_added({"id": "item_1", "object": "realtime.item", "type": "message",
+                     "status": "completed", "role": "user", "content": []})
+    assert book.retrieve("item_1")["item"]["id"] == "item_1"
+    checked(wire([book.delete("item_1")]))
+    for item_id in ("item_nope", "item_1"):
+        with pytest.raises(ProtocolError) as refused:
+            book.retrieve(item_id)
+        assert refused.value.code == "item_retrieve_invalid_item_id"
+        assert f"the item with id {item_id!r} does not exist" in refused.value.message
 
 
 # --- live: a WebSocket session, a resumed one, a WebRTC call ---------------------------

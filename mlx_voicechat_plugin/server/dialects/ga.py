@@ -206,11 +206,7 @@ class GADialect(Dialect):
         elif kind == "conversation.item.truncate":
             await self.truncate(message)
         elif kind == "conversation.item.delete":
-            item_id = message.get("item_id")
-            if not isinstance(item_id, str):
-                raise invalid("item_id must be a string")
-            self.responses.items.pop(item_id, None)  # no longer retrieved
-            self.send({"type": "conversation.item.deleted", "item_id": item_id})
+            self.send(self.responses.delete(message.get("item_id")))
         elif kind == "conversation.item.retrieve":
             self.send(self.responses.retrieve(message.get("item_id")))
         elif kind == "response.create":

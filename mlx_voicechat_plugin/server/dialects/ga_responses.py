@@ -319,6 +319,13 @@ class GAResponses(ResponseBook):
         self._announce(out)
         return out
 
+    def delete(self, item_id: Any) -> dict[str, Any]:
+        """``conversation.item.delete``: acknowledged; the item is no longer retrieved."""
+        if not isinstance(item_id, str):
+            raise invalid("item_id must be a string")
+        self.items.pop(item_id, None)
+        return {"type": "conversation.item.deleted", "item_id": item_id}
+
     def retrieve(self, item_id: Any) -> dict[str, Any]:
         """``conversation.item.retrieve``: ``conversation.item.retrieved`` with the item as
         last sent; an unknown id is OpenAI's ``item_retrieve_invalid_item_id``."""
