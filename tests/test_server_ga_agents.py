@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from ga_support import (API_KEY, MODEL, call_frames, ga_server, question_wav_24k,
-                        scripted_call, silence_chunks, wav_chunks)
+from ga_support import API_KEY, MODEL, ga_server, scripted_question, silence_chunks, wav_chunks
 
 pytest.importorskip("agents.realtime")
 from agents import function_tool  # noqa: E402
@@ -105,20 +104,11 @@ async def _converse(server, wav, script) -> list:
 
 @pytest.fixture(scope="module")
 def conversation(server, tmp_path_factory):
-    import _pytest.monkeypatch
-
-    patch = _pytest.monkeypatch.MonkeyPatch()
-    try:
-        script = scripted_call(server, patch)
-        wav = question_wav_24k(tmp_path_factory.mktemp("agents") / "q24k.wav",
-                               call_frames(script) * 0.08 + 0.5)
-        server.wait_idle()
+    with scripted_question(server, tmp_path_factory, "agents") as (script, wav):
         events = asyncio.run(_converse(server, wav, script))
-        tokenizer = server.app.state.engine.voicechat.tokenizer
-        forced = tokenizer.decode([t for t in script.forced if t is not None])
-        return {"events": events, "forced": forced}
-    finally:
-        patch.undo()
+    tokenizer = server.app.state.engine.voicechat.tokenizer
+    return {"events": events,
+            "forced": tokenizer.decode([t for t in script.forced if t is not None])}
 
 
 def test_the_session_is_the_served_model_with_the_agents_tool(conversation):
