@@ -69,7 +69,8 @@ class _Resumed(BaseModel):
 EXTENSIONS: dict[str, type[BaseModel]] = {"session.resumed": _Resumed}
 # Strings in the dialect's source shaped like an event type that are no server event:
 # the client's field names in errors and the GA objects' ``object`` values.
-NOT_EVENTS = set(FIELDS.values()) | {"realtime.session", "realtime.item", "realtime.response"}
+NOT_EVENTS = set(FIELDS.values()) | {"realtime.session", "realtime.item", "realtime.response",
+                                     "session.audio.input.turn_detection"}
 _EVENT_SHAPE = re.compile(r"^[a-z_]+(\.[a-z_]+)+$")
 PACKAGE = "mlx_voicechat_plugin.server.dialects"
 

@@ -277,6 +277,33 @@ def test_every_ga_client_event_is_answered(server):
             events.clear()
 
 
+BAD_UPDATES = [
+    {"instructions": 5},
+    {"tools": [{"type": "function", "name": 3}]},
+    {"audio": {"input": {"transcription": "yes"}}},
+    {"audio": {"input": {"turn_detection": {"type": "nope"}}}},
+    {"audio": {"input": {"turn_detection": {"silence_duration_ms": "x"}}}},
+    {"audio": {"input": {"turn_detection": {"create_response": "yes"}}}},
+    {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "x"}}}},
+]
+
+
+@pytest.mark.parametrize("update", BAD_UPDATES)
+def test_a_session_update_the_session_object_could_not_echo_is_refused(server, update):
+    """The session object echoes what the client sent: a field its GA type would
+    reject is an error naming the field, and the session lives on."""
+    server.wait_idle()
+    events: list[dict] = []
+    with connect(server.ws(GA_PATH), additional_headers=AUTH) as ws:
+        _until(ws, "session.created", events)
+        send(ws, {"type": "session.update", "session": {"type": "realtime", **update}})
+        error = recv(ws)
+        check(error, SEEN)
+        assert error["type"] == "error", error
+        send(ws, {"type": "session.update", "session": {"type": "realtime"}})
+        _until(ws, "session.updated", events)
+
+
 def test_a_resumed_session_is_valid(resumable):
     """``seq`` on every event, the replay and ``session.resumed`` (our extension)."""
     resumable.wait_idle()
