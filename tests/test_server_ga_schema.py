@@ -232,6 +232,17 @@ def _message(text: str) -> dict:
             "content": [{"type": "input_text", "text": text}]}
 
 
+def test_a_truncate_of_an_unknown_item_is_openais_error(server):
+    server.wait_idle()
+    with connect(server.ws(GA_PATH), additional_headers=AUTH) as ws:
+        _until(ws, "session.created", [])
+        send(ws, {"type": "conversation.item.truncate", "item_id": "item_nope",
+                  "content_index": 0, "audio_end_ms": 0, "event_id": "evt_t"})
+        error = _until(ws, "error", [])["error"]
+    assert (error["code"], error["event_id"]) == ("item_truncate_invalid_item_id", "evt_t")
+    assert "the item with id 'item_nope' does not exist" in error["message"]
+
+
 # One valid event of each GA client event type, and the event type that answers it
 # (``error``: refused as OpenAI's server refuses it over a WebSocket).
 CLIENT_CASES = {

@@ -390,8 +390,9 @@ class GADialect(Dialect):
         if self.playback.holds(item_id):  # its speech still queued on the track: cut
             self.session.send_all(self.playback.clear())
         events = self.responses.truncate(item_id)
-        if events is None:
-            raise invalid(f"unknown item_id {item_id[:64]!r}")
+        if events is None:  # OpenAI's error for an item it does not hold
+            raise ProtocolError("item_truncate_invalid_item_id", "Error truncating item: the "
+                                f"item with id {item_id[:64]!r} does not exist.")
         self.emit(events)
         self.send({"type": "conversation.item.truncated", "item_id": item_id,
                          "content_index": index, "audio_end_ms": end})
