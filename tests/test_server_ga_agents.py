@@ -6,8 +6,8 @@ its docs show, pointed at the server with the SDK's default model name
 types and reports each that fails as an error; it runs the tool the fixture scripts
 and sends its output back, which the model is given (the function channel is forced
 with it). No error reaches the session but those OpenAI's own server sends (a
-``response.cancel`` with no response running, the SDK's barge-in when the user starts
-speaking).
+``response.cancel`` with no response running: the SDK cancels at a barge-in when the
+session's turn detection does not interrupt by itself).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ pytest.importorskip("agents.realtime")
 from agents import function_tool  # noqa: E402
 from agents.realtime import RealtimeAgent, RealtimeRunner  # noqa: E402
 
-# What OpenAI's server says too: the SDK cancels at each speech_started.
+# What OpenAI's server says too, should the SDK cancel with no response running.
 OPENAIS_OWN_ERRORS = {"response_cancel_not_active"}
 TIMEOUT = 60.0
 
@@ -57,9 +57,7 @@ def _given(script) -> bool:
 
 async def _converse(server, wav, script) -> list:
     agent = RealtimeAgent(name="Assistant", instructions="Be brief.", tools=[get_weather])
-    runner = RealtimeRunner(agent, config={"model_settings": {
-        "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}},
-                  "output": {"format": {"type": "audio/pcm", "rate": 24000}}}}})
+    runner = RealtimeRunner(agent)  # its defaults: 24 kHz PCM16 both ways, semantic VAD
     url = server.ws("/openai/v1/realtime?model=gpt-realtime")
     events: list = []
     arrived = asyncio.Event()
