@@ -55,9 +55,17 @@ def _given(script) -> bool:
     return first is not None and None in forced[first:]
 
 
-async def _converse(server, wav, script) -> list:
+# The SDK's defaults (24 kHz PCM16 both ways, semantic VAD that interrupts by itself),
+# and server VAD without interrupt_response: the SDK then cancels at each barge-in.
+SETTINGS = {"defaults": None,
+            "sdk cancels": {"turn_detection": {"type": "server_vad",
+                                               "interrupt_response": False}}}
+
+
+async def _converse(server, wav, script, settings: dict | None) -> list:
     agent = RealtimeAgent(name="Assistant", instructions="Be brief.", tools=[get_weather])
-    runner = RealtimeRunner(agent)  # its defaults: 24 kHz PCM16 both ways, semantic VAD
+    runner = RealtimeRunner(agent, config=None if settings is None
+                            else {"model_settings": settings})
     url = server.ws("/openai/v1/realtime?model=gpt-realtime")
     events: list = []
     arrived = asyncio.Event()
@@ -100,10 +108,10 @@ async def _converse(server, wav, script) -> list:
     return events
 
 
-@pytest.fixture(scope="module")
-def conversation(server, tmp_path_factory):
+@pytest.fixture(scope="module", params=list(SETTINGS))
+def conversation(server, tmp_path_factory, request):
     with scripted_question(server, tmp_path_factory, "agents") as (script, wav):
-        events = asyncio.run(_converse(server, wav, script))
+        events = asyncio.run(_converse(server, wav, script, SETTINGS[request.param]))
     tokenizer = server.app.state.engine.voicechat.tokenizer
     return {"events": events,
             "forced": tokenizer.decode([t for t in script.forced if t is not None])}
