@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import wave
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -68,3 +69,20 @@ def scripted_call(server: LiveServer, monkeypatch, text: str = VALID) -> Script:
 def call_frames(script: Script) -> int:
     """Frames of audio after which the scripted call is complete."""
     return script.start + len(script.tokens) + 1
+
+
+@contextmanager
+def scripted_question(server: LiveServer, tmp_path_factory, name: str):
+    """``(script, wav)``: a get_weather call scripted (undone after) and a 24 kHz question
+    long enough for it, the server idle."""
+    import _pytest.monkeypatch
+
+    patch = _pytest.monkeypatch.MonkeyPatch()
+    try:
+        script = scripted_call(server, patch)
+        wav = question_wav_24k(tmp_path_factory.mktemp(name) / "q24k.wav",
+                               call_frames(script) * 0.08 + 0.5)
+        server.wait_idle()
+        yield script, wav
+    finally:
+        patch.undo()

@@ -174,14 +174,15 @@ def test_commit_is_acknowledged_and_nothing_failed(conversation):
     assert not _of(conversation, RealtimeErrorEvent)
 
 
-def test_a_wrong_model_is_refused_at_the_handshake(server):
+def test_the_sdks_default_model_is_served_as_the_served_id(server):
+    """Any ``model`` opens a session on the served model (``--strict-model`` refuses
+    other names: test_server_ga_model_names.py)."""
     async def attempt():
         async with _client(server).realtime.connect(model="gpt-realtime") as connection:
-            await connection.recv()
+            return await connection.recv()
 
-    with pytest.raises(Exception) as failure:
-        asyncio.run(attempt())
-    assert "404" in str(failure.value)
+    created = asyncio.run(attempt())
+    assert isinstance(created, SessionCreatedEvent) and created.session.model == MODEL
 
 
 def test_a_wrong_api_key_is_refused(server):

@@ -48,7 +48,13 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              "/v1/realtime and /realtime instead of mlx-vlm's, as "
                              "'nemo-speech serve' lays them out (it is always at "
                              "/nvidia/v1/realtime)")
-    parser.add_argument("--alias", help="model id to report (default: the checkpoint's name)")
+    parser.add_argument("--alias", action="append", metavar="NAME",
+                        help="model id to report (default: the checkpoint's name); repeat "
+                             "it for more names a client may use (the first is reported)")
+    parser.add_argument("--strict-model", action="store_true",
+                        help="refuse (404) a ?model= that is not the served id, the "
+                             "checkpoint's name or an --alias on the OpenAI GA route too "
+                             "(by default it takes any name and reports the served id)")
     parser.add_argument("--cors-origins", "--allowed-origins", dest="origins", nargs="+",
                         action="extend", metavar="ORIGIN",
                         help="browser origins allowed to connect ('*' for any); without "
@@ -264,7 +270,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
     from ..server import dialects
 
     served = dialects.NVIDIA_ROOT_DIALECTS if args.nvidia_root else dialects.DIALECTS
-    app = create_app(args.model, alias=args.alias, api_key=args.api_key, dialects=served,
+    app = create_app(args.model, alias=args.alias, strict_model=args.strict_model,
+                     api_key=args.api_key, dialects=served,
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
                      limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,
                      agent_port=args.agent_port, agent_host=args.host, ice=args.ice)

@@ -55,7 +55,8 @@ def normalize_prefix(prefix: str | None) -> str:
 def create_app(
     model_path: str | Path,
     *,
-    alias: str | None = None,
+    alias: str | Sequence[str] | None = None,
+    strict_model: bool = False,
     api_key: str | None = None,
     api_prefix: str | None = None,
     allowed_origins: Sequence[str] = (),
@@ -86,7 +87,7 @@ def create_app(
                               batch_wait=limits.batch_wait_ms / 1000,
                               batch_fill=limits.batch_fill,
                               session_defaults=session_options(limits, {}))
-    served = ServedModel.of(str(model_path), alias)
+    served = ServedModel.of(str(model_path), alias, strict_model)
     prefix = normalize_prefix(api_prefix)
     access = Access.of(api_key, api_key_env, allowed_origins)
     resumes = Resumes(engine.metrics.registry)

@@ -40,6 +40,8 @@ class Dialect:
     paths: ClassVar[tuple[str, ...]]
     query_key: ClassVar[bool] = False  # the API key may also come as ``?api_key=``
     health: ClassVar[bool] = False  # ``GET <path>/health`` reports the engine's readiness
+    # ``?model=`` may name any model (reported as the served id) unless ``--strict-model``.
+    any_model: ClassVar[bool] = False
     # Whether the session's transport plays the model's audio itself (a WebRTC track):
     # the connection sets it from its transport; what the dialect tells of that
     # playback (GA's ``output_audio_buffer.*``) is said only then.

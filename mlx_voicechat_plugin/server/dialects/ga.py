@@ -74,8 +74,8 @@ STREAM_LULL_SECONDS = 0.3
 CLIENT_EVENTS = (
     "session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
     "input_audio_buffer.clear", "conversation.item.create", "conversation.item.truncate",
-    "conversation.item.delete", "response.create", "response.cancel",
-    "output_audio_buffer.clear",
+    "conversation.item.delete", "conversation.item.retrieve", "response.create",
+    "response.cancel", "output_audio_buffer.clear",
 )
 # The runtime's option -> the client's field, in error messages.
 FIELDS = {"system_prompt": "session.instructions", "seed": "session.seed",
@@ -95,6 +95,7 @@ class GADialect(Dialect):
 
     name = "openai-realtime-ga"
     paths = (REALTIME_PATH,)
+    any_model = True  # GA clients ask for gpt-realtime by default: the served id answers
 
     def __init__(self, session: Session, model_id: str):
         super().__init__(session, model_id)
@@ -205,10 +206,9 @@ class GADialect(Dialect):
         elif kind == "conversation.item.truncate":
             await self.truncate(message)
         elif kind == "conversation.item.delete":
-            item_id = message.get("item_id")
-            if not isinstance(item_id, str):
-                raise invalid("item_id must be a string")
-            self.send({"type": "conversation.item.deleted", "item_id": item_id})
+            self.send(self.responses.delete(message.get("item_id")))
+        elif kind == "conversation.item.retrieve":
+            self.send(self.responses.retrieve(message.get("item_id")))
         elif kind == "response.create":
             await self.create_response(message.get("response"))
         elif kind == "output_audio_buffer.clear":
@@ -390,8 +390,9 @@ class GADialect(Dialect):
         if self.playback.holds(item_id):  # its speech still queued on the track: cut
             self.session.send_all(self.playback.clear())
         events = self.responses.truncate(item_id)
-        if events is None:
-            raise invalid(f"unknown item_id {item_id[:64]!r}")
+        if events is None:  # OpenAI's error for an item it does not hold
+            raise ProtocolError("item_truncate_invalid_item_id", "Error truncating item: the "
+                                f"item with id {item_id[:64]!r} does not exist.")
         self.emit(events)
         self.send({"type": "conversation.item.truncated", "item_id": item_id,
                          "content_index": index, "audio_end_ms": end})

@@ -76,11 +76,14 @@ class Playback:
     def clear(self, asked: bool = False) -> list[Outgoing]:
         """Cut the speech queued: :class:`ClearAudio`, and where the transport plays it
         ``cleared`` for each response it held (``asked``: the client's
-        ``output_audio_buffer.clear``, answered even when nothing was queued)."""
+        ``output_audio_buffer.clear``, answered even when nothing was queued, once a
+        response has played)."""
         out: list[Outgoing] = [ClearAudio()]
         if not self.plays():
             return out
-        held = list(self.queued) or ([self.last] if asked else [])
+        # Asked with nothing queued: the latest response that played is named (GA's
+        # ``cleared`` requires a ``response_id``; before any, nothing is said).
+        held = list(self.queued) or ([self.last] if asked and self.last is not None else [])
         out += [Event({"type": "output_audio_buffer.cleared", "response_id": response})
                 for response in held]
         self.cut.update(self.queued)

@@ -77,7 +77,7 @@ from ...runtime.events import (
 )
 from ..engine.pace import FramePace
 from ..messages import AudioOut, Event as Message, Outgoing
-from ..wire import new_id
+from ..wire import ProtocolError, invalid, new_id
 from . import ga_items
 from .ga_session import error_event
 from .ga_turns import Out, ResponseBook, UserItem
@@ -245,6 +245,7 @@ class GAResponses(ResponseBook):
         out: Out = []
         if self.user is None:
             item_id = new_id("item")
+            self.user_from = self.frame + 1  # nothing was said: no transcription
             out.append({"type": "input_audio_buffer.committed",
                         "previous_item_id": self.last_item_id, "item_id": item_id})
         else:
@@ -291,7 +292,7 @@ class GAResponses(ResponseBook):
         if self.response is not None:
             self._finish(out, "cancelled")
         self._close_user(out, stopped=False)
-        self.frame, self.muted_since, self.ended = 0, None, False
+        self.frame, self.user_from, self.muted_since, self.ended = 0, 0, None, False
         return out
 
     def runtime_call_id(self, call_id: str) -> str:
@@ -317,6 +318,25 @@ class GAResponses(ResponseBook):
         self.response.metadata = metadata
         self._announce(out)
         return out
+
+    def delete(self, item_id: Any) -> dict[str, Any]:
+        """``conversation.item.delete``: acknowledged; the item is no longer retrieved."""
+        if not isinstance(item_id, str):
+            raise invalid("item_id must be a string")
+        self.items.pop(item_id, None)
+        return {"type": "conversation.item.deleted", "item_id": item_id}
+
+    def retrieve(self, item_id: Any) -> dict[str, Any]:
+        """``conversation.item.retrieve``: ``conversation.item.retrieved`` with the item as
+        last sent; an unknown id is OpenAI's ``item_retrieve_invalid_item_id``."""
+        if not isinstance(item_id, str):
+            raise invalid("item_id must be a string")
+        item = self.items.get(item_id)
+        if item is None:
+            raise ProtocolError("item_retrieve_invalid_item_id",
+                                f"Error retrieving item: the item with id {item_id[:64]!r} "
+                                "does not exist.")
+        return {"type": "conversation.item.retrieved", "item": item}
 
     @property
     def active_response_id(self) -> str | None:

@@ -30,6 +30,11 @@ DEFAULT_TURN_DETECTION: dict[str, Any] = {
 DEFAULT_MAX_RESPONSE_SECONDS = 15.0
 MAX_RESPONSE_SECONDS = 600.0
 TOOL_CHOICES = ("auto", "none")
+# turn_detection as GA types it (the session object echoes what the client sent).
+VAD_TYPES = ("server_vad", "semantic_vad")
+VAD_MS = ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
+VAD_FLAGS = ("create_response", "interrupt_response")
+EAGERNESS = ("low", "medium", "high", "auto")
 MODALITIES = (["audio"], ["text"])
 
 
@@ -134,12 +139,10 @@ def _audio_changes(audio: Any) -> dict[str, Any]:
                 raise init_failed(str(exc)) from None
     source = audio.get("input") or {}
     if "turn_detection" in source:
-        detection = source["turn_detection"]
-        if detection is not None and not isinstance(detection, dict):
-            raise init_failed("session.audio.input.turn_detection must be an object or null")
-        changes["turn_detection"] = None if detection is None else \
-            {**DEFAULT_TURN_DETECTION, **detection}
+        changes["turn_detection"] = _turn_detection(source["turn_detection"])
     if "transcription" in source:
+        if source["transcription"] is not None and not isinstance(source["transcription"], dict):
+            raise init_failed("session.audio.input.transcription must be an object or null")
         changes["transcription"] = source["transcription"]
     sink = audio.get("output") or {}
     if isinstance(sink.get("voice"), str):
@@ -147,6 +150,37 @@ def _audio_changes(audio: Any) -> dict[str, Any]:
     if isinstance(sink.get("speed"), (int, float)) and not isinstance(sink.get("speed"), bool):
         changes["speed"] = float(sink["speed"])
     return changes
+
+
+def _turn_detection(detection: Any) -> dict[str, Any] | None:
+    """``turn_detection`` over the defaults, its fields checked as GA types them (the
+    session object echoes it)."""
+    where = "session.audio.input.turn_detection"
+    if detection is None:
+        return None
+    if not isinstance(detection, dict):
+        raise init_failed(f"{where} must be an object or null")
+    merged = {**DEFAULT_TURN_DETECTION, **detection}
+    if merged["type"] not in VAD_TYPES:
+        raise init_failed(f"{where}.type must be one of {', '.join(VAD_TYPES)}, "
+                          f"got {brief(merged['type'])}")
+    for key in VAD_MS:
+        value = merged.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise init_failed(f"{where}.{key} must be a non-negative integer (ms), "
+                              f"got {brief(value)}")
+    for key in VAD_FLAGS:
+        if not isinstance(merged.get(key), bool):
+            raise init_failed(f"{where}.{key} must be true or false, got {brief(merged.get(key))}")
+    threshold = merged.get("threshold")
+    if threshold is not None and (isinstance(threshold, bool)
+                                  or not isinstance(threshold, (int, float))):
+        raise init_failed(f"{where}.threshold must be a number, got {brief(threshold)}")
+    if merged.get("eagerness", "auto") not in EAGERNESS:
+        raise init_failed(f"{where}.eagerness must be one of {', '.join(EAGERNESS)}, "
+                          f"got {brief(merged['eagerness'])}")
+    return merged
 
 
 def session_object(session_id: str, model_id: str, config: GAConfig) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from .ga_session import GAConfig
 
 # What a step emits: GA events (dicts) and, for audio, the event with its bytes apart.
 Out = list[dict[str, Any] | AudioOut]
+# Conversation items kept for ``conversation.item.retrieve`` (the oldest go first).
+MAX_ITEMS = 4096
 
 @dataclass
 class Message:
@@ -69,7 +71,9 @@ class ResponseBook:
         self.response: Response | None = None
         self.user: UserItem | None = None
         self.last_item_id: str | None = None
-        self.items: set[str] = set()
+        # Item id -> the item as last sent (``conversation.item.retrieve``), oldest first.
+        self.items: dict[str, dict[str, Any]] = {}
+        self.user_from = 0  # the first frame of the user's audio not yet committed
         self.calls: dict[str, str] = {}  # GA call_id -> the runtime's call_id
         self.failure: str | None = None  # the message of a response ending as failed
         # The frames now translated are the server's silence (an owed response's
@@ -103,7 +107,9 @@ class ResponseBook:
         out.append({"type": kind, "previous_item_id": self.last_item_id, "item": item})
         if kind == "conversation.item.added":
             self.last_item_id = item["id"]
-            self.items.add(item["id"])
+        self.items[item["id"]] = item
+        if len(self.items) > MAX_ITEMS:
+            del self.items[next(iter(self.items))]
 
     # --- responses -------------------------------------------------------
 
@@ -199,6 +205,9 @@ class ResponseBook:
         """End the user's item (``committed`` and the item); its id, or a new one if none."""
         user = self.user
         self.user = None
+        # The audio this commit transcribed: every frame heard since the previous one.
+        heard = max(self.frame + 1 - self.user_from, 0)
+        self.user_from = self.frame + 1
         if user is None:
             return new_id("item")
         if stopped and self.config.turn_detection is not None:
@@ -210,5 +219,7 @@ class ResponseBook:
         self._add_item(item, out, "conversation.item.added")
         self._add_item(item, out, "conversation.item.done")
         out.append({"type": "conversation.item.input_audio_transcription.completed",
-                    "item_id": user.id, "content_index": 0, "transcript": user.text})
+                    "item_id": user.id, "content_index": 0, "transcript": user.text,
+                    "usage": {"type": "duration",
+                              "seconds": round(heard * self.frame_seconds, 3)}})
         return user.id

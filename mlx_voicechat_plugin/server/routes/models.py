@@ -2,7 +2,10 @@
 OpenAI's, and a 501 for what a text model's server would serve. Event loop.
 
 ``?model=`` and ``model`` fields are only compared with the served names,
-never loaded.
+never loaded. The OpenAI Realtime GA route takes any ``?model=`` and reports the
+served id (the GA clients' default ``gpt-realtime`` included), as mlx-vlm's server
+and most local OpenAI-compatible servers do; with ``--strict-model`` it refuses a
+name that is not the served id, the checkpoint's or an ``--alias`` (404).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -36,14 +39,23 @@ class ServedModel:
     model_id: str
     names: tuple[str, ...]
     created: int = field(default_factory=lambda: int(time.time()))
+    strict: bool = False  # refuse a model name not in ``names`` on every route
 
     @classmethod
-    def of(cls, model_path: str, alias: str | None = None) -> "ServedModel":
+    def of(cls, model_path: str, alias: str | Sequence[str] | None = None,
+           strict: bool = False) -> "ServedModel":
         """A client may name the model as the server was started with it (the hosts'
-        servers' convention: the path or hub id given), or by its id."""
-        model_id = served_model_id(model_path, alias)
-        names = (model_id, served_model_id(model_path), model_path)
-        return cls(model_id, tuple(dict.fromkeys(names)))
+        servers' convention: the path or hub id given), by its id or by any alias (the
+        first alias is the id reported)."""
+        aliases = [alias] if isinstance(alias, str) else list(alias or ())
+        model_id = served_model_id(model_path, aliases[0] if aliases else None)
+        names = (model_id, *aliases, served_model_id(model_path), model_path)
+        return cls(model_id, tuple(dict.fromkeys(names)), strict=strict)
+
+    def accepts(self, asked: str | None, any_name: bool = False) -> bool:
+        """Whether a session may open for the model ``asked`` (``None``: not said);
+        ``any_name``: the route takes any name unless the server is strict."""
+        return asked is None or asked in self.names or (any_name and not self.strict)
 
     def not_served(self, asked: str) -> str:
         """Why ``asked`` is refused (quoted short: a client's text)."""

@@ -1,5 +1,6 @@
 """The realtime WebSocket routes: each dialect at its paths, after the API key, ``Origin``
-and ``?model=`` checks. Event loop.
+and ``?model=`` checks (a dialect with ``any_model`` takes any name unless the server
+is ``--strict-model``: :meth:`.models.ServedModel.accepts`). Event loop.
 
 Each registered dialect (:data:`..dialects.DIALECTS` by default: mlx-vlm's at
 ``/v1/realtime``, OpenAI Realtime GA's at ``/openai/v1/realtime``, NVIDIA's VoiceChat at
@@ -88,7 +89,7 @@ class Realtime:
             await deny(websocket, 403, "origin not allowed")
             return
         asked = websocket.query_params.get("model")
-        if asked is not None and asked not in self.served.names:
+        if not self.served.accepts(asked, dialect.any_model):
             await deny(websocket, 404, self.served.not_served(asked))
             return
         try:
