@@ -22,6 +22,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..profiles import (
+    Profile,
     plan_layers,
     quantizable_modules,
     quantization_config,
@@ -86,8 +87,8 @@ def quantize_weights(weights: dict[str, mx.array], bits: int,
     return dict(sorted(out.items()))
 
 
-def apply_profile(weights: dict[str, mx.array], config: ModelConfig, profile: str,
-                  raw: dict) -> dict[str, mx.array]:
+def apply_profile(weights: dict[str, mx.array], config: ModelConfig,
+                  profile: "str | Profile", raw: dict) -> dict[str, mx.array]:
     """``weights`` as ``profile`` stores them; its ``quantization`` entries go into ``raw``."""
     plans = plan_layers(profile, quantizable_modules(config))
     out: dict[str, mx.array] = {}
@@ -116,14 +117,15 @@ def _write_weights(weights: dict[str, mx.array], out_dir: Path) -> None:
 
 
 def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
-                    quantize_bits: int | None = None, profile: str | None = None) -> Path:
+                    quantize_bits: int | None = None,
+                    profile: "str | Profile | None" = None) -> Path:
     """Write fixture checkpoint ``size`` ("tiny" | "small" | "medium" | "full") into ``out_dir``.
 
     ``full`` (the released 11B's shapes, about 10.7 GiB) draws its weights on
     MLX's default device and is quantized 4-bit like the release unless
     ``quantize_bits`` says otherwise; build it on a GPU, not on a small CPU.
-    ``profile`` (a :mod:`..profiles` name) stores the weights as that profile
-    does, instead of ``quantize_bits``.
+    ``profile`` (a :mod:`..profiles` name or :class:`~..profiles.Profile`)
+    stores the weights as that profile does, instead of ``quantize_bits``.
     """
     if profile is not None and quantize_bits is not None:
         raise ValueError("give quantize_bits or profile, not both")
@@ -173,7 +175,8 @@ _CACHE: dict[tuple[str, int, int | None, str | None], Path] = {}
 
 
 def cached_checkpoint(size: str = "tiny", seed: int = 0,
-                      quantize_bits: int | None = None, profile: str | None = None) -> Path:
+                      quantize_bits: int | None = None,
+                    profile: "str | Profile | None" = None) -> Path:
     """``make_checkpoint`` once per process, under a temporary directory."""
     key = (size, seed, quantize_bits, profile)
     path = _CACHE.get(key)
