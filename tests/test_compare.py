@@ -40,10 +40,11 @@ def test_the_report_of_two_profiles(question, capsys):
     for side in ("a", "b"):
         assert {"user_transcript", "answer", "answer_heard"} <= set(report[side])
     stages = {s["stage"]: s for s in report["float_stages"] + report["id_stages"]}
-    assert set(stages) == {"mel", "encoder", "projection", "waveform", "text_ids",
-                           "function_ids", "codes"}
+    assert set(stages) == {"mel", "encoder", "projection", "llm_logits", "tts_backbone",
+                           "mog_logits", "waveform", "text_ids", "function_ids", "codes"}
     assert stages["mel"]["snr_db"] is None  # identical: the log-mel has no weights
     assert stages["encoder"]["snr_db"] > 20  # the 8-bit encoder, against bf16
+    assert stages["tts_backbone"]["snr_db"] > 20  # teacher-forced: its own error only
     assert stages["text_ids"]["total"] == stages["codes"]["total"] > 0
 
 

@@ -7,8 +7,12 @@ answer text, how far their ids agree (text, function channel, audio codes:
 matches and the first frame where they part), the answer audio transcribed
 back through A's RNNT (a quantized TTS that still speaks the answer
 transcribes alike), and the signal-to-noise ratio of B's float stages against
-A's (log-mel, encoder, projection to the LLM, waveform). Random fixture
-weights say nothing about a profile's quality; a real checkpoint does.
+A's: the log-mel, encoder and projection to the LLM on the question; the
+LLM's text logits, the EAR-TTS backbone's hidden states and the MoG head's
+mixture logits teacher-forced on the same tokens (B's answer), so each stage
+measures the error up to it while the sampled ids may have parted; and the
+waveform. Random fixture weights say nothing about a profile's quality; a
+real checkpoint does.
 
 Only one model is in memory at a time: B runs first, then A, which also
 transcribes both answers.
@@ -32,7 +36,11 @@ from .common import parse_args, run_main
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
 
-FLOAT_STAGES = ("mel", "encoder", "projection", "waveform")
+# Float stages: on the same audio (mel, encoder, projection), teacher-forced on
+# the same tokens (B's answer: the LLM's text logits, the EAR-TTS backbone's
+# hidden states and the MoG head's mixture logits), and the answer's waveform.
+FLOAT_STAGES = ("mel", "encoder", "projection", "llm_logits", "tts_backbone", "mog_logits",
+                "waveform")
 ID_STAGES = ("text_ids", "function_ids", "codes")
 
 
@@ -144,7 +152,36 @@ def _load(path: str, memory_budget: float | None) -> tuple[Any, Any]:
     return load(path, memory_budget=memory_budget)  # type: ignore[call-arg]
 
 
-def _run(label: str, path: str, budget: float | None, question: Any, options: dict) -> tuple:
+def teacher_forced(model: Any, config: Any, projected: Any, text_ids: np.ndarray,
+                   function_ids: np.ndarray, codes: np.ndarray) -> dict[str, np.ndarray]:
+    """The LLM's text logits, the EAR-TTS backbone's hidden states and the MoG
+    head's mixture logits, each position fed the given previous tokens."""
+    import mlx.core as mx
+
+    frames = min(len(text_ids), projected.shape[1])
+    first = np.array([config.pad_token_id])
+    prev_text = mx.array(np.concatenate([first, text_ids[: frames - 1]])[None], mx.int32)
+    prev_function = mx.array(np.concatenate([first, function_ids[: frames - 1]])[None],
+                             mx.int32)
+    stt = model.stt_model
+    embeds = stt.fuse(prev_text, projected[:, :frames].astype(mx.float32), prev_function)
+    text_logits, _ = stt(embeds)
+    tts = model.tts_model.tts_model
+    previous = np.concatenate([np.zeros_like(codes[:1]), codes[: frames - 1]])
+    audio = tts.embed_code(tts.embed_codes(mx.array(previous[None], mx.int32)))
+    text = mx.concatenate([tts.embed_subword.token(int(i)) for i in text_ids[:frames]], axis=1)
+    hidden = tts.backbone(None, inputs_embeds=tts.gated_fusion_audio_text(audio, text))
+    mog = tts.mog_head
+    mixture = mog.proj_logits(mog.features(hidden.reshape(-1, hidden.shape[-1])))
+    mx.eval(text_logits, hidden, mixture)
+    return {"llm_logits": np.array(text_logits.astype(mx.float32)),
+            "tts_backbone": np.array(hidden.astype(mx.float32)),
+            "mog_logits": np.array(mixture.astype(mx.float32))}
+
+
+def _run(label: str, path: str, budget: float | None, question: Any, options: dict,
+         forced: dict[str, np.ndarray] | None) -> tuple:
+    """One side's run; ``forced``: the tokens to teacher-force (None: its own)."""
     import mlx.core as mx
 
     from ..models.perception import log_mel
@@ -164,6 +201,9 @@ def _run(label: str, path: str, budget: float | None, question: Any, options: di
                    "text_ids": np.asarray(result.text_tokens),
                    "function_ids": np.asarray(result.function_tokens),
                    "codes": np.asarray(result.audio_codes)}
+    tokens = forced or {k: side.arrays[k] for k in ("text_ids", "function_ids", "codes")}
+    side.arrays.update(teacher_forced(model, config, projected, tokens["text_ids"],
+                                      tokens["function_ids"], tokens["codes"]))
     return side, voicechat, config.output_sample_rate
 
 
@@ -182,11 +222,12 @@ def compare_checkpoints(a: str | Path, b: str | Path, audio: Any, *,
     question = load_waveform(audio, 16_000)
     options = dict(seed=seed, system_prompt=system_prompt,
                    extra_decoding_seconds=extra_decoding_seconds)
-    side_b, voicechat, rate = _run("B", str(b), budgets[1], question, options)
+    side_b, voicechat, rate = _run("B", str(b), budgets[1], question, options, None)
     del voicechat
     gc.collect()
     mx.clear_cache()
-    side_a, voicechat, rate = _run("A", str(a), budgets[0], question, options)
+    forced = {k: side_b.arrays[k] for k in ("text_ids", "function_ids", "codes")}
+    side_a, voicechat, rate = _run("A", str(a), budgets[0], question, options, forced)
     transcriber = Transcriber(voicechat)
     for side in (side_a, side_b):
         if side.arrays["waveform"].size:
