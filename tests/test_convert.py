@@ -77,10 +77,16 @@ def test_an_mlx_conversion_round_trips_to_the_factory_s_profile(mlx_bf16, tmp_pa
 
 
 def test_layers_already_quantized_are_kept(tmp_path):
-    """The 4-bit release converted to lean: its 4-bit LLM as it was, the rest quantized."""
+    """The 4-bit release converted to balanced: its 4-bit LLM as it was, the rest quantized;
+    to lean: its LLM stays at the release's group size 64 (lean's own is 128)."""
     release4 = make_checkpoint(tmp_path / "r4", "tiny", profile="release")
-    out = convert(release4, tmp_path / "lean", "lean", progress=False).out
-    _same_tensors(out, make_checkpoint(tmp_path / "direct", "tiny", profile="lean"))
+    out = convert(release4, tmp_path / "balanced", "balanced", progress=False).out
+    _same_tensors(out, make_checkpoint(tmp_path / "direct", "tiny", profile="balanced"))
+    lean = convert(release4, tmp_path / "lean", "lean", progress=False).out
+    quantization = _quantization(lean)
+    assert (quantization["bits"], quantization["group_size"]) == (4, 64)  # the kept LLM
+    packed = _tensors(lean)["tts_model.tts_model.backbone.layers.0.mlp.up_proj.weight"]
+    assert packed.dtype == mx.uint32 and packed.shape == (128, 64 * 4 // 32)  # 4-bit
 
 
 def test_bf16_dequantizes_what_the_source_quantized(tmp_path):
@@ -167,7 +173,7 @@ def test_a_truncated_file_is_named(release, tmp_path):
 def test_an_unknown_profile_names_the_known_ones(release, tmp_path, capsys):
     code = cli(["convert", str(release.source), str(tmp_path / "out"), "--profile", "q2"])
     assert code == 2
-    assert "unknown profile 'q2'; known profiles: release, lean, q8, bf16" in (
+    assert "unknown profile 'q2'; known profiles: release, lean, balanced, q8, bf16" in (
         capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
 

@@ -234,3 +234,35 @@ def make_question_wav(path: str | Path, seconds: float = 2.0, seed: int = 0,
         out.setframerate(sample_rate)
         out.writeframes(pcm.tobytes())
     return path
+
+
+def dequantized_checkpoint(src: str | Path, out_dir: str | Path) -> Path:
+    """A copy of checkpoint ``src`` with every quantized layer dequantized exactly:
+    float32 weights holding ``scale * q + bias`` as the quantized kernels compute
+    it (the same weights, unquantized; a bf16 copy would round them)."""
+    src, out = Path(src), Path(out_dir)
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors", INDEX_FILE))
+    raw = json.loads((src / "config.json").read_text())
+    quantization = raw.pop("quantization", None) or {}
+    raw.pop("quantization_config", None)
+    weights = {}
+    for file in sorted(src.glob("*.safetensors")):
+        weights.update(mx.load(str(file)))
+    out_weights: dict[str, mx.array] = {}
+    for key, value in weights.items():
+        module, _, leaf = key.rpartition(".")
+        quantized = f"{module}.scales" in weights
+        if quantized and leaf in ("scales", "biases"):
+            continue  # folded into the weight
+        if not quantized or leaf != "weight":
+            out_weights[key] = value
+            continue
+        entry = quantization.get(module)
+        fmt = entry if isinstance(entry, dict) else quantization
+        affine = [weights[f"{module}.{n}"].astype(mx.float32) for n in ("scales", "biases")
+                  if f"{module}.{n}" in weights]
+        out_weights[key] = mx.dequantize(value, *affine, group_size=fmt["group_size"],
+                                         bits=fmt["bits"])
+    _write_weights(dict(sorted(out_weights.items())), out)
+    _write_json(out / "config.json", raw)
+    return out
