@@ -29,6 +29,7 @@ from .safetensors_io import ShardWriter, read_tensor
 from .source import (
     INDEX_FILE,
     MLX_LAYOUT,
+    RELEASE_LAYOUT,
     RNNT_TOKENIZER_DIR,
     ConversionError,
     Source,
@@ -38,6 +39,7 @@ from .source import (
 logger = logging.getLogger(__name__)
 
 CARD_FILE = "README.md"
+LAYOUT_NAMES = {MLX_LAYOUT: "an MLX conversion", RELEASE_LAYOUT: "NVIDIA's release layout"}
 _WEIGHT_FILES = ("*.safetensors", INDEX_FILE)
 
 
@@ -68,9 +70,10 @@ def plan_conversion(src: str | Path, profile: "str | Profile", tokenizer: str | 
 def describe(source: Source, plan: Plan) -> str:
     """The dry run's table: each part with its format and bytes, then the total."""
     lines = [f"profile {plan.profile.name}: {plan.profile.description}",
-             f"source {source.path} ({source.layout} layout"
+             f"source {source.path} ({LAYOUT_NAMES[source.layout]}"
              + ("" if source.weights_present else "; no weights: sized from config.json shapes")
-             + ")",
+             + ")"
+             + (f"; {plan.kept} layers already quantized are kept" if plan.kept else ""),
              f"{'part':14s} {'format':28s} {'bytes':>16s} {'GiB':>8s}"]
     formats = plan.part_formats()
     for name, size in plan.part_bytes().items():
@@ -173,6 +176,8 @@ def model_card(source: Source, plan: Plan, written: dict[str, int]) -> str:
     """The README.md of a converted checkpoint: its profile and measured sizes."""
     formats = plan.part_formats()
     total = sum(written.values())
+    kept = (f"\n{plan.kept} layers the source already stored quantized are kept as they "
+            "were (requantizing would only add error).\n" if plan.kept else "")
     rows = "\n".join(f"| {name} | {formats.get(name, 'as stored')} | {size:,d} | "
                      f"{size / 2**30:.3f} |" for name, size in written.items())
     return f"""---
@@ -181,9 +186,9 @@ tags: [mlx, nemotron_voicechat, speech-to-speech]
 ---
 # Nemotron VoiceChat, `{plan.profile.name}` profile
 
-Converted with `mlx-voicechat convert --profile {plan.profile.name}` from a
-{source.layout} checkpoint. Profile: {plan.profile.description}.
-
+Converted with `mlx-voicechat convert --profile {plan.profile.name}` from
+{LAYOUT_NAMES[source.layout]}. Profile: {plan.profile.description}.
+{kept}
 Weights as written (bytes measured on write, per part):
 
 | part | format | bytes | GiB |

@@ -24,6 +24,7 @@ from ..profiles import (
     BF16,
     PARTS,
     QUANTIZATION_MODE,
+    Format,
     Profile,
     get_profile,
     part_of,
@@ -60,6 +61,7 @@ class Plan:
     steps: list[Step]
     layers: dict[str, tuple[int, int]]  # quantized module -> (bits, group size), output
     shards: list[list[Step]] = field(default_factory=list)
+    kept: int = 0  # layers the source stored quantized, kept as they were
 
     @property
     def quantization(self) -> dict[str, Any] | None:
@@ -81,7 +83,9 @@ class Plan:
                 labels[step.part].add(f"{step.bits}-bit g{step.group_size}")
             elif step.action in (DEQUANTIZE, CAST):
                 labels[step.part].add("bf16")
-        return {name: ", ".join(sorted(labels[name])) or "as stored"
+        plain = {part.name: "bf16" if self.profile.formats.get(part.name, Format()).kind == BF16
+                 else "as stored" for part in PARTS}
+        return {name: ", ".join(sorted(labels[name])) or plain[name]
                 for name in self.part_bytes()}
 
     @property
@@ -121,6 +125,7 @@ def make_plan(source: Source, profile: "str | Profile",
     stored_quantized = {m for m in modules if f"{m}.scales" in specs}
     steps: list[Step] = []
     layers: dict[str, tuple[int, int]] = {}
+    kept = 0
     for key in sorted(specs):
         module, _, leaf = key.rpartition(".")
         spec = specs[key]
@@ -145,6 +150,7 @@ def make_plan(source: Source, profile: "str | Profile",
                     PlannedTensor(n, mlx_dtype(specs[n].dtype), specs[n].shape)
                     for n in names), COPY, bits, group))
                 layers[module] = (bits, group)
+                kept += 1
             continue
         layer = layer_plans[module]
         if layer.quantized:
@@ -161,7 +167,7 @@ def make_plan(source: Source, profile: "str | Profile",
             steps.append(Step((key,), (PlannedTensor(key, mx.bfloat16, spec.shape),), CAST))
         else:
             steps.append(Step((key,), (PlannedTensor(key, dtype, spec.shape),)))
-    plan = Plan(profile, steps, layers)
+    plan = Plan(profile, steps, layers, kept=kept)
     plan.shards = _shards(steps, max_shard_bytes)
     return plan
 
