@@ -124,3 +124,28 @@ def test_the_server_streams_what_the_session_streams(profiled):
     for key in ("transcript", "text", "function", "text_deltas", "codes"):
         assert got[key] == expected[key], key
     np.testing.assert_array_equal(got["pcm"], expected["pcm"])
+
+
+def test_mlx_vlm_s_every_layer_quantized_output_runs(tmp_path):
+    """``python -m mlx_vlm.convert -q`` quantizes every linear layer and embedding whose
+    width group 64 divides (EAR-TTS, its character encoder and fusion too): the plugin
+    runs it, streaming as offline."""
+    import mlx.nn as nn
+    from mlx_vlm.convert import convert
+
+    out = tmp_path / "q4-all"
+    convert(str(cached_checkpoint("tiny")), str(out), quantize=True, q_bits=4, q_group_size=64)
+    model, processor = load(out)
+    quantized = {p for p, m in model.named_modules()
+                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    from mlx_voicechat_plugin.profiles import part_of
+
+    assert {part_of(p).name for p in quantized} >= {"llm", "tts_backbone", "mog_head",
+                                                     "tts_inputs"}
+    voicechat = model.create_session(processor)
+    audio = _signal(1.0)
+    events = _stream(voicechat, audio, 1280, seed=2)
+    codes = np.stack([e.audio_codes for e in events if isinstance(e, Audio)
+                      and e.audio_codes.size])
+    offline = voicechat.generate(audio, extra_decoding_seconds=0.0, seed=2)
+    assert np.array_equal(offline.audio_codes[: len(codes)], codes)
