@@ -149,3 +149,16 @@ def test_mlx_vlm_s_every_layer_quantized_output_runs(tmp_path):
                       and e.audio_codes.size])
     offline = voicechat.generate(audio, extra_decoding_seconds=0.0, seed=2)
     assert np.array_equal(offline.audio_codes[: len(codes)], codes)
+
+
+@pytest.mark.parametrize("profile", ["lean", "balanced"])
+def test_the_small_fixture_streams_as_offline(profile):
+    """The small fixture's widths take group 64 where the tiny one's fall back to 32."""
+    model, processor = load(cached_checkpoint("small", profile=profile))
+    voicechat = model.create_session(processor)
+    audio = _signal(1.5)
+    events = _stream(voicechat, audio, 1280, seed=4)
+    codes = np.stack([e.audio_codes for e in events if isinstance(e, Audio)
+                      and e.audio_codes.size])
+    offline = voicechat.generate(audio, extra_decoding_seconds=0.0, seed=4)
+    assert np.array_equal(offline.audio_codes[: len(codes)], codes)
