@@ -219,20 +219,24 @@ def compare_checkpoints(a: str | Path, b: str | Path, audio: Any, *,
     from ..runtime.audio import load_waveform
     from ..runtime.transcribe import Transcriber
 
-    question = load_waveform(audio, 16_000)
+    from ..config import ModelConfig
+    from ..loader import read_config, resolve_path
+
+    rate = ModelConfig.from_dict(read_config(resolve_path(a))).input_sample_rate
+    question = load_waveform(audio, rate)
     options = dict(seed=seed, system_prompt=system_prompt,
                    extra_decoding_seconds=extra_decoding_seconds)
-    side_b, voicechat, rate = _run("B", str(b), budgets[1], question, options, None)
+    side_b, voicechat, _ = _run("B", str(b), budgets[1], question, options, None)
     del voicechat
     gc.collect()
     mx.clear_cache()
     forced = {k: side_b.arrays[k] for k in ("text_ids", "function_ids", "codes")}
-    side_a, voicechat, rate = _run("A", str(a), budgets[0], question, options, forced)
+    side_a, voicechat, output_rate = _run("A", str(a), budgets[0], question, options, forced)
     transcriber = Transcriber(voicechat)
     for side in (side_a, side_b):
         if side.arrays["waveform"].size:
             side.answer_heard = transcriber.transcribe(side.arrays["waveform"],
-                                                       sample_rate=rate).text
+                                                       sample_rate=output_rate).text
     floats = [float_stage(s, side_a.arrays[s], side_b.arrays[s]) for s in FLOAT_STAGES]
     ids = [id_stage(s, side_a.arrays[s], side_b.arrays[s]) for s in ID_STAGES]
     return Report(side_a, side_b, floats, ids)

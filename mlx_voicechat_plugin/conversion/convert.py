@@ -18,7 +18,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import mlx.core as mx
 
@@ -125,23 +125,22 @@ def _write_weights(source: Source, plan: Plan, folder: Path,
     """Every shard of ``plan`` into ``folder``; returns the bytes written per part."""
     written = {part.name: 0 for part in PARTS}
     weight_map: dict[str, str] = {}
-    read = lambda name: read_tensor(source.tensors[name].entry)  # noqa: E731
+    def read(name: str) -> mx.array:
+        entry = source.tensors[name].entry
+        assert entry is not None, "a planned source tensor has a file"
+        return read_tensor(entry)
+
     for name, steps in zip(_shard_names(len(plan.shards)), plan.shards):
-        writer = ShardWriter(folder / name, [t for s in steps for t in s.outputs],
-                             metadata={"format": "mlx"})
-        try:
+        planned = [t for s in steps for t in s.outputs]
+        with ShardWriter(folder / name, planned, metadata={"format": "mlx"}) as writer:
             for step in steps:
                 arrays = run_step(step, read)
                 mx.eval(list(arrays.values()))
                 for tensor in step.outputs:
                     written[step.part] += writer.write(tensor.name, arrays[tensor.name])
                     weight_map[tensor.name] = name
-                progress.update(sum(source.tensors[i].entry.nbytes  # type: ignore[union-attr]
-                                    for i in step.inputs))
+                progress.update(sum(source.tensors[i].nbytes for i in step.inputs))
                 del arrays
-        finally:
-            writer.handle.close()
-        writer.close()
     index = {"metadata": {"total_size": sum(written.values())},
              "weight_map": dict(sorted(weight_map.items()))}
     (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
@@ -226,7 +225,7 @@ def convert(src: str | Path, out: str | Path, profile: "str | Profile" = "releas
     plan = make_plan(source, profile, max_shard_bytes)
     out.parent.mkdir(parents=True, exist_ok=True)
     folder = _temporary_folder(out)
-    bar = _Progress(sum(spec.nbytes for spec in _entries(source)), progress)
+    bar = _Progress(sum(spec.nbytes for spec in source.tensors.values()), progress)
     try:
         written = _write_weights(source, plan, folder, bar)
         config = dict(source.config)
@@ -256,10 +255,6 @@ def convert(src: str | Path, out: str | Path, profile: "str | Profile" = "releas
     return Conversion(out, plan, written)
 
 
-def _entries(source: Source) -> Iterator[Any]:
-    return (spec.entry for spec in source.tensors.values() if spec.entry is not None)
-
-
 def _replace(folder: Path, out: Path) -> None:
     """``folder`` becomes ``out``; an existing ``out`` (``--force``) goes only after."""
     if not out.exists():
@@ -268,4 +263,7 @@ def _replace(folder: Path, out: Path) -> None:
     old = out.parent / f".{out.name}.replaced-{os.getpid()}"
     out.rename(old)
     folder.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    if old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink()

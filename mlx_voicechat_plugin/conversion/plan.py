@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -185,7 +185,7 @@ def _shards(steps: list[Step], max_bytes: int) -> list[list[Step]]:
     return shards
 
 
-def run_step(step: Step, read: Any) -> dict[str, mx.array]:
+def run_step(step: Step, read: Callable[[str], mx.array]) -> dict[str, mx.array]:
     """The output tensors of ``step``; ``read(name)`` gives a source tensor."""
     if step.action == COPY:
         return {name: read(name) for name in step.inputs}

@@ -137,7 +137,8 @@ class ShardWriter:
     """Writes one safetensors file whose tensors are known in advance.
 
     The header is written at once; :meth:`write` then takes each tensor in the
-    planned order and checks it is the planned dtype and shape.
+    planned order and checks it is the planned dtype and shape. Use it as a
+    context manager: leaving it closes the file.
     """
 
     def __init__(self, path: Path, tensors: list[PlannedTensor],
@@ -167,8 +168,12 @@ class ShardWriter:
         self.index += 1
         return len(data)
 
-    def close(self) -> None:
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        """Close the file; a shard left short without an error is a bug."""
         self.handle.close()
-        if self.index != len(self.tensors):
+        if kind is None and self.index != len(self.tensors):
             raise AssertionError(f"{self.path.name}: {len(self.tensors) - self.index} tensors "
                                  "not written")

@@ -41,6 +41,11 @@ class TensorSpec:
     shape: tuple[int, ...]
     entry: TensorEntry | None = None
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes in the source file (0 for a tensor known from a config alone)."""
+        return 0 if self.entry is None else self.entry.nbytes
+
 
 @dataclass
 class Source:
@@ -105,7 +110,7 @@ def open_source(path: str | Path, tokenizer: str | Path | None = None,
     9B v2 folder or hub id, for the release layout (default :data:`BASE_TOKENIZER_REPO`).
     ``allow_config_only``: a folder with a config and no weights is accepted (a dry
     run sizes the parts from the config's shapes)."""
-    path = Path(path).expanduser()
+    path = _local(path)
     if not path.is_dir():
         raise ConversionError(f"source {path} is not a folder")
     config_file = path / "config.json"
@@ -134,6 +139,20 @@ def open_source(path: str | Path, tokenizer: str | Path | None = None,
     logger.info("%s: %s layout, %d tensors", path, layout, len(tensors))
     return Source(path, layout, config, quantization, tensors, tokenizer_dir,
                   weights_present=bool(tensors))
+
+
+def _local(path: str | Path) -> Path:
+    """A local folder as is; anything else that looks like a hub id is fetched."""
+    local = Path(path).expanduser()
+    if local.exists() or str(path).count("/") != 1 or str(path).startswith((".", "/", "~")):
+        return local
+    from ..loader import resolve_path
+
+    try:
+        return resolve_path(str(path))
+    except Exception as error:  # the hub's own errors: not found, offline, gated
+        raise ConversionError(f"source {path} is neither a local folder nor a hub "
+                              f"repository this machine can fetch ({error})") from None
 
 
 def _tokenizer_folder(tokenizer: str | Path | None) -> Path:
