@@ -102,6 +102,22 @@ def test_reference_parity_where_the_reference_runs_it(profiled, question_audio):
     assert all(d.ok for d in diffs), "\n".join(d.row() for d in diffs)
 
 
+def test_streaming_reference_parity_where_the_reference_runs_it(profiled, question_audio):
+    from conformance.stream_diff import run_stream_pair
+
+    profile, path, _ = profiled
+    if profile not in REFERENCE_RUNS:
+        pytest.skip(f"the reference cannot run {profile} (its quantized MoG head)")
+    diffs = run_stream_pair(path, question_audio, seed=2, extra_decoding_seconds=0.5)
+    assert all(d.ok for d in diffs), "\n".join(d.row() for d in diffs)
+
+
+def test_every_projection_block_fuses(profiled):
+    """Fused q/k/v, gate/up and MoG heads take quantized layers as they take plain ones."""
+    model = profiled[2].model
+    assert model.fused_blocks == len(model._projection_blocks()) > 0
+
+
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p not in REFERENCE_RUNS])
 def test_the_reference_loads_but_cannot_speak_with_a_quantized_mog_head(profile):
     import mlx.core as mx
