@@ -227,3 +227,23 @@ def test_shards_are_cut_and_indexed(release, tmp_path):
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"].values()) == {s.name for s in shards}
     _same_tensors(out, make_checkpoint(tmp_path / "direct", "tiny", profile="bf16"))
+
+
+def test_the_release_config_reads_as_upstream_s_converter_reads_it(release):
+    """Our reader of NVIDIA's config gives what upstream's converter gives, plus the
+    EAR-TTS backbone keys it leaves to defaults; the RNNT blank follows the RNNT
+    vocabulary where upstream writes the release's 1024."""
+    from mlx_vlm.models.nemotron_voicechat.convert import build_runtime_config
+
+    from mlx_voicechat_plugin.conversion.release import runtime_config
+
+    source = json.loads((release.source / "config.json").read_text())
+    base = json.loads((release.tokenizer / "config.json").read_text())
+    theirs, ours = build_runtime_config(source, base), runtime_config(source, base)
+    extra = {"num_iterations", "query_pre_attn_scalar", "rms_norm_eps", "rope_global_base_freq",
+             "rope_local_base_freq", "sliding_window_pattern"}
+    assert set(ours["tts_config"]) - set(theirs["tts_config"]) == extra
+    ours["tts_config"] = {k: v for k, v in ours["tts_config"].items() if k not in extra}
+    assert theirs.pop("rnnt_blank_id") == 1024
+    assert ours.pop("rnnt_blank_id") == ours["audio_config"]["decoder"]["vocab_size"]
+    assert ours == theirs

@@ -33,12 +33,15 @@ class ReleaseFixture:
 
 
 def base_config(text: dict[str, Any]) -> dict[str, Any]:
-    """The Nemotron Nano 9B v2 ``config.json`` for ``text_config`` (Hugging Face names)."""
+    """The Nemotron Nano 9B v2 ``config.json`` for ``text_config``: Hugging Face's
+    ``nemotron_h`` names, with the Mamba sizes also under the names upstream's
+    converter reads (``mamba_state_dim``, ``mamba_num_groups``)."""
     values = {k: v for k, v in text.items() if k != "model_type"}
     return {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
             "rms_norm_eps": values.pop("layer_norm_epsilon"),
-            "mamba_state_dim": values.pop("ssm_state_size"),
-            "time_step_limit": [0.0, float("inf")], **values}
+            "mamba_state_dim": values["ssm_state_size"],
+            "mamba_num_groups": values["n_groups"],
+            "time_step_min": 0.001, "time_step_max": 0.1, **values}
 
 
 def release_config(raw: dict[str, Any]) -> dict[str, Any]:
