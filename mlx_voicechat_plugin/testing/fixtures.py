@@ -21,6 +21,14 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ModelConfig
+from ..profiles import (
+    Profile,
+    plan_layers,
+    quantizable_modules,
+    quantization_config,
+    quantize_tensor,
+    quantized_layers,
+)
 from .configs import DRAWN_ON_DEVICE, FULL_QUANTIZE_BITS, fixture_config
 from .tokenizers import (
     build_text_tokenizer,
@@ -79,6 +87,20 @@ def quantize_weights(weights: dict[str, mx.array], bits: int,
     return dict(sorted(out.items()))
 
 
+def apply_profile(weights: dict[str, mx.array], config: ModelConfig,
+                  profile: "str | Profile", raw: dict) -> dict[str, mx.array]:
+    """``weights`` as ``profile`` stores them; its ``quantization`` entries go into ``raw``."""
+    plans = plan_layers(profile, quantizable_modules(config))
+    out: dict[str, mx.array] = {}
+    for key, value in weights.items():
+        out.update(quantize_tensor(key, value, plans))
+    quantization = quantization_config(quantized_layers(plans))
+    if quantization is not None:
+        raw["quantization"] = dict(quantization)
+        raw["quantization_config"] = dict(quantization)
+    return dict(sorted(out.items()))
+
+
 def _write_json(path: Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
 
@@ -95,15 +117,20 @@ def _write_weights(weights: dict[str, mx.array], out_dir: Path) -> None:
 
 
 def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
-                    quantize_bits: int | None = None) -> Path:
+                    quantize_bits: int | None = None,
+                    profile: "str | Profile | None" = None) -> Path:
     """Write fixture checkpoint ``size`` ("tiny" | "small" | "medium" | "full") into ``out_dir``.
 
     ``full`` (the released 11B's shapes, about 10.7 GiB) draws its weights on
     MLX's default device and is quantized 4-bit like the release unless
     ``quantize_bits`` says otherwise; build it on a GPU, not on a small CPU.
+    ``profile`` (a :mod:`..profiles` name or :class:`~..profiles.Profile`)
+    stores the weights as that profile does, instead of ``quantize_bits``.
     """
+    if profile is not None and quantize_bits is not None:
+        raise ValueError("give quantize_bits or profile, not both")
     on_device = size in DRAWN_ON_DEVICE
-    if size == "full" and quantize_bits is None:
+    if size == "full" and quantize_bits is None and profile is None:
         quantize_bits = FULL_QUANTIZE_BITS
     if quantize_bits is not None and quantize_bits not in SUPPORTED_BITS:
         raise ValueError(f"quantize_bits must be one of {SUPPORTED_BITS}, got {quantize_bits}")
@@ -131,7 +158,9 @@ def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
         logger.info("drawing the %s fixture's weights on %s", size, mx.default_device())
     weights = build_weights(config, text.vocab, seed=seed, tuning=TUNINGS.get(size),
                             device=on_device)
-    if quantize_bits is not None:
+    if profile is not None:
+        weights = apply_profile(weights, config, profile, raw)
+    elif quantize_bits is not None:
         weights = quantize_weights(weights, quantize_bits)
         quantization = {"group_size": QUANTIZATION_GROUP_SIZE, "bits": quantize_bits}
         raw["quantization"] = dict(quantization)
@@ -142,20 +171,23 @@ def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
     return out
 
 
-_CACHE: dict[tuple[str, int, int | None], Path] = {}
+_CACHE: dict[tuple[str, int, int | None, str | None], Path] = {}
 
 
 def cached_checkpoint(size: str = "tiny", seed: int = 0,
-                      quantize_bits: int | None = None) -> Path:
+                      quantize_bits: int | None = None,
+                    profile: "str | Profile | None" = None) -> Path:
     """``make_checkpoint`` once per process, under a temporary directory."""
-    key = (size, seed, quantize_bits)
+    key = (size, seed, quantize_bits, profile)
     path = _CACHE.get(key)
     if path is None or not (path / "config.json").exists():
         if not _CACHE:
             atexit.register(clear_cache)
         root = Path(tempfile.mkdtemp(prefix="voicechat-fixture-"))
         suffix = f"-q{quantize_bits}" if quantize_bits else ""
-        path = make_checkpoint(root / f"{size}-s{seed}{suffix}", size, seed, quantize_bits)
+        suffix += f"-{profile}" if profile else ""
+        path = make_checkpoint(root / f"{size}-s{seed}{suffix}", size, seed, quantize_bits,
+                               profile=profile)
         _CACHE[key] = path
     return path
 
@@ -202,3 +234,35 @@ def make_question_wav(path: str | Path, seconds: float = 2.0, seed: int = 0,
         out.setframerate(sample_rate)
         out.writeframes(pcm.tobytes())
     return path
+
+
+def dequantized_checkpoint(src: str | Path, out_dir: str | Path) -> Path:
+    """A copy of checkpoint ``src`` with every quantized layer dequantized exactly:
+    float32 weights holding ``scale * q + bias`` as the quantized kernels compute
+    it (the same weights, unquantized; a bf16 copy would round them)."""
+    src, out = Path(src), Path(out_dir)
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors", INDEX_FILE))
+    raw = json.loads((src / "config.json").read_text())
+    quantization = raw.pop("quantization", None) or {}
+    raw.pop("quantization_config", None)
+    weights = {}
+    for file in sorted(src.glob("*.safetensors")):
+        weights.update(mx.load(str(file)))
+    out_weights: dict[str, mx.array] = {}
+    for key, value in weights.items():
+        module, _, leaf = key.rpartition(".")
+        quantized = f"{module}.scales" in weights
+        if quantized and leaf in ("scales", "biases"):
+            continue  # folded into the weight
+        if not quantized or leaf != "weight":
+            out_weights[key] = value
+            continue
+        entry = quantization.get(module)
+        fmt = entry if isinstance(entry, dict) else quantization
+        affine = [weights[f"{module}.{n}"].astype(mx.float32) for n in ("scales", "biases")
+                  if f"{module}.{n}" in weights]
+        out_weights[key] = mx.dequantize(value, *affine, group_size=fmt["group_size"],
+                                         bits=fmt["bits"])
+    _write_weights(dict(sorted(out_weights.items())), out)
+    _write_json(out / "config.json", raw)
+    return out
