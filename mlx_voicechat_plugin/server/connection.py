@@ -46,6 +46,9 @@ class Transport(Protocol):
     """What a connection needs of a transport (:mod:`.transport`), on the event loop."""
 
     plays_audio: bool  # it plays the model's audio itself (a WebRTC track), paced
+    # Its receive joins what queued meanwhile (a WebRTC track's audio): read only when
+    # the connection is ready for the next message, never ahead of it.
+    joins_audio: bool
 
     async def accept(self) -> None: ...
 
@@ -198,7 +201,7 @@ class Connection:
         if session.outlives(receiving.result()):
             session.detach()
         elif session.open and not session.configured:
-            return  # a prefill in flight: watch() stops it, then the slot is freed
+            session.free_slot()  # a prefill in flight: watch() stops it
         else:
             session.let_go()
 
@@ -246,7 +249,7 @@ class Connection:
                 if not engine.ready:
                     self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
-                if not (self.admitted or engine.admission.try_reserve(self.session_id)):
+                if not (self.admitted or await engine.admission.reserve(self.session_id)):
                     self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
                     raise Finished(Ending.BUSY)
                 logger.info("%s connected", self.session_id)
@@ -299,6 +302,10 @@ class Connection:
                 logger.info("%s timed out: %s", self.session_id, message)
                 self.session.send(self.dialect.timed_out(message))
                 raise Finished(Ending.VIOLATION)
+            # Read on while the message is handled: a client that leaves meanwhile
+            # frees its slot at once (:meth:`_hung_up`), not once the handling ends.
+            if not self.transport.joins_audio:
+                self.receive()
             try:
                 async with self.session.turn:
                     await self.handle(message[0])
@@ -360,6 +367,8 @@ class Connection:
             if not (halted.done() or receiving.done()):
                 await asyncio.wait({receiving, halted, expiry, self.letting_go},
                                    return_when=asyncio.FIRST_COMPLETED)
+            else:  # read ahead: the engine's hand-offs queued meanwhile go first
+                await asyncio.sleep(0)
         finally:
             expiry.cancel()
         if self.superseded:

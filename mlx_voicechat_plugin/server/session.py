@@ -45,11 +45,25 @@ logger = logging.getLogger(__name__)
 DROPPED_CODES = (1006, None)
 # Frames of one second (the model's frames are 80 ms), for the replay's bound.
 FRAMES_PER_SECOND = 12.5
+# Why a detached session ended when a connection that found the server full took its slot.
+SLOT_TAKEN = "its slot was given to a new connection (the server was full)"
 
 
 def stream_full(exc: BaseException) -> bool:
     """Whether a frame's error is its stream reaching ``max_streaming_seconds`` (no byte cap)."""
     return isinstance(exc, ContextLimit) and not isinstance(exc, TranscriptLimit)
+
+
+def abandon(future: asyncio.Future) -> None:
+    """Take ``future``'s outcome, now or when it comes, for nobody: its caller left."""
+    def taken(done: asyncio.Future) -> None:
+        if not done.cancelled():
+            done.exception()
+
+    if future.done():
+        taken(future)
+    else:
+        future.add_done_callback(taken)
 
 
 class Link(Protocol):
@@ -181,9 +195,11 @@ class Session:
 
     def outlives(self, hangup: Hangup) -> bool:
         """Whether the transport's end ``hangup`` detaches the session (asked to outlive
-        it, or resumable and the link dropped with no close) instead of ending it."""
+        it, or resumable, configured once and the link dropped with no close) instead of
+        ending it. A session never configured has nothing to resume: it ends at once."""
         return self.outlives_transport or (
-            self.resume_token is not None and hangup.code in DROPPED_CODES)
+            self.resume_token is not None and self.details is not None
+            and hangup.code in DROPPED_CODES)
 
     def attach(self, link: Link, last_seq: int | None = None) -> None:
         """Send through ``link`` from now on, the events after ``last_seq`` first (by
@@ -221,11 +237,13 @@ class Session:
         self._expiry = asyncio.ensure_future(self._expire_detached())
 
     def end_detached(self, reason: str) -> None:
-        """Release a detached session (not resumed) for ``reason``."""
+        """Release a detached session (not resumed) for ``reason``: its slot is free at
+        once (:meth:`let_go`), the rest of the release follows."""
         if self.released or self.ended:
             return
         self.ended = reason
         logger.info("%s released while detached: %s", self.session_id, reason)
+        self.let_go()
         self.spawn(self.release())
 
     def window(self) -> tuple[float, str]:
@@ -303,7 +321,15 @@ class Session:
         self.event_loop, self.frames_run = asyncio.get_running_loop(), 0
         opening = self.engine.open(self.session_id, options, self)
         self.open = True  # the engine may hold a stream from now on: release closes it
-        await (self.link.watch(opening) if self.link is not None else self.wait_opening(opening))
+        try:
+            await (self.link.watch(opening) if self.link is not None
+                   else self.wait_opening(opening))
+        except BaseException:
+            # The client left (or the task was cancelled) while it opened: the open's
+            # outcome (a stopped prefill's PrefillCancelled) is ours to take, not the
+            # garbage collector's to log as never retrieved.
+            abandon(opening)
+            raise
         try:
             details = opening.result()
         except PoolFull as exc:  # its reservation does not fit --max-state-bytes
@@ -370,6 +396,12 @@ class Session:
             raise inference_error(exc) from None
 
     # --- release ---------------------------------------------------------------------------
+
+    def free_slot(self) -> None:
+        """The transport ended while the engine session opens (its prefill is being
+        stopped): the slot is free at once for whoever connects meanwhile; the engine
+        runs its commands in order, so the newcomer's open follows this one's end."""
+        self.engine.admission.release(self.session_id)
 
     def let_go(self) -> None:
         """Queue the engine's close (cancelling unflushed audio), then free the slot, now:
