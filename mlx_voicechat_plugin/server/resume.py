@@ -147,8 +147,7 @@ class Resumes:
         secret = secrets.token_urlsafe(TOKEN_BYTES)
         name = replica if replica and REPLICA_NAME.fullmatch(replica) else None
         token = f"{name}.{secret}" if name else secret
-        session.resume_token, session.replay.numbered = token, True
-        session.watcher = self
+        session.make_resumable(token, self)
         self.sessions[token] = session
         self.keys[token] = key_digest(key)
         return token
@@ -208,7 +207,7 @@ class Resumes:
         if not session.detached and not self.take_over(session):
             raise Refused(409, "session_attached", "the session is attached to another "
                                                    "connection and cannot be taken now")
-        session.claimed = True
+        session.claim()
         return session, seq
 
     @staticmethod

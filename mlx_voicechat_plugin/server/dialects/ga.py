@@ -111,7 +111,7 @@ class GADialect(Dialect):
         self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
         self.responses.session_pace = session.pace
         self.playback = Playback(lambda: self.plays_audio)  # a WebRTC track's playback
-        session.keep_alive = self.owed  # idle time does not count while a response is owed
+        session.keep_alive_while(self.owed)  # idle time does not count while a response is owed
         session.spawn(self.run_owed())
 
     # --- the dialect -----------------------------------------------------------
@@ -308,7 +308,7 @@ class GADialect(Dialect):
         """One frame of server-made input, queued behind the client's audio (the same
         session channel); waits for it to run. Its events and its error go out as any
         frame's (:meth:`frame_error`; a full stream ends the conversation)."""
-        await self.session.engine_call(self.engine.push(self.session_id, chunk))
+        await self.session.push(chunk)
         self.heard += chunk.shape[0]
 
     # --- owed responses: the timeline runs on silence -------------------------

@@ -66,7 +66,7 @@ class NvidiaDialect(Dialect):
     def __init__(self, session: Session, model_id: str):
         super().__init__(session, model_id)
         self.config = Config()
-        self.counters = Counters(metrics=getattr(self.engine.metrics, "clients", None))
+        self.counters = Counters(metrics=session.client_metrics)
         self.output: Conversation | None = None
         self.input: Resampler | None = None
         self.audio_started = False
@@ -154,7 +154,7 @@ class NvidiaDialect(Dialect):
         session = self.session
         if session.configured:
             await session.feed_audio(self.input(np.zeros(0, np.float32), last=True))
-            events = await session.engine_call(self.engine.flush(self.session_id, True))
+            events = await session.flush()
             session.send_all(self.output.translate(events))
             session.send_all(self.output.finish())
         self.send({"type": "session.end", "session_id": self.session_id,
