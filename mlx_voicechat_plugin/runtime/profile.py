@@ -131,6 +131,10 @@ class FrameClock:
         return frame
 
 
+# The default of every step's ``clock``: disabled, it times and keeps nothing.
+NO_CLOCK = FrameClock(enabled=False)
+
+
 @dataclass
 class Profile:
     frame_duration_ms: float
