@@ -101,12 +101,19 @@ def configured(live: LiveServer, dialect: str, headers: dict | None = None
     return client, token, got["seq"]
 
 
+ERROR_TYPED = {"ga", "nvidia"}  # their error object says its type (OpenAI's, NVIDIA's)
+
+
 def refused_resume(live: LiveServer, dialect: str, token: str, last: int) -> tuple[int, dict]:
+    """A resume's HTTP refusal: its status and error, in the dialect's error shape."""
     with pytest.raises(InvalidStatus) as refused:
         with connect(live.ws(resume_path(DIALECTS[dialect][0], token, last))):
             pass
     response = refused.value.response
-    return response.status_code, json.loads(response.body)["error"]
+    body = json.loads(response.body)
+    assert body["type"] == "error"
+    assert ("type" in body["error"]) == (dialect in ERROR_TYPED), body
+    return response.status_code, body["error"]
 
 
 def clean_close(client: RawClient) -> None:

@@ -86,6 +86,13 @@ class Dialect:
         """The dialect's error event for ``code`` (an :class:`~..wire.ErrorCode`)."""
         raise NotImplementedError
 
+    @classmethod
+    def refusal(cls, code: str, message: str) -> dict[str, Any]:
+        """The body of an HTTP refusal of an upgrade at this dialect's path (a resume
+        refused), in the dialect's error shape; by default ``{"type": "error", "error":
+        {"code", "message"}}``."""
+        return {"type": "error", "error": {"code": code, "message": message}}
+
     def timed_out(self, reason: str) -> Event:
         """The error event when a session deadline passes (no update, idle, the wall
         clock; ``reason`` says which); by default ``invalid_request``."""

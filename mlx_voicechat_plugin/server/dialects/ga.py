@@ -123,6 +123,10 @@ class GADialect(Dialect):
     def error(self, code: str, message: str) -> Event:
         return Event(error_event(code, message, self.event_id))
 
+    @classmethod
+    def refusal(cls, code: str, message: str) -> dict[str, Any]:
+        return error_event(code, message)
+
     def received_audio(self) -> tuple[int, int]:
         return self.audio_received, self.input.format.rate
 

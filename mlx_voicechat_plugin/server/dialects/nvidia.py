@@ -24,7 +24,7 @@ lays them out. The API key may come as ``?api_key=``.
 from __future__ import annotations
 
 import logging
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -81,6 +81,10 @@ class NvidiaDialect(Dialect):
         code = CODES.get(code, code)
         kind = "invalid_request_error" if code in CLIENT_ERRORS else "server_error"
         return Event(error_event(kind, code, bounded(message)))
+
+    @classmethod
+    def refusal(cls, code: str, message: str) -> dict[str, Any]:
+        return error_event("invalid_request_error", code, bounded(message))
 
     def received_audio(self) -> tuple[int, int]:
         return self.counters.samples_received, self.counters.input_rate
