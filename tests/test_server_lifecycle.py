@@ -31,6 +31,7 @@ from websockets.exceptions import InvalidStatus
 
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
+from mlx_voicechat_plugin.server.operations.replica import agent_line, replica_status
 SLOT_TAKEN = "given to a new connection"
 
 KEY_ENV = "VOICECHAT_LIFECYCLE_TEST_KEY"
@@ -140,6 +141,7 @@ def test_a_newcomer_takes_the_slot_of_a_detached_session_and_its_resume_is_refus
     until(lambda: metric(server, "voicechat_detached_sessions") == 1, "the detach")
     health = server.health().json()  # the balancer sees the slot as free
     assert (health["free"], health["capacity"], health["detached"]) == (1, 1, 1)
+    assert agent_line(replica_status(server.app.state.engine)) == "up ready maxconn:1\n"
     newcomer, _ = opened(server, dialect)  # admitted at once, well inside the window
     assert metric(server, "voicechat_sessions_reclaimed_total") == before + 1
     status, error = refused_resume(server, dialect, token, last)
