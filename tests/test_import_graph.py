@@ -112,11 +112,11 @@ def test_the_instruments_are_off_every_path_but_benches_and_tests():
 
 
 def test_a_dialect_helper_module_loads_no_web_framework():
-    """``server.dialects`` names its dialects lazily: ``ga_audio`` alone needs no FastAPI."""
+    """``server.dialects`` names its dialects lazily: ``ga.audio`` alone needs no FastAPI."""
     import subprocess
     import sys
 
-    code = ("import sys, mlx_voicechat_plugin.server.dialects.ga_audio; "
+    code = ("import sys, mlx_voicechat_plugin.server.dialects.ga.audio; "
             "print('fastapi' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

@@ -31,8 +31,8 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from ..connection import Connection, connect
-from ..dialects.ga import REALTIME_PATH, GADialect
-from ..dialects.ga_session import GAConfig, merge_session
+from ..dialects.ga.dialect import REALTIME_PATH, GADialect
+from ..dialects.ga.config import GAConfig, merge_session
 from ..engine.thread import Engine
 from ..keys import EphemeralKey, EphemeralKeys, KeyRefused, is_ephemeral
 from ..limits import ServerLimits

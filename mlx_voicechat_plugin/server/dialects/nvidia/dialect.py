@@ -2,11 +2,11 @@
 
 Its reference client (``clients/voicechat/nemotron-voicechat-client.py``)
 and conformance test speak it unchanged. A session: ``session.created`` on
-connect; ``session.update`` (:mod:`.nvidia_session`) before the first audio
+connect; ``session.update`` (:mod:`.messages`) before the first audio
 (the engine session opens; the configuration is immutable after the first
 audio frame; audio without one opens the defaults); audio as binary PCM16
 frames or base64 ``input_audio_buffer.append``, at its rate (16-48 kHz),
-resampled once here to the model's; the output (:mod:`.nvidia_events`) in
+resampled once here to the model's; the output (:mod:`.events`) in
 80 ms 24 kHz packets; ``conversation.item.create`` with a
 ``function_call_output`` taken at once (``tools_not_set`` without tools);
 ``session.close``: the residual input drained, the response completed, then
@@ -28,16 +28,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..messages import Ending, Event, Finished, Outgoing
-from ..session import Session
-from ..wire import (
+from ...messages import Ending, Event, Finished, Outgoing
+from ...session import Session
+from ...wire import (
     ErrorCode, ProtocolError, ToolOutput, bounded, decode_base64, invalid, pcm16_samples,
 )
-from .base import Dialect
-from .client_options import session_options
-from .ga_audio import Resampler
-from .nvidia_events import Conversation, Counters, error_event
-from .nvidia_session import (
+from ..base import Dialect
+from ..client_options import session_options
+from ..ga.audio import Resampler
+from .events import Conversation, Counters, error_event
+from .messages import (
     INSTRUCTIONS_TOO_LONG, Append, ClientMessage, Close, Config, Update, parse_message, updated,
 )
 
