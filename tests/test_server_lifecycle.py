@@ -19,13 +19,11 @@ import logging
 import os
 import struct
 import threading
-import time
 
-import httpx
 import numpy as np
 import pytest
 from raw_client import RawClient
-from resume_support import abort, event, resume_path
+from resume_support import abort, event, metric, resume_path, until
 from server_support import FRAME, LiveServer, append_message, connect, running
 from websockets.exceptions import InvalidStatus
 
@@ -35,7 +33,6 @@ from mlx_voicechat_plugin.server.operations.replica import agent_line, replica_s
 SLOT_TAKEN = "given to a new connection"
 
 KEY_ENV = "VOICECHAT_LIFECYCLE_TEST_KEY"
-WAIT = 10.0
 CLOSE, NORMAL = 0x8, 1000
 REOPENS = 40  # sessions in all, over the clients that close and reopen at once
 DROPS = 200  # open-and-drop cycles from one key
@@ -59,21 +56,6 @@ def serve(tiny_ckpt, **limits) -> LiveServer:
 def server(tiny_ckpt):
     """The default server's slots and window: one session, 15 s to resume."""
     yield from running(serve(tiny_ckpt))
-
-
-def until(condition, what: str):
-    deadline = time.monotonic() + WAIT
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
-
-
-def metric(live: LiveServer, name: str) -> float:
-    for line in httpx.get(live.http("/metrics")).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 def send(client: RawClient, message) -> None:

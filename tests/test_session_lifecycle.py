@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from test_session_transport import engine  # noqa: F401  (the fixture: a real engine)
+
 from mlx_voicechat_plugin.runtime.options import SessionOptions
 from mlx_voicechat_plugin.server.connection import Connection, connect
 from mlx_voicechat_plugin.server.dialects import VLM
@@ -29,15 +31,6 @@ from mlx_voicechat_plugin.server.wire import ProtocolError
 
 SERVER = Path(__file__).resolve().parents[1] / "mlx_voicechat_plugin" / "server"
 STATES = ("stage", "tie")
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_ckpt):
-    engine = Engine(str(tiny_ckpt), max_sessions=2)
-    engine.start()
-    assert engine.loaded.wait(120) and engine.ready
-    yield engine
-    engine.stop()
 
 
 def session_of(engine: Engine) -> Session:
@@ -60,32 +53,24 @@ class Link:
 # --- the tables -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("start", list(Stage))
-@pytest.mark.parametrize("to", list(Stage))
-def test_the_engine_side_moves_only_as_its_table_says(start, to):
-    life = Lifecycle("s")
-    life.stage = start
-    if to in ENGINE_MOVES[start]:
-        life.move_engine(to)
-        assert life.stage is to
-    else:
-        with pytest.raises(TransitionRefused, match=f"from {start.value} to {to.value}"):
-            life.move_engine(to)
-        assert life.stage is start
+SIDES = {"stage": (ENGINE_MOVES, Lifecycle.move_engine),  # the engine side
+         "tie": (LINK_MOVES, Lifecycle.move_link)}  # the link side
+MOVES = [(side, start, to) for side, (table, _) in SIDES.items() for start in table
+         for to in table]
 
 
-@pytest.mark.parametrize("start", list(Tie))
-@pytest.mark.parametrize("to", list(Tie))
-def test_the_link_side_moves_only_as_its_table_says(start, to):
+@pytest.mark.parametrize("side, start, to", MOVES)
+def test_each_side_moves_only_as_its_table_says(side, start, to):
+    table, move = SIDES[side]
     life = Lifecycle("s")
-    life.tie = start
-    if to in LINK_MOVES[start]:
-        life.move_link(to)
-        assert life.tie is to
+    setattr(life, side, start)
+    if to in table[start]:
+        move(life, to)
+        assert getattr(life, side) is to
     else:
         with pytest.raises(TransitionRefused, match=f"from {start.value} to {to.value}"):
-            life.move_link(to)
-        assert life.tie is start
+            move(life, to)
+        assert getattr(life, side) is start
 
 
 def test_closed_and_released_are_final():
