@@ -1,20 +1,17 @@
 """A session's life as two explicit states, each moved only by its :class:`~.session.Session`.
 
 The engine side (:class:`Stage`) says what the engine holds of the session;
-the link side (:class:`Tie`) says whether a client's transport carries it::
+the link side (:class:`Tie`) says whether a client's transport carries it
+(docs/development.md, "A session's life", draws both)::
 
     engine side                              link side
 
-    NEW --open--> OPENING --opened--> OPEN     UNLINKED --attach--> ATTACHED
-     |  <--reopen---'  <------reopen----'          |                 |    ^
-     |               |                 |           |             detach   | attach
-     |               +--let_go--+------+           |                 v    |
-     |                          v                  |   claim --> DETACHED |
-     |                       CLOSING               |   |    <--unclaim--. |
-     |                          |                  |   v                | |
-     +-------release------> CLOSED                 |  CLAIMED ----------'-'
-                                                   |
-                                   (any) --release-->  RELEASED
+    NEW --open_session--> OPENING --> OPEN    UNLINKED --attach--> ATTACHED
+    NEW <--re-open-- OPENING, OPEN            ATTACHED --detach--> DETACHED
+    OPENING, OPEN --let_go--> CLOSING         DETACHED --claim--> CLAIMED
+    CLOSING, NEW --release--> CLOSED          CLAIMED --unclaim--> DETACHED
+                                              DETACHED, CLAIMED --attach--> ATTACHED
+                                              any --release--> RELEASED
 
 ``OPENING`` is also where a failed open stays (the engine may still hold
 what it made: :meth:`~.session.Session.release` closes it). Each move is
