@@ -7,6 +7,9 @@ conversation (:class:`~.messages.Finished`), a deadline of the session
 its events (:attr:`~.messages.Ending.NOT_READING`) or the client leaving.
 Each message is size-checked here, parsed and acted on by the dialect, and
 answered after the audio queued before it (:meth:`~.session.Session.settle`).
+While one is handled the next is read ahead (not over a transport whose
+receive joins queued audio: WebRTC's), so a client that leaves frees its
+slot at once, whatever the server was doing.
 The session sends through the connection (it is the session's
 :class:`~.session.Link`) to the transport, which serializes and closes with
 its own codes. Audio payloads are never logged; client values are never
