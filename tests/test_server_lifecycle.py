@@ -286,3 +286,9 @@ def test_four_clients_that_close_and_reopen_at_once_are_never_refused_on_four_sl
     settled(four_slots)
     assert reopen_refusals(four_slots, dialect, 4) == []
     settled(four_slots)
+
+
+def test_max_detached_per_key_is_a_positive_count_named_when_refused():
+    with pytest.raises(ValueError, match="max_detached_per_key"):
+        ServerLimits(max_detached_per_key=0)
+    assert ServerLimits().max_detached_per_key == 4
