@@ -108,6 +108,21 @@ def test_open_session_goes_through_opening_to_open_and_release_through_closing(e
     assert asyncio.run(scenario()) == [Stage.OPENING, Stage.OPEN, Stage.CLOSING, Stage.CLOSED]
 
 
+def test_a_session_let_go_while_it_opens_is_not_opened_and_leaves_nothing(engine):
+    async def scenario():
+        session = session_of(engine)
+        session.attach(Link())
+        opening = asyncio.ensure_future(session.open_session(SessionOptions()))
+        await asyncio.sleep(0)
+        session.let_go()  # e.g. a detached session's slot taken while it re-opens
+        with pytest.raises(ProtocolError):
+            await opening
+        stage = session.life.stage
+        await session.release()
+        return stage, session.life.stage, session.session_id in engine.stepper.channels
+    assert asyncio.run(scenario()) == (Stage.CLOSING, Stage.CLOSED, False)
+
+
 def test_a_session_whose_client_left_is_not_opened_again(engine):
     async def scenario():
         session = session_of(engine)

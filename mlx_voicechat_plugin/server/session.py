@@ -417,6 +417,8 @@ class Session:
             raise ProtocolError(ErrorCode.SERVER_BUSY, str(exc)) from None
         except Exception as exc:
             raise init_failed(str(exc)) from None
+        if self.life.stage is not Stage.OPENING:  # let go meanwhile: its close is queued
+            raise init_failed("the session was closed while it opened")
         self.life.move_engine(Stage.OPEN)
         self.tools_set = isinstance(options, SessionOptions) and options.tools is not None
         self.details = details
@@ -508,6 +510,8 @@ class Session:
         the engine runs its commands in order, so a client reconnecting at once is admitted
         and its session opens after this one is gone. Safe to call again."""
         if self.open:
+            if self.life.stage is Stage.OPENING:  # its prefill stops between positions
+                self.engine.abort(self.session_id)
             self.life.move_engine(Stage.CLOSING)
             self.closing = self.engine.submit(Close(self.session_id))
         self.engine.admission.release(self.session_id)
