@@ -143,7 +143,7 @@ def _event_key(event: Any) -> tuple:
 def pool_curve(voicechat: Any, batches: list[int], warm: int, steps: int, frame: int,
                rate: int, report: Report) -> list[dict]:
     """The pool's step time, throughput, memory and kernels against N."""
-    from mlx_voicechat_plugin.runtime.kernels import KernelCounter
+    from mlx_voicechat_plugin.instruments.kernels import KernelCounter
     from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
 

@@ -21,7 +21,7 @@ for ``--frames`` steady frames of each side:
   system does not count them per thread);
 - in a separate counted pass (the counter's export costs host time, so it
   is never timed): kernels, graph nodes (views included) and evaluations per
-  frame (:class:`~mlx_voicechat_plugin.runtime.kernels.KernelCounter`).
+  frame (:class:`~mlx_voicechat_plugin.instruments.kernels.KernelCounter`).
 
 Absolute CPU milliseconds move with the machine's load; the ratios, taken in
 one run with the frames interleaved, are the figure. Counts never move.
@@ -44,7 +44,7 @@ from .kernels import SIZES
 
 def counted(run: Callable[[], Any]) -> dict[str, int]:
     """Kernels, graph nodes (views included) and evaluations of ``run()``."""
-    from mlx_voicechat_plugin.runtime.kernels import KernelCounter
+    from mlx_voicechat_plugin.instruments.kernels import KernelCounter
 
     with KernelCounter() as counter:
         run()
@@ -72,7 +72,7 @@ def side_by_side(ours: Any, theirs: Any, audio: np.ndarray, frame: int, warm: in
     """Host CPU per frame of both sides, interleaved, then their counts per frame."""
     import mlx.core as mx
 
-    from mlx_voicechat_plugin.runtime.kernels import host_work
+    from mlx_voicechat_plugin.instruments.kernels import host_work
 
     sides = [Side("plugin", ours, lambda x: x, audio, frame),
              Side("reference", theirs, mx.array, audio, frame)]

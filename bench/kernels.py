@@ -10,13 +10,13 @@ steady shapes are the ones a long conversation runs), then ``--frames`` steps
 are timed (host CPU: the stepping thread's ``time.thread_time()`` around the
 step, i.e. graph building, dispatch and books, since MLX computes on its own
 threads; a GPU frame has this as a floor) and ``--frames`` more counted with
-:class:`~mlx_voicechat_plugin.runtime.kernels.KernelCounter`:
+:class:`~mlx_voicechat_plugin.instruments.kernels.KernelCounter`:
 the MLX primitives evaluated per step (views excluded, a compiled fused chain
 counting once per call; at small batch a GPU launches about one kernel each)
 and the evaluations (graph-evaluating calls: ``mx.eval``, ``async_eval``,
 ``item``, ``tolist``, numpy conversion) per step. One more steady step per N runs
 with ``mx.compile`` off under
-:class:`~mlx_voicechat_plugin.runtime.matmuls.MatmulShapes`: the matrix
+:class:`~mlx_voicechat_plugin.instruments.matmuls.MatmulShapes`: the matrix
 products it issues, how many of them are float products with more than one
 row (``wide``: cuBLASLt on MLX's CUDA backend, not a gemv kernel node),
 quantized ones with more than one row (``qmm``, not ``qmv``), and their
@@ -26,7 +26,7 @@ costs the host a dispatch), the matmuls among the primitives, the wide
 float products of the uncompiled step (``wide``), the host
 CPU ms per step with its ratio to the first N, and the stepping thread's
 waits per step (how often it blocked: on MLX's CPU backend mostly the
-evaluation's throttle, see ``runtime.kernels.thread_waits``). Counts do not
+evaluation's throttle, see ``instruments.kernels.thread_waits``). Counts do not
 depend on the machine's load; host milliseconds do, so compare them as ratios
 in one run.
 """
@@ -49,8 +49,8 @@ SIZES = ("tiny", "small", "medium", "full")
 def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> dict[str, Any]:
     """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps."""
     from mlx_voicechat_plugin.runtime import compile_policy
-    from mlx_voicechat_plugin.runtime.kernels import VIEWS, KernelCounter, host_work
-    from mlx_voicechat_plugin.runtime.matmuls import MatmulShapes
+    from mlx_voicechat_plugin.instruments.kernels import VIEWS, KernelCounter, host_work
+    from mlx_voicechat_plugin.instruments.matmuls import MatmulShapes
     from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
     from mlx_voicechat_plugin.testing.fixtures import question_signal

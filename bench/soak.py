@@ -5,7 +5,11 @@ the middle and the end. ``python -m bench.soak --sessions 200`` runs them one
 after another; ``--concurrency 4`` runs them 4 at a time on a server started
 with ``--max-sessions 4``. ``--resume-cycles 200`` instead drops a session's
 connection (a reset, no close frame) and resumes it 200 times,
-:data:`CYCLES_PER_SESSION` to a session (issue 42).
+:data:`CYCLES_PER_SESSION` to a session (issue 42). ``--drop-cycles 200``
+opens sessions from one key and drops each (a reset: half of them configured
+and fed audio, half never configured) on the default one-slot server, each
+next one taking the slot, and reports how long each newcomer waited to be
+admitted after the drop (issue 51).
 """
 
 from __future__ import annotations
@@ -78,6 +82,54 @@ def resumed_session(server, cycles: int = CYCLES_PER_SESSION) -> int:
     return replayed
 
 
+def dropped_session(server, configured: bool) -> float:
+    """Open a session (configured and fed audio, or not), drop it (a reset), and return
+    the seconds until the next connection was admitted (it is then closed cleanly)."""
+    import struct
+    import time
+
+    from raw_client import RawClient
+    from resume_support import abort, event
+    from server_support import FRAME, append_message
+
+    client = RawClient(server.port)
+    assert event(client)["type"] == "session.created"
+    if configured:
+        client.send_json({"type": "session.update", "session": {}})
+        while event(client)["type"] != "session.updated":
+            pass
+        client.send_json(append_message(np.zeros(2 * FRAME, np.float32)))
+    abort(client)
+    dropped = time.monotonic()
+    while True:
+        newcomer = RawClient(server.port)
+        if event(newcomer)["type"] == "session.created":
+            waited = time.monotonic() - dropped
+            newcomer.send_frame(struct.pack("!H", 1000), opcode=0x8)
+            newcomer.close_frame()
+            newcomer.close()
+            return waited
+        newcomer.close()
+        time.sleep(0.01)
+
+
+def drop_storm(server, cycles: int) -> int:
+    """``cycles`` open-and-drop cycles; the figures at the start, middle and end, and the
+    longest wait for the slot."""
+    dropped_session(server, True)  # warm-up
+    report("start", 0, "open-and-drop cycles")
+    waits = []
+    for done in range(1, cycles + 1):
+        waits.append(dropped_session(server, configured=bool(done % 2)))
+        if done == cycles // 2:
+            report("middle", done, "open-and-drop cycles")
+    server.wait_idle()
+    report("end", cycles, "open-and-drop cycles")
+    print(f"newcomer admitted after a drop: median {np.median(waits) * 1000:.1f} ms, "
+          f"longest {max(waits) * 1000:.1f} ms ({cycles} drops)", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=200)
@@ -86,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume-cycles", type=int, default=0,
                         help="drop-and-resume cycles instead of sessions "
                              f"({CYCLES_PER_SESSION} to a session)")
+    parser.add_argument("--drop-cycles", type=int, default=0,
+                        help="open-and-drop cycles on the default one-slot server instead")
     args = parser.parse_args(argv)
     from concurrent.futures import ThreadPoolExecutor
 
@@ -102,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.resume_cycles:
                 return resume_storm(server, args.resume_cycles)
+            if args.drop_cycles:
+                return drop_storm(server, args.drop_cycles)
             marks = {0: "start", args.sessions // 2: "middle", args.sessions: "end"}
             one_session(server)  # warm-up: first-use allocations are not a leak
             done = 0

@@ -60,7 +60,7 @@ class EchoDialect(Dialect):
                 raise invalid(str(exc)) from None
             await session.feed_audio(samples)
         else:
-            self.forward(await session.engine_call(self.engine.flush(self.session_id)))
+            self.forward(await session.flush())
             raise Finished(Ending.DONE)
         session.active()
 

@@ -23,7 +23,7 @@ from openai.types.realtime.realtime_client_event import RealtimeClientEvent
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from mlx_voicechat_plugin.server.dialects.ga import FIELDS, GADialect
+from mlx_voicechat_plugin.server.dialects.ga.dialect import FIELDS, GADialect
 
 SERVER_EVENT = TypeAdapter(Annotated[RealtimeServerEvent, Field(discriminator="type")])
 CLIENT_EVENT = TypeAdapter(Annotated[RealtimeClientEvent, Field(discriminator="type")])

@@ -20,6 +20,7 @@ import time
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import numpy as np
 from raw_client import RawClient
 from server_support import FRAME, append_message
@@ -52,6 +53,26 @@ def reattach(port: int, path: str, seconds: float = 10.0, **kwargs: Any) -> RawC
             if b" 409 " not in refused.args[0] or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+WAIT = 10.0  # seconds a test waits for what the server does in the background
+
+
+def until(condition, what: str):
+    """``condition()``'s first true value, waited for (at most :data:`WAIT` seconds)."""
+    deadline = time.monotonic() + WAIT
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
+def metric(live: Any, name: str, headers: dict | None = None) -> float:
+    """One figure of ``live``'s ``/metrics``."""
+    for line in httpx.get(live.http("/metrics"), headers=headers).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
 
 
 def resume_path(path: str, token: str, last_seq: int) -> str:

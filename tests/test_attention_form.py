@@ -8,7 +8,7 @@ from mlx_audio.stt.models.nemotron_asr.attention import RelPositionMultiHeadAtte
 
 from mlx_voicechat_plugin.models import encoder_stream
 from mlx_voicechat_plugin.models.fast_forms import attention_prescaled, fast_ops_expand
-from mlx_voicechat_plugin.runtime.kernels import graph_primitives, kernel_count
+from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 
 pytestmark = pytest.mark.skipif(not fast_ops_expand(), reason="the forms are the CPU fallback's")
 

@@ -192,7 +192,7 @@ def test_flushed_stream_refuses_more_codes(ours, codes):
 
 def test_stacked_codebooks_decode_the_same_latents_with_one_gather(config):
     from mlx_voicechat_plugin.models.codec_rvq import ProbabilisticRVQ
-    from mlx_voicechat_plugin.runtime.kernels import graph_primitives
+    from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 
     prvq = ProbabilisticRVQ(config)
     prvq.mus_list = [mx.random.normal(m.shape, key=mx.random.key(q))

@@ -9,6 +9,7 @@ from tool_support import WEATHER
 
 from mlx_voicechat_plugin.runtime.options import SessionOptions
 from mlx_voicechat_plugin.server.engine import Engine
+from mlx_voicechat_plugin.server.engine.channel import Reply
 
 
 def test_frames_of_open_sessions_run_while_a_new_session_prefills(tiny_ckpt):
@@ -22,7 +23,7 @@ def test_frames_of_open_sessions_run_while_a_new_session_prefills(tiny_ckpt):
 
         def on_handoff(self, handoff):
             for entry in handoff.entries:
-                if not isinstance(entry, (list, BaseException)):
+                if isinstance(entry, Reply):
                     entry.resolve()
 
     async def scenario() -> tuple[int, int]:

@@ -10,7 +10,7 @@ from mlx_voicechat_plugin.models import fused as fused_module
 from mlx_voicechat_plugin.models.fused import fuse, fuse_projections, gated_mlp, project
 from mlx_voicechat_plugin.models.layers import GatedMLP
 from mlx_voicechat_plugin.models.weight_layout import relayout
-from mlx_voicechat_plugin.runtime.kernels import graph_primitives
+from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 
 
 class Attention(nn.Module):

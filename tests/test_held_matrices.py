@@ -17,7 +17,7 @@ import pytest
 from mlx_voicechat_plugin.models.weight_layout import (
     HeldLinear, PointwiseConv1d, RowMajorLinear, hold_matrices, row_major,
 )
-from mlx_voicechat_plugin.runtime.kernels import graph_primitives
+from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 
 
 def _same(a: mx.array, b: mx.array) -> bool:

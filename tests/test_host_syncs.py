@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_voicechat_plugin.runtime.syncs import HostSyncCounter
+from mlx_voicechat_plugin.instruments.syncs import HostSyncCounter
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 WARMUP_FRAMES = 6  # the tiny encoder's windows are full by then

@@ -100,12 +100,23 @@ def test_models_do_not_import_the_runtime():
             assert not any("runtime" in m for m in modules), name
 
 
+def test_the_instruments_are_off_every_path_but_benches_and_tests():
+    """Measurement code (kernel and sync counters, the mx.eval patch) is imported by no
+    module of the package at module level: a session never loads it."""
+    graph = {name: imports(name) for name in MODULES}
+    instruments = set(_under(ROOT + ".instruments"))
+    assert instruments
+    for name in MODULES:
+        if name not in instruments:
+            assert not graph[name] & instruments, name
+
+
 def test_a_dialect_helper_module_loads_no_web_framework():
-    """``server.dialects`` names its dialects lazily: ``ga_audio`` alone needs no FastAPI."""
+    """``server.dialects`` names its dialects lazily: ``ga.audio`` alone needs no FastAPI."""
     import subprocess
     import sys
 
-    code = ("import sys, mlx_voicechat_plugin.server.dialects.ga_audio; "
+    code = ("import sys, mlx_voicechat_plugin.server.dialects.ga.audio; "
             "print('fastapi' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

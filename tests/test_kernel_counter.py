@@ -1,4 +1,4 @@
-"""The kernel counter (runtime/kernels.py) counts what was evaluated, not what was declared.
+"""The kernel counter (instruments/kernels.py) counts what was evaluated, not what was declared.
 
 Known small graphs give known counts: every non-view primitive once, views
 not at all, a compiled elementwise chain once per call, nothing for arrays
@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_voicechat_plugin.runtime.kernels import KernelCounter, graph_primitives, kernel_count
+from mlx_voicechat_plugin.instruments.kernels import KernelCounter, graph_primitives, kernel_count
 
 
 def _graph(extra: bool = False):
@@ -118,7 +118,7 @@ def test_host_ms_counts_the_threads_cpu_work_not_its_waits():
     threads computing) does not."""
     import time
 
-    from mlx_voicechat_plugin.runtime.kernels import host_ms
+    from mlx_voicechat_plugin.instruments.kernels import host_ms
 
     def work() -> None:
         sum(i * i for i in range(400_000))
@@ -153,7 +153,7 @@ def test_the_host_bench_sets_the_plugin_beside_the_reference(tiny_ckpt):
 def test_thread_waits_counts_the_threads_blocks_not_its_work():
     """A planted run of waits moves the count by at least one a wait; CPU work alone
     does not block (where the system counts per thread)."""
-    from mlx_voicechat_plugin.runtime.kernels import thread_waits
+    from mlx_voicechat_plugin.instruments.kernels import thread_waits
 
     if thread_waits() is None:
         pytest.skip("this system does not count context switches per thread")
@@ -175,7 +175,7 @@ def test_the_host_bench_reports_waits_per_frame(tiny_ckpt):
 
     from bench.host import side_by_side
     from mlx_voicechat_plugin import load
-    from mlx_voicechat_plugin.runtime.kernels import thread_waits
+    from mlx_voicechat_plugin.instruments.kernels import thread_waits
     from mlx_voicechat_plugin.testing.fixtures import question_signal
 
     model, processor = load(tiny_ckpt)

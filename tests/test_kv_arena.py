@@ -19,7 +19,7 @@ from mlx_vlm.models.cache import RotatingKVCache
 
 from mlx_voicechat_plugin.models import kv_arena
 from mlx_voicechat_plugin.models.kv_arena import KVArena, LayerCores, RingCache
-from mlx_voicechat_plugin.runtime.kernels import KernelCounter
+from mlx_voicechat_plugin.instruments.kernels import KernelCounter
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
 

@@ -9,7 +9,7 @@ import pytest
 from mlx_voicechat_plugin.models import fast_forms
 from mlx_voicechat_plugin.models.fast_forms import (
     ExpandedLayerNorm, expand_layer_norms, fast_ops_expand, layer_norm)
-from mlx_voicechat_plugin.runtime.kernels import graph_primitives, kernel_count
+from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 
 pytestmark = pytest.mark.skipif(not fast_ops_expand(), reason="the forms are the CPU fallback's")
 

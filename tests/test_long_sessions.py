@@ -292,8 +292,8 @@ def test_a_client_asks_for_a_shorter_context_and_a_bad_one_is_named(budget_serve
 
 
 def test_the_ga_session_carries_context_seconds_within_the_servers_bound():
-    from mlx_voicechat_plugin.server.dialects.ga import FIELDS
-    from mlx_voicechat_plugin.server.dialects.ga_session import GAConfig, merge_session
+    from mlx_voicechat_plugin.server.dialects.ga.dialect import FIELDS
+    from mlx_voicechat_plugin.server.dialects.ga.config import GAConfig, merge_session
 
     limits = ServerLimits(context_seconds=60)
     config = merge_session(GAConfig(), {"context_seconds": 30})

@@ -1,4 +1,4 @@
-"""Matrix products by shape (runtime/matmuls.py): the rows a CUDA backend would see.
+"""Matrix products by shape (instruments/matmuls.py): the rows a CUDA backend would see.
 
 Known products give known counts: one row is not wide, two are; a 3-D left
 operand against a matrix folds its leading dimensions into the rows; a
@@ -17,7 +17,7 @@ import mlx.nn as nn
 import pytest
 
 from mlx_voicechat_plugin.runtime import compile_policy
-from mlx_voicechat_plugin.runtime.matmuls import MatmulShapes, float_rows
+from mlx_voicechat_plugin.instruments.matmuls import MatmulShapes, float_rows
 
 K, N = 64, 32
 

@@ -19,7 +19,7 @@ from mlx_voicechat_plugin.config import ModelConfig
 from mlx_voicechat_plugin.models.mel_stream import (
     MelStream, device_log_mel, host_frames, log_mel_many)
 from mlx_voicechat_plugin.runtime import compile_policy
-from mlx_voicechat_plugin.runtime.kernels import graph_primitives, kernel_count
+from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 from mlx_voicechat_plugin.testing.configs import fixture_config
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from mlx_voicechat_plugin.runtime.events import (
     AssistantTextDelta, Audio, ToolCall, TurnEnded, UserTranscriptDelta,
 )
-from mlx_voicechat_plugin.server.dialects.nvidia_events import (
+from mlx_voicechat_plugin.server.dialects.nvidia.events import (
     PACKET_BYTES, USER_PAUSE_FRAMES, Conversation, Counters,
 )
 from mlx_voicechat_plugin.server.engine.client_metrics import ClientMetrics

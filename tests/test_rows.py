@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlx_voicechat_plugin.models.rows import stack_rows, take_row, take_rows
-from mlx_voicechat_plugin.runtime.kernels import graph_primitives
+from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 
 
 def test_all_rows_in_order_stack_as_their_array():

@@ -24,6 +24,7 @@ from mlx_voicechat_plugin.runtime.events import AssistantTextDelta, UserTranscri
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.dialects.vlm_events import model_event
 from mlx_voicechat_plugin.server.engine import Engine
+from mlx_voicechat_plugin.server.engine.channel import FrameEvents
 
 PREFIX = "/api"
 ALIAS = "browser-voicechat"
@@ -76,8 +77,8 @@ class CountingEngine(Engine):
 
             def on_handoff(self, handoff):
                 for entry in handoff.entries:
-                    if isinstance(entry, list):
-                        engine.record(entry)
+                    if isinstance(entry, FrameEvents):
+                        engine.record(entry.events)
                 sink.on_handoff(handoff)
 
         return super().open(session_id, options, Recording())

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soxr
 
-from mlx_voicechat_plugin.server.dialects.ga_audio import (
+from mlx_voicechat_plugin.server.dialects.ga.audio import (
     PCM,
     PCMA,
     PCMU,

@@ -14,7 +14,7 @@ from ga_support import API_KEY, MODEL
 from server_support import LiveServer, connect, recv, running, send
 
 from mlx_voicechat_plugin.server.app import create_app
-from mlx_voicechat_plugin.server.dialects.ga_responses import GAResponses
+from mlx_voicechat_plugin.server.dialects.ga.responses import GAResponses
 from mlx_voicechat_plugin.server.engine import Engine
 from mlx_voicechat_plugin.server.limits import ServerLimits
 

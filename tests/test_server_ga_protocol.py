@@ -162,7 +162,7 @@ def test_g711_audio_goes_in_and_comes_out_as_g711(ws):
 
 
 def _encode_ulaw(samples) -> bytes:
-    from mlx_voicechat_plugin.server.dialects.ga_audio import PCMU, AudioFormat, encode
+    from mlx_voicechat_plugin.server.dialects.ga.audio import PCMU, AudioFormat, encode
 
     return encode(AudioFormat(PCMU, 8_000), samples)
 

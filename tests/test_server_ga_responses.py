@@ -19,9 +19,9 @@ from mlx_voicechat_plugin.runtime.events import (
     TurnEnded,
     UserTranscriptDelta,
 )
-from mlx_voicechat_plugin.server.dialects.ga_session import GAConfig
+from mlx_voicechat_plugin.server.dialects.ga.config import GAConfig
 from mlx_voicechat_plugin.server.transport.websocket import serialize
-from mlx_voicechat_plugin.server.dialects.ga_responses import (
+from mlx_voicechat_plugin.server.dialects.ga.responses import (
     RESPONSE_GAP_SECONDS,
     TAIL_FRAMES,
     GAResponses,

@@ -32,9 +32,9 @@ from mlx_voicechat_plugin.runtime.events import (AssistantTextDelta, Audio, Canc
                                                  ToolCall, TranscriptDone, TurnEnded,
                                                  UserTranscriptDelta)
 from mlx_voicechat_plugin.server.app import create_app
-from mlx_voicechat_plugin.server.dialects.ga_playback import Playback
-from mlx_voicechat_plugin.server.dialects.ga_responses import GAResponses, outgoing
-from mlx_voicechat_plugin.server.dialects.ga_session import GAConfig, error_event, session_event
+from mlx_voicechat_plugin.server.dialects.ga.playback import Playback
+from mlx_voicechat_plugin.server.dialects.ga.responses import GAResponses, outgoing
+from mlx_voicechat_plugin.server.dialects.ga.config import GAConfig, error_event, session_event
 from mlx_voicechat_plugin.server.limits import ServerLimits
 from mlx_voicechat_plugin.server.messages import AudioMark, AudioOut, Event
 from mlx_voicechat_plugin.server.transport.ice import ICEConfig

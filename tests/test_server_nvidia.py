@@ -19,7 +19,7 @@ from server_support import LiveServer, connect, recv, running, send, until_close
 
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.dialects import NVIDIA_ROOT_DIALECTS
-from mlx_voicechat_plugin.server.dialects.nvidia_events import PACKET_BYTES
+from mlx_voicechat_plugin.server.dialects.nvidia.events import PACKET_BYTES
 from mlx_voicechat_plugin.server.limits import ServerLimits
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 

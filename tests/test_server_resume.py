@@ -16,14 +16,14 @@ import json
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from raw_client import RawClient
-from resume_support import Conversation, abort, event, numbered, resume_path, stream
+from resume_support import (Conversation, abort, event, metric, numbered, resume_path, stream,
+                            until)
 from server_support import FRAME, LiveServer, append_message, connect, running
 from tool_support import VALID, WEATHER, Script, short_tool_prompt
 from websockets.exceptions import InvalidStatus
@@ -50,21 +50,6 @@ def server(tiny_ckpt):
 def short_window(tiny_ckpt):
     limits = ServerLimits(update_timeout=5, idle_timeout=5, resume_seconds=0.3)
     yield from running(LiveServer(create_app(tiny_ckpt, limits=limits, api_key_env=None)))
-
-
-def until(condition, what: str):
-    deadline = time.monotonic() + WAIT
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
-
-
-def metric(live: LiveServer, name: str, headers: dict | None = None) -> float:
-    for line in httpx.get(live.http("/metrics"), headers=headers).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 # --- the conversation resumed equals the undisturbed one -----------------------------

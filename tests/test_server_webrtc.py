@@ -32,7 +32,7 @@ pytest.importorskip("aiortc")
 from rtc_support import LOOPBACK, Caller, opus_round_trip, question_48k  # noqa: E402
 
 from mlx_voicechat_plugin.server.app import create_app  # noqa: E402
-from mlx_voicechat_plugin.server.dialects.ga_audio import MediaInput  # noqa: E402
+from mlx_voicechat_plugin.server.dialects.ga.audio import MediaInput  # noqa: E402
 from mlx_voicechat_plugin.server.limits import ServerLimits  # noqa: E402
 from mlx_voicechat_plugin.server.transport.ice import ICEConfig  # noqa: E402
 

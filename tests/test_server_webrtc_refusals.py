@@ -215,3 +215,38 @@ def test_without_aiortc_the_calls_route_is_a_501(tiny_ckpt, monkeypatch):
     client = TestClient(create_app(tiny_ckpt, api_key=API_KEY))  # no lifespan: not loaded
     response = client.post(CALLS, content="v=0", headers={"Authorization": f"Bearer {API_KEY}"})
     assert "aiortc" in error_of(response, 501)
+
+
+# --- a call's slot is free for the next call the moment it ends (issue 51) ----------
+
+CALLS_IN_A_ROW = 6
+
+
+async def calls(server: LiveServer, end: str) -> list[str]:
+    """``CALLS_IN_A_ROW`` configured calls one after another, each ended by ``end`` (``hang_up``:
+    the REST hang-up; ``drop``: the peer connection closes, no hang-up) and followed at
+    once by the next; the refusals met."""
+    refused = []
+    for _ in range(CALLS_IN_A_ROW):
+        caller = Caller(server.http("/openai/v1"), API_KEY)
+        try:
+            try:
+                await caller.dial()
+            except openai.APIStatusError as exc:
+                refused.append(f"{exc.status_code}: {exc.message}")
+                continue
+            await caller.until("session.created")
+            caller.send({"type": "session.update", "session": {"type": "realtime"}})
+            await caller.until("session.updated")
+            if end == "hang_up":
+                await caller.hang_up()
+        finally:
+            await caller.close()
+    return refused
+
+
+@pytest.mark.parametrize("end", ["hang_up", "drop"])
+def test_a_caller_that_ends_a_call_and_calls_again_at_once_is_never_refused(server, end):
+    clean(server)
+    assert asyncio.run(calls(server, end)) == []
+    clean(server)

@@ -151,7 +151,7 @@ def test_a_session_outlives_its_transport_when_asked_and_goes_on_over_a_new_one(
         await first.take()
         first.put({"type": "session.update", "session": {"seed": 5}})
         assert (await first.take())["type"] == "session.updated"
-        session.outlives_transport = True
+        session.outlive_transports()
         first.put(append(4 * FRAME))
         await until(first, "response.audio.delta")
         first.hang_up()
@@ -188,7 +188,7 @@ def test_a_detached_session_is_released_when_its_deadline_passes(engine):
         limits = ServerLimits(idle_timeout=0.3)
         connection, task = start(transport, VLM, engine, limits)
         session = connection.session
-        session.outlives_transport = True
+        session.outlive_transports()
         await transport.take()
         transport.put({"type": "session.update", "session": {}})
         await transport.take()

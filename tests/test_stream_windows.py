@@ -125,7 +125,7 @@ def test_steady_streams_frame_and_subsample_with_the_kernels_of_one(small):
     """The mel frontend and the subsampling window (kept frames + new frames) of streams
     with equal shapes are one graph: a step of four costs the kernels of one."""
     from mlx_voicechat_plugin.models.mel_stream import log_mel_many
-    from mlx_voicechat_plugin.runtime.kernels import graph_primitives, kernel_count
+    from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 
     model = small[0]
     frame = model.config.frame_samples

@@ -26,7 +26,7 @@ from mlx_voicechat_plugin.models.rvq import (
     unmasking_schedule,
 )
 from mlx_voicechat_plugin.models.mog_head import top_p_mask
-from mlx_voicechat_plugin.runtime.kernels import graph_primitives
+from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 from mlx_voicechat_plugin.testing.configs import fixture_config
 
 LAYOUT = Path(__file__).parent / "data" / "checkpoint_layout_tiny.txt"

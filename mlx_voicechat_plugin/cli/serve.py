@@ -155,10 +155,17 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              "80 ms (default: %(default)s)")
     limits.add_argument("--resume-seconds", type=float, default=defaults.resume_seconds,
                         help="a session whose connection drops (no close frame, commit or "
-                             "cancel) waits this long, paused, holding its slot, for the "
+                             "cancel) waits this long, paused, for the "
                              "client to resume it with its resume_token (docs/protocol.md, "
-                             "\"Resuming a session\"); 0 ends it at once "
+                             "\"Resuming a session\"), unless a new connection needs its "
+                             "slot; 0 ends it at once "
                              "(default: %(default)s; seconds)")
+    limits.add_argument("--max-detached-per-key", type=int,
+                        default=defaults.max_detached_per_key,
+                        help="detached sessions (awaiting a resume) one API key may hold; "
+                             "past it the key's oldest ends. A detached session also gives "
+                             "its slot to a connection that finds the server full "
+                             "(default: %(default)s)")
     limits.add_argument("--max-replay-seconds", type=float,
                         default=defaults.max_replay_seconds,
                         help="seconds of frames whose events a session keeps for a resume "

@@ -122,11 +122,6 @@ class DuplexSTT(nn.Module):
                 caches.append(KVCache() if context is None else ring(context))
         return caches
 
-    @property
-    def attention_layers(self) -> int:
-        """Layers with a KV cache."""
-        return sum(1 for layer in self.llm.layers if layer.block_type == "*")
-
 
 class LanguageState:
     """One conversation's Nemotron-H state across positions, in mlx-lm's cache style.

@@ -36,10 +36,8 @@ from ..models.model import Model
 from ..models.perception_stream import PerceptionStream, push_frames
 from ..models.rnnt import RNNTFrame, RNNTState
 from ..models.rows import stack_rows, take_row, take_rows
-from .profile import FrameClock
+from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep, WarmStart
-
-_NO_CLOCK = FrameClock(enabled=False)
 
 
 class WholeSignal:
@@ -206,7 +204,7 @@ def advance(
     frame: Any,
     *,
     forced: int | None = None,
-    clock: FrameClock = _NO_CLOCK,
+    clock: FrameClock = NO_CLOCK,
     on_tokens: Callable[[TimelineStep], None] | None = None,
 ) -> FrameOutput:
     """Advance ``state`` by one frame of input (``frame``: PCM, or a frame index offline).
@@ -224,7 +222,7 @@ def advance_batch(
     states: list[Any],
     frames: list[Any],
     forced: list[int | None],
-    clock: FrameClock = _NO_CLOCK,
+    clock: FrameClock = NO_CLOCK,
     on_tokens: list[Callable[[TimelineStep], None] | None] | None = None,
 ) -> list[FrameOutput | Heard]:
     """Advance many rows by one frame each, in one compute per stage where it batches.

@@ -19,11 +19,12 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from .syncs import HostSyncCounter
+if TYPE_CHECKING:  # an instrument: imported only once a profiled frame starts
+    from ..instruments.syncs import HostSyncCounter
 
 # The profiler's barriers use MLX's own eval, never the counting wrapper.
 _barrier_eval = mx.eval
@@ -75,12 +76,14 @@ class FrameClock:
         self.enabled = enabled
         self.sub_stages = enabled and sub_stages
         self._frame: FrameTiming | None = None
-        self._counter: HostSyncCounter | None = None
+        self._counter: "HostSyncCounter | None" = None
         self._mark = self._sub_mark = self._start = 0.0
 
     def start(self, frame_index: int) -> None:
         """Begin a frame; end it with :meth:`finish` or, on failure, :meth:`abandon`."""
         if self.enabled:
+            from ..instruments.syncs import HostSyncCounter
+
             self.abandon()
             self._frame = FrameTiming(frame_index)
             self._counter = HostSyncCounter().__enter__()
@@ -91,7 +94,7 @@ class FrameClock:
         self._frame = None
         self._stop_counting()
 
-    def _stop_counting(self) -> HostSyncCounter | None:
+    def _stop_counting(self) -> "HostSyncCounter | None":
         counter, self._counter = self._counter, None
         if counter is not None:
             counter.__exit__(None, None, None)
@@ -129,6 +132,10 @@ class FrameClock:
         frame.wait_ms = counter.wait_ms
         frame.async_eval_ms = counter.async_eval_ms
         return frame
+
+
+# The default of every step's ``clock``: disabled, it times and keeps nothing.
+NO_CLOCK = FrameClock(enabled=False)
 
 
 @dataclass

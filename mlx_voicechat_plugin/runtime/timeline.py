@@ -37,10 +37,8 @@ from ..models.duplex import LanguageState
 from ..models.kv_arena import release as release_caches
 from ..models.model import Model
 from ..models.rows import stack_rows, take_row, take_rows
-from .profile import FrameClock
+from .profile import NO_CLOCK, FrameClock
 from .rng import RandomStream
-
-_NO_CLOCK = FrameClock(enabled=False)
 
 
 class PrefillCancelled(RuntimeError):
@@ -274,7 +272,7 @@ class Timeline:
         forced: Sequence[int | None] | None = None,
         *,
         generate: bool = True,
-        clock: FrameClock = _NO_CLOCK,
+        clock: FrameClock = NO_CLOCK,
     ) -> Tokens:
         """The language half of a position, lazily: ``(B, 1, H)`` audio -> the rows' tokens.
 
@@ -311,7 +309,7 @@ class Timeline:
         self.prev_function = function[:, None]
         return Tokens(text, mx.stack([text, function], axis=1), forced)
 
-    def speak(self, tokens: Tokens, clock: FrameClock = _NO_CLOCK) -> list[TimelineStep]:
+    def speak(self, tokens: Tokens, clock: FrameClock = NO_CLOCK) -> list[TimelineStep]:
         """The speech half, after ``tokens.ids`` was evaluated: each row's lazy codes.
 
         Every row past its first position advances EAR-TTS by one frame: the
@@ -356,7 +354,7 @@ class Timeline:
         forced: Sequence[int | None] | None = None,
         *,
         generate: bool = True,
-        clock: FrameClock = _NO_CLOCK,
+        clock: FrameClock = NO_CLOCK,
     ) -> list[TimelineStep]:
         """Advance one position: :meth:`listen`, evaluate, :meth:`speak`, evaluate.
 

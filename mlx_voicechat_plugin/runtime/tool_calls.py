@@ -196,10 +196,6 @@ class ToolChannel:
         first, count = self._injecting.pop(call_id)
         return [ToolResultInjected(frame_index, call_id, first, count)]
 
-    @property
-    def injecting(self) -> bool:
-        return bool(self._queue)
-
 
 def _forget_oldest(book: dict, most: int) -> None:
     """Drop the oldest entries of an insertion-ordered ``book`` past ``most``."""

@@ -90,7 +90,8 @@ def create_app(
     served = ServedModel.of(str(model_path), alias, strict_model)
     prefix = normalize_prefix(api_prefix)
     access = Access.of(api_key, api_key_env, allowed_origins)
-    resumes = Resumes(engine.metrics.registry)
+    resumes = Resumes(engine.metrics.registry, limits.max_detached_per_key)
+    engine.admission.reclaim_from(resumes)  # a newcomer takes a detached session's slot
     drain = Drain(engine, drain_seconds, resumes=resumes)
 
     def status() -> ReplicaStatus:

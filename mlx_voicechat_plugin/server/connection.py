@@ -7,6 +7,9 @@ conversation (:class:`~.messages.Finished`), a deadline of the session
 its events (:attr:`~.messages.Ending.NOT_READING`) or the client leaving.
 Each message is size-checked here, parsed and acted on by the dialect, and
 answered after the audio queued before it (:meth:`~.session.Session.settle`).
+While one is handled the next is read ahead (not over a transport whose
+receive joins queued audio: WebRTC's), so a client that leaves frees its
+slot at once, whatever the server was doing.
 The session sends through the connection (it is the session's
 :class:`~.session.Link`) to the transport, which serializes and closes with
 its own codes. Audio payloads are never logged; client values are never
@@ -18,7 +21,7 @@ with no close, or one asked to): then it is detached, and a later
 connection over a new transport (``Connection(transport, session,
 resumed=True, last_seq=N)``) takes it on: the dialect's ``session.resumed``
 first, then the events after ``seq`` N, then the conversation goes on. The
-greeting of a resumable session carries its ``session.resume_token``.
+dialect's greeting of a resumable session carries its ``session.resume_token``.
 
 :func:`connect` makes a new session with its dialect and the connection that
 serves it; the app calls it for each upgrade.
@@ -34,7 +37,7 @@ from typing import Any, Callable, Protocol
 
 from .engine.thread import Engine
 from .limits import ServerLimits
-from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending, Event,
+from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending,
                        Finished, Hangup, Outgoing)
 from .session import Session, SessionDialect
 from .wire import ErrorCode, ProtocolError
@@ -46,6 +49,9 @@ class Transport(Protocol):
     """What a connection needs of a transport (:mod:`.transport`), on the event loop."""
 
     plays_audio: bool  # it plays the model's audio itself (a WebRTC track), paced
+    # Its receive joins what queued meanwhile (a WebRTC track's audio): read only when
+    # the connection is ready for the next message, never ahead of it.
+    joins_audio: bool
 
     async def accept(self) -> None: ...
 
@@ -64,38 +70,27 @@ class Transport(Protocol):
     async def close(self, ending: Ending, reason: str = "") -> None: ...
 
 
-class SpokenDialect(SessionDialect, Protocol):
-    """What a connection asks of its session's dialect (:class:`~.dialects.base.Dialect`;
-    the dialects sit above this module, so it names them by their shape)."""
+class DeadlinePassed(Exception):
+    """The session's deadline (no update, idle, the wall clock) passed first: ``reason``."""
 
-    plays_audio: bool  # set from the transport: its own playback events are the dialect's
-
-    def greeting(self) -> Outgoing: ...
-
-    def error(self, code: str, message: str) -> Outgoing: ...
-
-    def timed_out(self, reason: str) -> Outgoing: ...
-
-    def resumed(self, last_seq: int, replayed: int) -> Outgoing: ...
-
-    def parse(self, message: str | bytes) -> Any: ...
-
-    def audio_in(self, audio: AudioIn) -> Any: ...
-
-    def played(self, mark: AudioMark) -> None: ...
-
-    def queues_audio(self, message: Any) -> bool: ...
-
-    async def dispatch(self, message: Any) -> None: ...
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
-def connect(transport: Transport, dialect: Callable[[Session, str], SpokenDialect],
+def raised(received: str | bytes | AudioIn | AudioMark | Hangup
+           ) -> str | bytes | AudioIn | AudioMark:
+    """A transport's read as a message, its :class:`Hangup` raised."""
+    if isinstance(received, Hangup):
+        raise received
+    return received
+
+
+def connect(transport: Transport, dialect: Callable[[Session, str], SessionDialect],
             engine: Engine, model_id: str, limits: ServerLimits) -> Connection:
     """A new session spoken in ``dialect`` (a :class:`~.dialects.base.Dialect` class),
     served over ``transport``."""
-    session = Session(engine, limits)
-    session.dialect = dialect(session, model_id)
-    return Connection(transport, session)
+    return Connection(transport, Session(engine, limits, dialect, model_id))
 
 
 class Connection:
@@ -105,11 +100,10 @@ class Connection:
                  last_seq: int | None = None):
         self.transport = transport
         self.session = session
-        self.dialect: SpokenDialect = session.dialect  # type: ignore[assignment]
+        self.dialect = session.dialect
         self.limits = session.limits
         self.resumed = resumed  # the session was detached from another transport
         self.last_seq = last_seq  # the last event the client read (resumed: replay after it)
-        self.failed_updates = 0
         self.receiving: asyncio.Future | None = None  # a pending transport.receive()
         self.early: deque[Any] = deque()  # messages read while a prefill ran
         self.admitted = False  # its slot was reserved before the transport (a WebRTC call)
@@ -198,7 +192,7 @@ class Connection:
         if session.outlives(receiving.result()):
             session.detach()
         elif session.open and not session.configured:
-            return  # a prefill in flight: watch() stops it, then the slot is freed
+            session.free_slot()  # a prefill in flight: watch() stops it
         else:
             session.let_go()
 
@@ -228,7 +222,7 @@ class Connection:
         try:
             await self.transport.accept()
         except BaseException:
-            session.claimed = False  # a resume that never reached its client
+            session.unclaim()  # a resume that never reached its client
             raise
         self.dialect.plays_audio = self.transport.plays_audio
         try:
@@ -246,11 +240,11 @@ class Connection:
                 if not engine.ready:
                     self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
-                if not (self.admitted or engine.admission.try_reserve(self.session_id)):
+                if not (self.admitted or await engine.admission.reserve(self.session_id)):
                     self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
                     raise Finished(Ending.BUSY)
                 logger.info("%s connected", self.session_id)
-                session.send(self.greeting())
+                session.send(self.dialect.greet())
             await self.loop()
         except (Finished, Hangup) as end:
             if self.superseded:  # the session goes on with the resume that took it
@@ -277,40 +271,28 @@ class Connection:
                 await session.release()
             await self.transport.stop()
 
-    def greeting(self) -> Outgoing:
-        """The dialect's first event, with ``session.resume_token`` when resumable."""
-        greeting = self.dialect.greeting()
-        token = self.session.resume_token
-        inner = greeting.payload.get("session") if isinstance(greeting, Event) else None
-        if token is None or not isinstance(inner, dict):
-            return greeting
-        return Event({**greeting.payload, "session": {**inner, "resume_token": token}})
-
     async def loop(self) -> None:
         """Client messages, one at a time, until :class:`Finished` or the client leaves."""
         while True:
-            message = await self.next_message()
-            if isinstance(message, Hangup):
-                raise message
-            if isinstance(message, tuple) and isinstance(message[0], AudioMark):
-                self.dialect.played(message[0])  # the transport's playback reached it
+            try:
+                message = await self.next_message()  # raises Hangup once the client left
+            except DeadlinePassed as passed:
+                logger.info("%s timed out: %s", self.session_id, passed.reason)
+                self.session.send(self.dialect.timed_out(passed.reason))
+                raise Finished(Ending.VIOLATION) from None
+            if isinstance(message, AudioMark):
+                self.dialect.played(message)  # the transport's playback reached it
                 continue
-            if isinstance(message, str):  # the session's deadline passed
-                logger.info("%s timed out: %s", self.session_id, message)
-                self.session.send(self.dialect.timed_out(message))
-                raise Finished(Ending.VIOLATION)
+            # Read on while the message is handled: a client that leaves meanwhile
+            # frees its slot at once (:meth:`_hung_up`), not once the handling ends.
+            if not self.transport.joins_audio:
+                self.receive()
             try:
                 async with self.session.turn:
-                    await self.handle(message[0])
+                    await self.handle(message)
             except ProtocolError as exc:
                 self.send_error(exc.code, exc.message)
-                if exc.code == ErrorCode.SESSION_INITIALIZATION_FAILED:
-                    self.failed_updates += 1
-                    if self.failed_updates >= self.limits.max_failed_updates:
-                        self.send_error(ErrorCode.INVALID_REQUEST,
-                                        f"{self.failed_updates} failed session.update "
-                                        "messages; closing")
-                        raise Finished(Ending.VIOLATION) from None
+                self.dialect.refused(exc)  # the dialect's rule: may end the conversation
 
     def checked(self, message: str | bytes) -> str | bytes:
         """A client message within ``max_message_bytes``."""
@@ -341,33 +323,33 @@ class Connection:
                 await session.settle()
             raise
 
-    async def next_message(self) -> tuple[str | bytes | AudioIn] | Hangup | str:
-        """The next client message (in a 1-tuple), a :class:`Hangup`, or the reason the
-        session's deadline passed; kept ones first.
-
-        Raises what halted the session (e.g. :class:`ClientNotReading` met while
-        forwarding a frame's events) as soon as it happens. A message already
-        there is taken even when the deadline has passed meanwhile.
+    async def next_message(self) -> str | bytes | AudioIn | AudioMark:
+        """The next client message (a frame, media audio, a mark its playback reached);
+        kept ones first. Raises :class:`Hangup` once the client has gone (or a resume
+        took the session), :class:`DeadlinePassed` when the session's deadline passed
+        first, and what halted the session (e.g. :class:`ClientNotReading` met while
+        forwarding a frame's events) as soon as it happens. A message already there is
+        taken even when the deadline has passed meanwhile.
         """
         if self.superseded:
-            return Hangup(None)
+            raise Hangup(None)
         if self.early:
-            message = self.early.popleft()
-            return message if isinstance(message, Hangup) else (message,)
+            return raised(self.early.popleft())
         receiving, halted = self.receive(), self.session.halted
         expiry = asyncio.ensure_future(self.session.expired())
         try:
             if not (halted.done() or receiving.done()):
                 await asyncio.wait({receiving, halted, expiry, self.letting_go},
                                    return_when=asyncio.FIRST_COMPLETED)
+            else:  # read ahead: the engine's hand-offs queued meanwhile go first
+                await asyncio.sleep(0)
         finally:
             expiry.cancel()
         if self.superseded:
-            return Hangup(None)
+            raise Hangup(None)
         if halted.done():
             raise halted.result()
         if not receiving.done():
-            return expiry.result()
+            raise DeadlinePassed(expiry.result())
         self.receiving = None
-        message = receiving.result()
-        return message if isinstance(message, Hangup) else (message,)
+        return raised(receiving.result())

@@ -24,6 +24,13 @@ TRANSPORT_SLACK_BYTES = 64 * 1024
 # How long a step's first ready frame may wait for the other sessions' frames
 # (measured with bench.load: docs/serving.md, "Serving many sessions").
 DEFAULT_BATCH_WAIT_MS = 30.0
+# Detached sessions one API key holds by default. A key is a person's (a phone
+# that switched networks, a laptop, two tabs: all dropped at one network
+# change) or a backend's, shared by the few users it relays at a time; more
+# than that, from one key, is a client opening and dropping connections in a
+# loop. Detached sessions give their slots to newcomers anyway: this bounds
+# what one key keeps while the server has room.
+DEFAULT_MAX_DETACHED_PER_KEY = 4
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ class ServerLimits:
     resume_seconds: float = 15.0
     # Seconds of frames whose events a session keeps for a resume's replay.
     max_replay_seconds: float = 10.0
+    # Detached sessions one API key may hold; past it its oldest ends.
+    max_detached_per_key: int = DEFAULT_MAX_DETACHED_PER_KEY
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "ServerLimits":
@@ -72,7 +81,7 @@ class ServerLimits:
         for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
                      "max_prompt_tokens", "max_connections", "max_connections_per_client",
                      "max_sessions", "max_transcript_bytes", "max_upload_bytes",
-                     "max_transcriptions_in_flight"):
+                     "max_transcriptions_in_flight", "max_detached_per_key"):
             check_positive_int(getattr(self, name), name)
         if self.max_state_bytes is not None:
             check_positive_int(self.max_state_bytes, "max_state_bytes")

@@ -20,8 +20,17 @@ connection is seen only when pings time out) is taken over, as MQTT takes
 over a client id: the old connection is closed (1000, "the session was
 resumed on another connection") and the resume goes on.
 
-``/metrics`` counts the sessions detached, resumed and expired (released
-while detached), and how many are detached now.
+A detached session holds its slot only while no one else needs it. A
+connection that finds the server full takes the slot of the longest-detached
+session (:meth:`Resumes.reclaim`, asked by the engine's admission): that
+session ends, and a resume of it is refused (410 ``session_expired``) saying
+its slot was given to a new connection. One API key holds at most
+``--max-detached-per-key`` detached sessions: past it its oldest ends (a
+client that opens and drops connections in a loop holds no one's slot).
+
+``/metrics`` counts the sessions detached, resumed, expired (released while
+detached) and reclaimed (of those, ended for a newcomer's slot), and how
+many are detached now.
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from .session import Session
+from .limits import DEFAULT_MAX_DETACHED_PER_KEY
+from .session import SLOT_TAKEN, Session
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +80,13 @@ def parse_last_seq(value: str | None, sent: int) -> int:
 class Resumes:
     """The replica's resumable sessions by token, and the resume figures."""
 
-    def __init__(self, registry: Any = None):
+    def __init__(self, registry: Any = None,
+                 max_detached_per_key: int = DEFAULT_MAX_DETACHED_PER_KEY):
         self.sessions: dict[str, Session] = {}
         self.keys: dict[str, bytes] = {}
         self.ended: OrderedDict[str, str] = OrderedDict()  # token -> why its session ended
-        self.counts = {"detached": 0, "resumed": 0, "expired": 0}
+        self.max_detached_per_key = max_detached_per_key
+        self.counts = {"detached": 0, "resumed": 0, "expired": 0, "reclaimed": 0}
         if registry is not None:
             self._metrics(registry)
 
@@ -90,11 +102,37 @@ class Resumes:
         self.expired_total = Counter("voicechat_sessions_resume_expired",
                                      "Detached sessions released without a resume (window "
                                      "passed, replay bound, drain)", registry=registry)
+        self.reclaimed_total = Counter("voicechat_sessions_reclaimed",
+                                       "Detached sessions ended because a connection that "
+                                       "found the server full took their slot",
+                                       registry=registry)
         Gauge("voicechat_detached_sessions", "Sessions detached now, awaiting a resume",
               registry=registry).set_function(lambda: float(self.detached_now()))
 
     def detached_now(self) -> int:
-        return sum(1 for s in self.sessions.values() if s.detached)
+        return sum(1 for s in list(self.sessions.values()) if s.detached)
+
+    def waiting(self) -> list[Session]:
+        """The detached sessions still awaiting a resume (none being resumed or ending),
+        longest-detached first."""
+        return sorted((s for s in list(self.sessions.values())
+                       if s.detached and not (s.claimed or s.ended or s.released)),
+                      key=lambda s: s.detached_at)
+
+    # --- slots for newcomers (the engine's admission asks) -----------------------------
+
+    def reclaim(self) -> bool:
+        """End the longest-detached session so a connection that found the server full
+        takes its slot (free at once); ``False`` when none waits."""
+        waiting = self.waiting()
+        if not waiting:
+            return False
+        self._count("reclaimed")
+        waiting[0].end_detached(SLOT_TAKEN)
+        return True
+
+    def reclaimable(self) -> int:
+        return len(self.waiting())
 
     def _count(self, what: str) -> None:
         self.counts[what] += 1
@@ -109,14 +147,20 @@ class Resumes:
         secret = secrets.token_urlsafe(TOKEN_BYTES)
         name = replica if replica and REPLICA_NAME.fullmatch(replica) else None
         token = f"{name}.{secret}" if name else secret
-        session.resume_token, session.replay.numbered = token, True
-        session.watcher = self
+        session.make_resumable(token, self)
         self.sessions[token] = session
         self.keys[token] = key_digest(key)
         return token
 
     def detached(self, session: Session) -> None:
+        """``session`` detached: counted; past ``max_detached_per_key`` of its key's
+        detached sessions, the oldest ends."""
         self._count("detached")
+        key = self.keys.get(session.resume_token)
+        same = [s for s in self.waiting() if self.keys.get(s.resume_token) == key]
+        for oldest in same[:max(len(same) - self.max_detached_per_key, 0)]:
+            oldest.end_detached(f"its API key holds more than {self.max_detached_per_key} "
+                                "detached sessions (--max-detached-per-key)")
 
     def resumed(self, session: Session) -> None:
         self._count("resumed")
@@ -163,7 +207,7 @@ class Resumes:
         if not session.detached and not self.take_over(session):
             raise Refused(409, "session_attached", "the session is attached to another "
                                                    "connection and cannot be taken now")
-        session.claimed = True
+        session.claim()
         return session, seq
 
     @staticmethod

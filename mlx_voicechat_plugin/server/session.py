@@ -34,8 +34,9 @@ from .engine.commands import Close, OpenOptions, SessionDetails
 from .engine.feed import InputFeed
 from .engine.pace import FramePace
 from .engine.thread import Engine
+from .lifecycle import Lifecycle, Stage, Tie
 from .limits import ServerLimits
-from .messages import ClientNotReading, Hangup, Outgoing
+from .messages import AudioIn, AudioMark, ClientNotReading, Hangup, Outgoing
 from .replay import ReplayLog
 from .wire import ErrorCode, ProtocolError, inference_error, init_failed, new_session_id
 
@@ -45,11 +46,25 @@ logger = logging.getLogger(__name__)
 DROPPED_CODES = (1006, None)
 # Frames of one second (the model's frames are 80 ms), for the replay's bound.
 FRAMES_PER_SECOND = 12.5
+# Why a detached session ended when a connection that found the server full took its slot.
+SLOT_TAKEN = "its slot was given to a new connection (the server was full)"
 
 
 def stream_full(exc: BaseException) -> bool:
     """Whether a frame's error is its stream reaching ``max_streaming_seconds`` (no byte cap)."""
     return isinstance(exc, ContextLimit) and not isinstance(exc, TranscriptLimit)
+
+
+def abandon(future: asyncio.Future) -> None:
+    """Take ``future``'s outcome, now or when it comes, for nobody: its caller left."""
+    def taken(done: asyncio.Future) -> None:
+        if not done.cancelled():
+            done.exception()
+
+    if future.done():
+        taken(future)
+    else:
+        future.add_done_callback(taken)
 
 
 class Link(Protocol):
@@ -75,7 +90,11 @@ class Watcher(Protocol):
 
 
 class SessionDialect(Protocol):
-    """What the session asks of its dialect (on the loop)."""
+    """What the session and its connection ask of its dialect, on the loop
+    (:class:`~.dialects.base.Dialect`; the dialects sit above this module, so it names
+    them by their shape)."""
+
+    plays_audio: bool  # set from the transport: its own playback events are the dialect's
 
     def translate(self, events: list) -> list[Outgoing]:
         """One frame's (or a command's) runtime events as the messages sent, in order."""
@@ -85,17 +104,39 @@ class SessionDialect(Protocol):
 
     def paced(self, pace: FramePace) -> None: ...  # how late the next hand-off's frames ran
 
+    def greet(self) -> Outgoing: ...  # the first event (with the resume token, if any)
+
+    def error(self, code: str, message: str) -> Outgoing: ...
+
+    def refused(self, error: ProtocolError) -> None: ...  # a message refused: may end it
+
+    def timed_out(self, reason: str) -> Outgoing: ...
+
+    def resumed(self, last_seq: int, replayed: int) -> Outgoing: ...
+
+    def parse(self, message: str | bytes) -> Any: ...
+
+    def audio_in(self, audio: AudioIn) -> Any: ...
+
+    def played(self, mark: AudioMark) -> None: ...
+
+    def queues_audio(self, message: Any) -> bool: ...
+
+    async def dispatch(self, message: Any) -> None: ...
+
 
 class Session:
     """One client's session in the engine, with or without a transport attached."""
 
-    def __init__(self, engine: Engine, limits: ServerLimits):
+    def __init__(self, engine: Engine, limits: ServerLimits,
+                 dialect: "Callable[[Session, str], SessionDialect]", model_id: str):
+        """A new session, spoken in ``dialect`` (a :class:`~.dialects.base.Dialect` class,
+        built here for this session) serving ``model_id``."""
         self.engine = engine
         self.limits = limits
         self.session_id = new_session_id()
-        self.dialect: SessionDialect | None = None  # set once by whoever makes the session
-        self.configured = self.tools_set = False
-        self.open = False  # the engine holds our streaming session
+        self.life = Lifecycle(self.session_id)  # its two states: moved only here
+        self.tools_set = False
         self.closing: asyncio.Future | None = None  # the engine's close, once queued
         self.details: SessionDetails | None = None  # of the open session
         self.feed: InputFeed | None = None  # the session's input queue, from the first audio
@@ -103,7 +144,7 @@ class Session:
         self.frames_run = 0  # frames of the session whose events were handed over
         self.connected_at = time.monotonic()
         self.last_activity = self.connected_at  # last audio or successful request
-        self.keep_alive: Callable[[], bool] | None = None  # while true, idle time stops
+        self._keep_alive: Callable[[], bool] | None = None  # while true, idle time stops
         # One thing acts on the session at a time: a client message, a timer's step.
         self.turn = asyncio.Lock()
         # Resolves with the exception that ends the conversation (a client not
@@ -111,19 +152,60 @@ class Session:
         self.halted: asyncio.Future = self.event_loop.create_future()
         self.link: Link | None = None
         self.linked = asyncio.Event()  # set while a link is attached (timers wait for it)
-        self.outlives_transport = False  # detach, not release, when the transport ends
+        self._outlives_transport = False  # detach, not release, when the transport ends
         self.resume_token: str | None = None  # set when resumable: a dropped link detaches
-        self.detached, self.detached_at = False, 0.0  # its transport ended; it awaits another
-        self.claimed = False  # a resume is being accepted (a second one is refused)
+        self.detached_at = 0.0  # when its transport ended
         self.replay = ReplayLog(limits.max_replay_seconds * FRAMES_PER_SECOND)
         self.frames_seen = 0  # frames whose events were handed over, never reset
         self.pace = FramePace()  # how late the session's frames ran, all of them
         self.samples_received = 0  # client audio taken, at the model's input rate
         self.ended = ""  # why a detached session was released (not resumed)
         self.watcher: Watcher | None = None  # told when it detaches and is released
-        self.released = False
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None  # a detached session's deadline
+        self.dialect: SessionDialect = dialect(self, model_id)
+
+    # --- its states, read (moved only by the methods below) ----------------------------
+
+    @property
+    def open(self) -> bool:
+        """The engine may hold its stream (opening, open): a release closes it."""
+        return self.life.stage in (Stage.OPENING, Stage.OPEN)
+
+    @property
+    def configured(self) -> bool:
+        """The engine holds its open stream (a completed ``session.update``)."""
+        return self.life.stage is Stage.OPEN
+
+    @property
+    def detached(self) -> bool:
+        """Its transport ended and it awaits a resume (being claimed or not)."""
+        return self.life.tie in (Tie.DETACHED, Tie.CLAIMED)
+
+    @property
+    def claimed(self) -> bool:
+        """A resume of it is being accepted: another is refused."""
+        return self.life.tie is Tie.CLAIMED
+
+    @property
+    def released(self) -> bool:
+        return self.life.tie is Tie.RELEASED
+
+    # --- what its makers ask of it, once -------------------------------------------------
+
+    def make_resumable(self, token: str, watcher: Watcher) -> None:
+        """Resumable under ``token``: a link that drops detaches it, its events are
+        numbered, and ``watcher`` hears of its detaches, resumes and release."""
+        self.resume_token, self.watcher = token, watcher
+        self.replay.numbered = True
+
+    def outlive_transports(self) -> None:
+        """Detach, never release, when a transport ends (whatever its close)."""
+        self._outlives_transport = True
+
+    def keep_alive_while(self, busy: Callable[[], bool]) -> None:
+        """While ``busy()`` (a GA response owed), idle time does not count."""
+        self._keep_alive = busy
 
     # --- the engine's hand-offs (on the loop) ------------------------------------------
 
@@ -137,14 +219,13 @@ class Session:
             self.pace.add(handoff.pace)
             self.dialect.paced(handoff.pace)
         for entry in handoff.entries:
-            if isinstance(entry, list):
-                self.frames_run += 1
-                self.frames_seen += 1
-                self.deliver(self.dialect.translate(entry))
-            elif isinstance(entry, BaseException):
-                self.frame_error(entry)
-            else:
-                entry.resolve()
+            entry.apply(self)  # on_frame, frame_error, or a marker's reply resolved
+
+    def on_frame(self, events: list) -> None:
+        """One frame's runtime events, translated by the dialect and sent."""
+        self.frames_run += 1
+        self.frames_seen += 1
+        self.deliver(self.dialect.translate(events))
 
     def deliver(self, messages: list[Outgoing]) -> None:
         """The engine's messages (on the loop), in order; a client not reading halts it."""
@@ -181,15 +262,19 @@ class Session:
 
     def outlives(self, hangup: Hangup) -> bool:
         """Whether the transport's end ``hangup`` detaches the session (asked to outlive
-        it, or resumable and the link dropped with no close) instead of ending it."""
-        return self.outlives_transport or (
-            self.resume_token is not None and hangup.code in DROPPED_CODES)
+        it, or resumable, configured once and the link dropped with no close) instead of
+        ending it. A session never configured has nothing to resume: it ends at once."""
+        return self._outlives_transport or (
+            self.resume_token is not None and self.details is not None
+            and hangup.code in DROPPED_CODES)
 
     def attach(self, link: Link, last_seq: int | None = None) -> None:
         """Send through ``link`` from now on, the events after ``last_seq`` first (by
         default those made while detached)."""
         if self.released:
             raise RuntimeError(f"{self.session_id} was released")
+        if self.life.tie is Tie.ATTACHED:
+            self.life.move_link(Tie.ATTACHED)  # refused: another link carries it
         replayed = self.replay.after(last_seq)
         if replayed is None:
             raise RuntimeError(f"{self.session_id} no longer holds the events after "
@@ -197,7 +282,8 @@ class Session:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        self.link, self.detached, self.claimed = link, False, False
+        self.life.move_link(Tie.ATTACHED)
+        self.link = link
         self.linked.set()
         self.active()  # the idle clock starts again with the new link
         for message in replayed:
@@ -207,9 +293,10 @@ class Session:
         """The transport is gone; the session goes on (its slot held, its queued audio
         running, its dialect's timers waiting for :attr:`linked`) until a new link
         attaches or its window or deadline passes (then it is released)."""
-        if self.detached or self.released:
-            return
-        self.link, self.detached, self.detached_at = None, True, time.monotonic()
+        if self.life.tie is not Tie.ATTACHED:
+            return  # already detached or released (or never attached: nothing to keep)
+        self.life.move_link(Tie.DETACHED)
+        self.link, self.detached_at = None, time.monotonic()
         self.linked.clear()
         self.replay.detach()
         logger.info("%s detached from its transport", self.session_id)
@@ -220,12 +307,23 @@ class Session:
             return
         self._expiry = asyncio.ensure_future(self._expire_detached())
 
+    def claim(self) -> None:
+        """A resume of this detached session is being accepted (another is refused)."""
+        self.life.move_link(Tie.CLAIMED)
+
+    def unclaim(self) -> None:
+        """The resume being accepted never reached its client: detached again."""
+        if self.claimed:
+            self.life.move_link(Tie.DETACHED)
+
     def end_detached(self, reason: str) -> None:
-        """Release a detached session (not resumed) for ``reason``."""
+        """Release a detached session (not resumed) for ``reason``: its slot is free at
+        once (:meth:`let_go`), the rest of the release follows."""
         if self.released or self.ended:
             return
         self.ended = reason
         logger.info("%s released while detached: %s", self.session_id, reason)
+        self.let_go()
         self.spawn(self.release())
 
     def window(self) -> tuple[float, str]:
@@ -250,7 +348,7 @@ class Session:
 
     def deadline(self) -> tuple[float, str]:
         """The next timeout: the update deadline or idle time, capped by the wall-clock limit."""
-        if self.keep_alive is not None and self.keep_alive():
+        if self._keep_alive is not None and self._keep_alive():
             self.active()
         wall = (self.connected_at + self.limits.max_session_wall_seconds,
                 f"session open for {self.limits.max_session_wall_seconds:g} s "
@@ -296,21 +394,32 @@ class Session:
     async def open_session(self, options: OpenOptions) -> SessionDetails:
         """Open the engine session (closing one opened before), watching the transport
         while its prompt prefills; a failure is ``session_initialization_failed``."""
-        if self.open:
-            self.open = False
+        if self.life.stage in (Stage.CLOSING, Stage.CLOSED):  # its client left meanwhile
+            raise init_failed("the session is closing")
+        if self.open:  # opened before: closed, to be opened again
+            self.life.move_engine(Stage.NEW)
             await self.engine.close(self.session_id)
-        self.configured = False
         self.event_loop, self.frames_run = asyncio.get_running_loop(), 0
         opening = self.engine.open(self.session_id, options, self)
-        self.open = True  # the engine may hold a stream from now on: release closes it
-        await (self.link.watch(opening) if self.link is not None else self.wait_opening(opening))
+        self.life.move_engine(Stage.OPENING)  # the engine may hold a stream: release closes it
+        try:
+            await (self.link.watch(opening) if self.link is not None
+                   else self.wait_opening(opening))
+        except BaseException:
+            # The client left (or the task was cancelled) while it opened: the open's
+            # outcome (a stopped prefill's PrefillCancelled) is ours to take, not the
+            # garbage collector's to log as never retrieved.
+            abandon(opening)
+            raise
         try:
             details = opening.result()
         except PoolFull as exc:  # its reservation does not fit --max-state-bytes
             raise ProtocolError(ErrorCode.SERVER_BUSY, str(exc)) from None
         except Exception as exc:
             raise init_failed(str(exc)) from None
-        self.configured = True
+        if self.life.stage is not Stage.OPENING:  # let go meanwhile: its close is queued
+            raise init_failed("the session was closed while it opened")
+        self.life.move_engine(Stage.OPEN)
         self.tools_set = isinstance(options, SessionOptions) and options.tools is not None
         self.details = details
         return details
@@ -362,6 +471,25 @@ class Session:
         except Exception as exc:
             raise inference_error(exc) from None
 
+    async def flush(self, pad_partial: bool = True) -> list:
+        """Run the audio queued so far (the partial frame padded, if asked) and end the
+        turn; its runtime events (an engine failure is the client's ``inference_error``)."""
+        return await self.engine_call(self.engine.flush(self.session_id, pad_partial))
+
+    async def cancel(self) -> list:
+        """Drop the audio queued and cancel the response; its runtime events."""
+        return await self.engine_call(self.engine.cancel(self.session_id))
+
+    async def push(self, samples: np.ndarray) -> None:
+        """One frame of server-made input (silence), queued behind the client's audio;
+        waits for it to run (its events come as any frame's)."""
+        await self.engine_call(self.engine.push(self.session_id, samples))
+
+    @property
+    def client_metrics(self) -> Any:
+        """The engine's per-client figures (``/metrics``), or ``None``."""
+        return getattr(self.engine.metrics, "clients", None)
+
     async def engine_call(self, call: Any) -> Any:
         """Await an engine command; its failure is the client's ``inference_error``."""
         try:
@@ -371,12 +499,20 @@ class Session:
 
     # --- release ---------------------------------------------------------------------------
 
+    def free_slot(self) -> None:
+        """The transport ended while the engine session opens (its prefill is being
+        stopped): the slot is free at once for whoever connects meanwhile; the engine
+        runs its commands in order, so the newcomer's open follows this one's end."""
+        self.engine.admission.release(self.session_id)
+
     def let_go(self) -> None:
         """Queue the engine's close (cancelling unflushed audio), then free the slot, now:
         the engine runs its commands in order, so a client reconnecting at once is admitted
         and its session opens after this one is gone. Safe to call again."""
         if self.open:
-            self.open = False
+            if self.life.stage is Stage.OPENING:  # its prefill stops between positions
+                self.engine.abort(self.session_id)
+            self.life.move_engine(Stage.CLOSING)
             self.closing = self.engine.submit(Close(self.session_id))
         self.engine.admission.release(self.session_id)
 
@@ -386,7 +522,9 @@ class Session:
         self.let_go()
         if not self.released and self.watcher is not None:
             self.watcher.released(self)
-        self.released, self.link, self.detached = True, None, False
+        if not self.released:
+            self.life.move_link(Tie.RELEASED)
+        self.link = None
         self.replay.clear()
         current = asyncio.current_task()
         for task in [*self._tasks, self._expiry]:
@@ -398,3 +536,5 @@ class Session:
                 await closing
             except Exception:
                 logger.exception("closing %s failed", self.session_id)
+        if self.life.stage is not Stage.CLOSED:
+            self.life.move_engine(Stage.CLOSED)

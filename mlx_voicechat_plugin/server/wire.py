@@ -147,11 +147,6 @@ def pcm16_bytes(samples: np.ndarray) -> bytes:
     return to_pcm16(samples, PCM16_OUTPUT_SCALE).tobytes()
 
 
-def encode_pcm16(samples: np.ndarray) -> str:
-    """Float samples -> base64 PCM16 text."""
-    return base64.b64encode(pcm16_bytes(samples)).decode("ascii")
-
-
 # --- server events -----------------------------------------------------------
 
 

@@ -10,8 +10,12 @@ dialect's state of it. Adding a dialect is one new module plus its class in
 docs/development.md.
 
 - :mod:`.vlm`: mlx-vlm's realtime dialect at ``/v1/realtime`` (events: :mod:`.vlm_events`).
-- :mod:`.ga`: OpenAI Realtime GA at ``/openai/v1/realtime`` (:mod:`.ga_session`,
-  :mod:`.ga_responses`, :mod:`.ga_turns`, :mod:`.ga_items`, :mod:`.ga_audio`).
+- :mod:`.ga`: OpenAI Realtime GA at ``/openai/v1/realtime``, a package
+  (:mod:`.ga.dialect`; its session config :mod:`.ga.config`, :mod:`.ga.responses`,
+  :mod:`.ga.turns`, :mod:`.ga.items`, :mod:`.ga.audio`, :mod:`.ga.playback`).
+- :mod:`.nvidia`: NVIDIA's VoiceChat protocol at ``/nvidia/v1/realtime``, a package
+  (:mod:`.nvidia.dialect`, its client messages :mod:`.nvidia.messages`, its
+  events :mod:`.nvidia.events`).
 
 A dialect imports no transport: it never sees a socket, a close code or JSON text.
 """
@@ -26,11 +30,11 @@ __all__ = ["DIALECTS", "GA", "NVIDIA", "NVIDIA_ROOT", "NVIDIA_ROOT_DIALECTS", "V
 def __getattr__(name: str) -> Any:
     """``DIALECTS`` (mlx-vlm's, GA's, NVIDIA's), ``VLM``, ``GA``, ``NVIDIA``,
     ``NVIDIA_ROOT_DIALECTS`` (NVIDIA's at the root, then GA's), imported when first asked for:
-    importing one dialect's helper module (e.g. :mod:`.ga_audio`) loads no other."""
+    importing one dialect's helper module (e.g. :mod:`.ga.audio`) loads no other."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from .ga import GADialect as GA
-    from .nvidia import NvidiaDialect as NVIDIA, NvidiaRootDialect as NVIDIA_ROOT
+    from .ga.dialect import GADialect as GA
+    from .nvidia.dialect import NvidiaDialect as NVIDIA, NvidiaRootDialect as NVIDIA_ROOT
     from .vlm import VLMDialect as VLM
 
     served = {"VLM": VLM, "GA": GA, "NVIDIA": NVIDIA, "NVIDIA_ROOT": NVIDIA_ROOT,

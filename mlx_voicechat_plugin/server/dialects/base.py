@@ -21,12 +21,15 @@ The app serves a dialect class at its :attr:`~Dialect.paths` (under
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 from ..engine.pace import FramePace
-from ..messages import AudioIn, AudioMark, Event, Outgoing
+from ..messages import AudioIn, AudioMark, Ending, Event, Finished, Outgoing
 from ..session import Session, stream_full
-from ..wire import ErrorCode, invalid
+from ..wire import ErrorCode, ProtocolError, invalid
+
+logger = logging.getLogger(__name__)
 
 BINARY_REFUSED = "binary frames are not supported; send JSON text"
 MODEL_INPUT_RATE = 16_000  # the model's input rate (before a session has opened)
@@ -50,8 +53,8 @@ class Dialect:
     def __init__(self, session: Session, model_id: str):
         self.session = session
         self.model_id = model_id
-        self.engine = session.engine
         self.limits = session.limits
+        self.failed_updates = 0  # session.update messages the session refused
 
     # --- the hooks ------------------------------------------------------------------
 
@@ -59,9 +62,38 @@ class Dialect:
         """The first event, sent once the session is admitted."""
         raise NotImplementedError
 
+    def greet(self) -> Event:
+        """:meth:`greeting`, its session object carrying ``resume_token`` when the
+        session is resumable (the same field in every dialect)."""
+        greeting = self.greeting()
+        token, inner = self.session.resume_token, greeting.payload.get("session")
+        if token is None or not isinstance(inner, dict):
+            return greeting
+        return Event({**greeting.payload, "session": {**inner, "resume_token": token}})
+
+    def refused(self, error: ProtocolError) -> None:
+        """A client message was refused with ``error`` (its error event is out). By
+        default, ``--max-failed-updates`` failed ``session.update`` messages end the
+        conversation (close for a violation): a client cannot retry one forever."""
+        if error.code != ErrorCode.SESSION_INITIALIZATION_FAILED:
+            return
+        self.failed_updates += 1
+        if self.failed_updates >= self.limits.max_failed_updates:
+            message = f"{self.failed_updates} failed session.update messages; closing"
+            logger.info("%s error %s: %s", self.session_id, ErrorCode.INVALID_REQUEST, message)
+            self.session.send(self.error(ErrorCode.INVALID_REQUEST, message))
+            raise Finished(Ending.VIOLATION)
+
     def error(self, code: str, message: str) -> Event:
         """The dialect's error event for ``code`` (an :class:`~..wire.ErrorCode`)."""
         raise NotImplementedError
+
+    @classmethod
+    def refusal(cls, code: str, message: str) -> dict[str, Any]:
+        """The body of an HTTP refusal of an upgrade at this dialect's path (a resume
+        refused), in the dialect's error shape; by default ``{"type": "error", "error":
+        {"code", "message"}}``."""
+        return {"type": "error", "error": {"code": code, "message": message}}
 
     def timed_out(self, reason: str) -> Event:
         """The error event when a session deadline passes (no update, idle, the wall

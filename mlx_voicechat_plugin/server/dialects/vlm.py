@@ -190,12 +190,11 @@ class VLMDialect(Dialect):
         elif isinstance(message, AudioAppend):
             await self.append(message)
         elif isinstance(message, Commit):
-            flushed = await session.engine_call(self.engine.flush(self.session_id,
-                                                                  message.pad_partial))
+            flushed = await session.flush(message.pad_partial)
             session.send_all(events.committed(flushed, session.frames_run))
             raise Finished(Ending.DONE)
         else:
-            self.forward(await session.engine_call(self.engine.cancel(self.session_id)))
+            self.forward(await session.cancel())
             raise Finished(Ending.DONE)
 
     async def configure(self, update: SessionUpdate) -> None:

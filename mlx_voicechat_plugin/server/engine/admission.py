@@ -13,20 +13,42 @@ whose session has not reserved yet counts the least a session reserves.
 The pool checks a session's own reservation again when it opens, with its
 real options (:class:`~..runtime.pool.PoolFull`).
 
+A session detached from its transport (awaiting a resume, :mod:`..resume`)
+keeps its slot only while no one else needs it: a reservation that finds
+the server full asks the :class:`Reclaimer` (the replica's resumable
+sessions) to end the longest-detached one, and takes its slot. So detached
+sessions count as free in :meth:`Admission.free_slots`.
+
 The same figures say how many more sessions would be admitted
 (:meth:`Admission.free_slots`), which the balancer's agent and ``/health``
-report (:mod:`.replica`). Read from any thread.
+report (:mod:`.replica`). Read from any thread; a reservation that reclaims
+a slot runs on the event loop.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, Protocol
 
 from ...runtime.ledger import ReservationLedger
 from ...runtime.pool import admission_error
 
+# Loop turns a connection that finds the server full waits for a session whose client
+# has just left to let its slot go (:meth:`Admission.reserve`): a close or reset reaches
+# that session's connection through its transport's reader in a few turns.
+SETTLE_TURNS = 16
 # Why a session is refused while the replica drains (:mod:`.drain`).
 DRAINING = "the server is shutting down; connect again to reach another replica"
+
+
+class Reclaimer(Protocol):
+    """Who may give up a held slot for a newcomer (the detached sessions: :mod:`..resume`)."""
+
+    def reclaim(self) -> bool:
+        """End the longest-detached session, its slot free at once; ``False`` if none."""
+
+    def reclaimable(self) -> int:
+        """Slots :meth:`reclaim` could free now."""
 
 
 class Admission:
@@ -42,20 +64,43 @@ class Admission:
         self._refused = refused
         self.refusal = ""  # why the last reservation was refused
         self.draining = False  # set by the replica's drain: admit no one
+        self.reclaimer: Reclaimer | None = None  # set once by the app (:meth:`reclaim_from`)
 
-    def try_reserve(self, session_id: str) -> bool:
-        """Hold a slot for ``session_id``; ``False`` (see :attr:`refusal`) when none is left."""
+    def reclaim_from(self, reclaimer: Reclaimer) -> None:
+        """Let a reservation that finds the server full take a slot ``reclaimer`` gives up."""
+        self.reclaimer = reclaimer
+
+    async def reserve(self, session_id: str) -> bool:
+        """:meth:`try_reserve` on the event loop, for a connection that finds the server
+        full while a session's client has just left (a close or a reset the loop has
+        received but not yet handed to that session's connection): the loop runs a few
+        turns first, so the ending session's slot is free for the newcomer."""
+        for _ in range(SETTLE_TURNS):
+            if self.try_reserve(session_id, count=False):
+                return True
+            await asyncio.sleep(0)
+        return self.try_reserve(session_id)
+
+    def try_reserve(self, session_id: str, count: bool = True) -> bool:
+        """Hold a slot for ``session_id``, taking a detached session's when the server is
+        full; ``False`` (see :attr:`refusal`; counted unless ``count`` is false) when none
+        is left."""
         ledger = self.ledger
-        with ledger.lock:
-            reason = DRAINING if self.draining else admission_error(
-                len(ledger.slots), self.max_sessions, ledger.committed_bytes(),
-                self.max_state_bytes, ledger.least)
-            if reason is not None:
-                self.refusal = reason
-                self._refused.inc()
-                return False
-            ledger.slots.add(session_id)
-            return True
+        while True:
+            with ledger.lock:
+                reason = DRAINING if self.draining else admission_error(
+                    len(ledger.slots), self.max_sessions, ledger.committed_bytes(),
+                    self.max_state_bytes, ledger.least)
+                if reason is None:
+                    ledger.slots.add(session_id)
+                    return True
+            # Outside the lock: the reclaimed session frees its slot through release().
+            if self.draining or self.reclaimer is None or not self.reclaimer.reclaim():
+                break
+        self.refusal = reason
+        if count:
+            self._refused.inc()
+        return False
 
     def release(self, session_id: str) -> None:
         with self.ledger.lock:
@@ -75,9 +120,15 @@ class Admission:
         """What the open sessions reserve: their worst-case state."""
         return self.ledger.reserved_bytes
 
+    @property
+    def reclaimable(self) -> int:
+        """Slots held by detached sessions, which a newcomer would take."""
+        return self.reclaimer.reclaimable() if self.reclaimer is not None else 0
+
     def free_slots(self) -> int:
-        """Sessions :meth:`try_reserve` would admit now, by the same rule (draining aside)."""
-        free = self.max_sessions - self.sessions_in_use
+        """Sessions :meth:`try_reserve` would admit now, by the same rule (draining aside):
+        the detached sessions' slots count as free."""
+        free = self.max_sessions - self.sessions_in_use + self.reclaimable
         if self.max_state_bytes is not None:
             room = self.max_state_bytes - self.ledger.committed_bytes()
             least = self.ledger.least

@@ -22,22 +22,48 @@ translates the events into its dialect there).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, Union
 
 import numpy as np
 
 from ...runtime.framing import Chunk, Framer
 from .pace import FramePace
 
-__all__ = ["Chunk", "Handoff", "Reply", "SessionChannel", "Sink", "hand_off"]
+__all__ = ["Chunk", "Entry", "FrameError", "FrameEvents", "Handoff", "Reply",
+           "SessionChannel", "Sink", "hand_off"]
 
 
 class Sink(Protocol):
-    """Where a session's hand-offs go: ``on_handoff`` is called on ``event_loop``."""
+    """Where a session's hand-offs go: ``on_handoff`` is called on ``event_loop``; each
+    entry of one is applied to it (:meth:`Entry.apply`) in order."""
 
     event_loop: Any
 
     def on_handoff(self, handoff: "Handoff") -> None: ...
+
+    def on_frame(self, events: list) -> None: ...  # a frame's runtime events
+
+    def frame_error(self, error: BaseException) -> None: ...  # a frame failed
+
+
+@dataclass
+class FrameEvents:
+    """One frame's runtime events."""
+
+    events: list
+
+    def apply(self, sink: Sink) -> None:
+        sink.on_frame(self.events)
+
+
+@dataclass
+class FrameError:
+    """A queued frame failed (the rest of its append is dropped)."""
+
+    error: BaseException
+
+    def apply(self, sink: Sink) -> None:
+        sink.frame_error(self.error)
 
 
 @dataclass
@@ -51,14 +77,20 @@ class Reply:
     def resolve(self) -> None:
         self.command.resolve(self.value, self.error)
 
+    def apply(self, sink: Sink) -> None:
+        self.resolve()
+
+
+Entry = Union[FrameEvents, FrameError, Reply]
+
 
 @dataclass
 class Handoff:
-    """One cycle's output of a session, in order: a frame's events (a list), a frame's
-    error (an exception) or a marker's :class:`Reply`; the client samples consumed; and
-    how late the frames stepped ran."""
+    """One cycle's output of a session, in order (:data:`Entry`: a frame's events, a
+    frame's error, a marker's reply); the client samples consumed; and how late the
+    frames stepped ran."""
 
-    entries: list[Any] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
     consumed: int = 0
     pace: FramePace = field(default_factory=FramePace)
 
@@ -155,8 +187,8 @@ class SessionChannel:
 
     # --- out ----------------------------------------------------------------------
 
-    def emit(self, entry: Any) -> None:
-        """A frame's events (a list), a frame's error, or a marker's :class:`Reply`."""
+    def emit(self, entry: Entry) -> None:
+        """A frame's events, a frame's error, or a marker's :class:`Reply`."""
         self.out.entries.append(entry)
 
     def paced(self, frames: int, seconds: float, frame_duration: float) -> None:

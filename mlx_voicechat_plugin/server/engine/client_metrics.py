@@ -2,7 +2,7 @@
 
 The engine's figures (:mod:`.metrics`) count frames and steps; these count
 what the clients sent and got, where a dialect keeps such counts (NVIDIA's
-``session.end`` counters, :mod:`..dialects.nvidia_events`): audio received
+``session.end`` counters, :mod:`..dialects.nvidia.events`): audio received
 and sent (seconds), audio messages dropped, frames stepped, and the time from
 the end of the user's speech to the first non-silent output audio. They are
 counted on the event loop as they happen, so a scrape sees a session live.

@@ -4,8 +4,9 @@
 waiting for the frames to run, so a client's frames queue up and join the
 batched pool steps as they form. At most ``max_samples`` wait in the engine
 for one session (``--max-buffered-seconds``); beyond that ``append`` waits
-for room, the connection stops reading its socket meanwhile, and TCP holds
-the client back: a flooding client costs its bound, never more memory.
+for room, the connection stops reading its socket meanwhile (past the one
+message it reads ahead, to see a client that leaves), and TCP holds the
+client back: a flooding client costs its bound, never more memory.
 
 The engine reports the samples that left the channel in the session's
 hand-offs (:meth:`consumed`, called by the session on its loop).

@@ -24,7 +24,7 @@ from ...runtime.events import Cancelled
 from ...runtime.options import TranscriptionOptions
 from ...runtime.pool import SessionPool
 from ...runtime.timeline import PrefillCancelled
-from .channel import Reply, SessionChannel
+from .channel import FrameError, FrameEvents, Reply, SessionChannel
 from .commands import Cancel, Command, Flush, Open, SessionDetails, Sync, ToolResult
 from .metrics import EngineMetrics
 from .scheduler import BatchScheduler
@@ -157,11 +157,11 @@ class Stepper:
             error = result.errors.get(session_id)
             if error is None:
                 channel.paced(1, result.seconds, config.frame_duration)  # one frame each
-                channel.emit(result.events[session_id])
+                channel.emit(FrameEvents(result.events[session_id]))
                 continue
             logger.debug("engine frame failed for %s: %s", session_id, error, exc_info=error)
             channel.drop_tag(tags[session_id], time.perf_counter())
-            channel.emit(error)
+            channel.emit(FrameError(error))
         self.metrics.sessions(len(pool), pool.state_bytes)
         self.metrics.buffered(sum(c.buffered for c in self.channels.values())
                               / config.input_sample_rate)

@@ -41,7 +41,7 @@ from ...runtime.ledger import ReservationLedger
 from ...runtime.pool import PoolFull, SessionPool
 from ...runtime.prompt_cache import PromptCache
 from .admission import Admission
-from .channel import Handoff, Sink, hand_off
+from .channel import FrameError, Handoff, Sink, hand_off
 from .commands import (
     Append, Cancel, Close, Command, DeltaSink, Flush, Open, OpenOptions, SessionDetails, Sync,
     ToolResult, Transcribe, take_commands,
@@ -290,7 +290,7 @@ class Engine:
         channel = self.stepper.channels.get(command.session_id)
         if channel is None:
             length = command.samples.shape[0] if command.counted else 0
-            hand_off(command.sink, Handoff([RuntimeError(NOT_ACTIVE)], length))
+            hand_off(command.sink, Handoff([FrameError(RuntimeError(NOT_ACTIVE))], length))
             return
         channel.add_chunk(Chunk(command.samples, command.tag, command.counted),
                           time.perf_counter())

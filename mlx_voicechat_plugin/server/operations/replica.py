@@ -8,9 +8,11 @@ served by :mod:`.agent` on ``--agent-port``) and ``GET /health``
 send new sessions here; 503: loading or draining; 500: failed).
 
 The capacity is the number of sessions the replica holds at most right now:
-the sessions open plus the free slots (:meth:`~.admission.Admission.free_slots`:
-``--max-sessions``, and the sessions whose reserved state still fits
-``--max-state-bytes``). HAProxy counts its
+the sessions attached to a client plus the free slots
+(:meth:`~.admission.Admission.free_slots`: ``--max-sessions``, and the
+sessions whose reserved state still fits ``--max-state-bytes``). A session
+detached from its client (awaiting a resume) counts as free: a newcomer
+takes its slot, and it holds no balancer connection. HAProxy counts its
 own connections to the server against ``maxconn``, so reporting the total
 (not the free count) lets it fill each replica to exactly what it admits and
 queue the rest, never sending a session to a full replica.
@@ -42,8 +44,9 @@ class ReplicaStatus:
     loaded: bool  # model loaded and warmed up (``--compile``): sessions can run
     draining: bool  # stopping: open sessions finish, no new ones (SIGTERM, server.drain)
     failure: str | None  # why it cannot serve at all: a load error, or the engine stopped
-    sessions: int  # realtime sessions holding a slot now
-    free: int  # more sessions it would admit now (0 while full)
+    sessions: int  # realtime sessions holding a slot now (detached ones included)
+    free: int  # more sessions it would admit now (0 while full; detached slots count)
+    detached: int = 0  # of ``sessions``, those awaiting a resume (a newcomer takes their slot)
 
     @property
     def ready(self) -> bool:
@@ -52,8 +55,8 @@ class ReplicaStatus:
 
     @property
     def capacity(self) -> int:
-        """The most sessions it holds right now: open ones plus free slots."""
-        return self.sessions + self.free
+        """The most sessions it holds right now: attached ones plus free slots."""
+        return self.sessions - self.detached + self.free
 
 
 def engine_failure(engine: Any) -> str | None:
@@ -69,9 +72,11 @@ def replica_status(engine: Any, draining: bool = False) -> ReplicaStatus:
     """``engine``'s state now; nothing is free while it loads, drains or has failed."""
     failure = engine_failure(engine)
     admitting = engine.ready and not draining and failure is None
+    admission = engine.admission
     return ReplicaStatus(loaded=engine.ready, draining=draining, failure=failure,
-                         sessions=engine.admission.sessions_in_use,
-                         free=engine.admission.free_slots() if admitting else 0)
+                         sessions=admission.sessions_in_use,
+                         free=admission.free_slots() if admitting else 0,
+                         detached=admission.reclaimable if admitting else 0)
 
 
 def _reason(text: str) -> str:
@@ -104,6 +109,7 @@ def health_response(status: ReplicaStatus, model_id: str, engine: Any,
     body: dict[str, Any] = {
         "ready": status.ready, "draining": status.draining,
         "sessions": status.sessions, "capacity": status.capacity, "free": status.free,
+        "detached": status.detached,
         "max_sessions": engine.max_sessions,
     }
     if status.failure is not None:

@@ -31,8 +31,8 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from ..connection import Connection, connect
-from ..dialects.ga import REALTIME_PATH, GADialect
-from ..dialects.ga_session import GAConfig, merge_session
+from ..dialects.ga.dialect import REALTIME_PATH, GADialect
+from ..dialects.ga.config import GAConfig, merge_session
 from ..engine.thread import Engine
 from ..keys import EphemeralKey, EphemeralKeys, KeyRefused, is_ephemeral
 from ..limits import ServerLimits
@@ -184,7 +184,7 @@ class Calls:
                                          on_end=lambda: self.open.pop(call_id[0], None))
         connection = connect(transport, GADialect, engine, self.model_id, self.limits)
         call_id.append("rtc_" + connection.session_id.partition("_")[2])
-        if not engine.admission.try_reserve(connection.session_id):
+        if not await engine.admission.reserve(connection.session_id):
             await connection.session.release()
             raise CallRefused(429, "server_busy", engine.admission.refusal)
         connection.admitted = True

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..dialects.ga import REALTIME_PATH
+from ..dialects.ga.dialect import REALTIME_PATH
 from ..keys import DEFAULT_SECONDS, EphemeralKeys, check_seconds
 from .access import Access
 from .calls import CallRefused, check_session

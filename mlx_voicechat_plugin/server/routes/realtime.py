@@ -44,12 +44,14 @@ logger = logging.getLogger(__name__)
 
 
 async def deny(websocket: WebSocket, status: int, message: str,
-               code: str = "invalid_request") -> None:
-    """Refuse an upgrade: ``status`` with an error body, or a close where no denial is possible."""
+               code: str = "invalid_request", dialect: type[Dialect] | None = None) -> None:
+    """Refuse an upgrade: ``status`` with an error body (in ``dialect``'s error shape,
+    when it is known), or a close where no denial is possible."""
     logger.info("rejected upgrade: %s", message)
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(
-            JSONResponse({"error": {"code": code, "message": message}}, status))
+        body = dialect.refusal(code, message) if dialect is not None else \
+            {"error": {"code": code, "message": message}}
+        await websocket.send_denial_response(JSONResponse(body, status))
     else:
         await websocket.close(code=CloseCode.POLICY_VIOLATION)
 
@@ -131,7 +133,7 @@ class Realtime:
             session, last_seq = self.resumes.claim(
                 token, key, websocket.query_params.get("last_seq"), dialect)
         except Refused as refused:
-            await deny(websocket, refused.status, refused.message, refused.code)
+            await deny(websocket, refused.status, refused.message, refused.code, dialect)
             return None
         return Connection(transport, session, resumed=True, last_seq=last_seq)
 

@@ -24,6 +24,7 @@ class MemoryTransport:
     """Both ends of one in-process transport (one event loop)."""
 
     plays_audio = False  # like a WebSocket's client, the test plays what it reads
+    joins_audio = False  # one receive, one message
 
     def __init__(self, max_pending: int = 256):
         self.max_pending = max_pending

@@ -71,6 +71,7 @@ class WebRTCTransport:
     """One call's peer connection, as the connection sees it."""
 
     plays_audio = True  # the model's audio is paced onto a track here, not by the client
+    joins_audio = True  # a receive takes the track's audio queued by then, as one chunk
 
     def __init__(self, max_pending: int, send_timeout: float,
                  on_end: Callable[[], None] | None = None):

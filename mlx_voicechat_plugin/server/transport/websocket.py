@@ -50,6 +50,7 @@ class WebSocketTransport:
     """One client's WebSocket (Starlette's), as the connection sees it."""
 
     plays_audio = False  # the client plays (and drops) the audio it is sent
+    joins_audio = False  # one receive, one frame: the connection may read ahead
 
     def __init__(self, websocket: Any, max_pending: int, send_timeout: float,
                  subprotocol: str | None = None):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import soxr
 
-from ..wire import decode_base64, pcm16_bytes, pcm16_samples
+from ...wire import decode_base64, pcm16_bytes, pcm16_samples
 
 with warnings.catch_warnings():  # deprecated in the standard library of 3.11/3.12 only
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -2,11 +2,11 @@
 
 Its reference client (``clients/voicechat/nemotron-voicechat-client.py``)
 and conformance test speak it unchanged. A session: ``session.created`` on
-connect; ``session.update`` (:mod:`.nvidia_session`) before the first audio
+connect; ``session.update`` (:mod:`.messages`) before the first audio
 (the engine session opens; the configuration is immutable after the first
 audio frame; audio without one opens the defaults); audio as binary PCM16
 frames or base64 ``input_audio_buffer.append``, at its rate (16-48 kHz),
-resampled once here to the model's; the output (:mod:`.nvidia_events`) in
+resampled once here to the model's; the output (:mod:`.events`) in
 80 ms 24 kHz packets; ``conversation.item.create`` with a
 ``function_call_output`` taken at once (``tools_not_set`` without tools);
 ``session.close``: the residual input drained, the response completed, then
@@ -24,20 +24,20 @@ lays them out. The API key may come as ``?api_key=``.
 from __future__ import annotations
 
 import logging
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ..messages import Ending, Event, Finished, Outgoing
-from ..session import Session
-from ..wire import (
+from ...messages import Ending, Event, Finished, Outgoing
+from ...session import Session
+from ...wire import (
     ErrorCode, ProtocolError, ToolOutput, bounded, decode_base64, invalid, pcm16_samples,
 )
-from .base import Dialect
-from .client_options import session_options
-from .ga_audio import Resampler
-from .nvidia_events import Conversation, Counters, error_event
-from .nvidia_session import (
+from ..base import Dialect
+from ..client_options import session_options
+from ..ga.audio import Resampler
+from .events import Conversation, Counters, error_event
+from .messages import (
     INSTRUCTIONS_TOO_LONG, Append, ClientMessage, Close, Config, Update, parse_message, updated,
 )
 
@@ -66,7 +66,7 @@ class NvidiaDialect(Dialect):
     def __init__(self, session: Session, model_id: str):
         super().__init__(session, model_id)
         self.config = Config()
-        self.counters = Counters(metrics=getattr(self.engine.metrics, "clients", None))
+        self.counters = Counters(metrics=session.client_metrics)
         self.output: Conversation | None = None
         self.input: Resampler | None = None
         self.audio_started = False
@@ -81,6 +81,10 @@ class NvidiaDialect(Dialect):
         code = CODES.get(code, code)
         kind = "invalid_request_error" if code in CLIENT_ERRORS else "server_error"
         return Event(error_event(kind, code, bounded(message)))
+
+    @classmethod
+    def refusal(cls, code: str, message: str) -> dict[str, Any]:
+        return error_event("invalid_request_error", code, bounded(message))
 
     def received_audio(self) -> tuple[int, int]:
         return self.counters.samples_received, self.counters.input_rate
@@ -154,7 +158,7 @@ class NvidiaDialect(Dialect):
         session = self.session
         if session.configured:
             await session.feed_audio(self.input(np.zeros(0, np.float32), last=True))
-            events = await session.engine_call(self.engine.flush(self.session_id, True))
+            events = await session.flush()
             session.send_all(self.output.translate(events))
             session.send_all(self.output.finish())
         self.send({"type": "session.end", "session_id": self.session_id,

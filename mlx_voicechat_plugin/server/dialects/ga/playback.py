@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..messages import AudioMark, AudioOut, ClearAudio, Event, Outgoing
+from ...messages import AudioMark, AudioOut, ClearAudio, Event, Outgoing
 
 
 class Playback:

@@ -3,9 +3,9 @@
 What each step emits (``response.created``, the message's
 ``output_item.added`` / ``content_part.added``, its ``.done`` events and
 ``response.done`` with ``usage``; the user item's ``committed`` and its
-``conversation.item.*``); when to take which step is :mod:`.ga_responses`'
+``conversation.item.*``); when to take which step is :mod:`.responses`'
 business (the mapping of runtime events and client requests). The wire shapes
-are :mod:`.ga_items`'. Only the session's event loop touches it.
+are :mod:`.items`'. Only the session's event loop touches it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.pace import FramePace
-from ..messages import AudioOut
-from ..wire import new_id
-from . import ga_items
-from .ga_audio import OutputAudio
-from .ga_session import GAConfig
+from ...engine.pace import FramePace
+from ...messages import AudioOut
+from ...wire import new_id
+from . import items as ga_items
+from .audio import OutputAudio
+from .config import GAConfig
 
 # What a step emits: GA events (dicts) and, for audio, the event with its bytes apart.
 Out = list[dict[str, Any] | AudioOut]

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...runtime.quoting import brief
-from ..wire import ErrorCode, bounded, init_failed
-from .ga_audio import AudioFormat, FormatError, parse_format
+from ....runtime.quoting import brief
+from ...wire import ErrorCode, bounded, init_failed
+from .audio import AudioFormat, FormatError, parse_format
 
 DEFAULT_SILENCE_MS = 800  # the user's turn ends after this long without transcript tokens
 DEFAULT_TURN_DETECTION: dict[str, Any] = {

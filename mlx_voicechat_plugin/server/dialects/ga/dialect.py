@@ -4,8 +4,8 @@ A GA client's ``base_url`` is ``http://HOST:PORT/openai/v1``. Same admission,
 limits, timeouts, origin policy, outbox backpressure and tool results as
 every dialect (:mod:`..connection`, :mod:`..session`); what differs is the
 language, one :class:`GADialect` per session (the session
-object: :mod:`.ga_session`; responses: :mod:`.ga_responses`, their wire shapes
-and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
+object: :mod:`.config`; responses: :mod:`.responses`, their wire shapes
+and the conversation items': :mod:`.items`; audio formats: :mod:`.audio`):
 
 - ``session.update`` may come any number of times and merges (GA clients
   send partial ones). The engine session opens at the first ``session.update``
@@ -19,9 +19,9 @@ and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
   resampled; neither ends the session. The model keeps listening until the
   client leaves (close 1000 is never needed).
 - ``response.create`` / ``response.cancel`` / ``conversation.item.truncate``
-  are accepted as described in :mod:`.ga_responses`; a cancel or a truncate
+  are accepted as described in :mod:`.responses`; a cancel or a truncate
   also cuts the speech a WebRTC track still holds (``output_audio_buffer.*``,
-  and the client's ``output_audio_buffer.clear``: :mod:`.ga_playback`).
+  and the client's ``output_audio_buffer.clear``: :mod:`.playback`).
 - While a response is owed (opened or requested, not yet ``response.done``)
   and the client has sent no audio for :data:`STREAM_LULL_SECONDS` (at once
   after a commit with turn detection off), the session's timer
@@ -35,7 +35,7 @@ and the conversation items': :mod:`.ga_items`; audio formats: :mod:`.ga_audio`):
   history) are acknowledged, not injected: the model hears only audio, and
   its text context is ``instructions``.
 - Audio from a media track (a WebRTC call, :class:`~..messages.AudioIn`) is an
-  ``input_audio_buffer.append`` of GA ``audio/pcm`` (:class:`.ga_audio.MediaInput`).
+  ``input_audio_buffer.append`` of GA ``audio/pcm`` (:class:`.audio.MediaInput`).
 """
 
 from __future__ import annotations
@@ -48,21 +48,21 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.options import SessionOptions
-from ...runtime.quoting import brief
-from ..engine.pace import FramePace
-from ..messages import AudioIn, AudioMark, Ending, Event, Finished, Outgoing
-from ..session import Session, stream_full
-from .client_options import session_options, transcription_options
-from ..wire import (ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id,
+from ....runtime.options import SessionOptions
+from ....runtime.quoting import brief
+from ...engine.pace import FramePace
+from ...messages import AudioIn, AudioMark, Ending, Event, Finished, Outgoing
+from ...session import Session, stream_full
+from ..client_options import session_options, transcription_options
+from ...wire import (ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id,
                     parse_tool_output)
-from .base import MODEL_INPUT_RATE, Dialect
-from .ga_audio import FormatError, InputAudio, MediaInput
-from .ga_items import tool_output_item
-from .ga_playback import Playback
-from .ga_responses import GAResponses, outgoing
-from .ga_turns import Out
-from .ga_session import GAConfig, error_event, merge_session, session_event
+from ..base import MODEL_INPUT_RATE, Dialect
+from .audio import FormatError, InputAudio, MediaInput
+from .config import GAConfig, error_event, merge_session, session_event
+from .items import tool_output_item
+from .playback import Playback
+from .responses import GAResponses, outgoing
+from .turns import Out
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class GADialect(Dialect):
         self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
         self.responses.session_pace = session.pace
         self.playback = Playback(lambda: self.plays_audio)  # a WebRTC track's playback
-        session.keep_alive = self.owed  # idle time does not count while a response is owed
+        session.keep_alive_while(self.owed)  # idle time does not count while a response is owed
         session.spawn(self.run_owed())
 
     # --- the dialect -----------------------------------------------------------
@@ -123,6 +123,10 @@ class GADialect(Dialect):
 
     def error(self, code: str, message: str) -> Event:
         return Event(error_event(code, message, self.event_id))
+
+    @classmethod
+    def refusal(cls, code: str, message: str) -> dict[str, Any]:
+        return error_event(code, message)
 
     def received_audio(self) -> tuple[int, int]:
         return self.audio_received, self.input.format.rate
@@ -308,7 +312,7 @@ class GADialect(Dialect):
         """One frame of server-made input, queued behind the client's audio (the same
         session channel); waits for it to run. Its events and its error go out as any
         frame's (:meth:`frame_error`; a full stream ends the conversation)."""
-        await self.session.engine_call(self.engine.push(self.session_id, chunk))
+        await self.session.push(chunk)
         self.heard += chunk.shape[0]
 
     # --- owed responses: the timeline runs on silence -------------------------

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.events import (
+from ....runtime.events import (
     AssistantTextDelta, Audio, ToolCall, ToolCallInvalid, TurnEnded, UserTranscriptDelta,
 )
-from ..messages import AudioOut, Event, Outgoing
-from ..wire import new_id, pcm16_bytes
-from .ga_audio import Resampler
+from ...messages import AudioOut, Event, Outgoing
+from ...wire import new_id, pcm16_bytes
+from ..ga.audio import Resampler
 
 logger = logging.getLogger(__name__)
 

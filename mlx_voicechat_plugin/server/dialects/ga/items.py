@@ -1,16 +1,16 @@
 """The GA wire shapes of a response and of conversation items.
 
 Pure builders: each takes what the event says and returns its JSON object.
-When to send which is :mod:`.ga_responses`' business (the response lifecycle);
-the session object is built in :mod:`.ga_session`.
+When to send which is :mod:`.responses`' business (the response lifecycle);
+the session object is built in :mod:`.config`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..wire import new_id
-from .ga_session import GAConfig
+from ...wire import new_id
+from .config import GAConfig
 
 # Response status -> its ``status_details`` (``failed`` carries the error message).
 _DETAILS = {

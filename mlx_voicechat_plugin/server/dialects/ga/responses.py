@@ -51,8 +51,8 @@ responses. The mapping, one frame's runtime events at a time:
   ``metadata``; a second request while one waits is refused
   (``conversation_already_has_active_response``).
 
-How each response and user item opens and closes is :mod:`.ga_turns`'
-(:class:`~.ga_turns.ResponseBook`, the base of :class:`GAResponses`).
+How each response and user item opens and closes is :mod:`.turns`'
+(:class:`~.turns.ResponseBook`, the base of :class:`GAResponses`).
 :meth:`GAResponses.translate` and the request methods all run on the
 session's event loop (the engine hands the runtime events over there), so
 the state has one thread and no lock.
@@ -63,7 +63,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ...runtime.events import (
+from ....runtime.events import (
     AssistantTextDelta,
     Audio,
     Cancelled,
@@ -75,12 +75,12 @@ from ...runtime.events import (
     TurnEnded,
     UserTranscriptDelta,
 )
-from ..engine.pace import FramePace
-from ..messages import AudioOut, Event as Message, Outgoing
-from ..wire import ProtocolError, invalid, new_id
-from . import ga_items
-from .ga_session import error_event
-from .ga_turns import Out, ResponseBook, UserItem
+from ...engine.pace import FramePace
+from ...messages import AudioOut, Event as Message, Outgoing
+from ...wire import ProtocolError, invalid, new_id
+from . import items as ga_items
+from .config import error_event
+from .turns import Out, ResponseBook, UserItem
 
 logger = logging.getLogger(__name__)
 
