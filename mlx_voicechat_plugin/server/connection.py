@@ -39,7 +39,8 @@ from .engine.thread import Engine
 from .limits import ServerLimits
 from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending,
                        Finished, Hangup, Outgoing)
-from .session import Session, SessionDialect
+from .peers import SessionDialect
+from .session import Session
 from .wire import ErrorCode, ProtocolError
 
 logger = logging.getLogger(__name__)

@@ -22,23 +22,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Coroutine, Protocol
+from typing import Any, Callable, Coroutine
 
-import numpy as np
-
-from ..runtime.options import SessionOptions
-from ..runtime.pool import PoolFull
 from ..runtime.streaming import ContextLimit, TranscriptLimit
 from .engine.channel import Handoff
-from .engine.commands import Close, OpenOptions, SessionDetails
+from .engine.commands import Close, SessionDetails
 from .engine.feed import InputFeed
 from .engine.pace import FramePace
 from .engine.thread import Engine
+from .engine_side import EngineSide
 from .lifecycle import Lifecycle, Stage, Tie
 from .limits import ServerLimits
-from .messages import AudioIn, AudioMark, ClientNotReading, Hangup, Outgoing
+from .messages import ClientNotReading, Hangup, Outgoing
+from .peers import Link, SessionDialect, Watcher
 from .replay import ReplayLog
-from .wire import ErrorCode, ProtocolError, inference_error, init_failed, new_session_id
+from .wire import ErrorCode, new_session_id
 
 logger = logging.getLogger(__name__)
 
@@ -55,77 +53,7 @@ def stream_full(exc: BaseException) -> bool:
     return isinstance(exc, ContextLimit) and not isinstance(exc, TranscriptLimit)
 
 
-def abandon(future: asyncio.Future) -> None:
-    """Take ``future``'s outcome, now or when it comes, for nobody: its caller left."""
-    def taken(done: asyncio.Future) -> None:
-        if not done.cancelled():
-            done.exception()
-
-    if future.done():
-        taken(future)
-    else:
-        future.add_done_callback(taken)
-
-
-class Link(Protocol):
-    """Where an attached session's messages go (a connection, over its transport)."""
-
-    def send(self, message: Outgoing) -> None:
-        """Queue ``message`` for the client; :class:`ClientNotReading` if it cannot."""
-
-    async def watch(self, opening: asyncio.Future) -> None:
-        """Wait for the engine to open the session while watching the transport."""
-
-    def supersede(self) -> None: ...  # a resume took the session: stop reading, close
-
-
-class Watcher(Protocol):
-    """Who keeps track of a session's transports (the resume tokens, :mod:`.resume`)."""
-
-    def detached(self, session: "Session") -> None: ...
-
-    def resumed(self, session: "Session") -> None: ...
-
-    def released(self, session: "Session") -> None: ...
-
-
-class SessionDialect(Protocol):
-    """What the session and its connection ask of its dialect, on the loop
-    (:class:`~.dialects.base.Dialect`; the dialects sit above this module, so it names
-    them by their shape)."""
-
-    plays_audio: bool  # set from the transport: its own playback events are the dialect's
-
-    def translate(self, events: list) -> list[Outgoing]:
-        """One frame's (or a command's) runtime events as the messages sent, in order."""
-
-    def frame_error(self, exc: BaseException) -> list[Outgoing]:
-        """A queued frame failed: what the client is told."""
-
-    def paced(self, pace: FramePace) -> None: ...  # how late the next hand-off's frames ran
-
-    def greet(self) -> Outgoing: ...  # the first event (with the resume token, if any)
-
-    def error(self, code: str, message: str) -> Outgoing: ...
-
-    def refused(self, error: ProtocolError) -> None: ...  # a message refused: may end it
-
-    def timed_out(self, reason: str) -> Outgoing: ...
-
-    def resumed(self, last_seq: int, replayed: int) -> Outgoing: ...
-
-    def parse(self, message: str | bytes) -> Any: ...
-
-    def audio_in(self, audio: AudioIn) -> Any: ...
-
-    def played(self, mark: AudioMark) -> None: ...
-
-    def queues_audio(self, message: Any) -> bool: ...
-
-    async def dispatch(self, message: Any) -> None: ...
-
-
-class Session:
+class Session(EngineSide):
     """One client's session in the engine, with or without a transport attached."""
 
     def __init__(self, engine: Engine, limits: ServerLimits,
@@ -388,115 +316,6 @@ class Session:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
-
-    # --- the engine session ------------------------------------------------------------------
-
-    async def open_session(self, options: OpenOptions) -> SessionDetails:
-        """Open the engine session (closing one opened before), watching the transport
-        while its prompt prefills; a failure is ``session_initialization_failed``."""
-        if self.life.stage in (Stage.CLOSING, Stage.CLOSED):  # its client left meanwhile
-            raise init_failed("the session is closing")
-        if self.open:  # opened before: closed, to be opened again
-            self.life.move_engine(Stage.NEW)
-            await self.engine.close(self.session_id)
-        self.event_loop, self.frames_run = asyncio.get_running_loop(), 0
-        opening = self.engine.open(self.session_id, options, self)
-        self.life.move_engine(Stage.OPENING)  # the engine may hold a stream: release closes it
-        try:
-            await (self.link.watch(opening) if self.link is not None
-                   else self.wait_opening(opening))
-        except BaseException:
-            # The client left (or the task was cancelled) while it opened: the open's
-            # outcome (a stopped prefill's PrefillCancelled) is ours to take, not the
-            # garbage collector's to log as never retrieved.
-            abandon(opening)
-            raise
-        try:
-            details = opening.result()
-        except PoolFull as exc:  # its reservation does not fit --max-state-bytes
-            raise ProtocolError(ErrorCode.SERVER_BUSY, str(exc)) from None
-        except Exception as exc:
-            raise init_failed(str(exc)) from None
-        if self.life.stage is not Stage.OPENING:  # let go meanwhile: its close is queued
-            raise init_failed("the session was closed while it opened")
-        self.life.move_engine(Stage.OPEN)
-        self.tools_set = isinstance(options, SessionOptions) and options.tools is not None
-        self.details = details
-        return details
-
-    async def wait_opening(self, opening: asyncio.Future) -> None:
-        """Wait for the engine to open the session with no transport: its prefill is
-        stopped at the wall-clock cap."""
-        remaining = self.connected_at + self.limits.max_session_wall_seconds - time.monotonic()
-        done, _ = await asyncio.wait({opening}, timeout=max(remaining, 0))
-        if not done:
-            self.engine.abort(self.session_id)
-            await asyncio.wait({opening})
-
-    async def feed_audio(self, samples: np.ndarray) -> None:
-        """Client audio at the session's input rate, queued (not awaited: its frames run
-        in batched steps with the other sessions' and their events come back in order);
-        the session counts as active."""
-        if not samples.shape[0]:
-            return
-        self.active()
-        self.samples_received += samples.shape[0]
-        await self.input_feed().append(samples)
-
-    def input_feed(self) -> InputFeed:
-        """The session's bounded input queue (``--max-buffered-seconds``)."""
-        if self.feed is None:
-            bound = self.limits.buffered_samples(self.details.input_sample_rate,
-                                                 self.details.frame_samples)
-            self.feed = InputFeed(self.engine, self.session_id, bound, self)
-            if self.halted.done():
-                self.feed.halt(self.halted.result())
-        return self.feed
-
-    async def settle(self) -> None:
-        """Wait until the audio queued so far has run and its events went out: what
-        the client sends besides audio is answered in order, after them."""
-        if self.feed is not None:
-            await self.engine_call(self.engine.sync(self.session_id))
-
-    async def tool_output(self, call_id: str, output: str) -> None:
-        """A tool result: its tokens enter the timeline at the next frames."""
-        if not self.tools_set:
-            raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
-                                "function_call_output needs tools registered in session.update")
-        try:
-            await self.engine.tool_result(self.session_id, call_id, output)
-        except ValueError as exc:  # unknown / answered call_id, non-ASCII output
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
-        except Exception as exc:
-            raise inference_error(exc) from None
-
-    async def flush(self, pad_partial: bool = True) -> list:
-        """Run the audio queued so far (the partial frame padded, if asked) and end the
-        turn; its runtime events (an engine failure is the client's ``inference_error``)."""
-        return await self.engine_call(self.engine.flush(self.session_id, pad_partial))
-
-    async def cancel(self) -> list:
-        """Drop the audio queued and cancel the response; its runtime events."""
-        return await self.engine_call(self.engine.cancel(self.session_id))
-
-    async def push(self, samples: np.ndarray) -> None:
-        """One frame of server-made input (silence), queued behind the client's audio;
-        waits for it to run (its events come as any frame's)."""
-        await self.engine_call(self.engine.push(self.session_id, samples))
-
-    @property
-    def client_metrics(self) -> Any:
-        """The engine's per-client figures (``/metrics``), or ``None``."""
-        return getattr(self.engine.metrics, "clients", None)
-
-    async def engine_call(self, call: Any) -> Any:
-        """Await an engine command; its failure is the client's ``inference_error``."""
-        try:
-            return await call
-        except Exception as exc:
-            raise inference_error(exc) from None
-
     # --- release ---------------------------------------------------------------------------
 
     def free_slot(self) -> None:

@@ -1,11 +1,10 @@
 """The OpenAI Realtime GA dialect (``/openai/v1/realtime``): a session, spoken as GA.
 
-A GA client's ``base_url`` is ``http://HOST:PORT/openai/v1``. Same admission,
-limits, timeouts, origin policy, outbox backpressure and tool results as
-every dialect (:mod:`..connection`, :mod:`..session`); what differs is the
-language, one :class:`GADialect` per session (the session
-object: :mod:`.config`; responses: :mod:`.responses`, their wire shapes
-and the conversation items': :mod:`.items`; audio formats: :mod:`.audio`):
+A GA client's ``base_url`` is ``http://HOST:PORT/openai/v1``. Admission, limits,
+timeouts, origin policy, backpressure and tool results are every dialect's
+(:mod:`...connection`, :mod:`...session`); the language is one :class:`GADialect` per
+session (session object :mod:`.config`, responses :mod:`.responses`, items
+:mod:`.items`, audio formats :mod:`.audio`):
 
 - ``session.update`` may come any number of times and merges (GA clients
   send partial ones). The engine session opens at the first ``session.update``
@@ -22,19 +21,16 @@ and the conversation items': :mod:`.items`; audio formats: :mod:`.audio`):
   are accepted as described in :mod:`.responses`; a cancel or a truncate
   also cuts the speech a WebRTC track still holds (``output_audio_buffer.*``,
   and the client's ``output_audio_buffer.clear``: :mod:`.playback`).
-- While a response is owed (opened or requested, not yet ``response.done``)
-  and the client has sent no audio for :data:`STREAM_LULL_SECONDS` (at once
-  after a commit with turn detection off), the session's timer
-  (:meth:`GADialect.run_owed`, on the event loop, with or without a
-  transport) runs the timeline on silence between the client's events, one frame at a time (:meth:`Engine.push`: the server's PCM, in
-  the session's channel behind the client's), as fast as the engine steps it,
-  so the model can answer; the response's bound (``max_response_seconds``)
-  ends it. The idle timeout does not run while a response is owed.
-- ``conversation.item.create`` answers a tool call with a
-  ``function_call_output``; other items (a framework replaying its chat
-  history) are acknowledged, not injected: the model hears only audio, and
-  its text context is ``instructions``.
-- Audio from a media track (a WebRTC call, :class:`~..messages.AudioIn`) is an
+- While a response is owed (opened or requested, not yet ``response.done``) and
+  the client has sent no audio for :data:`STREAM_LULL_SECONDS` (at once after a
+  commit with turn detection off), :meth:`GADialect.run_owed` runs the timeline on
+  silence, a frame at a time behind the client's audio, as fast as the engine
+  steps it, so the model can answer; ``max_response_seconds`` bounds the
+  response, and the idle timeout does not run meanwhile.
+- ``conversation.item.create`` answers a tool call with a ``function_call_output``;
+  other items (a framework replaying its chat history) are acknowledged, not
+  injected: the model hears only audio, and its text context is ``instructions``.
+- Audio from a media track (a WebRTC call, :class:`~...messages.AudioIn`) is an
   ``input_audio_buffer.append`` of GA ``audio/pcm`` (:class:`.audio.MediaInput`).
 """
 
