@@ -14,7 +14,7 @@ the speech side (EAR-TTS, codec) is :mod:`.speech_weights`.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Callable, Mapping
 
 import mlx.core as mx
 import numpy as np
@@ -232,14 +232,17 @@ def _rnnt(t: Tensors, config: ModelConfig, tuning: Tuning) -> None:
 
 
 def build_weights(config: ModelConfig, vocab: Mapping[str, int], seed: int = 0,
-                  tuning: Tuning | None = None, device: bool = False) -> dict[str, mx.array]:
+                  tuning: Tuning | None = None, device: bool = False,
+                  sink: Callable[[str, mx.array], None] | None = None) -> dict[str, mx.array]:
     """All checkpoint tensors of ``config``, keyed and laid out as on disk.
 
     ``device``: draw the large tensors on MLX's default device, lazily (the
     ``full`` size: seconds on a GPU where numpy would take minutes).
+    ``sink``: hand each tensor to it as it is drawn instead (the result is
+    then empty; see :class:`~.tensors.Tensors`).
     """
     tuning = tuning or Tuning()
-    t = Tensors(seed, device=device)
+    t = Tensors(seed, device=device, sink=sink)
     dirs = Directions.draw(t, config.text_config.hidden_size)
     _language_model(t, config, tuning, dirs)
     _perception(t, config, tuning, dirs)
