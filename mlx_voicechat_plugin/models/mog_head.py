@@ -172,6 +172,21 @@ class MoGHead(nn.Module):
         """The three products of the features (:data:`~.fused.HEADS`), fused at load."""
         return self.proj_logits, self.proj_logs, self.proj_else
 
+    def sampled_blocks(self, component: mx.array, dims: int) -> mx.array:
+        """The ``[low_rank, dims]`` blocks of ``proj_mus`` of each sampled component.
+
+        A quantized ``proj_mus`` is gathered packed and only the gathered blocks
+        are dequantized: the same values as a dequantized copy of the layer.
+        """
+        proj = self.proj_mus
+        blocks = (self.num_predictions, self.low_rank)
+        if not isinstance(proj, nn.QuantizedLinear):
+            return proj.weight.reshape(*blocks, dims)[component]
+        parts = [proj[n].reshape(*blocks, -1)[component]
+                 for n in ("weight", "scales", "biases") if proj.get(n) is not None]
+        return mx.dequantize(*parts, group_size=proj.group_size, bits=proj.bits,
+                             mode=proj.mode)
+
     def features(self, x: mx.array) -> mx.array:
         for layer in self.mlp_stack:
             x = layer(x)
@@ -204,8 +219,7 @@ class MoGHead(nn.Module):
         )
 
         # Only the sampled component's low-rank projection is evaluated.
-        blocks = self.proj_mus.weight.reshape(self.num_predictions, self.low_rank, dims)
-        low = blocks[component] @ x[..., None]
+        low = self.sampled_blocks(component, dims) @ x[..., None]
         mu = (self.low_mat[component] @ low).squeeze(-1)
         logs = mx.maximum(logs, self.min_log_std)
         mu = mu * mx.exp(logs) + shared

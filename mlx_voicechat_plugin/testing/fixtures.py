@@ -21,6 +21,13 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ModelConfig
+from ..profiles import (
+    plan_layers,
+    quantizable_modules,
+    quantization_config,
+    quantize_tensor,
+    quantized_layers,
+)
 from .configs import DRAWN_ON_DEVICE, FULL_QUANTIZE_BITS, fixture_config
 from .tokenizers import (
     build_text_tokenizer,
@@ -34,10 +41,11 @@ from .shards import (
     QUANTIZATION_GROUP_SIZE,
     SUPPORTED_BITS,
     WEIGHTS_FILE,
+    Quantizer,
     ShardWriter,
     check_bits,
     is_quantized_module,
-    quantize_tensor,
+    quantize_llm_tensor,
 )
 from .weights import TUNINGS, build_weights
 
@@ -55,7 +63,37 @@ def quantize_weights(weights: dict[str, mx.array], bits: int,
     check_bits(bits)
     out: dict[str, mx.array] = {}
     for key, value in weights.items():
-        out.update(quantize_tensor(key, value, bits, group_size))
+        out.update(quantize_llm_tensor(key, value, bits, group_size))
+    return dict(sorted(out.items()))
+
+
+def _quantizer(config: ModelConfig, raw: dict, quantize_bits: int | None,
+               profile: str | None) -> Quantizer | None:
+    """How each drawn tensor is stored (``profile``, else ``quantize_bits`` for the LLM,
+    else as drawn); the ``quantization`` entries it implies go into ``raw``."""
+    if profile is not None:
+        plans = plan_layers(profile, quantizable_modules(config))
+        quantization = quantization_config(quantized_layers(plans))
+        if quantization is not None:
+            raw["quantization"] = dict(quantization)
+            raw["quantization_config"] = dict(quantization)
+        return lambda key, value: quantize_tensor(key, value, plans)
+    if quantize_bits is not None:
+        quantization = {"group_size": QUANTIZATION_GROUP_SIZE, "bits": quantize_bits}
+        raw["quantization"] = dict(quantization)
+        raw["quantization_config"] = dict(quantization)
+        return lambda key, value: quantize_llm_tensor(key, value, quantize_bits)
+    return None
+
+
+def apply_profile(weights: dict[str, mx.array], config: ModelConfig, profile: str,
+                  raw: dict) -> dict[str, mx.array]:
+    """``weights`` as ``profile`` stores them; its ``quantization`` entries go into ``raw``."""
+    quantize = _quantizer(config, raw, None, profile)
+    assert quantize is not None
+    out: dict[str, mx.array] = {}
+    for key, value in weights.items():
+        out.update(quantize(key, value))
     return dict(sorted(out.items()))
 
 
@@ -64,20 +102,24 @@ def _write_json(path: Path, payload: dict) -> None:
 
 
 def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
-                    quantize_bits: int | None = None,
+                    quantize_bits: int | None = None, profile: str | None = None,
                     max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write fixture checkpoint ``size`` ("tiny" | "small" | "medium" | "full") into ``out_dir``.
 
     ``full`` (the released 11B's shapes, about 8 GB on disk) draws its
     weights with ``mx.random`` and is quantized 4-bit like the release unless
-    ``quantize_bits`` says otherwise. Every size takes the same path: each
-    tensor is quantized and evaluated as it is drawn and shards are written as
-    they fill (:class:`~.shards.ShardWriter`), so the peak is about one shard
-    plus the largest tensor's draw, not the whole unquantized model.
+    ``quantize_bits`` or ``profile`` says otherwise. ``profile`` (a
+    :mod:`..profiles` name) stores the weights as that profile does, instead
+    of ``quantize_bits``. Every size takes the same path: each tensor is
+    quantized and evaluated as it is drawn and shards are written as they
+    fill (:class:`~.shards.ShardWriter`), so the peak is about one shard plus
+    the largest tensor's draw, not the whole unquantized model.
     ``max_shard_bytes``: where a shard is cut (mlx-lm's naming past one).
     """
+    if profile is not None and quantize_bits is not None:
+        raise ValueError("give quantize_bits or profile, not both")
     on_device = size in DRAWN_ON_DEVICE
-    if size == "full" and quantize_bits is None:
+    if size == "full" and quantize_bits is None and profile is None:
         quantize_bits = FULL_QUANTIZE_BITS
     if quantize_bits is not None:
         check_bits(quantize_bits)
@@ -103,33 +145,31 @@ def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
 
     if on_device:
         logger.info("drawing the %s fixture's weights on %s", size, mx.default_device())
-    writer = ShardWriter(out, quantize_bits, max_shard_bytes)
+    writer = ShardWriter(out, _quantizer(config, raw, quantize_bits, profile), max_shard_bytes)
     build_weights(config, text.vocab, seed=seed, tuning=TUNINGS.get(size),
                   device=on_device, sink=writer)
     writer.close()
-    if quantize_bits is not None:
-        quantization = {"group_size": QUANTIZATION_GROUP_SIZE, "bits": quantize_bits}
-        raw["quantization"] = dict(quantization)
-        raw["quantization_config"] = dict(quantization)
     _write_json(out / "config.json", raw)
     logger.info("wrote %s fixture checkpoint to %s", size, out)
     return out
 
 
-_CACHE: dict[tuple[str, int, int | None], Path] = {}
+_CACHE: dict[tuple[str, int, int | None, str | None], Path] = {}
 
 
 def cached_checkpoint(size: str = "tiny", seed: int = 0,
-                      quantize_bits: int | None = None) -> Path:
+                      quantize_bits: int | None = None, profile: str | None = None) -> Path:
     """``make_checkpoint`` once per process, under a temporary directory."""
-    key = (size, seed, quantize_bits)
+    key = (size, seed, quantize_bits, profile)
     path = _CACHE.get(key)
     if path is None or not (path / "config.json").exists():
         if not _CACHE:
             atexit.register(clear_cache)
         root = Path(tempfile.mkdtemp(prefix="voicechat-fixture-"))
         suffix = f"-q{quantize_bits}" if quantize_bits else ""
-        path = make_checkpoint(root / f"{size}-s{seed}{suffix}", size, seed, quantize_bits)
+        suffix += f"-{profile}" if profile else ""
+        path = make_checkpoint(root / f"{size}-s{seed}{suffix}", size, seed, quantize_bits,
+                               profile=profile)
         _CACHE[key] = path
     return path
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 
@@ -59,9 +60,14 @@ def check_bits(bits: int) -> None:
         raise ValueError(f"quantize_bits must be one of {SUPPORTED_BITS}, got {bits}")
 
 
-def quantize_tensor(key: str, value: mx.array, bits: int | None,
-                    group_size: int = QUANTIZATION_GROUP_SIZE) -> dict[str, mx.array]:
-    """``{key: value}``, or a quantized module's ``.weight`` / ``.scales`` / ``.biases``."""
+# A checkpoint tensor as stored: ``{key: value}``, or a quantized layer's three tensors.
+Quantizer = Callable[[str, mx.array], dict[str, mx.array]]
+
+
+def quantize_llm_tensor(key: str, value: mx.array, bits: int | None,
+                        group_size: int = QUANTIZATION_GROUP_SIZE) -> dict[str, mx.array]:
+    """``{key: value}``, or a quantized LLM module's ``.weight`` / ``.scales`` / ``.biases``
+    (the modules mlx-community conversions quantize, :func:`is_quantized_module`)."""
     module, _, leaf = key.rpartition(".")
     if bits is None or leaf != "weight" or not is_quantized_module(module):
         return {key: value}
@@ -72,12 +78,10 @@ def quantize_tensor(key: str, value: mx.array, bits: int | None,
 class ShardWriter:
     """Receives tensors one at a time (a :class:`~.tensors.Tensors` sink) and shards them."""
 
-    def __init__(self, out_dir: Path, quantize_bits: int | None = None,
+    def __init__(self, out_dir: Path, quantize: Quantizer | None = None,
                  max_shard_bytes: int = MAX_SHARD_BYTES):
-        if quantize_bits is not None:
-            check_bits(quantize_bits)
         self.out_dir = out_dir
-        self.quantize_bits = quantize_bits
+        self.quantize = quantize
         self.max_shard_bytes = max_shard_bytes
         self._pending: dict[str, mx.array] = {}
         self._pending_bytes = 0
@@ -89,7 +93,7 @@ class ShardWriter:
         return self.out_dir / f".shard-{number:05d}.safetensors"
 
     def __call__(self, name: str, value: mx.array) -> None:
-        tensors = quantize_tensor(name, value, self.quantize_bits)
+        tensors = {name: value} if self.quantize is None else self.quantize(name, value)
         mx.eval(tensors)
         for key, array in tensors.items():
             self._pending[key] = array
