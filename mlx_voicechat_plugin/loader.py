@@ -174,6 +174,9 @@ def load_model(path: Path, lazy: bool = False, hold_f32: bool | None = None,
     model.eval()
     model.model_path = path  # type: ignore[attr-defined]
     model.memory_plan = plan  # type: ignore[attr-defined]
+    # The checkpoint its weights are, until they are replaced (``Model.update``):
+    # what is remembered of a checkpoint (:mod:`.models.remembered`) is keyed on it.
+    model.checkpoint_path = path  # type: ignore[attr-defined]
     return model
 
 
