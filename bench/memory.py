@@ -71,9 +71,11 @@ def _load(side: str, checkpoint: str, budget: float | None) -> tuple[Any, Any]:
 
 def measure(side: str, checkpoint: str, seconds: float, offline_seconds: float,
             budget: float | None) -> dict[str, Any]:
-    """Every figure of one side, in this process."""
+    """Every figure of one side, in this process (``offline_seconds`` 0: no offline turn)."""
     import mlx.core as mx
 
+    from mlx_voicechat_plugin.config import ModelConfig
+    from mlx_voicechat_plugin.loader import read_config
     from mlx_voicechat_plugin.testing.fixtures import conversation_signal, question_signal
 
     wrap = (lambda x: x) if side == "plugin" else mx.array
@@ -92,8 +94,9 @@ def measure(side: str, checkpoint: str, seconds: float, offline_seconds: float,
     out["weights_gib"] = _gib(mx.get_active_memory())
     out["load_peak_gib"] = _gib(mx.get_peak_memory())
     if side == "plugin":
-        out["f32_hold"] = getattr(model, "f32_hold", None)
-    rate, frame = model.config.input_sample_rate, model.config.frame_samples
+        out["f32_hold"] = model.memory_plan.hold_f32
+    config = ModelConfig.from_dict(read_config(Path(checkpoint)))  # the reference's lacks these
+    rate, frame = config.input_sample_rate, config.frame_samples
     audio = conversation_signal(seconds, rate)
 
     mx.reset_peak_memory()
@@ -125,6 +128,9 @@ def measure(side: str, checkpoint: str, seconds: float, offline_seconds: float,
     del stream
     _reset()
 
+    out["max_rss_gib"] = _gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    if offline_seconds <= 0:
+        return out
     question = question_signal(offline_seconds, sample_rate=rate)
     began = time.perf_counter()
     if side == "plugin":
@@ -167,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-budget", type=float, default=None,
                         help="the plugin's load(memory_budget=GIB); default: the device's")
     parser.add_argument("--seconds", type=float, default=10.0, help="streaming session length")
-    parser.add_argument("--offline-seconds", type=float, default=4.0, help="offline turn length")
+    parser.add_argument("--offline-seconds", type=float, default=4.0,
+                        help="offline turn length (0: none)")
+    parser.add_argument("--tag", default="", help="appended to the result's file name")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--worker", choices=("plugin", "reference"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -196,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         if "plugin" in report and "reference" in report:
             report["ratio_plugin_over_reference"] = _ratios(report["plugin"], report["reference"])
         suffix = "" if args.memory_budget is None else f"-budget{args.memory_budget:g}"
+        suffix += f"-{args.tag}" if args.tag else ""
         path = out / f"memory-{checkpoint.name}{suffix}.json"
         path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {path}", file=sys.stderr)

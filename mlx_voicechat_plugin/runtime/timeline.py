@@ -89,9 +89,9 @@ class WarmStart:
     def of(cls, model: Model) -> "WarmStart":
         """Run the warm-up (evaluated), or read back the one remembered for the
         checkpoint the model's weights are (:mod:`~..models.remembered`)."""
-        plan = getattr(model, "memory_plan", None)
-        key = checkpoint_key(getattr(model, "checkpoint_path", None), "warm-start",
-                             f"f32 {plan.hold_f32 if plan is not None else None}")
+        # Keyed on the checkpoint alone: float32 copies or not, the warm start is the same
+        # bits (a bf16 weight is upcast exactly to the float32 activations it multiplies).
+        key = checkpoint_key(getattr(model, "checkpoint_path", None), "warm-start")
         remembered = load_arrays(WARM_START_DIR, key)
         if remembered is not None:
             try:
