@@ -16,7 +16,11 @@ recorded where it cannot load one) and per side, a fresh Python process
 - ``offline_peak_gib``: the peak of one offline turn of ``--offline-seconds``
   (the reference with its language cache, its fast path);
 - ``state_bytes``: active memory a live session holds above the weights after
-  the stream (both sides), and the plugin's own count (``stream.nbytes``);
+  the stream (both sides), and the plugin's own count (``stream.nbytes``: the
+  positions written) beside the bytes of its KV rings allocated whole at the
+  first frame (``kv_rings_allocated_bytes``, from the config);
+- ``first_frame_peak_above_weights_gib`` / ``after_first_frame_above_weights_gib``:
+  the peak during the session's start and first frame, and what stays after it;
 - ``load_s``, ``session_s`` (``create_session``: the warm start), ``first_frame_s``
   (``create_streaming_session`` and the first frame) and ``ready_s``, their sum;
 - ``frame_s``: seconds per frame of the stream after its first (mean, median, p95);
@@ -107,6 +111,9 @@ def measure(side: str, checkpoint: str, seconds: float, offline_seconds: float,
     mx.synchronize()
     out["first_frame_s"] = time.perf_counter() - began
     out["ready_s"] = out["load_s"] + out["session_s"] + out["first_frame_s"]
+    out["first_frame_peak_above_weights_gib"] = _gib(mx.get_peak_memory() - weights)
+    first_active = mx.get_active_memory()
+    out["after_first_frame_above_weights_gib"] = _gib(first_active - weights)
     times = []
     for start in range(frame, len(audio) - frame + 1, frame):
         chunk = wrap(audio[start:start + frame])
@@ -121,7 +128,10 @@ def measure(side: str, checkpoint: str, seconds: float, offline_seconds: float,
     mx.clear_cache()
     out["state_bytes"] = int(mx.get_active_memory() - weights)
     if side == "plugin":
-        out["state_nbytes_counted"] = int(stream.nbytes)
+        from mlx_voicechat_plugin.budget import session_bytes
+
+        out["state_nbytes_counted"] = int(stream.nbytes)  # the positions written so far
+        out["kv_rings_allocated_bytes"] = session_bytes(config)  # the rings, whole
     out["frame_s"] = {"mean": float(np.mean(times)), "median": float(np.median(times)),
                       "p95": float(np.percentile(times, 95))}
     stream.flush()
