@@ -187,18 +187,26 @@ def profile_sizes(config: Any, names: Sequence[str] | None = None) -> dict[str, 
 
 
 def fit_sessions(plan: MemoryPlan, max_sessions: int,
-                 max_state_bytes: int | None) -> tuple[int, int, str]:
+                 max_state_bytes: int | None) -> tuple[int, int | None, str]:
     """``(max_sessions, max_state_bytes, line)`` fitted to what ``plan`` leaves: no more
     sessions than :meth:`MemoryPlan.sessions_that_fit` (at least one, which the
-    load has checked fits), and no more state than :attr:`MemoryPlan.left`."""
+    load has checked fits), and a given state budget no larger than
+    :attr:`MemoryPlan.left`. An unset state budget stays unset: the fitted
+    sessions' KV rings already fit what is left, and setting one makes the pool
+    measure a session's fixed state at start-up (a probe stream of the
+    encoder's window, minutes on a CPU at the released size)."""
     fit = max(plan.sessions_that_fit(), 1)
     sessions = min(max_sessions, fit)
-    state = plan.left if max_state_bytes is None else min(max_state_bytes, plan.left)
-    state = max(state, 1)
+    state = None if max_state_bytes is None else max(min(max_state_bytes, plan.left), 1)
+    if state is None:
+        bound = (f"their KV rings {sessions * plan.session} bytes of the "
+                 f"{plan.left} left (--max-state-bytes unset)")
+    else:
+        lowered = "; lowered to what is left" if state < max_state_bytes else ""
+        bound = (f"within {state} bytes of session state (--max-state-bytes "
+                 f"{max_state_bytes}{lowered})")
     line = (f"{plan.describe()}: up to {sessions} session(s) (--max-sessions {max_sessions}"
-            f"{'; fewer fit' if sessions < max_sessions else ''}) within {state} bytes of "
-            f"session state (--max-state-bytes "
-            f"{'unset' if max_state_bytes is None else max_state_bytes})")
+            f"{'; fewer fit' if sessions < max_sessions else ''}), {bound}")
     return sessions, state, line
 
 

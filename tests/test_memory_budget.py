@@ -96,9 +96,11 @@ def test_the_server_is_sized_to_what_the_budget_leaves():
     plan = plan_memory(config, stored, 0, budget)
     assert plan.sessions_that_fit() == 3
     sessions, state, line = fit_sessions(plan, 8, None)
-    assert (sessions, state) == (3, plan.left)
+    assert (sessions, state) == (3, None)
     assert "up to 3 session(s) (--max-sessions 8; fewer fit)" in line
-    assert fit_sessions(plan, 2, 10) == (2, 10, fit_sessions(plan, 2, 10)[2])
+    assert fit_sessions(plan, 2, 10)[:2] == (2, 10)
+    sessions, state, line = fit_sessions(plan, 2, 10 * plan.left)
+    assert (sessions, state) == (2, plan.left) and "lowered to what is left" in line
 
 
 def test_the_budget_flag_is_on_every_command():
