@@ -9,9 +9,10 @@ modules the runtime can quantize (its ``nn.Linear`` / ``nn.Embedding`` layers,
 buffers always stay as stored.
 
 ``release`` is the ``-4bit`` release (LLM 4-bit, the rest as stored); ``lean``
-also quantizes the encoder and the EAR-TTS backbone and MoG head (the choice of
-bits, and the agreement it keeps, are measured in docs/checkpoints.md); ``q8``
-quantizes the same parts 8-bit; ``bf16`` stores every layer unquantized.
+also quantizes the encoder (8-bit) and the EAR-TTS backbone and MoG head
+(4-bit), ``balanced`` the same parts 8-bit (the choice of bits, and the
+agreement each keeps, are measured in docs/checkpoints.md); ``q8`` quantizes
+the LLM too at 8 bits; ``bf16`` stores every layer unquantized.
 
 Per-layer quantization is written to ``config.json`` as mlx-lm writes it
 (:func:`quantization_config`): a default ``group_size`` / ``bits`` and one entry
@@ -164,11 +165,20 @@ class Profile:
 
 
 _Q4, _Q8 = Format(QUANTIZED, 4), Format(QUANTIZED, 8)
+_Q4_G128 = Format(QUANTIZED, 4, 128)
 
+# ``lean``'s EAR-TTS bits and LLM group size were chosen by measurement
+# (docs/checkpoints.md): at full size 8-bit EAR-TTS parts leave the profile at
+# 6.89 GiB of weights and 4-bit ones with a g64 LLM at 6.55 GiB, both above the
+# 6.5 GiB a 16 GB Mac's lean profile must stay under; 4-bit EAR-TTS with a
+# g128 LLM is 6.33 GiB. ``balanced`` keeps 8-bit EAR-TTS (6.89 GiB).
 PROFILES: Mapping[str, Profile] = MappingProxyType({p.name: p for p in (
     Profile("release", "as the -4bit release: LLM 4-bit, the rest as stored", {"llm": _Q4}),
-    Profile("lean", "LLM 4-bit; encoder, EAR-TTS backbone and MoG head 8-bit; "
-                    "RNNT, codec and norms as stored",
+    Profile("lean", "LLM 4-bit (group 128); encoder 8-bit; EAR-TTS backbone and MoG head "
+                    "4-bit; RNNT, codec and norms as stored",
+            {"llm": _Q4_G128, "encoder": _Q8, "tts_backbone": _Q4, "mog_head": _Q4}),
+    Profile("balanced", "LLM 4-bit; encoder, EAR-TTS backbone and MoG head 8-bit; "
+                        "RNNT, codec and norms as stored",
             {"llm": _Q4, "encoder": _Q8, "tts_backbone": _Q8, "mog_head": _Q8}),
     Profile("q8", "LLM, encoder, EAR-TTS backbone and MoG head 8-bit; the rest as stored",
             {"llm": _Q8, "encoder": _Q8, "tts_backbone": _Q8, "mog_head": _Q8}),

@@ -24,10 +24,13 @@ from mlx_voicechat_plugin.testing.fixtures import make_checkpoint
 
 def test_the_profiles_the_issue_names():
     assert {"release", "lean", "q8", "bf16"} <= set(PROFILES)
+    assert get_profile("lean").formats["tts_backbone"].bits == 4
+    assert get_profile("lean").formats["llm"].group_size == 128
 
 
 def test_an_unknown_profile_names_the_known_ones():
-    with pytest.raises(ValueError, match="unknown profile 'tiny4'.*release, lean, q8, bf16"):
+    known = "release, lean, balanced, q8, bf16"
+    with pytest.raises(ValueError, match=f"unknown profile 'tiny4'; known profiles: {known}"):
         get_profile("tiny4")
 
 
@@ -62,6 +65,7 @@ def test_lean_quantizes_its_parts_and_leaves_the_rest():
         by_part.setdefault(part_of(path).name, set()).add(
             plan.format.bits if plan.quantized else None)
     assert by_part["llm"] == {4}
+    assert 8 in by_part["encoder"]  # (a width no group divides stays as stored)
     assert by_part["tts_backbone"] == by_part["mog_head"] == {get_profile("lean").formats[
         "tts_backbone"].bits}
     assert by_part["rnnt"] == by_part["tts_inputs"] == {None}

@@ -51,13 +51,18 @@ def _outputs(events) -> dict:
     }
 
 
-def test_streaming_equals_offline(profiled):
-    _, _, voicechat = profiled
-    audio = _signal(1.5)
-    events = _stream(voicechat, audio, 1280, seed=2)
+def _streamed_and_offline(voicechat, seconds: float, seed: int):
+    """A question streamed in 1280-sample chunks, and offline: (events, codes, offline)."""
+    audio = _signal(seconds)
+    events = _stream(voicechat, audio, 1280, seed=seed)
     codes = np.stack([e.audio_codes for e in events if isinstance(e, Audio)
                       and e.audio_codes.size])
-    offline = voicechat.generate(audio, extra_decoding_seconds=0.0, seed=2)
+    return events, codes, voicechat.generate(audio, extra_decoding_seconds=0.0, seed=seed)
+
+
+def test_streaming_equals_offline(profiled):
+    _, _, voicechat = profiled
+    events, codes, offline = _streamed_and_offline(voicechat, 1.5, seed=2)
     assert len(offline.audio_codes) == len(codes) + 1  # offline's centred last mel frame
     assert np.array_equal(offline.audio_codes[: len(codes)], codes)
     special = voicechat.config.special_text_ids
@@ -94,12 +99,22 @@ def test_the_pools_batched_rows_equal_each_session_alone(profiled):
         assert _outputs(events[k]) == _outputs(_stream(voicechat, audio, **options)), k
 
 
-def test_reference_parity_where_the_reference_runs_it(profiled, question_audio):
+@pytest.mark.parametrize("path_kind", ["offline", "streaming"])
+def test_reference_parity_where_the_reference_runs_it(profiled, question_audio, path_kind):
+    from conformance.stream_diff import run_stream_pair
+
     profile, path, _ = profiled
     if profile not in REFERENCE_RUNS:
         pytest.skip(f"the reference cannot run {profile} (its quantized MoG head)")
-    diffs = run_pair(path, question_audio, seed=1, extra_decoding_seconds=1.0)
+    diff = run_pair if path_kind == "offline" else run_stream_pair
+    diffs = diff(path, question_audio, seed=1, extra_decoding_seconds=1.0)
     assert all(d.ok for d in diffs), "\n".join(d.row() for d in diffs)
+
+
+def test_every_projection_block_fuses(profiled):
+    """Fused q/k/v, gate/up and MoG heads take quantized layers as they take plain ones."""
+    model = profiled[2].model
+    assert model.fused_blocks == len(model._projection_blocks()) > 0
 
 
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p not in REFERENCE_RUNS])
@@ -124,3 +139,31 @@ def test_the_server_streams_what_the_session_streams(profiled):
     for key in ("transcript", "text", "function", "text_deltas", "codes"):
         assert got[key] == expected[key], key
     np.testing.assert_array_equal(got["pcm"], expected["pcm"])
+
+
+def test_mlx_vlm_s_every_layer_quantized_output_runs(tmp_path):
+    """``python -m mlx_vlm.convert -q`` quantizes every linear layer and embedding whose
+    width group 64 divides (EAR-TTS, its character encoder and fusion too): the plugin
+    runs it, streaming as offline."""
+    import mlx.nn as nn
+    from mlx_vlm.convert import convert
+
+    out = tmp_path / "q4-all"
+    convert(str(cached_checkpoint("tiny")), str(out), quantize=True, q_bits=4, q_group_size=64)
+    model, processor = load(out)
+    quantized = {p for p, m in model.named_modules()
+                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    from mlx_voicechat_plugin.profiles import part_of
+
+    assert {part_of(p).name for p in quantized} >= {"llm", "tts_backbone", "mog_head",
+                                                     "tts_inputs"}
+    _, codes, offline = _streamed_and_offline(model.create_session(processor), 1.0, seed=2)
+    assert np.array_equal(offline.audio_codes[: len(codes)], codes)
+
+
+@pytest.mark.parametrize("profile", ["lean", "balanced"])
+def test_the_small_fixture_streams_as_offline(profile):
+    """The small fixture's widths take group 64 where the tiny one's fall back to 32."""
+    model, processor = load(cached_checkpoint("small", profile=profile))
+    _, codes, offline = _streamed_and_offline(model.create_session(processor), 1.5, seed=4)
+    assert np.array_equal(offline.audio_codes[: len(codes)], codes)

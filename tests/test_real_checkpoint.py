@@ -89,3 +89,21 @@ def test_one_server_session(loaded):
     assert "input_audio_buffer.committed" in kinds and kinds[-1] == "response.done"
     audio = [e for e in events if e["type"] == "response.audio.delta"]
     assert audio and [e["frame_index"] for e in audio] == list(range(len(audio)))
+
+
+def test_the_checkpoint_converts_to_lean_and_compares(tmp_path):
+    """``convert`` to the lean profile writes what it planned and loads; ``compare``
+    reports every stage of it against the checkpoint (real numbers, no bounds:
+    docs/checkpoints.md says what they mean)."""
+    from mlx_voicechat_plugin.cli.compare import FLOAT_STAGES, ID_STAGES, compare_checkpoints
+    from mlx_voicechat_plugin.conversion.convert import convert
+    from mlx_voicechat_plugin.testing.fixtures import make_question_wav
+
+    done = convert(CHECKPOINT, tmp_path / "lean", "lean", progress=False)
+    assert done.written == done.plan.part_bytes()
+    question = make_question_wav(tmp_path / "q.wav", SECONDS)
+    report = compare_checkpoints(CHECKPOINT, done.out, question, extra_decoding_seconds=1.0)
+    assert [s.stage for s in report.floats] == list(FLOAT_STAGES)
+    assert [s.stage for s in report.ids] == list(ID_STAGES)
+    assert report.a.user_transcript and report.b.answer_heard is not None
+    print(report.text())

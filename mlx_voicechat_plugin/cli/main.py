@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "the realtime WebSocket server"),
     "transcribe": ("transcribe", "a file's transcript (perception + RNNT only)"),
     "demo": ("demo", "build the tiny demo checkpoint and answer a synthetic question"),
+    "convert": ("convert", "a checkpoint (NVIDIA's release or MLX) in a precision profile"),
+    "compare": ("compare", "one question through two checkpoints: answers, ids, stage SNR"),
 }
 
 

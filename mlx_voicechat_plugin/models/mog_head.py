@@ -176,15 +176,18 @@ class MoGHead(nn.Module):
         """The ``[low_rank, dims]`` blocks of ``proj_mus`` of each sampled component.
 
         A quantized ``proj_mus`` is gathered packed and only the gathered blocks
-        are dequantized: the same values as a dequantized copy of the layer.
+        are dequantized, in float32: the affine values ``scale * q + bias``
+        exactly, as the quantized matmul kernels use them (a bf16 dequantization
+        would round them).
         """
         proj = self.proj_mus
         blocks = (self.num_predictions, self.low_rank)
         if not isinstance(proj, nn.QuantizedLinear):
             return proj.weight.reshape(*blocks, dims)[component]
-        parts = [proj[n].reshape(*blocks, -1)[component]
-                 for n in ("weight", "scales", "biases") if proj.get(n) is not None]
-        return mx.dequantize(*parts, group_size=proj.group_size, bits=proj.bits,
+        packed = proj.weight.reshape(*blocks, -1)[component]
+        affine = [proj[n].reshape(*blocks, -1)[component].astype(mx.float32)
+                  for n in ("scales", "biases") if proj.get(n) is not None]
+        return mx.dequantize(packed, *affine, group_size=proj.group_size, bits=proj.bits,
                              mode=proj.mode)
 
     def features(self, x: mx.array) -> mx.array:

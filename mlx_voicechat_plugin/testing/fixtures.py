@@ -22,6 +22,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..profiles import (
+    Profile,
     plan_layers,
     quantizable_modules,
     quantization_config,
@@ -68,7 +69,7 @@ def quantize_weights(weights: dict[str, mx.array], bits: int,
 
 
 def _quantizer(config: ModelConfig, raw: dict, quantize_bits: int | None,
-               profile: str | None) -> Quantizer | None:
+               profile: "str | Profile | None") -> Quantizer | None:
     """How each drawn tensor is stored (``profile``, else ``quantize_bits`` for the LLM,
     else as drawn); the ``quantization`` entries it implies go into ``raw``."""
     if profile is not None:
@@ -86,8 +87,8 @@ def _quantizer(config: ModelConfig, raw: dict, quantize_bits: int | None,
     return None
 
 
-def apply_profile(weights: dict[str, mx.array], config: ModelConfig, profile: str,
-                  raw: dict) -> dict[str, mx.array]:
+def apply_profile(weights: dict[str, mx.array], config: ModelConfig,
+                  profile: "str | Profile", raw: dict) -> dict[str, mx.array]:
     """``weights`` as ``profile`` stores them; its ``quantization`` entries go into ``raw``."""
     quantize = _quantizer(config, raw, None, profile)
     assert quantize is not None
@@ -102,15 +103,16 @@ def _write_json(path: Path, payload: dict) -> None:
 
 
 def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
-                    quantize_bits: int | None = None, profile: str | None = None,
+                    quantize_bits: int | None = None,
+                    profile: "str | Profile | None" = None,
                     max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write fixture checkpoint ``size`` ("tiny" | "small" | "medium" | "full") into ``out_dir``.
 
     ``full`` (the released 11B's shapes, about 8 GB on disk) draws its
     weights with ``mx.random`` and is quantized 4-bit like the release unless
     ``quantize_bits`` or ``profile`` says otherwise. ``profile`` (a
-    :mod:`..profiles` name) stores the weights as that profile does, instead
-    of ``quantize_bits``. Every size takes the same path: each tensor is
+    :mod:`..profiles` name or :class:`~..profiles.Profile`) stores the weights
+    as that profile does, instead of ``quantize_bits``. Every size takes the same path: each tensor is
     quantized and evaluated as it is drawn and shards are written as they
     fill (:class:`~.shards.ShardWriter`), so the peak is about one shard plus
     the largest tensor's draw, not the whole unquantized model.
@@ -158,7 +160,8 @@ _CACHE: dict[tuple[str, int, int | None, str | None], Path] = {}
 
 
 def cached_checkpoint(size: str = "tiny", seed: int = 0,
-                      quantize_bits: int | None = None, profile: str | None = None) -> Path:
+                      quantize_bits: int | None = None,
+                      profile: "str | Profile | None" = None) -> Path:
     """``make_checkpoint`` once per process, under a temporary directory."""
     key = (size, seed, quantize_bits, profile)
     path = _CACHE.get(key)
@@ -216,3 +219,35 @@ def make_question_wav(path: str | Path, seconds: float = 2.0, seed: int = 0,
         out.setframerate(sample_rate)
         out.writeframes(pcm.tobytes())
     return path
+
+
+def dequantized_checkpoint(src: str | Path, out_dir: str | Path) -> Path:
+    """A copy of checkpoint ``src`` with every quantized layer dequantized exactly:
+    float32 weights holding ``scale * q + bias`` as the quantized kernels compute
+    it (the same weights, unquantized; a bf16 copy would round them)."""
+    src, out = Path(src), Path(out_dir)
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors", INDEX_FILE))
+    raw = json.loads((src / "config.json").read_text())
+    quantization = raw.pop("quantization", None) or {}
+    raw.pop("quantization_config", None)
+    weights = {}
+    for file in sorted(src.glob("*.safetensors")):
+        weights.update(mx.load(str(file)))
+    out_weights: dict[str, mx.array] = {}
+    for key, value in weights.items():
+        module, _, leaf = key.rpartition(".")
+        quantized = f"{module}.scales" in weights
+        if quantized and leaf in ("scales", "biases"):
+            continue  # folded into the weight
+        if not quantized or leaf != "weight":
+            out_weights[key] = value
+            continue
+        entry = quantization.get(module)
+        fmt = entry if isinstance(entry, dict) else quantization
+        affine = [weights[f"{module}.{n}"].astype(mx.float32) for n in ("scales", "biases")
+                  if f"{module}.{n}" in weights]
+        out_weights[key] = mx.dequantize(value, *affine, group_size=fmt["group_size"],
+                                         bits=fmt["bits"])
+    _write_weights(dict(sorted(out_weights.items())), out)
+    _write_json(out / "config.json", raw)
+    return out
