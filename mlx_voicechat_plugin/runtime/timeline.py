@@ -207,6 +207,15 @@ class Timeline:
                 + sum(a.nbytes for r in self.rngs for a in r.state)
                 + sum(a.nbytes for a in (self.prev_text, self.prev_function, self.prev_codes)))
 
+    def row_nbytes(self, index: int) -> int:
+        """The bytes of row ``index``'s ``state`` (as :meth:`extract` of it would size them)."""
+        if self.prev_codes is None:  # released
+            return 0
+        return (self.language[index].nbytes + state_nbytes(self.tts_caches[index])
+                + sum(a.nbytes for a in self.rngs[index].state)
+                + sum(a.nbytes // a.shape[0]
+                      for a in (self.prev_text, self.prev_function, self.prev_codes)))
+
     @property
     def meta_state(self) -> tuple:
         """Positions, each part's array count, and the language and TTS caches' meta states."""
