@@ -120,12 +120,6 @@ def _findings_of(source: str, path: Path) -> list[str]:
     return found
 
 
-# Left to go (issue 53): the row views' registry goes with the per-frame merge and
-# extract, when the pool's batch persists. Listed here so that a new one fails, and so
-# does this line once the registry is gone.
-STILL_TO_GO = ["models/rows.py: module-level _VIEWS is changed at run time"]
-
-
 def test_no_module_of_the_networks_or_the_runtime_keeps_state():
     found = [f for path in _modules() for f in _findings(path)]
-    assert found == STILL_TO_GO, "\n".join(found)
+    assert found == [], "\n".join(found)

@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning
 
-from .rows import stack_rows, take_row
+from .rows import SharedRows, link_row, shared_arrays, stack_rows, take_row
 
 # The decoder's magnitude head saturates softly at this value (fixed by the
 # trained codec, not a config field).
@@ -63,6 +63,11 @@ class CodecState:
     skip: int
     spectra: int = 0
     closed: bool = False
+    # A row handed back by a batch (:meth:`share`): the batch, its row, and the frames
+    # it was handed (a decode of its own replaces them, and the link with them).
+    _shared = None
+    _row = 0
+    _linked = None
 
     @property
     def state(self) -> list[mx.array]:
@@ -98,10 +103,26 @@ class CodecState:
         meta = rows[0].meta_state
         if any(r.meta_state != meta for r in rows):
             raise ValueError("codec streams merge only in the same phase (equal meta_state)")
+        shared = shared_arrays(rows, lambda r: r.frames)
+        if shared is not None:  # every row of one batch, as it handed them back: its arrays
+            *contexts, frames = shared
+            return cls(list(contexts), frames, rows[0].weights, *meta)
         contexts = [stack_rows([r.block_context[i] for r in rows])
                     for i in range(len(rows[0].block_context))]
         frames = stack_rows([r.frames for r in rows])
         return cls(contexts, frames, rows[0].weights, *meta)
+
+    def split_into(self, rows: list["CodecState"]) -> None:
+        """Hand each row of this state back into ``rows`` (one-row states, in order): its
+        slices, linked to this batch so that merging them again stacks nothing."""
+        if len(rows) == 1:
+            rows[0].state, rows[0].meta_state = self.state, self.meta_state
+            return
+        shared = SharedRows([*self.block_context, self.frames], len(rows))
+        for index, row in enumerate(rows):
+            *contexts, frames = shared.row(index)
+            row.state, row.meta_state = [*contexts, frames, self.weights], self.meta_state
+            link_row(row, shared, index, frames)
 
     def extract(self, index: int) -> "CodecState":
         """Row ``index`` as a one-row state (a one-row state: itself)."""

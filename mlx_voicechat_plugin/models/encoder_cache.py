@@ -35,6 +35,10 @@ class SubsamplingTail:
     consumed: int = 0  # mel frames pushed so far
     emitted: int = 0  # encoder frames returned so far
     first: int = 0  # encoder frame index of the last window's first output
+    # ``cache`` as a row of a batch's kept frames (:func:`~.rows.link_row`), while it is.
+    _shared = None
+    _row = 0
+    _linked = None
 
 
 class _Batch:

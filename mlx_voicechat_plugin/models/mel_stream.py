@@ -31,7 +31,7 @@ import numpy as np
 from mlx_audio.dsp import STR_TO_WINDOW_FN, hanning, mel_filters
 from mlx_audio.stt.models.nemotron_asr.audio import PreprocessArgs
 
-from .rows import take_row
+from .rows import Rows
 
 def _constants(args: PreprocessArgs) -> tuple[np.ndarray, mx.array]:
     """The centre-padded analysis window (host) and the Slaney mel filterbank (device),
@@ -163,18 +163,19 @@ class MelStream:
         return log_mel_many([self], [samples])[0]
 
 
-def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> list[mx.array]:
+def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> Rows:
     """Each stream's :meth:`MelStream.push` of its chunk, as ``(1, n_b, features)`` each:
-    streams whose frames have the same shape share one device graph (rows of it)."""
+    streams whose frames have the same shape share one device graph (rows of it, that
+    the next stage stacks back for free: :class:`~.rows.Rows`)."""
     frames = [stream.take(chunk) for stream, chunk in zip(streams, chunks)]
     groups: dict[tuple, list[int]] = {}
     for b, block in enumerate(frames):
         if block is not None:
             groups.setdefault(block.shape, []).append(b)
     features = streams[0].args.features if streams else 0
-    mels = [mx.zeros((1, 0, features), dtype=mx.float32) for _ in frames]
+    mels = Rows([mx.zeros((1, 0, features), dtype=mx.float32) for _ in frames])
     for members in groups.values():
         out = device_log_mel(mx.array(np.stack([frames[b] for b in members])), streams[members[0]].args)
         for j, b in enumerate(members):
-            mels[b] = take_row(out, j)
+            mels.put(b, out, j)
     return mels

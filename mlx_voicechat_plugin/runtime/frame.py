@@ -35,7 +35,7 @@ from ..models.context import ContextWindow
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream, push_frames
 from ..models.rnnt import RNNTFrame, RNNTState
-from ..models.rows import stack_rows, take_row, take_rows
+from ..models.rows import Rows, stack_rows, take_rows
 from .profile import FrameClock
 from .timeline import Timeline, TimelineStep, WarmStart
 
@@ -337,8 +337,7 @@ def advance_batch(
         by_codebook = codes.transpose(0, 2, 1)
         carried: list[mx.array] = []  # the codec batches' states: every row's, evaluated
         waveforms = speech.audio_codec.decode_streams(
-            [take_row(by_codebook, b) for b in range(len(steps))], [s.codec for s in talkers],
-            carried)
+            Rows.of(by_codebook), [s.codec for s in talkers], carried)
         heard_codes = codes[:, 0].astype(mx.int32)
         speaking += carried
         for b, (step, samples) in enumerate(zip(steps, waveforms)):
