@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning
 
-from .rows import SharedRows, link_row, shared_arrays, stack_rows, take_row
+from .rows import LinkedRow, SharedRows, link_row, shared_arrays, stack_rows, take_row
 
 # The decoder's magnitude head saturates softly at this value (fixed by the
 # trained codec, not a config field).
@@ -38,7 +38,7 @@ _NORM_FLOOR = 1e-10
 
 
 @dataclass
-class CodecState:
+class CodecState(LinkedRow):
     """Decoder state of ``B`` streams in the same phase; build one with ``Codec.make_state``.
 
     ``block_context``: the last ``kernel_size - 1`` inputs of each decoder
@@ -54,7 +54,9 @@ class CodecState:
     (``skip``, ``spectra``, ``closed``) with setters and :meth:`from_state`.
     Streams whose ``meta_state`` is equal are in the same phase (the same
     weights and front trim): :meth:`merge` stacks their rows into one state
-    for one decode step, and :meth:`extract` takes a row back out.
+    for one decode step, and :meth:`split_into` hands the rows back (each linked to
+    the batch while it holds the slices it was handed: a decode of its own replaces
+    them, and the link with them).
     """
 
     block_context: list[mx.array]
@@ -63,11 +65,6 @@ class CodecState:
     skip: int
     spectra: int = 0
     closed: bool = False
-    # A row handed back by a batch (:meth:`share`): the batch, its row, and the frames
-    # it was handed (a decode of its own replaces them, and the link with them).
-    _shared = None
-    _row = 0
-    _linked = None
 
     @property
     def state(self) -> list[mx.array]:

@@ -119,7 +119,16 @@ def shared_arrays(caches: Sequence[Any], current: Callable[[Any], Any] | None = 
     return first.arrays
 
 
-def link_row(holder: Any, shared: SharedRows, row: int, current: Any) -> None:
+class LinkedRow:
+    """What an object that keeps its row's slices remembers of the batch they came from
+    (:func:`link_row`): the batch, its row, and the slices it was handed."""
+
+    _shared: SharedRows | None = None
+    _row = 0
+    _linked: Any = None
+
+
+def link_row(holder: LinkedRow, shared: SharedRows, row: int, current: Any) -> None:
     """``holder`` (which keeps ``current``, its slices of row ``row``) remembers that they
     are row ``row`` of ``shared``, for :func:`shared_arrays` to stack them for free while
     it still holds them."""
