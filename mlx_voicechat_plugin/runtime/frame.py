@@ -304,15 +304,13 @@ def advance_batch(
     language model's attention-free runs and heads take all rows at once; every
     row keeps its own caches). ``advance`` is this with one row. ``batch``: where
     the conversations' merged timeline is kept between frames (a pool's); without
-    one, the rows are merged and each taken back every frame.
+    one, a batch of this frame's (its rows go back when one is read alone).
     """
     hearing = Hearing(states, frames, clock)
     talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
     talkers = [states[b] for b in talking]
-    timeline = None
-    if talkers:
-        timeline = (batch.join(talkers) if batch is not None
-                    else Timeline.merge([s.timeline for s in talkers]))
+    batch = TimelineBatch() if batch is None else batch
+    timeline = batch.join(talkers) if talkers else None
     ids = []
     if timeline is not None:
         tokens = timeline.listen(take_rows(hearing.projected, talking),
@@ -326,9 +324,6 @@ def advance_batch(
     steps, outputs = [], []
     if timeline is not None:
         steps = timeline.speak(tokens, clock)
-        if batch is None:
-            for b, state in enumerate(talkers):
-                state.timeline = timeline.extract(b)
         clock.stage("tts", *[step.codes for step in steps])
         speech = model.tts_model
         # Control codes replaced once over every row's codes (rows are slices of it).
