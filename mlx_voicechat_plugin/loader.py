@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+from .budget import plan_memory, wire
 from .config import MODEL_TYPE, ModelConfig
 from .models.model import Model
 
@@ -112,8 +113,9 @@ def quantize_like_checkpoint(
     )
 
 
-def hold_float32(model: nn.Module) -> None:
-    """Upcast the float32-activation weights (see ``F32_HOLD_PREFIXES``)."""
+def float32_holds(model: nn.Module) -> list[tuple[str, mx.array]]:
+    """The half-precision weights held as float32 copies where the budget allows
+    (see ``F32_HOLD_PREFIXES``)."""
     params = tree_flatten(model.parameters())
     halves = [
         (k, v) for k, v in params
@@ -127,9 +129,7 @@ def hold_float32(model: nn.Module) -> None:
         prefixes += LLM_F32_HOLD_PREFIXES
     else:
         logger.info("LLM weights (%.1f GiB) stay as stored", llm_bytes / 2**30)
-    updates = [(k, v.astype(mx.float32)) for k, v in halves if k.startswith(prefixes)]
-    if updates:
-        model.update(tree_unflatten(updates))
+    return [(k, v) for k, v in halves if k.startswith(prefixes)]
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -146,7 +146,13 @@ def load_tokenizer(path: Path) -> Any:
         hf_logging.set_verbosity(verbosity)
 
 
-def load_model(path: Path, lazy: bool = False, hold_f32: bool = True) -> Model:
+def load_model(path: Path, lazy: bool = False, hold_f32: bool | None = None,
+               memory_budget: float | None = None) -> Model:
+    """The model of checkpoint ``path``, planned against ``memory_budget`` (GiB;
+    :mod:`.budget`): ``hold_f32`` ``None`` lets the budget decide whether the
+    float32 copies are held, ``True`` / ``False`` decides it. The plan is
+    ``model.memory_plan``; a checkpoint that cannot fit is refused
+    (:class:`~.budget.BudgetExceeded`) before any weight is read."""
     config = ModelConfig.from_dict(read_config(path))
     model = Model(config)
     weights = model.sanitize(read_weights(path))
@@ -154,21 +160,39 @@ def load_model(path: Path, lazy: bool = False, hold_f32: bool = True) -> Model:
     if quantization:
         quantize_like_checkpoint(model, quantization, weights)
     model.load_weights(list(weights.items()), strict=True)
-    if hold_f32:
-        hold_float32(model)
+    del weights
+    stored = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    holds = float32_holds(model)
+    plan = plan_memory(config, stored, sum(v.nbytes for _, v in holds), memory_budget,
+                       hold_f32)
+    if plan.hold_f32 and holds:
+        model.update(tree_unflatten([(k, v.astype(mx.float32)) for k, v in holds]))
+    del holds
     if not lazy:
         mx.eval(model.parameters())
+    wire(plan)
     model.eval()
     model.model_path = path  # type: ignore[attr-defined]
+    model.memory_plan = plan  # type: ignore[attr-defined]
+    # The checkpoint its weights are, until they are replaced (``Model.update``):
+    # what is remembered of a checkpoint (:mod:`.models.remembered`) is keyed on it.
+    model.checkpoint_path = path  # type: ignore[attr-defined]
     return model
 
 
 def load(
-    path_or_repo: str | Path, lazy: bool = False, hold_f32: bool = True
+    path_or_repo: str | Path, lazy: bool = False, hold_f32: bool | None = None,
+    memory_budget: float | None = None,
 ) -> tuple[Model, Any]:
-    """Load a Nemotron VoiceChat checkpoint and its tokenizer."""
+    """Load a Nemotron VoiceChat checkpoint and its tokenizer.
+
+    ``memory_budget``: the GiB the model and its sessions may use (default: the
+    device's, :func:`~.budget.device_memory`); it decides whether float32 copies
+    of the float32-activation weights are held (``hold_f32`` forces it) and
+    refuses a checkpoint that cannot fit, naming the profile that would.
+    """
     path = resolve_path(path_or_repo)
-    model = load_model(path, lazy=lazy, hold_f32=hold_f32)
+    model = load_model(path, lazy=lazy, hold_f32=hold_f32, memory_budget=memory_budget)
     tokenizer = load_tokenizer(path)
     model.prepare(tokenizer)
     return model, tokenizer

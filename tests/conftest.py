@@ -9,6 +9,17 @@ import pytest
 from mlx_voicechat_plugin.testing.fixtures import make_checkpoint
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _remember_in_a_temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What loads remember (probe verdicts, warm starts) goes to this run's own directory,
+    never the user's cache (servers started as subprocesses inherit it)."""
+    import os
+
+    from mlx_voicechat_plugin.models.remembered import ENV_CACHE_DIR
+
+    os.environ[ENV_CACHE_DIR] = str(tmp_path_factory.mktemp("remembered"))
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny fixture checkpoint (bf16), laid out key for key like the reference."""

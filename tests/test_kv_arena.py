@@ -193,3 +193,38 @@ def test_the_cores_keep_nothing_each_batch_keeps_its_own_arena():
     for pairs, arena in zip(batches, arenas):  # never rebuilt: each batch kept its own
         assert all(p[1].arena is arena for p in pairs)
     assert set(vars(cores)) == {"batched"}
+
+
+def test_a_ring_grows_as_it_fills_and_equals_the_reference_cache(monkeypatch):
+    """A short conversation holds what it wrote, not the whole ring; the same keys and
+    values come back, across its growths and its wrap."""
+    monkeypatch.setattr(RingCache, "growth", 4)
+    max_size, keep = 10, 2
+    reference, ring = RotatingKVCache(max_size=max_size, keep=keep), RingCache(max_size, keep)
+    allocated = []
+    for step in range(25):
+        mx.random.seed(step)
+        k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
+        ours, theirs = ring.update_and_fetch(k, v), reference.update_and_fetch(k, v)
+        assert all(mx.array_equal(a, b) for a, b in zip(ours, theirs))
+        allocated.append(ring.keys.shape[2])
+    assert allocated[:9] == [4, 4, 4, 4, 8, 8, 8, 8, 10] and allocated[-1] == max_size
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_growing_rings_are_completed_when_an_arena_adopts_them(monkeypatch, batched):
+    monkeypatch.setattr(RingCache, "growth", 4)
+    max_size, keep = 12, 3
+    pairs = [_pair(max_size, keep, n, 1, seed) for seed, n in enumerate([1, 5, 9])]
+    assert [p[1].keys.shape[2] for p in pairs] == [4, 8, 12]
+    references, rings = [p[0] for p in pairs], [p[1] for p in pairs]
+    cores = AttentionCores(batched)
+    for step in range(12):
+        mx.random.seed(200 + step)
+        q = mx.random.normal((len(rings), HEADS, 1, DIM))
+        k, v = mx.random.normal((2, len(rings), KV_HEADS, 1, DIM))
+        out = cores(q, k, v, rings, 1, DIM**-0.5, lambda: None)
+        for s, reference in enumerate(references):
+            expected = _alone(q[s:s + 1], reference, k[s:s + 1], v[s:s + 1])
+            assert mx.array_equal(out[s:s + 1], expected)
+    assert rings[0].arena is not None and all(r.whole for r in rings)

@@ -41,12 +41,30 @@ def add_graph_commit_ops(parser: argparse.ArgumentParser) -> None:
                              "on Hopper; the CPU ignores it; docs/gpu.md)")
 
 
+def add_memory_budget(parser: argparse.ArgumentParser) -> None:
+    """``--memory-budget GIB``: what the model and its sessions may use (docs/memory.md)."""
+    parser.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
+                        help="GiB the model and its sessions may use (default: the device's: "
+                             "Metal's recommended working set, a CUDA device's memory, or RAM); "
+                             "float32 weight copies are held only where they fit, and a "
+                             "checkpoint that cannot fit is refused naming a profile that does")
+
+
 def check_device_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Exit 2 with the flag and its limit when ``--graph-commit-ops`` is out of range."""
+    """Exit 2 with the flag and its limit when ``--graph-commit-ops`` or
+    ``--memory-budget`` is out of range."""
     try:
         check_graph_commit_ops(args.graph_commit_ops)
     except ValueError as error:
         parser.error(str(error))
+    check_memory_budget(parser, args)
+
+
+def check_memory_budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 naming the flag when ``--memory-budget`` is not a positive finite GiB."""
+    budget = getattr(args, "memory_budget", None)
+    if budget is not None and not 0 < budget < float("inf"):
+        parser.error(f"--memory-budget must be a positive number of GiB, got {budget:g}")
 
 
 def group_options(tokens: Sequence[str]) -> list[str]:

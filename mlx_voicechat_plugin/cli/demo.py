@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import parse_args
+from .common import add_memory_budget, check_memory_budget, parse_args
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
     parser.add_argument("--seconds", type=float, default=2.0, help="question length")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (see mlx-voicechat generate)")
+    add_memory_budget(parser)
     args = parse_args(parser, argv, tolerate_unknown)
+    check_memory_budget(parser, args)
 
     from ..testing.fixtures import make_checkpoint, make_question_wav
     from .generate import main as generate_main
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
     response = out / "response.wav"
     started = time.perf_counter()
     flags = [] if args.compile is None else ["--compile" if args.compile else "--no-compile"]
+    if args.memory_budget is not None:
+        flags += ["--memory-budget", str(args.memory_budget)]
     code = generate_main(
         ["--model", str(checkpoint), "--audio", str(question),
          "--output-audio", str(response), "--verbose", *flags]

@@ -13,7 +13,13 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from ..runtime.options import DEFAULT_CONTEXT_SECONDS
-from .common import add_graph_commit_ops, check_device_options, parse_args, run_main
+from .common import (
+    add_graph_commit_ops,
+    add_memory_budget,
+    check_device_options,
+    parse_args,
+    run_main,
+)
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -54,6 +60,7 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
                         help="fuse kernels with mx.compile (default: on GPUs; off on the CPU, "
                              "where a cold kernel cache costs a minute of compiling)")
     add_graph_commit_ops(parser)
+    add_memory_budget(parser)
     tools = parser.add_argument_group("tool calling")
     tools.add_argument("--tools-json", help="JSON file: a list of tools (name, description, "
                        "parameters JSON schema, optional ack_messages)")
@@ -99,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
     apply_graph_commit_ops(args.graph_commit_ops)  # read once, at the GPU's first work
     started = time.perf_counter()
-    model, processor = load(args.model)
+    model, processor = load(args.model, memory_budget=args.memory_budget)
     key = compile_policy.model_key(read_config(model.model_path))
     compile_policy.apply(args.compile, long_running=False, key=key)
     loaded = time.perf_counter()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..server.operations.drain import DEFAULT_DRAIN_SECONDS
 from ..server.limits import MIB, ServerLimits
 from ..server.transport.ice import ICEConfig
-from .common import add_graph_commit_ops, check_device_options, parse_args
+from .common import add_graph_commit_ops, add_memory_budget, check_device_options, parse_args
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -69,6 +69,7 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="run each session's attention core on its own ring, the exact "
                              "path, instead of one masked core for the batch (docs/gpu.md)")
     add_graph_commit_ops(parser)
+    add_memory_budget(parser)
     webrtc = parser.add_argument_group("WebRTC calls (docs/webrtc.md)")
     webrtc.add_argument("--ice-host", dest="ice_hosts", action="append", metavar="ADDRESS",
                         help="gather the calls' ICE host candidates on this address only "
@@ -274,7 +275,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
                      api_key=args.api_key, dialects=served,
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
                      limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,
-                     agent_port=args.agent_port, agent_host=args.host, ice=args.ice)
+                     agent_port=args.agent_port, agent_host=args.host, ice=args.ice,
+                     memory_budget=args.memory_budget)
     run_server(app, host=args.host, port=args.port, log_level=args.log_level,
                **args.limits.uvicorn_options())  # uvicorn.run, draining on SIGTERM
     return 0

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .common import parse_args, run_main
+from .common import add_memory_budget, check_memory_budget, parse_args, run_main
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -46,12 +46,14 @@ def build_parser(prog: str = "mlx-voicechat transcribe") -> argparse.ArgumentPar
     parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default: on GPUs; off on the CPU)")
+    add_memory_budget(parser)
     return parser
 
 
 def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argparse.Namespace:
     parser = build_parser(prog)
     args = parse_args(parser, argv, tolerate_unknown)
+    check_memory_budget(parser, args)
     args.format = args.format.lower()
     if args.format not in FORMATS:
         parser.error(f"--format must be txt or json for this model, got {args.format!r} "
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.transcribe import Transcriber
 
     started = time.perf_counter()
-    model, processor = load(args.model)
+    model, processor = load(args.model, memory_budget=args.memory_budget)
     compile_policy.apply(args.compile, long_running=False,
                          key=compile_policy.model_key(read_config(model.model_path)))
     transcriber = Transcriber(model.create_session(processor))

@@ -7,9 +7,10 @@ the LLM, the speaker prompt and the system prompt's frames on the EAR-TTS
 backbone, so the prompt keeps steering the model) and the most recent
 ``recent`` positions after them. That is mlx-lm's
 ``RotatingKVCache(max_size=keep + recent, keep=keep)``; :class:`ContextCache`
-is it with its whole ring allocated at its first one-position write (its
-``step`` is its ``max_size``), so a session's memory is constant from its
-first frame on.
+is it as a :class:`~.kv_arena.RingCache`: allocated 256 positions at a time as
+it fills (whole once full, or once sessions stepping together share an
+arena), so a session's memory grows with what it wrote up to the ring and is
+constant from then on.
 
 Exactness: until the ring is full (``offset <= keep + recent``) a ring
 returns the same keys and values, in the same order, as a growing
@@ -63,8 +64,8 @@ class ContextWindow:
 
 
 class ContextCache(RingCache):
-    """``RotatingKVCache(keep + recent, keep)`` allocated whole at its first one-position write
-    (a :class:`~.kv_arena.RingCache`, so sessions stepping together share one write)."""
+    """``RotatingKVCache(keep + recent, keep)`` as a :class:`~.kv_arena.RingCache` (allocated
+    as it fills; sessions stepping together share one write)."""
 
     def __init__(self, window: ContextWindow):
         super().__init__(max_size=window.size, keep=window.keep)

@@ -9,7 +9,11 @@ products in the same order as in its own product, so the bits are the same
 where the device computes a column block independently of the others (MLX's
 CPU backend does, float and quantized). That is probed on the running device
 with the real matrices (:func:`fuse`, at several row counts) before anything
-is fused; where it does not hold the modules stay separate.
+is fused; where it does not hold the modules stay separate. The verdict
+depends on the device's kernels for those shapes and dtypes, not on the
+values, so ``Model.prepare`` remembers it per device, MLX version and stack
+(:class:`~.remembered.ProbeVerdicts`): a model loaded before is not probed
+again (the probe ran 42 s of each full-size load on a CPU).
 
 The modules keep working on their own (the plain paths: prefill, warm-up, a
 stream's first frame): their weights become views of the stacked matrix, so
@@ -26,6 +30,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
+from .remembered import ProbeVerdicts
 from .weight_layout import HeldLinear, RowMajorLinear, layouts_agree, row_major
 
 logger = logging.getLogger(__name__)
@@ -127,17 +132,35 @@ def _agrees(fused: Fused, modules: Sequence[Any]) -> bool:
     return True
 
 
-def fuse(modules: Sequence[Any]) -> Fused | None:
+def probe_key(modules: Sequence[Any]) -> str:
+    """What the probe's verdict on stacking ``modules`` depends on: their kind, dtypes,
+    shapes, bias, quantization and the layout the stack is held in."""
+    first = modules[0]
+    quantization = ((first.bits, first.group_size, first.mode) if _quantized(first) else None)
+    return "|".join(str(part) for part in (
+        type(first).__name__, first.weight.dtype, "bias" in first, quantization,
+        layouts_agree(first.weight.dtype) if not _quantized(first) else None,
+        [tuple(m.weight.shape) for m in modules]))
+
+
+def fuse(modules: Sequence[Any], verdicts: ProbeVerdicts | None = None) -> Fused | None:
     """``modules`` (linear layers of one input, all biased or none) as one :class:`Fused`, or
     ``None`` when they cannot be stacked or the stacked product would change a bit
-    on this device. On success each module's weights become views of the stack."""
+    on this device. On success each module's weights become views of the stack.
+    ``verdicts``: the probe's remembered verdicts (read, and added to)."""
     stacked = _stack(modules)
     if stacked is None:
         return None
     layer, arrays = stacked
     mx.eval(arrays)
     fused = Fused(layer, [m.weight.shape[0] for m in modules])
-    if not _agrees(fused, modules):
+    key = probe_key(modules) if verdicts is not None else ""
+    verdict = verdicts.get(key) if verdicts is not None else None
+    if verdict is None:
+        verdict = _agrees(fused, modules)
+        if verdicts is not None:
+            verdicts.put(key, verdict)
+    if not verdict:
         return None
     start = 0
     for module, size in zip(modules, fused.sizes):
@@ -149,13 +172,14 @@ def fuse(modules: Sequence[Any]) -> Fused | None:
     return fused
 
 
-def fuse_projections(blocks: Sequence[Any]) -> int:
+def fuse_projections(blocks: Sequence[Any], verdicts: ProbeVerdicts | None = None) -> int:
     """Fuse each block's q/k/v (an attention block: ``q_proj``, ``k_proj``, ``v_proj``,
     or a conformer's ``linear_q``, ``linear_k``, ``linear_v``), gate/up (a gated
     MLP: ``gate_proj``, ``up_proj``) or output heads (the MoG head's :data:`HEADS`).
     The fused layer is kept on the block as ``fused_qkv`` / ``fused_gate_up`` /
     ``fused_heads`` (a plain attribute, not a parameter), where the step code
     finds it (:func:`project`, :func:`gated_mlp`).
+    ``verdicts``: remembered probe verdicts (saved back when new ones were made).
     Returns how many blocks were fused."""
     done = 0
     for block in blocks:
@@ -169,10 +193,12 @@ def fuse_projections(blocks: Sequence[Any]) -> int:
             name, modules = "fused_heads", [getattr(block, n) for n in HEADS]
         else:
             raise TypeError(f"{type(block).__name__} has no projections to fuse")
-        fused = fuse(modules)
+        fused = fuse(modules, verdicts)
         if fused is not None:
             setattr(block, name, fused)
             done += 1
+    if verdicts is not None:
+        verdicts.save()
     if blocks and not done:
         logger.info("projections kept apart: stacked products differ on this device")
     return done

@@ -2,13 +2,17 @@
 
 A session's attention layer keeps its keys and values in a ring of ``M``
 positions (:class:`RingCache`: the bounded context's ring, or a sliding
-layer's own window), allocated whole at its first one-position write. When
+layer's own window), allocated :attr:`RingCache.growth` positions at a time as
+it fills (mlx-lm's ``step``), so a short conversation holds what it wrote, not
+the whole ring (at the released size a default ring is 0.77 GiB, allocated at
+the first frame when it was allocated whole). When
 ``S`` sessions step together, each layer would write ``S`` rings and run ``S``
 attention cores: two cache writes and a core per row, launches that grow with
 the batch. A :class:`KVArena` holds the ``S`` rings of one layer stacked in
 one ``[G * S, H, M, D]`` array (row ``j * S + s``: row ``j`` of session ``s``,
 the batch layout of the step; ``G`` rows a session, 2 for the backbone's
-``[cond; uncond]``) and keeps it across steps while the same sessions step in
+``[cond; uncond]``; a ring not yet whole is completed to its ``M`` positions
+when an arena adopts it, :meth:`RingCache.complete`) and keeps it across steps while the same sessions step in
 the same order (the steady state of a pool): each step writes every row's new
 position with one scatter (at each ring's own write index), and attends
 with one ``scaled_dot_product_attention`` over the first ``L`` positions
@@ -75,10 +79,14 @@ def _ring_part(index: int, name: str) -> property:
 
 
 class RingCache(RotatingKVCache):
-    """mlx-lm's ``RotatingKVCache(max_size, keep)`` allocated whole at its first
-    one-position write (its ``step`` is its ``max_size``), which a :class:`KVArena`
-    may adopt. Returns the same keys and values as ``RotatingKVCache``."""
+    """mlx-lm's ``RotatingKVCache(max_size, keep)`` allocated :attr:`growth` positions
+    at a time (its ``step``), which a :class:`KVArena` may adopt once whole
+    (:meth:`complete`). Returns the same keys and values as ``RotatingKVCache``
+    (which returns the rows written, whatever its buffer's size)."""
 
+    # Positions allocated at a time (mlx-lm's default step): a ring grows by at most this
+    # much as it fills, one copy each time, until it is whole.
+    growth = 256
     _arena: "KVArena | None" = None
     _slot = 0
     _keys: mx.array | None = None
@@ -86,8 +94,17 @@ class RingCache(RotatingKVCache):
 
     @property  # type: ignore[override]
     def step(self) -> int:
-        # RotatingKVCache grows by ``min(step, max_size - offset)``: one growth, to the ring.
-        return self.max_size
+        # RotatingKVCache grows by ``min(step, max_size - offset)`` as it fills.
+        return min(self.growth, self.max_size)
+
+    def complete(self) -> None:
+        """Allocate the rest of the ring now (zeros past the rows written, as a growth
+        would), so every later one-position write lands inside it. Only before the
+        ring wraps, which it cannot do before it is whole."""
+        if self.whole or self._keys is None:
+            return
+        pad = [(0, 0), (0, 0), (0, self.max_size - self._keys.shape[2]), (0, 0)]
+        self._keys, self._values = mx.pad(self._keys, pad), mx.pad(self._values, pad)
 
     # ``keys`` / ``values``: views of its arena rows while adopted, else its own arrays.
     keys = _ring_part(0, "_keys")
@@ -295,16 +312,21 @@ class AttentionCores:
                 return alone()
             arena = KVArena(caches, group)
         return arena.attend(queries, keys, values, scale, self.batched, memo)
+
     @staticmethod
     def _fits(caches: Sequence[Any], keys: mx.array, group: int) -> bool:
         if len(caches) < 2 or keys.shape[2] != 1:
             return False
         first = caches[0]
-        if not all(isinstance(c, RingCache) and c.whole for c in caches):
+        rows = (group, keys.shape[1], keys.shape[3])
+        if not all(isinstance(c, RingCache) and c.keys is not None
+                   and c.max_size == first.max_size and c.keep == first.keep
+                   and (c.keys.shape[0], c.keys.shape[1], c.keys.shape[3]) == rows
+                   and c.keys.dtype == keys.dtype for c in caches):
             return False
-        shape = (group, *keys.shape[1:2], first.max_size, keys.shape[3])
-        return all(c.max_size == first.max_size and c.keep == first.keep
-                   and c.keys.shape == shape and c.keys.dtype == keys.dtype for c in caches)
+        for cache in caches:  # rings still growing are completed for the arena
+            cache.complete()
+        return True
 
 
 def dissolve(caches: Sequence[Any]) -> None:

@@ -19,6 +19,7 @@ from .fast_forms import expand_layer_norms
 from .kv_arena import batched_by_default
 from .speech import SpeechDecoder
 from .fused import fuse_projections, fused_layers, unfuse
+from .remembered import ProbeVerdicts
 from .weight_layout import hold_matrices, relayout
 
 # Deterministic mel filterbank / window buffers of the NeMo featurizer; the
@@ -89,7 +90,7 @@ class Model(nn.Module):
         self.layout_moved = relayout(self, skip=lambda name: name.endswith(".proj_mus"))
         tts = self.tts_model.tts_model
         # The projections the one-position steps read together, as one product each.
-        self.fused_blocks = fuse_projections(self._projection_blocks())
+        self.fused_blocks = fuse_projections(self._projection_blocks(), ProbeVerdicts.default())
         # Every layer's matrix (``weight.T``) as a held view: a leaf of the graphs.
         self.held_matrices = hold_matrices(self, fused_layers(self._projection_blocks()))
         self.tts_model.audio_codec.prvq.stack()  # one gather for a frame's codebooks
@@ -107,6 +108,8 @@ class Model(nn.Module):
 
     def update(self, parameters: dict, strict: bool = True) -> "Model":
         unfuse(self._projection_blocks())  # the stacks hold the weights being replaced
+        # Its weights are no longer the checkpoint's: nothing remembered of it applies.
+        self.__dict__.pop("checkpoint_path", None)
         return super().update(parameters, strict=strict)
 
     def create_session(self, processor: Any):

@@ -20,6 +20,9 @@ conversations alike.
 
 from __future__ import annotations
 
+import importlib
+import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -38,9 +41,12 @@ from ..models.context import ContextWindow, bound_all
 from ..models.duplex import LanguageState
 from ..models.kv_arena import release as release_caches
 from ..models.model import Model
+from ..models.remembered import WARM_START_DIR, checkpoint_key, load_arrays, save_arrays
 from ..models.rows import stack_rows, take_row, take_rows
 from .profile import FrameClock
 from .rng import RandomStream
+
+logger = logging.getLogger(__name__)
 
 _NO_CLOCK = FrameClock(enabled=False)
 
@@ -83,7 +89,38 @@ class WarmStart:
 
     @classmethod
     def of(cls, model: Model) -> "WarmStart":
-        """Run the warm-up (evaluated)."""
+        """Run the warm-up (evaluated), or read back the one remembered for the
+        checkpoint the model's weights are (:mod:`~..models.remembered`)."""
+        # Keyed on the checkpoint alone: float32 copies or not, the warm start is the same
+        # bits (a bf16 weight is upcast exactly to the float32 activations it multiplies).
+        key = checkpoint_key(getattr(model, "checkpoint_path", None), "warm-start")
+        remembered = load_arrays(WARM_START_DIR, key)
+        if remembered is not None:
+            try:
+                return cls._remembered(*remembered)
+            except (KeyError, ValueError, ImportError, AttributeError) as error:
+                logger.warning("ignoring the remembered warm start: %s", error)
+        start = cls._run(model)
+        save_arrays(WARM_START_DIR, key, [*start.state, start.prev_codes], start._metadata())
+        return start
+
+    def _metadata(self) -> dict[str, str]:
+        meta = [[kind.__module__, kind.__qualname__, m, list(present)]
+                for kind, m, present in self.meta_state]
+        return {"meta_state": json.dumps(meta), "sliding": json.dumps(list(self.sliding))}
+
+    @classmethod
+    def _remembered(cls, arrays: list[mx.array], metadata: dict[str, str]) -> "WarmStart":
+        meta_state = tuple(
+            (getattr(importlib.import_module(module), name),
+             tuple(m) if isinstance(m, list) else m, tuple(present))
+            for module, name, m, present in json.loads(metadata["meta_state"]))
+        mx.eval(arrays)
+        return cls(arrays[:-1], meta_state, arrays[-1],
+                   tuple(json.loads(metadata["sliding"])))
+
+    @classmethod
+    def _run(cls, model: Model) -> "WarmStart":
         speech = model.tts_model
         codes, ids, id_mask, audio_mask, latents = speech.warmup_inputs(model.config.pad_token_id)
         hidden, cache = speech.tts_model.warmup(codes, ids, id_mask, audio_mask, latents)
@@ -202,12 +239,7 @@ class Timeline:
     def nbytes(self) -> int:
         """The bytes of ``state``, sized without making its arrays where the caches can
         (a pool measures every session's after every step)."""
-        if self.prev_codes is None:  # released
-            return 0
-        return (sum(s.nbytes for s in self.language)
-                + sum(state_nbytes(c) for c in self.tts_caches)
-                + sum(a.nbytes for r in self.rngs for a in r.state)
-                + sum(a.nbytes for a in (self.prev_text, self.prev_function, self.prev_codes)))
+        return sum(self.row_nbytes(b) for b in range(self.batch_size))
 
     def row_nbytes(self, index: int) -> int:
         """The bytes of row ``index``'s ``state`` (as :meth:`extract` of it would size them)."""

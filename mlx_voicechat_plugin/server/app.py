@@ -69,6 +69,7 @@ def create_app(
     agent_port: int | None = None,
     agent_host: str = "127.0.0.1",
     ice: ICEConfig | None = None,
+    memory_budget: float | None = None,
 ) -> FastAPI:
     """The realtime server for one checkpoint; the engine starts with the app.
 
@@ -78,7 +79,8 @@ def create_app(
     gracefully (:mod:`.drain`, within ``drain_seconds``); with ``agent_port``
     it answers HAProxy's agent-check there (:mod:`.agent`; 0: a free port). WebRTC
     calls gather their ICE candidates as ``ice`` says (default: every interface but
-    loopback, no STUN or TURN server).
+    loopback, no STUN or TURN server). ``memory_budget``: the GiB the model and its
+    sessions may use (:mod:`..budget`; the device's by default).
     """
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
@@ -86,7 +88,8 @@ def create_app(
                               max_state_bytes=limits.max_state_bytes,
                               batch_wait=limits.batch_wait_ms / 1000,
                               batch_fill=limits.batch_fill,
-                              session_defaults=session_options(limits, {}))
+                              session_defaults=session_options(limits, {}),
+                              memory_budget=memory_budget)
     served = ServedModel.of(str(model_path), alias, strict_model)
     prefix = normalize_prefix(api_prefix)
     access = Access.of(api_key, api_key_env, allowed_origins)

@@ -36,68 +36,65 @@ from .tokenizers import (
     write_rnnt_tokenizer,
     write_text_tokenizer,
 )
+from .shards import (
+    INDEX_FILE,
+    MAX_SHARD_BYTES,
+    QUANTIZATION_GROUP_SIZE,
+    SUPPORTED_BITS,
+    WEIGHTS_FILE,
+    Quantizer,
+    ShardWriter,
+    check_bits,
+    is_quantized_module,
+    quantize_llm_tensor,
+)
 from .weights import TUNINGS, build_weights
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 RNNT_TOKENIZER_DIR = "rnnt_tokenizer"
-QUANTIZATION_GROUP_SIZE = 64
-SUPPORTED_BITS = (4, 8)
 
-# Modules of the language model that mlx-community conversions quantize.
-_QUANTIZED_SUFFIXES = (
-    ".in_proj",
-    ".out_proj",
-    ".q_proj",
-    ".k_proj",
-    ".v_proj",
-    ".o_proj",
-    ".up_proj",
-    ".down_proj",
-)
-_QUANTIZED_HEADS = (
-    "stt_model.embed_tokens",
-    "stt_model.lm_head",
-    "stt_model.function_head",
-)
-
-
-def is_quantized_module(path: str) -> bool:
-    """Whether a quantized fixture stores module ``path`` quantized."""
-    if path in _QUANTIZED_HEADS:
-        return True
-    return path.startswith("stt_model.llm.layers.") and path.endswith(_QUANTIZED_SUFFIXES)
+__all__ = ["INDEX_FILE", "QUANTIZATION_GROUP_SIZE", "SUPPORTED_BITS", "WEIGHTS_FILE",
+           "is_quantized_module", "make_checkpoint", "quantize_weights"]
 
 
 def quantize_weights(weights: dict[str, mx.array], bits: int,
                      group_size: int = QUANTIZATION_GROUP_SIZE) -> dict[str, mx.array]:
     """Replace each quantizable ``.weight`` by ``.weight`` / ``.scales`` / ``.biases``."""
-    if bits not in SUPPORTED_BITS:
-        raise ValueError(f"quantize_bits must be one of {SUPPORTED_BITS}, got {bits}")
+    check_bits(bits)
     out: dict[str, mx.array] = {}
     for key, value in weights.items():
-        module, _, leaf = key.rpartition(".")
-        if leaf == "weight" and is_quantized_module(module):
-            packed, scales, biases = mx.quantize(value, group_size=group_size, bits=bits)
-            out[key], out[f"{module}.scales"], out[f"{module}.biases"] = packed, scales, biases
-        else:
-            out[key] = value
+        out.update(quantize_llm_tensor(key, value, bits, group_size))
     return dict(sorted(out.items()))
+
+
+def _quantizer(config: ModelConfig, raw: dict, quantize_bits: int | None,
+               profile: "str | Profile | None") -> Quantizer | None:
+    """How each drawn tensor is stored (``profile``, else ``quantize_bits`` for the LLM,
+    else as drawn); the ``quantization`` entries it implies go into ``raw``."""
+    if profile is not None:
+        plans = plan_layers(profile, quantizable_modules(config))
+        quantization = quantization_config(quantized_layers(plans))
+        if quantization is not None:
+            raw["quantization"] = dict(quantization)
+            raw["quantization_config"] = dict(quantization)
+        return lambda key, value: quantize_tensor(key, value, plans)
+    if quantize_bits is not None:
+        quantization = {"group_size": QUANTIZATION_GROUP_SIZE, "bits": quantize_bits}
+        raw["quantization"] = dict(quantization)
+        raw["quantization_config"] = dict(quantization)
+        return lambda key, value: quantize_llm_tensor(key, value, quantize_bits)
+    return None
 
 
 def apply_profile(weights: dict[str, mx.array], config: ModelConfig,
                   profile: "str | Profile", raw: dict) -> dict[str, mx.array]:
     """``weights`` as ``profile`` stores them; its ``quantization`` entries go into ``raw``."""
-    plans = plan_layers(profile, quantizable_modules(config))
+    quantize = _quantizer(config, raw, None, profile)
+    assert quantize is not None
     out: dict[str, mx.array] = {}
     for key, value in weights.items():
-        out.update(quantize_tensor(key, value, plans))
-    quantization = quantization_config(quantized_layers(plans))
-    if quantization is not None:
-        raw["quantization"] = dict(quantization)
-        raw["quantization_config"] = dict(quantization)
+        out.update(quantize(key, value))
     return dict(sorted(out.items()))
 
 
@@ -105,35 +102,29 @@ def _write_json(path: Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
 
 
-def _write_weights(weights: dict[str, mx.array], out_dir: Path) -> None:
-    mx.eval(weights)
-    mx.save_safetensors(str(out_dir / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
-    total = sum(value.nbytes for value in weights.values())
-    index = {
-        "metadata": {"total_size": total},
-        "weight_map": {key: WEIGHTS_FILE for key in weights},
-    }
-    _write_json(out_dir / INDEX_FILE, index)
-
-
 def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
                     quantize_bits: int | None = None,
-                    profile: "str | Profile | None" = None) -> Path:
+                    profile: "str | Profile | None" = None,
+                    max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write fixture checkpoint ``size`` ("tiny" | "small" | "medium" | "full") into ``out_dir``.
 
-    ``full`` (the released 11B's shapes, about 10.7 GiB) draws its weights on
-    MLX's default device and is quantized 4-bit like the release unless
-    ``quantize_bits`` says otherwise; build it on a GPU, not on a small CPU.
-    ``profile`` (a :mod:`..profiles` name or :class:`~..profiles.Profile`)
-    stores the weights as that profile does, instead of ``quantize_bits``.
+    ``full`` (the released 11B's shapes, about 8 GB on disk) draws its
+    weights with ``mx.random`` and is quantized 4-bit like the release unless
+    ``quantize_bits`` or ``profile`` says otherwise. ``profile`` (a
+    :mod:`..profiles` name or :class:`~..profiles.Profile`) stores the weights
+    as that profile does, instead of ``quantize_bits``. Every size takes the same path: each tensor is
+    quantized and evaluated as it is drawn and shards are written as they
+    fill (:class:`~.shards.ShardWriter`), so the peak is about one shard plus
+    the largest tensor's draw, not the whole unquantized model.
+    ``max_shard_bytes``: where a shard is cut (mlx-lm's naming past one).
     """
     if profile is not None and quantize_bits is not None:
         raise ValueError("give quantize_bits or profile, not both")
     on_device = size in DRAWN_ON_DEVICE
     if size == "full" and quantize_bits is None and profile is None:
         quantize_bits = FULL_QUANTIZE_BITS
-    if quantize_bits is not None and quantize_bits not in SUPPORTED_BITS:
-        raise ValueError(f"quantize_bits must be one of {SUPPORTED_BITS}, got {quantize_bits}")
+    if quantize_bits is not None:
+        check_bits(quantize_bits)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     raw = fixture_config(size)
@@ -156,16 +147,10 @@ def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
 
     if on_device:
         logger.info("drawing the %s fixture's weights on %s", size, mx.default_device())
-    weights = build_weights(config, text.vocab, seed=seed, tuning=TUNINGS.get(size),
-                            device=on_device)
-    if profile is not None:
-        weights = apply_profile(weights, config, profile, raw)
-    elif quantize_bits is not None:
-        weights = quantize_weights(weights, quantize_bits)
-        quantization = {"group_size": QUANTIZATION_GROUP_SIZE, "bits": quantize_bits}
-        raw["quantization"] = dict(quantization)
-        raw["quantization_config"] = dict(quantization)
-    _write_weights(weights, out)
+    writer = ShardWriter(out, _quantizer(config, raw, quantize_bits, profile), max_shard_bytes)
+    build_weights(config, text.vocab, seed=seed, tuning=TUNINGS.get(size),
+                  device=on_device, sink=writer)
+    writer.close()
     _write_json(out / "config.json", raw)
     logger.info("wrote %s fixture checkpoint to %s", size, out)
     return out
@@ -176,7 +161,7 @@ _CACHE: dict[tuple[str, int, int | None, str | None], Path] = {}
 
 def cached_checkpoint(size: str = "tiny", seed: int = 0,
                       quantize_bits: int | None = None,
-                    profile: "str | Profile | None" = None) -> Path:
+                      profile: "str | Profile | None" = None) -> Path:
     """``make_checkpoint`` once per process, under a temporary directory."""
     key = (size, seed, quantize_bits, profile)
     path = _CACHE.get(key)

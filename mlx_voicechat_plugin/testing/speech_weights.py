@@ -112,11 +112,12 @@ def _subword_buffers(t: Tensors, p: str, table_size: int, config: ModelConfig,
     t.put(f"{p}.bos_eos_emb.pad_tensor", np.array(table_size - 1, np.int64), mx.int64)
 
 
-def _convnext(t: Tensors, p: str, channels: int, kernel: int) -> None:
+def _convnext(t: Tensors, p: str, channels: int, kernel: int, out_bias: bool = True) -> None:
+    """One ConvNeXt block; ``out_bias=False`` leaves its ``pwconv2`` bias to the caller."""
     t.conv(f"{p}.dwconv", (channels, 1, kernel), bias=True)
     t.norm(f"{p}.norm", channels, bias=True)
     t.conv(f"{p}.pwconv1", (4 * channels, channels, 1), bias=True)
-    t.conv(f"{p}.pwconv2", (channels, 4 * channels, 1), bias=True)
+    t.conv(f"{p}.pwconv2", (channels, 4 * channels, 1), bias=out_bias)
 
 
 def _quiet_output_conv(t: Tensors, bias_key: str, weight_key: str, codec: CodecConfig,
@@ -130,7 +131,6 @@ def _quiet_output_conv(t: Tensors, bias_key: str, weight_key: str, codec: CodecC
     width = codec.stage_channels[0]
     offset = t.rng(bias_key).standard_normal(width).astype(np.float32)
     offset *= 4.0 / np.linalg.norm(offset) * math.sqrt(width)
-    t.arrays.pop(bias_key)
     t.put(bias_key, offset)
     unit = offset / np.linalg.norm(offset)
     rows = t.rng(weight_key).standard_normal((2 * codec.stft_bins, width)) / math.sqrt(width)
@@ -153,12 +153,15 @@ def codec_weights(t: Tensors, codec: CodecConfig, tuning: Tuning) -> None:
         t.conv(f"{enc}.{idx}", (nxt, width, rate))
         idx += 1
     idx, source = 0, codec.latent_dim
-    for width, rate in zip(reversed(channels), reversed(codec.downsample_rates)):
+    stages = list(zip(reversed(channels), reversed(codec.downsample_rates)))
+    for stage, (width, rate) in enumerate(stages):
         # ConvTranspose1d weights are [in, out, kernel] in PyTorch.
         t.conv(f"{dec}.{idx}", (source, width, rate), fan_in=source)
         idx += 1
-        for _ in range(codec.blocks_per_stage):
-            _convnext(t, f"{dec}.{idx}", width, codec.block_kernel_size)
+        for block in range(codec.blocks_per_stage):
+            # The very last block's output bias is _quiet_output_conv's.
+            last = stage == len(stages) - 1 and block == codec.blocks_per_stage - 1
+            _convnext(t, f"{dec}.{idx}", width, codec.block_kernel_size, out_bias=not last)
             idx += 1
         source = width
     _quiet_output_conv(t, f"{dec}.{idx - 1}.pwconv2.bias", f"{dec}.{idx}.weight",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -70,12 +71,20 @@ class Tensors:
     :meth:`normal`, and the language model's embedding and heads) with
     ``mx.random`` on the default device, one key per name, lazily, instead
     of numpy on the host; small tuned tensors still come from numpy.
+
+    ``sink``: where each finished tensor goes, as soon as it is put (a shard
+    writer that quantizes and evaluates it: no more than one tensor's graph is
+    ever pending); without one, tensors collect in :attr:`arrays`. A tensor is
+    put once, final: nothing reads or replaces it after.
     """
 
-    def __init__(self, seed: int, device: bool = False):
+    def __init__(self, seed: int, device: bool = False,
+                 sink: Callable[[str, mx.array], None] | None = None):
         self.seed = seed
         self.device = device
+        self.sink = sink
         self.arrays: dict[str, mx.array] = {}
+        self._names: set[str] = set()
 
     def rng(self, name: str) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
@@ -88,9 +97,14 @@ class Tensors:
         return mx.random.normal(shape, key=self.key(name))
 
     def put(self, name: str, value: np.ndarray, dtype: mx.Dtype = mx.bfloat16) -> None:
-        if name in self.arrays:
+        if name in self._names:
             raise KeyError(f"duplicate tensor {name}")
-        self.arrays[name] = mx.array(value).astype(dtype)
+        self._names.add(name)
+        array = mx.array(value).astype(dtype)
+        if self.sink is None:
+            self.arrays[name] = array
+        else:
+            self.sink(name, array)
 
     def normal(self, name: str, shape: tuple[int, ...], std: float) -> np.ndarray | mx.array:
         if self.device:

@@ -14,7 +14,7 @@ the speech side (EAR-TTS, codec) is :mod:`.speech_weights`.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Callable, Mapping
 
 import mlx.core as mx
 import numpy as np
@@ -31,6 +31,27 @@ __all__ = ["TUNINGS", "Tuning", "build_weights"]
 _MEL_PREFIX = "stt_model.perception.preprocessor.featurizer"
 
 
+# Rows of a device-drawn token table made and evaluated at once: the full size's
+# tables are 131072 x 4480 (2.2 GiB of float32 each), and their vectorised
+# tuning would hold several such temporaries if drawn whole.
+TABLE_BLOCK_ROWS = 8192
+
+
+def _device_table(t: Tensors, key: str, vocab: int, hidden: int,
+                  tune: Callable[[mx.array, int, int], mx.array]) -> None:
+    """A ``[vocab, hidden]`` table drawn block by block of rows (block ``start``'s draw
+    keyed by ``key@start``; the first by ``key`` itself), each tuned by ``tune(rows,
+    start, stop)`` and cast to bfloat16 before the next is drawn."""
+    blocks = []
+    for start in range(0, vocab, TABLE_BLOCK_ROWS):
+        stop = min(start + TABLE_BLOCK_ROWS, vocab)
+        name = key if start == 0 else f"{key}@{start}"
+        block = tune(t.standard_normal(name, (stop - start, hidden)), start, stop)
+        blocks.append(block.astype(mx.bfloat16))
+        mx.eval(blocks[-1])
+    t.put(key, mx.concatenate(blocks) if len(blocks) > 1 else blocks[0])
+
+
 def _device_token_tables(t: Tensors, config: ModelConfig, tuning: Tuning,
                          dirs: Directions) -> None:
     """The embedding and both heads of :func:`_language_model`, drawn and tuned on the
@@ -39,30 +60,38 @@ def _device_token_tables(t: Tensors, config: ModelConfig, tuning: Tuning,
     hidden, vocab = text.hidden_size, text.vocab_size
     root = math.sqrt(hidden)
     basis = mx.array(np.stack([dirs.pad, dirs.eos, dirs.quiet]))  # orthonormal rows
-
-    def project_out(rows: mx.array) -> mx.array:
-        return rows - (rows @ basis.T) @ basis
-
-    key = "stt_model.embed_tokens.weight"
-    embed = project_out(t.standard_normal(key, (vocab, hidden)) / root)
     ordinary = np.ones(vocab, bool)
     ordinary[list(config.special_text_ids)] = False
-    classes = mx.array(np.arange(vocab) % 3)
-    feedback = mx.stack([basis[0], basis[1], -basis[2]])[classes]
-    embed = embed + tuning.feedback * root * mx.array(ordinary)[:, None] * feedback
-    is_eos = mx.array(np.arange(vocab) == config.eos_token_id)[:, None]
-    embed = embed - tuning.feedback * root * is_eos * basis[2]
-    t.put(key, embed)
+    signed = mx.stack([basis[0], basis[1], -basis[2]])
+
+    def project_out(rows: mx.array) -> mx.array:
+        rows = rows / root
+        return rows - (rows @ basis.T) @ basis
+
+    def embedding(rows: mx.array, start: int, stop: int) -> mx.array:
+        ids = np.arange(start, stop)
+        feedback = signed[mx.array(ids % 3)]
+        rows = project_out(rows)
+        rows = rows + tuning.feedback * root * mx.array(ordinary[start:stop])[:, None] * feedback
+        is_eos = mx.array(ids == config.eos_token_id)[:, None]
+        return rows - tuning.feedback * root * is_eos * basis[2]
+
+    _device_table(t, "stt_model.embed_tokens.weight", vocab, hidden, embedding)
     for name, rows_to_dirs, boost in (
         ("lm_head", {config.pad_token_id: dirs.pad, config.eos_token_id: dirs.eos},
          tuning.text_boost),
         ("function_head", {config.pad_token_id: dirs.quiet}, tuning.function_boost),
     ):
-        key = f"stt_model.{name}.weight"
-        rows = project_out(t.standard_normal(key, (vocab, hidden)) / root)
-        for token, direction in rows_to_dirs.items():
-            rows[token] = tuning.special_jitter * rows[token] + boost * mx.array(direction) / root
-        t.put(key, rows)
+        def head(rows: mx.array, start: int, stop: int,
+                 rows_to_dirs: dict = rows_to_dirs, boost: float = boost) -> mx.array:
+            rows = project_out(rows)
+            for token, direction in rows_to_dirs.items():
+                if start <= token < stop:
+                    i = token - start
+                    rows[i] = tuning.special_jitter * rows[i] + boost * mx.array(direction) / root
+            return rows
+
+        _device_table(t, f"stt_model.{name}.weight", vocab, hidden, head)
 
 
 def _language_model(t: Tensors, config: ModelConfig, tuning: Tuning,
@@ -232,14 +261,17 @@ def _rnnt(t: Tensors, config: ModelConfig, tuning: Tuning) -> None:
 
 
 def build_weights(config: ModelConfig, vocab: Mapping[str, int], seed: int = 0,
-                  tuning: Tuning | None = None, device: bool = False) -> dict[str, mx.array]:
+                  tuning: Tuning | None = None, device: bool = False,
+                  sink: Callable[[str, mx.array], None] | None = None) -> dict[str, mx.array]:
     """All checkpoint tensors of ``config``, keyed and laid out as on disk.
 
     ``device``: draw the large tensors on MLX's default device, lazily (the
     ``full`` size: seconds on a GPU where numpy would take minutes).
+    ``sink``: hand each tensor to it as it is drawn instead (the result is
+    then empty; see :class:`~.tensors.Tensors`).
     """
     tuning = tuning or Tuning()
-    t = Tensors(seed, device=device)
+    t = Tensors(seed, device=device, sink=sink)
     dirs = Directions.draw(t, config.text_config.hidden_size)
     _language_model(t, config, tuning, dirs)
     _perception(t, config, tuning, dirs)

@@ -28,6 +28,7 @@ stops), so neither realtime frames, files nor a new session starve.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -58,10 +59,10 @@ logger = logging.getLogger(__name__)
 Loader = Callable[[str], Any]  # checkpoint path -> VoiceChat
 
 
-def load_voicechat(path: str) -> Any:
+def load_voicechat(path: str, memory_budget: float | None = None) -> Any:
     from ... import load
 
-    model, processor = load(path)
+    model, processor = load(path, memory_budget=memory_budget)
     return model.create_session(processor)
 
 
@@ -72,7 +73,11 @@ class Engine:
                  prompt_cache_bytes: int | None = None, warm_up: bool = False,
                  max_sessions: int = 1, max_state_bytes: int | None = None,
                  batch_wait: float = DEFAULT_BATCH_WAIT_MS / 1000, batch_fill: bool = True,
-                 session_defaults: Any = None):
+                 session_defaults: Any = None, memory_budget: float | None = None):
+        """``memory_budget``: the GiB the model and its sessions may use (the device's by
+        default); the default loader plans against it and, once loaded,
+        ``max_sessions`` and ``max_state_bytes`` are fitted to what it leaves
+        (:func:`~...budget.fit_sessions`)."""
         # The bounds are checked once, by ServerLimits (the server) or SessionPool.
         self.batch_wait = float(batch_wait)  # the collection deadline of a step
         self.batch_fill = batch_fill  # stretch it to fill batches once sessions need batching
@@ -83,7 +88,7 @@ class Engine:
         self.pool: SessionPool | None = None
         self.metrics = EngineMetrics(max_sessions)
         self.model_path = model_path
-        self.loader = loader or load_voicechat
+        self.loader = loader or functools.partial(load_voicechat, memory_budget=memory_budget)
         self.warm_up = warm_up  # run a silent stream at start-up (compiles kernels)
         self.prompt_cache_bytes = prompt_cache_bytes  # None: the model's default budget
         self.voicechat: Any = None
@@ -217,6 +222,7 @@ class Engine:
         try:
             logger.info("loading %s", self.model_path)
             self.voicechat = self.loader(self.model_path)
+            self._fit_to_memory()
             self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes,
                                     self.session_defaults, self.ledger)
             self.metrics.watch_reserved(lambda: self.admission.reserved_bytes)
@@ -235,6 +241,19 @@ class Engine:
             self._serve()
         finally:
             _clear_streams()
+
+    def _fit_to_memory(self) -> None:
+        """Size the session bounds to what the model's memory plan leaves, and say so."""
+        plan = getattr(getattr(self.voicechat, "model", None), "memory_plan", None)
+        if plan is None:  # a loader of its own (tests): the bounds stay as given
+            return
+        from ...budget import fit_sessions
+
+        sessions, state, line = fit_sessions(plan, self.max_sessions, self.max_state_bytes)
+        (logger.warning if sessions < self.max_sessions else logger.info)("%s", line)
+        self.max_sessions = self.admission.max_sessions = sessions
+        self.max_state_bytes = self.admission.max_state_bytes = state
+        self.metrics.capacity.set(sessions)
 
     def _serve(self) -> None:
         frame_seconds = self.config.frame_duration if self.voicechat is not None else 0.08
