@@ -204,7 +204,6 @@ def row_agreement(voicechat: Any, frame: int, rate: int, sessions: int = 4,
     whether session 0's ids and codes equal its solo run, with the batched cores and with
     the exact per-row cores (``MLX_VOICECHAT_PER_ROW_ATTENTION``), and the largest sample
     difference."""
-    from mlx_voicechat_plugin.models import kv_arena
     from mlx_voicechat_plugin.runtime.options import SessionOptions
     from mlx_voicechat_plugin.runtime.pool import SessionPool
 
@@ -235,14 +234,14 @@ def row_agreement(voicechat: Any, frame: int, rate: int, sessions: int = 4,
     out: dict[str, Any] = {"sessions": sessions, "stagger_frames": stagger}
     try:
         for name, batched in (("batched", True), ("per_row", False)):
-            kv_arena.set_batched_cores(batched)
+            voicechat.model.set_batched_cores(batched)
             solo, many = run(1), run(sessions)
             a, b = samples(solo), samples(many)
             same = a.shape == b.shape
             out[name] = {"row0_equals_solo": many == solo,
                          "max_abs_samples": float(np.abs(a - b).max()) if same and a.size else None}
     finally:
-        kv_arena.set_batched_cores(None)
+        voicechat.model.set_batched_cores(None)
     _log(f"rows (staggered starts): batched row 0 = solo {out['batched']['row0_equals_solo']}, "
          f"per-row {out['per_row']['row0_equals_solo']}")
     return out

@@ -142,12 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_voicechat_plugin.runtime import compile_policy
 
     compile_policy.apply(args.compile, long_running=True)
-    if args.per_row_attention:
-        from mlx_voicechat_plugin.models import kv_arena
-
-        kv_arena.set_batched_cores(False)
     with tempfile.TemporaryDirectory() as tmp:
         model, processor = load_fixture(args.size, tmp=tmp)
+    if args.per_row_attention:
+        model.set_batched_cores(False)
     voicechat = model.create_session(processor)
     rows = []
     print(f"{args.size} fixture, compile {'on' if args.compile else 'off'}, "

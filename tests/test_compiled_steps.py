@@ -261,7 +261,7 @@ def test_rnnt_carries_merge_extract_and_set_state_row_for_row(small):
         got = greedy(encoded, batch, greedy.max_symbols)
         for b in range(2):
             assert _equal(got[b : b + 1], expected[b])
-            assert all(_equal(x, y) for x, y in zip(batch.extract(b).state, alone[b].state))
+            assert all(_equal(x, y) for x, y in zip(batch.split()[b].state, alone[b].state))
     restored = RNNTCarry([])
     restored.state = batch.state
     assert restored.batch_size == 2

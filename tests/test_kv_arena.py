@@ -18,16 +18,10 @@ import pytest
 from mlx_vlm.models.cache import RotatingKVCache
 
 from mlx_voicechat_plugin.models import kv_arena
-from mlx_voicechat_plugin.models.kv_arena import KVArena, LayerCores, RingCache
+from mlx_voicechat_plugin.models.kv_arena import AttentionCores, KVArena, RingCache
 from mlx_voicechat_plugin.instruments.kernels import KernelCounter
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
-
-
-@pytest.fixture(autouse=True)
-def default_cores():
-    yield
-    kv_arena.set_batched_cores(None)
 
 
 def _pair(max_size: int, keep: int, written: int, group: int, seed: int):
@@ -49,12 +43,11 @@ def _alone(q: mx.array, cache: RotatingKVCache, k: mx.array, v: mx.array) -> mx.
 @pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("group", [1, 2])
 def test_arena_steps_equal_each_sessions_own_ring_across_the_wrap(batched, group):
-    kv_arena.set_batched_cores(batched)
     max_size, keep = 12, 3
     written = [1, 5, 11, 12, 20]  # filling, full, wrapped past the sink
     pairs = [_pair(max_size, keep, n, group, seed) for seed, n in enumerate(written)]
     references, rings = [p[0] for p in pairs], [p[1] for p in pairs]
-    cores = LayerCores()
+    cores = AttentionCores(batched)
     sessions = len(rings)
     for step in range(15):
         mx.random.seed(100 + step)
@@ -74,7 +67,7 @@ def test_arena_steps_equal_each_sessions_own_ring_across_the_wrap(batched, group
 
 def test_a_cache_taken_back_from_its_arena_continues_exactly():
     pairs = [_pair(10, 2, n, 1, seed) for seed, n in enumerate([4, 9])]
-    cores = LayerCores()
+    cores = AttentionCores()
     rings = [p[1] for p in pairs]
     for step in range(3):
         q = mx.random.normal((2, HEADS, 1, DIM))
@@ -82,13 +75,14 @@ def test_a_cache_taken_back_from_its_arena_continues_exactly():
         cores(q, k, v, rings, 1, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
         for s in range(2):
             pairs[s][0].update_and_fetch(k[s : s + 1], v[s : s + 1])
-    assert all(r.arena is cores.arena for r in rings)
+    arena = rings[0].arena
+    assert arena is not None and all(r.arena is arena for r in rings)
     # The first session steps alone: it takes its rows back, the other stays adopted.
     q = mx.random.normal((1, HEADS, 1, DIM))
     k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
     assert mx.array_equal(_alone(q, rings[0], k, v), _alone(q, pairs[0][0], k, v))
-    assert rings[0].arena is None and rings[1].arena is cores.arena
-    assert not cores.arena.holds(rings)
+    assert rings[0].arena is None and rings[1].arena is arena
+    assert not arena.holds(rings)
     # The next step of both rebuilds the arena from the rows as they are.
     q = mx.random.normal((2, HEADS, 1, DIM))
     k, v = mx.random.normal((2, 2, KV_HEADS, 1, DIM))
@@ -100,11 +94,11 @@ def test_a_cache_taken_back_from_its_arena_continues_exactly():
 
 def test_released_sessions_free_the_arena():
     rings = [_pair(8, 0, 8, 1, seed)[1] for seed in range(3)]
-    cores = LayerCores()
+    cores = AttentionCores()
     q = mx.random.normal((3, HEADS, 1, DIM))
     k, v = mx.random.normal((2, 3, KV_HEADS, 1, DIM))
     cores(q, k, v, rings, 1, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
-    arena = cores.arena
+    arena = rings[0].arena
     kv_arena.release(rings[:2])
     assert arena.keys is not None  # one session still adopted
     kv_arena.release(rings[2:])
@@ -114,7 +108,7 @@ def test_released_sessions_free_the_arena():
 
 def test_one_session_or_unequal_rings_step_alone():
     called = []
-    cores = LayerCores()
+    cores = AttentionCores()
     q = mx.random.normal((2, HEADS, 1, DIM))
     k, v = mx.random.normal((2, 2, KV_HEADS, 1, DIM))
     one = [_pair(8, 0, 8, 1, 0)[1]]
@@ -123,7 +117,8 @@ def test_one_session_or_unequal_rings_step_alone():
     cores(q, k, v, unequal, 1, 1.0, alone=lambda: called.append(2) or q)
     growing = [_pair(300, 0, 1, 1, 0)[1], RotatingKVCache(max_size=300)]
     cores(q, k, v, growing, 1, 1.0, alone=lambda: called.append(3) or q)
-    assert called == [1, 2, 3] and cores.arena is None
+    assert called == [1, 2, 3]
+    assert all(getattr(c, "arena", None) is None for c in one + unequal + growing)
 
 
 def test_the_masked_batched_core_equals_each_rows_core_on_this_backend():
@@ -151,16 +146,14 @@ def test_the_masked_batched_core_equals_each_rows_core_on_this_backend():
 def test_a_layers_launches_do_not_grow_with_the_sessions(batched, grows):
     """One scatter per K and V and one core for any number of sessions (batched);
     the exact per-row path still writes once but runs a core per session."""
-    kv_arena.set_batched_cores(batched)
-
     def launches(sessions: int) -> int:
         rings = [_pair(16, 2, 10 + s, 1, s)[1] for s in range(sessions)]
-        cores = LayerCores()
+        cores = AttentionCores(batched)
         q = mx.random.normal((sessions, HEADS, 1, DIM))
         k, v = mx.random.normal((2, sessions, KV_HEADS, 1, DIM))
         mx.eval(q, k, v, *[a for r in rings for a in r.state])
         cores(q, k, v, rings, 1, 1.0, alone=lambda: pytest.fail("not batched"))  # builds it
-        mx.eval(cores.arena.keys, cores.arena.values)
+        mx.eval(rings[0].arena.keys, rings[0].arena.values)
         with KernelCounter() as counter:
             mx.eval(cores(q, k, v, rings, 1, 1.0, alone=lambda: pytest.fail("not batched")))
         return counter.kernels
@@ -176,6 +169,30 @@ def test_an_arena_is_built_from_rows_in_the_step_layout():
     for s, row in enumerate(rows):
         assert mx.array_equal(arena.keys[s], row[0]) and mx.array_equal(arena.keys[3 + s], row[1])
         assert mx.array_equal(rings[s].keys, row)
+
+
+def test_the_cores_keep_nothing_each_batch_keeps_its_own_arena():
+    """Two batches of sessions stepping in turn through one layer's cores each keep their
+    arena (it belongs to their rows), and each equals its sessions' own rings."""
+    cores = AttentionCores()
+    batches = [[_pair(10, 2, n, 1, seed) for seed, n in enumerate(written)]
+               for written in ([4, 9], [6, 10, 3])]
+    arenas = []
+    for step in range(4):
+        for pairs in batches:
+            rings = [p[1] for p in pairs]
+            n = len(rings)
+            q = mx.random.normal((n, HEADS, 1, DIM))
+            k, v = mx.random.normal((2, n, KV_HEADS, 1, DIM))
+            out = cores(q, k, v, rings, 1, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
+            for s, (reference, _) in enumerate(pairs):
+                expected = _alone(q[s : s + 1], reference, k[s : s + 1], v[s : s + 1])
+                assert mx.array_equal(out[s : s + 1], expected), (step, s)
+            if step == 0:
+                arenas.append(rings[0].arena)
+    for pairs, arena in zip(batches, arenas):  # never rebuilt: each batch kept its own
+        assert all(p[1].arena is arena for p in pairs)
+    assert set(vars(cores)) == {"batched"}
 
 
 def test_a_ring_grows_as_it_fills_and_equals_the_reference_cache(monkeypatch):
@@ -196,13 +213,12 @@ def test_a_ring_grows_as_it_fills_and_equals_the_reference_cache(monkeypatch):
 
 @pytest.mark.parametrize("batched", [True, False])
 def test_growing_rings_are_completed_when_an_arena_adopts_them(monkeypatch, batched):
-    kv_arena.set_batched_cores(batched)
     monkeypatch.setattr(RingCache, "growth", 4)
     max_size, keep = 12, 3
     pairs = [_pair(max_size, keep, n, 1, seed) for seed, n in enumerate([1, 5, 9])]
     assert [p[1].keys.shape[2] for p in pairs] == [4, 8, 12]
     references, rings = [p[0] for p in pairs], [p[1] for p in pairs]
-    cores = LayerCores()
+    cores = AttentionCores(batched)
     for step in range(12):
         mx.random.seed(200 + step)
         q = mx.random.normal((len(rings), HEADS, 1, DIM))
@@ -211,4 +227,4 @@ def test_growing_rings_are_completed_when_an_arena_adopts_them(monkeypatch, batc
         for s, reference in enumerate(references):
             expected = _alone(q[s:s + 1], reference, k[s:s + 1], v[s:s + 1])
             assert mx.array_equal(out[s:s + 1], expected)
-    assert cores.arena is not None and all(r.whole for r in rings)
+    assert rings[0].arena is not None and all(r.whole for r in rings)

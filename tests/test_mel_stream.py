@@ -109,8 +109,9 @@ def test_compiled_log_mel_equals_uncompiled(config):
         mx.eval(out)
         return out
 
+    was = compile_policy.enabled()
     try:
         fused, plain = run(True), run(False)
-    finally:  # back to what the policy chose last
-        mx.enable_compile() if compile_policy._state["enabled"] else mx.disable_compile()
+    finally:  # back to what it was
+        mx.enable_compile() if was else mx.disable_compile()
     assert _equal(fused, plain)

@@ -233,3 +233,48 @@ def test_metrics_count_the_frames_that_ran(server):
     before = frames()
     _server_stream(server, np.zeros(5 * FRAME, np.float32), seed=0)
     assert frames() - before == 5  # five whole frames; the commit pads nothing
+
+
+def _offline_events(voicechat, audio, seed) -> list:
+    return [e for item in voicechat.stream_generate(audio, seed=seed, extra_decoding_seconds=0.0)
+            for e in item.events]
+
+
+def test_two_pools_and_an_offline_turn_on_one_model_each_run_as_alone(voicechat):
+    """The model keeps nothing between calls: two pools stepping in turn on one model, with
+    an offline turn's frames between their steps, give each of their sessions, and the
+    turn, what it gives alone (bounded contexts: each pool's rows attend through their
+    own KV arenas)."""
+    options = {"a1": dict(seed=1), "a2": dict(seed=2, system_prompt="Be brief."),
+               "b1": dict(seed=3), "b2": dict(seed=4)}
+    options = {k: dict(o, context_seconds=1.0) for k, o in options.items()}
+    audio = {k: question_signal(0.8 + 0.16 * i, seed=i) for i, k in enumerate(options)}
+    turn = question_signal(0.4, seed=9)
+    pools = {"a": SessionPool(voicechat, max_sessions=2), "b": SessionPool(voicechat, max_sessions=2)}
+    for k, o in options.items():
+        pools[k[0]].open(k, SessionOptions(**o))
+    events: dict[str, list] = {k: [] for k in options}
+    offline = voicechat.stream_generate(turn, seed=5, extra_decoding_seconds=0.0)
+    offline_events: list = []
+    cursor = dict.fromkeys(options, 0)
+    while any(len(p) for p in pools.values()):
+        for name, pool in pools.items():
+            frames = {}
+            for k in list(pool.sessions):
+                if cursor[k] + FRAME <= len(audio[k]):
+                    frames[k] = audio[k][cursor[k] : cursor[k] + FRAME]
+                    cursor[k] += FRAME
+                else:
+                    events[k] += pool.flush(k, partial=audio[k][cursor[k]:])
+                    pool.close(k)
+            result = pool.step(frames)
+            assert not result.errors
+            for k, chunk in result.events.items():
+                events[k] += chunk
+            item = next(offline, None)  # a frame of the offline turn between the pools' steps
+            if item is not None:
+                offline_events += item.events
+    offline_events += [e for item in offline for e in item.events]
+    for k, o in options.items():
+        assert _outputs(events[k]) == _alone(voicechat, audio[k], **o), k
+    assert _outputs(offline_events) == _outputs(_offline_events(voicechat, turn, seed=5))

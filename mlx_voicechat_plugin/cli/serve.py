@@ -271,10 +271,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
 
     apply_graph_commit_ops(args.graph_commit_ops)  # read once, at the GPU's first work
     compiled = compile_policy.apply(args.compile, long_running=True)
-    if args.per_row_attention:
+    if args.per_row_attention:  # the setting every model loaded in this process starts with
         from ..models import kv_arena
 
-        kv_arena.set_batched_cores(False)
+        os.environ[kv_arena.ENV_PER_ROW] = "1"
     from ..server import dialects
 
     served = dialects.NVIDIA_ROOT_DIALECTS if args.nvidia_root else dialects.DIALECTS

@@ -7,7 +7,8 @@ entry points with a subclass's wrappers on entering its ``with`` block and
 puts the originals back on leaving it, so a run outside the block pays
 nothing. A wrapper acts only for calls from the thread that entered
 (:meth:`EvalPatch._mine`); one instance of each subclass may be active at a
-time. Subclasses: :class:`~.syncs.HostSyncCounter` (host round trips) and
+time (a wrapper names the instrument that installed it, :func:`patched_by`:
+what is active is read from the entry points themselves, not kept aside). Subclasses: :class:`~.syncs.HostSyncCounter` (host round trips) and
 :class:`~.kernels.KernelCounter` (primitives a GPU would launch).
 """
 
@@ -24,8 +25,32 @@ NUMPY_FUNCTIONS = ("array", "asarray")
 
 Wrap = Callable[[Callable], Callable]  # original -> its wrapper
 
-_lock = threading.Lock()
-_active: dict[type, "EvalPatch"] = {}
+PATCHED_BY = "_voicechat_patched_by"  # a wrapper's attribute: the instrument that installed it
+
+_lock = threading.Lock()  # one instrument at a time checks and patches
+
+
+def patched_by(entry: Callable, kind: type) -> bool:
+    """Whether an instrument of type ``kind`` wrapped ``entry`` (at any depth of wrapping:
+    each wrapper names its instrument and the entry point it wraps)."""
+    while entry is not None:
+        owner = getattr(entry, PATCHED_BY, None)
+        if owner is None:
+            return False
+        if type(owner) is kind:
+            return True
+        entry = getattr(entry, "__wrapped__", None)
+    return False
+
+
+def install(owner: Any, name: str, wrapper: Callable, instrument: Any) -> Callable:
+    """Put ``wrapper`` in place of ``owner.name``, marked as ``instrument``'s; returns the
+    original."""
+    original = getattr(owner, name)
+    setattr(wrapper, PATCHED_BY, instrument)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(owner, name, wrapper)
+    return original
 
 
 class EvalPatch:
@@ -39,16 +64,15 @@ class EvalPatch:
     def __enter__(self):
         kind = type(self)
         with _lock:
-            if kind in _active:
+            if patched_by(mx.eval, kind):
                 raise RuntimeError(f"a {kind.__name__} is already active")
-            _active[kind] = self
-        self._thread = threading.get_ident()
-        self._patch(mx, "eval", self._wrap_eval)
-        self._patch(mx, "async_eval", self._wrap_async_eval)
-        for name in ARRAY_METHODS:
-            self._patch(mx.array, name, self._wrap_method(name))
-        for name in NUMPY_FUNCTIONS:
-            self._patch(np, name, self._wrap_numpy(name))
+            self._thread = threading.get_ident()
+            self._patch(mx, "eval", self._wrap_eval)
+            self._patch(mx, "async_eval", self._wrap_async_eval)
+            for name in ARRAY_METHODS:
+                self._patch(mx.array, name, self._wrap_method(name))
+            for name in NUMPY_FUNCTIONS:
+                self._patch(np, name, self._wrap_numpy(name))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -56,13 +80,10 @@ class EvalPatch:
             setattr(owner, name, original)
         self._saved.clear()
         self._closed()
-        with _lock:
-            _active.pop(type(self), None)
 
     def _patch(self, owner: Any, name: str, make: Wrap) -> None:
         original = getattr(owner, name)
-        self._saved[(owner, name)] = original
-        setattr(owner, name, make(original))
+        self._saved[(owner, name)] = install(owner, name, make(original), self)
 
     def _original(self, owner: Any, name: str) -> Callable:
         """The entry point as it was before this patch (while active)."""

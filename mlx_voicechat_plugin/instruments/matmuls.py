@@ -50,6 +50,8 @@ from typing import Any, Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from .eval_patch import install, patched_by
+
 logger = logging.getLogger(__name__)
 
 CALLER_PACKAGES = ("mlx_voicechat_plugin", "mlx_vlm", "mlx_audio")
@@ -57,8 +59,7 @@ CALLER_PACKAGES = ("mlx_voicechat_plugin", "mlx_vlm", "mlx_audio")
 PASS_THROUGH = ("mlx_voicechat_plugin.models.fused", "mlx_voicechat_plugin.models.weight_layout",
                 "mlx_voicechat_plugin.models.layers")
 
-_lock = threading.Lock()
-_active: list["MatmulShapes"] = []
+_lock = threading.Lock()  # one instrument at a time checks and patches
 
 
 @dataclass(frozen=True)
@@ -169,24 +170,21 @@ class MatmulShapes:
 
     def __enter__(self) -> "MatmulShapes":
         with _lock:
-            if _active:
+            if patched_by(mx.matmul, MatmulShapes):
                 raise RuntimeError("a MatmulShapes is already active")
-            _active.append(self)
-        self._thread = threading.get_ident()
-        for name, (owner, kind, shape_of) in _ENTRY_POINTS.items():
-            original = getattr(owner, name, None)
-            if original is None:
-                continue
-            self._saved[(owner, name)] = original
-            setattr(owner, name, self._wrap(name, kind, shape_of, original))
+            self._thread = threading.get_ident()
+            for name, (owner, kind, shape_of) in _ENTRY_POINTS.items():
+                original = getattr(owner, name, None)
+                if original is None:
+                    continue
+                self._saved[(owner, name)] = install(
+                    owner, name, self._wrap(name, kind, shape_of, original), self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for (owner, name), original in self._saved.items():
             setattr(owner, name, original)
         self._saved.clear()
-        with _lock:
-            _active.clear()
 
     def reset(self) -> None:
         self.products = []

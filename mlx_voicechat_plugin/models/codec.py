@@ -23,7 +23,7 @@ from mlx_audio.dsp import hanning
 from ..config import CodecConfig
 from .codec_rvq import ProbabilisticRVQ
 from .codec_stream import CodecState, SpectralSynthesis
-from .rows import stack_rows
+from .rows import Rows, stack_rows
 from .fast_forms import fast_ops_expand, mean_var_norm
 
 
@@ -246,10 +246,10 @@ class Codec(nn.Module):
         ``states[b]``. Streams in the same phase (equal ``meta_state``) are
         merged into one state (:meth:`CodecState.merge`), decoded as one batch
         (every decoder op is row-independent) and each row's state is
-        extracted back into its own object; each returned ``[1, 1, n]``
+        handed back into its own object (:meth:`CodecState.split_into`); each returned ``[1, 1, n]``
         waveform and each state equal that stream's own ``decode_step``.
-        ``codes`` that are every row of one array, in order, are that array
-        (:func:`~.rows.stack_rows`: no concatenation). ``carried``, if given,
+        ``codes`` given as :class:`~.rows.Rows` of one array, every row in order, are
+        that array (no concatenation). ``carried``, if given,
         receives the batches' state arrays: evaluating them evaluates every
         row's state without a slice of each.
         """
@@ -259,13 +259,14 @@ class Codec(nn.Module):
         out: list[mx.array] = list(codes)
         for members in groups.values():
             merged = CodecState.merge([states[b] for b in members])
-            waveform = self.decode_step(stack_rows([codes[b] for b in members]), merged,
-                                        evaluate=False)
+            batch = (codes.stack(members) if isinstance(codes, Rows)
+                     else stack_rows([codes[b] for b in members]))
+            waveform = self.decode_step(batch, merged, evaluate=False)
             if carried is not None:
                 carried += merged.state
+            if len(members) > 1 or merged is not states[members[0]]:
+                merged.split_into([states[b] for b in members])
             for j, b in enumerate(members):
-                row = merged.extract(j)
-                states[b].state, states[b].meta_state = row.state, row.meta_state
                 out[b] = waveform[j : j + 1]
         return out
 

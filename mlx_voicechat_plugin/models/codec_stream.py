@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning
 
-from .rows import stack_rows, take_row
+from .rows import LinkedRow, SharedRows, link_row, shared_arrays, stack_rows, take_row
 
 # The decoder's magnitude head saturates softly at this value (fixed by the
 # trained codec, not a config field).
@@ -38,7 +38,7 @@ _NORM_FLOOR = 1e-10
 
 
 @dataclass
-class CodecState:
+class CodecState(LinkedRow):
     """Decoder state of ``B`` streams in the same phase; build one with ``Codec.make_state``.
 
     ``block_context``: the last ``kernel_size - 1`` inputs of each decoder
@@ -54,7 +54,9 @@ class CodecState:
     (``skip``, ``spectra``, ``closed``) with setters and :meth:`from_state`.
     Streams whose ``meta_state`` is equal are in the same phase (the same
     weights and front trim): :meth:`merge` stacks their rows into one state
-    for one decode step, and :meth:`extract` takes a row back out.
+    for one decode step, and :meth:`split_into` hands the rows back (each linked to
+    the batch while it holds the slices it was handed: a decode of its own replaces
+    them, and the link with them).
     """
 
     block_context: list[mx.array]
@@ -98,10 +100,26 @@ class CodecState:
         meta = rows[0].meta_state
         if any(r.meta_state != meta for r in rows):
             raise ValueError("codec streams merge only in the same phase (equal meta_state)")
+        shared = shared_arrays(rows, lambda r: r.frames)
+        if shared is not None:  # every row of one batch, as it handed them back: its arrays
+            *contexts, frames = shared
+            return cls(list(contexts), frames, rows[0].weights, *meta)
         contexts = [stack_rows([r.block_context[i] for r in rows])
                     for i in range(len(rows[0].block_context))]
         frames = stack_rows([r.frames for r in rows])
         return cls(contexts, frames, rows[0].weights, *meta)
+
+    def split_into(self, rows: list["CodecState"]) -> None:
+        """Hand each row of this state back into ``rows`` (one-row states, in order): its
+        slices, linked to this batch so that merging them again stacks nothing."""
+        if len(rows) == 1:
+            rows[0].state, rows[0].meta_state = self.state, self.meta_state
+            return
+        shared = SharedRows([*self.block_context, self.frames], len(rows))
+        for index, row in enumerate(rows):
+            *contexts, frames = shared.row(index)
+            row.state, row.meta_state = [*contexts, frames, self.weights], self.meta_state
+            link_row(row, shared, index, frames)
 
     def extract(self, index: int) -> "CodecState":
         """Row ``index`` as a one-row state (a one-row state: itself)."""

@@ -25,7 +25,7 @@ from .cache_state import (
     state_nbytes,
 )
 from .context import ContextWindow, ring
-from .kv_arena import release
+from .kv_arena import AttentionCores, release
 from .perception import Perception
 from .rows import RowArraysCache
 from .segments import SegmentedStep
@@ -44,6 +44,7 @@ class DuplexSTT(nn.Module):
         self.rnnt_decoder = PredictNetwork(config.audio_config.decoder)
         self.rnnt_joint = JointNetwork(config.audio_config.joint)
         self._segments: SegmentedStep | None = None
+        self.attention_cores = AttentionCores()  # a setting: batched or per-row cores
 
     def fuse(self, prev_text: mx.array, audio: mx.array, prev_function: mx.array) -> mx.array:
         """One fused input embedding per position; token ids are ``(B, T)``."""
@@ -77,7 +78,7 @@ class DuplexSTT(nn.Module):
         row is the ``B = 1`` case of the same code.
         """
         if self._segments is None:
-            self._segments = SegmentedStep(self.llm.layers, self._head)
+            self._segments = SegmentedStep(self.llm.layers, self._head, self.attention_cores)
         ready = [b for b, s in enumerate(states)
                  if s.cache is not None and self._segments.ready(inputs_embeds, s.cache)]
         if len(ready) == len(states):  # every row (the steady case): no regrouping

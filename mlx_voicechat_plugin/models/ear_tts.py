@@ -47,6 +47,7 @@ from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfi
 
 from ..config import TTSConfig
 from .context import ContextWindow, ring
+from .kv_arena import AttentionCores
 from .layers import GatedFusion
 from .mog_head import KeyRows, KeyStream, MoGHead, draw, next_key, take_keys
 from .rvq import CodebookTables, rvq_assign, rvq_block, unmasking_schedule
@@ -115,6 +116,7 @@ class EarTTS(nn.Module):
         self._codebooks: CodebookTables | None = None
         self._masked: dict[tuple, mx.array] = {}  # (B, T) -> all-mask codes, see _masked_codes
         self._backbone_step: GemmaStep | None = None
+        self.attention_cores = AttentionCores()  # a setting: batched or per-row cores
 
     @property
     def schedule(self) -> tuple[int, ...]:
@@ -377,7 +379,7 @@ class EarTTS(nn.Module):
     def gemma_step(self) -> GemmaStep:
         """The compiled one-position backbone step (built on first use)."""
         if self._backbone_step is None:
-            self._backbone_step = GemmaStep(self.backbone, self._step_inputs)
+            self._backbone_step = GemmaStep(self.backbone, self._step_inputs, self.attention_cores)
         return self._backbone_step
 
     def _step_inputs(self, prev_codes: mx.array, text: mx.array) -> mx.array:

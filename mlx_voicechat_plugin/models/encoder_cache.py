@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .rows import stack_rows, take_row
+from .rows import LinkedRow, stack_rows, take_row
 
 
 @dataclass
-class SubsamplingTail:
-    """One stream's streaming subsampling: the mel frames it still reads, and its counters."""
+class SubsamplingTail(LinkedRow):
+    """One stream's streaming subsampling: the mel frames it still reads, and its counters
+    (``cache`` may be a row of a batch's kept frames, linked to it: :class:`~.rows.LinkedRow`)."""
 
     cache: mx.array | None = None  # (1, kept mel frames, F)
     consumed: int = 0  # mel frames pushed so far

@@ -32,7 +32,7 @@ from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
 
 from .encoder_cache import EncoderCache, SubsamplingTail
 from .fast_forms import attention_prescaled, fast_ops_expand
-from .rows import stack_rows, take_row
+from .rows import Rows, SharedRows, link_row, shared_arrays, stack_rows, take_row
 
 MEL_CONTEXT = 16  # >= causal receptive field of three stride-2, kernel-3 convs
 
@@ -171,28 +171,38 @@ class EncoderStream:
         stack as one batch (concatenation copies; the stack's convolutions and
         projection are row-independent, like the encoder's blocks). Each stream keeps
         its own tail, a row of the batch's kept frames, so the next frame's batch of
-        the same streams stacks nothing (:func:`~.rows.stack_rows`)."""
+        the same streams stacks nothing (:func:`~.rows.shared_arrays`)."""
         groups: dict[tuple, list[int]] = {}
         for b, (tail, mel) in enumerate(zip(tails, mels)):
             kept = None if tail.cache is None else tuple(tail.cache.shape)
             groups.setdefault((kept, tuple(mel.shape)), []).append(b)
         outputs: list[mx.array] = list(mels)
         for (kept, _), members in groups.items():
-            mel = stack_rows([mels[b] for b in members])
+            mel = (mels.stack(members) if isinstance(mels, Rows)
+                   else stack_rows([mels[b] for b in members]))
             window = mel if kept is None else mx.concatenate(
-                [stack_rows([tails[b].cache for b in members]), mel], axis=1)
+                [self._kept([tails[b] for b in members]), mel], axis=1)
             out = self._run_subsampling(window)
             keeps = [self._advance_tail(tails[b], mel.shape[1], window.shape[1]) for b in members]
             if len(set(keeps)) == 1:
                 cache = window[:, -keeps[0]:]
+                shared = SharedRows([cache], len(members))
                 for j, b in enumerate(members):
                     tails[b].cache = take_row(cache, j)
+                    link_row(tails[b], shared, j, tails[b].cache)
             else:
                 for j, (b, keep) in enumerate(zip(members, keeps)):
                     tails[b].cache = take_row(window, j)[:, -keep:]
             for j, b in enumerate(members):
                 outputs[b] = self._new_frames(tails[b], take_row(out, j))
         return outputs
+
+    @staticmethod
+    def _kept(tails: list[SubsamplingTail]) -> mx.array:
+        """The tails' kept mel frames stacked (the rows of one batch's, as they were
+        handed back: that batch's array)."""
+        shared = shared_arrays(tails, lambda t: t.cache)
+        return shared[0] if shared is not None else stack_rows([t.cache for t in tails])
 
     def _advance_tail(self, tail: SubsamplingTail, new: int, width: int) -> int:
         """A stream's counters after its window of ``width`` mel frames, ``new`` of them new,

@@ -19,7 +19,7 @@ from mlx_vlm.models.gemma3.language import clip_residual
 from . import fast_forms
 from .fast_forms import RopeForm, rms_norm
 from .fused import gated_mlp, project
-from .kv_arena import LayerCores
+from .kv_arena import AttentionCores, StepArrays
 
 
 class GemmaStep:
@@ -41,8 +41,10 @@ class GemmaStep:
     Elsewhere each layer's own norms and ``mx.fast.rope`` run, one kernel each.
     """
 
-    def __init__(self, model: Any, entry: Callable[..., mx.array]):
+    def __init__(self, model: Any, entry: Callable[..., mx.array],
+                 cores: AttentionCores | None = None):
         self.model = model
+        self.cores = AttentionCores() if cores is None else cores
         self.layers = model.layers
         self.entry = entry
         last = len(self.layers) - 1
@@ -59,7 +61,6 @@ class GemmaStep:
             for i in range(last)
         ]
         self._exit = mx.compile(lambda x, out: model.norm(self._post(last, x, out))[:, None])
-        self._cores = [LayerCores() for _ in self.layers]
 
     def _rope_forms(self) -> list[RopeForm] | None:
         """Each layer's RoPE as shared tables and a rotation (:mod:`.fast_forms`), where
@@ -187,10 +188,11 @@ class GemmaStep:
 
         rope = self._rope_inputs(rows, group)
         x, q, k, v = self._enter(rope(0), *inputs)
+        memo: StepArrays = {}  # this step's ring write indices and masks, shared by its layers
         for i, layer in enumerate(self.layers):
             caches = [c[i] for c in rows]
-            out = self._cores[i](q, k, v, caches, group, layer.self_attn.scale,
-                                 lambda: self._stream_cores(layer.self_attn, q, k, v, caches))
+            out = self.cores(q, k, v, caches, group, layer.self_attn.scale,
+                             lambda: self._stream_cores(layer.self_attn, q, k, v, caches), memo)
             if i + 1 < len(self.layers):
                 x, q, k, v = self._between[i](x, out, rope(i + 1))
             else:

@@ -29,8 +29,14 @@ batched core equals each row's own core bit for bit (``tests/test_kv_arena.py``
 checks it over lengths, heads and dtypes, and the pool's solo-vs-batched tests
 run through it). A GPU kernel may order the reduction differently for a
 longer masked row: ``MLX_VOICECHAT_PER_ROW_ATTENTION=1`` (or
-:func:`set_batched_cores`) keeps the arena's single write but runs each row's
-core on its own ring, the exact path (``conformance/README.md``).
+:attr:`AttentionCores.batched` off, :meth:`~.model.Model.set_batched_cores`) keeps
+the arena's single write but runs each row's core on its own ring, the exact
+path (``conformance/README.md``).
+
+An arena belongs to the rows it holds, not to the model: the caches that an
+arena adopted name it (:attr:`RingCache.arena`), and :class:`AttentionCores`,
+the model's part, keeps nothing between calls. Two batches stepping on one
+model each keep their own arenas.
 
 A cache adopted by an arena holds no arrays of its own: reading ``keys`` or
 ``state`` gives views of its rows; anything that writes through the cache
@@ -49,19 +55,11 @@ import numpy as np
 from mlx_vlm.models.cache import RotatingKVCache
 
 ENV_PER_ROW = "MLX_VOICECHAT_PER_ROW_ATTENTION"
-_batched: bool | None = None
 
 
-def set_batched_cores(on: bool | None) -> None:
-    """Batched attention cores on or off (``None``: the environment decides, default on)."""
-    global _batched
-    _batched = on
-
-
-def batched_cores() -> bool:
-    """Whether an arena attends all its rows in one core (else each row on its own ring)."""
-    if _batched is not None:
-        return _batched
+def batched_by_default() -> bool:
+    """Whether arenas attend all their rows in one core unless told otherwise (the
+    environment's ``MLX_VOICECHAT_PER_ROW_ATTENTION`` turns it off)."""
     return os.environ.get(ENV_PER_ROW, "") not in ("1", "true", "yes")
 
 
@@ -228,11 +226,12 @@ class KVArena:
                 cache.detach()
 
     def attend(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float,
-               batched: bool) -> mx.array:
+               batched: bool, memo: StepArrays | None = None) -> mx.array:
         """Write one position of every row and attend: ``[G * S, H, 1, D]`` in, same out.
 
         The write index and length of each ring advance on the host exactly
-        as ``RotatingKVCache``'s one-position write does.
+        as ``RotatingKVCache``'s one-position write does. ``memo``: the step's
+        write indices and masks, shared by its layers whose rings agree.
         """
         assert self.keys is not None and self.values is not None
         positions, lengths = [], []
@@ -240,7 +239,8 @@ class KVArena:
             assert cache is not None
             positions.append(cache.next_position())
             lengths.append(cache.size())
-        index, mask = _step_arrays(tuple(positions), tuple(lengths), self.group)
+        index, mask = step_arrays(tuple(positions), tuple(lengths), self.group,
+                                  {} if memo is None else memo)
         self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
         self.values = mx.put_along_axis(self.values, index, values, axis=2)
         if not batched:
@@ -264,56 +264,54 @@ class KVArena:
         return joined.reshape(-1, *joined.shape[2:])
 
 
-_STEP_ARRAYS: dict[tuple, tuple[mx.array, mx.array | None]] = {}
+# One step's write indices and masks by (positions, lengths, group): made by the
+# step (one per call of a stack's step) and dropped with it.
+StepArrays = dict
 
 
-def _step_arrays(positions: tuple[int, ...], lengths: tuple[int, ...],
-                 group: int) -> tuple[mx.array, mx.array | None]:
+def step_arrays(positions: tuple[int, ...], lengths: tuple[int, ...], group: int,
+                memo: StepArrays) -> tuple[mx.array, mx.array | None]:
     """The write index ``[G * S, 1, 1, 1]`` and the mask (None when every ring is
     as long as the longest) of a step's rings. The layers of a step whose rings
     agree (every global layer of a stack, every sliding one) share one pair
-    instead of each building its own from the host."""
+    through the step's ``memo`` instead of each building its own from the host."""
     key = (positions, lengths, group)
-    found = _STEP_ARRAYS.get(key)
+    found = memo.get(key)
     if found is None:
-        if len(_STEP_ARRAYS) >= 8:  # the last step's few distinct ring layouts
-            _STEP_ARRAYS.clear()
         index = mx.array(positions * group, dtype=mx.int32).reshape(-1, 1, 1, 1)
         longest = max(lengths)
         mask = None
         if min(lengths) < longest:
             rows = np.array(lengths * group)[:, None]
             mask = mx.array(np.arange(longest)[None, :] < rows).reshape(len(rows), 1, 1, longest)
-        found = _STEP_ARRAYS[key] = (index, mask)
+        found = memo[key] = (index, mask)
     return found
 
 
-class LayerCores:
-    """One attention layer's cores over the sessions of a step: through a :class:`KVArena`
-    when they allow (two or more sessions, one position, whole rings of one size),
-    else each session on its own cache (``alone``)."""
+class AttentionCores:
+    """The attention cores of a stack's layers over the sessions of a step: through the
+    sessions' :class:`KVArena` when they allow (two or more sessions, one position,
+    whole rings of one size), else each session on its own cache (``alone``).
 
-    def __init__(self) -> None:
-        self.arena: KVArena | None = None
+    Holds only a setting (:attr:`batched`): the arena a step attends through is the
+    one its caches name, built from them when they are not yet one arena's rows.
+    """
+
+    def __init__(self, batched: bool | None = None) -> None:
+        self.batched = batched_by_default() if batched is None else batched
 
     def __call__(self, queries: mx.array, keys: mx.array, values: mx.array,
                  caches: Sequence[Any], group: int, scale: float,
-                 alone: Callable[[], mx.array]) -> mx.array:
-        arena = self.arena
+                 alone: Callable[[], mx.array], memo: StepArrays | None = None) -> mx.array:
+        arena = getattr(caches[0], "arena", None)
         # The steady case, every step while the same sessions step: the arena already
         # holds them (adopted rings, of its shape), so only the new rows are checked.
         if arena is None or not arena.holds(caches) or not arena.takes(keys):
+            dissolve(caches)
             if not self._fits(caches, keys, group):
-                self.drop()
                 return alone()
-            self.drop()
-            self.arena = arena = KVArena(caches, group)
-        return arena.attend(queries, keys, values, scale, batched_cores())
-
-    def drop(self) -> None:
-        if self.arena is not None:
-            self.arena.dissolve()
-            self.arena = None
+            arena = KVArena(caches, group)
+        return arena.attend(queries, keys, values, scale, self.batched, memo)
 
     @staticmethod
     def _fits(caches: Sequence[Any], keys: mx.array, group: int) -> bool:
@@ -329,3 +327,11 @@ class LayerCores:
         for cache in caches:  # rings still growing are completed for the arena
             cache.complete()
         return True
+
+
+def dissolve(caches: Sequence[Any]) -> None:
+    """Every arena holding any of ``caches`` gives all its rows back (the batch changed)."""
+    for cache in caches:
+        arena = getattr(cache, "arena", None)
+        if arena is not None:
+            arena.dissolve()

@@ -23,6 +23,7 @@ not depend on the other columns (``tests/test_mel_stream.py`` checks both).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import mlx.core as mx
@@ -30,28 +31,29 @@ import numpy as np
 from mlx_audio.dsp import STR_TO_WINDOW_FN, hanning, mel_filters
 from mlx_audio.stt.models.nemotron_asr.audio import PreprocessArgs
 
-from .rows import take_row
-
-# (window name, win_length, n_fft, sample_rate, features) -> (host window, filterbank)
-_CONSTANTS: dict[tuple, tuple[np.ndarray, mx.array]] = {}
-
+from .rows import Rows
 
 def _constants(args: PreprocessArgs) -> tuple[np.ndarray, mx.array]:
     """The centre-padded analysis window (host) and the Slaney mel filterbank (device),
     made once per configuration."""
-    key = (args.window, args.win_length, args.n_fft, args.sample_rate, args.features)
-    found = _CONSTANTS.get(key)
-    if found is None:
-        window = np.array(STR_TO_WINDOW_FN.get(args.window, hanning)(args.win_length),
-                          dtype=np.float32)
-        if window.shape[0] < args.n_fft:  # centre-pad to n_fft (as torch.stft / NeMo)
-            left = (args.n_fft - window.shape[0]) // 2
-            window = np.pad(window, (left, args.n_fft - window.shape[0] - left))
-        filters = mel_filters(args.sample_rate, args.n_fft, args.features,
-                              norm="slaney", mel_scale="slaney").astype(mx.float32)
-        mx.eval(filters)
-        found = _CONSTANTS[key] = (window, filters)
-    return found
+    return _made_constants(args.window, args.win_length, args.n_fft, args.sample_rate,
+                           args.features)
+
+
+@functools.lru_cache(maxsize=8)
+def _made_constants(window_name: str, win_length: int, n_fft: int, sample_rate: int,
+                    features: int) -> tuple[np.ndarray, mx.array]:
+    """:func:`_constants` of one configuration: a pure function of it, cached (neither
+    array is written by its readers)."""
+    window = np.array(STR_TO_WINDOW_FN.get(window_name, hanning)(win_length), dtype=np.float32)
+    if window.shape[0] < n_fft:  # centre-pad to n_fft (as torch.stft / NeMo)
+        left = (n_fft - window.shape[0]) // 2
+        window = np.pad(window, (left, n_fft - window.shape[0] - left))
+    window.flags.writeable = False
+    filters = mel_filters(sample_rate, n_fft, features,
+                          norm="slaney", mel_scale="slaney").astype(mx.float32)
+    mx.eval(filters)
+    return window, filters
 
 
 def host_frames(x: np.ndarray, args: PreprocessArgs, start: int, end: int) -> np.ndarray:
@@ -161,18 +163,19 @@ class MelStream:
         return log_mel_many([self], [samples])[0]
 
 
-def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> list[mx.array]:
+def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> Rows:
     """Each stream's :meth:`MelStream.push` of its chunk, as ``(1, n_b, features)`` each:
-    streams whose frames have the same shape share one device graph (rows of it)."""
+    streams whose frames have the same shape share one device graph (rows of it, that
+    the next stage stacks back for free: :class:`~.rows.Rows`)."""
     frames = [stream.take(chunk) for stream, chunk in zip(streams, chunks)]
     groups: dict[tuple, list[int]] = {}
     for b, block in enumerate(frames):
         if block is not None:
             groups.setdefault(block.shape, []).append(b)
     features = streams[0].args.features if streams else 0
-    mels = [mx.zeros((1, 0, features), dtype=mx.float32) for _ in frames]
+    mels = Rows([mx.zeros((1, 0, features), dtype=mx.float32) for _ in frames])
     for members in groups.values():
         out = device_log_mel(mx.array(np.stack([frames[b] for b in members])), streams[members[0]].args)
         for j, b in enumerate(members):
-            mels[b] = take_row(out, j)
+            mels.put(b, out, j)
     return mels

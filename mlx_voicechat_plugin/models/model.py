@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten
 from ..config import ModelConfig
 from .duplex import DuplexSTT
 from .fast_forms import expand_layer_norms
+from .kv_arena import batched_by_default
 from .speech import SpeechDecoder
 from .fused import fuse_projections, fused_layers, unfuse
 from .remembered import ProbeVerdicts
@@ -62,6 +63,15 @@ class Model(nn.Module):
     @property
     def layers(self) -> list[nn.Module]:
         return self.stt_model.llm.layers
+
+    def set_batched_cores(self, on: bool | None) -> None:
+        """Attend a batch's rows in one core per layer (``True``) or each row on its own
+        ring (``False``, the exact path on any backend); ``None``: the environment's
+        default (:func:`~.kv_arena.batched_by_default`). A setting of this model's
+        stacks, read by each step."""
+        batched = batched_by_default() if on is None else on
+        self.stt_model.attention_cores.batched = batched
+        self.tts_model.tts_model.attention_cores.batched = batched
 
     def prepare(self, tokenizer: Any) -> None:
         """One-time setup after the weights are loaded (``load`` calls it).

@@ -12,7 +12,6 @@ a probe finds its rows' bits).
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import mlx.core as mx
@@ -48,23 +47,23 @@ class _HeldCache:
         self.inputs_made = False
 
 
-# id(decoder) -> what its tries derive from its weights; an entry leaves with its decoder.
-_HELD: dict[int, _HeldCache] = {}
+# The attribute of a decoder that holds what its tries derive from its weights: the
+# memo lives and dies with the decoder (outside its module tree: not a parameter).
+_DERIVED = "_voicechat_derived"
 
 
 def _derived(decoder: PredictNetwork) -> _HeldCache:
-    """``decoder``'s entry in :data:`_HELD`, made again when any weight it reads changed."""
+    """What ``decoder``'s tries derive from its weights, made again when any weight it
+    reads changed."""
     lstm = decoder.prediction["dec_rnn"].lstm
     sources = [w for layer in lstm for w in (layer.Wx, layer.Wh, layer.bias)]
     sources.append(decoder.prediction["embed"].weight)
-    key = id(decoder)
-    cached = _HELD.get(key)
+    cached = getattr(decoder, _DERIVED, None)
     if cached is None or len(cached.sources) != len(sources) or any(
         a is not b for a, b in zip(cached.sources, sources)
     ):
-        if cached is None:
-            weakref.finalize(decoder, _HELD.pop, key, None)
-        cached = _HELD[key] = _HeldCache(sources, held_lstm(lstm))
+        cached = _HeldCache(sources, held_lstm(lstm))
+        setattr(decoder, _DERIVED, cached)
     return cached
 
 

@@ -14,7 +14,7 @@ transcript is identical; one stream is ``B = 1``.
 
 State follows mlx-lm's cache convention. :class:`RNNTCarry` is the device
 carry of ``B`` streams (``state`` lists its arrays; ``merge`` stacks streams'
-carries, ``extract(i)`` takes row ``i``). :class:`RNNTState` is one stream: its
+carries, ``split`` hands the rows back). :class:`RNNTState` is one stream: its
 carry and its host transcript. A frame of many streams (:class:`RNNTFrame`)
 merges their carries, runs the tries and writes each row back into its
 stream: the streams keep their identity because their transcripts are host
@@ -34,14 +34,33 @@ from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
 from .prediction_step import lstm_step, shared_held_lstm, shared_symbol_inputs
-from .rows import stack_rows, take_row, take_rows
+from .rows import SharedRows, shared_arrays, stack_rows, take_rows
 
 
 class RNNTCarry:
-    """The prediction network's carry of ``B`` streams: ``[prediction, h_1.., c_1..]``, each ``[B, H]``."""
+    """The prediction network's carry of ``B`` streams: ``[prediction, h_1.., c_1..]``, each
+    ``[B, H]``. A stream's carry handed back by :meth:`split` is a row of the batch's
+    (:class:`~.rows.SharedRows`), sliced only when read on its own; merging every row
+    of one batch, in order, is that batch's arrays again."""
+
+    _shared: SharedRows | None = None
+    _row = 0
 
     def __init__(self, arrays: list[mx.array]):
-        self.arrays = list(arrays)
+        self._arrays = list(arrays)
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        shared = self._shared
+        if shared is not None:
+            self._shared = None
+            self._arrays = shared.row(self._row)
+        return self._arrays
+
+    @arrays.setter
+    def arrays(self, arrays: list[mx.array]) -> None:
+        self._shared = None
+        self._arrays = list(arrays)
 
     @property
     def state(self) -> list[mx.array]:
@@ -53,20 +72,35 @@ class RNNTCarry:
 
     @property
     def batch_size(self) -> int:
-        return self.arrays[0].shape[0]
+        return 1 if self._shared is not None else self._arrays[0].shape[0]
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays)
+        """The bytes of ``state`` (a row of a batch as its share, without slicing it)."""
+        if self._shared is not None:
+            return self._shared.row_nbytes
+        return sum(a.nbytes for a in self._arrays)
 
     @classmethod
     def merge(cls, carries: list["RNNTCarry"]) -> "RNNTCarry":
         """One carry whose rows are ``carries``' rows, in order."""
+        shared = shared_arrays(carries)
+        if shared is not None:  # every row of one batch, in order: its arrays
+            return cls(list(shared))
         return cls([stack_rows(parts) for parts in zip(*(c.arrays for c in carries))])
 
-    def extract(self, index: int) -> "RNNTCarry":
-        """Row ``index`` as a one-stream carry."""
-        return RNNTCarry([take_row(a, index) for a in self.arrays])
+    def split(self) -> list["RNNTCarry"]:
+        """Every row as a one-stream carry, sharing this carry's arrays until read."""
+        rows = self.batch_size
+        if rows == 1:
+            return [RNNTCarry(self.arrays)]
+        shared = SharedRows(self.arrays, rows)
+        out = []
+        for row in range(rows):
+            carry = RNNTCarry([])
+            carry._shared, carry._row = shared, row
+            out.append(carry)
+        return out
 
 
 class GreedyRNNT:
@@ -205,6 +239,11 @@ class RNNTState:
     def state(self, arrays: list[mx.array]) -> None:
         self.carry = RNNTCarry(arrays) if arrays else None
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of ``state`` (sized without slicing a carry shared with its batch)."""
+        return 0 if self.carry is None else self.carry.nbytes
+
     def begin(self, dtype: mx.Dtype) -> RNNTCarry:
         """The carry the next frame starts from (the start symbol's, on the first)."""
         assert self.greedy is not None
@@ -306,8 +345,8 @@ class RNNTFrame:
             emitted = set(self.emitted)
             self.more = greedy(self.encoded, carry, greedy.max_symbols - 1,
                                [j in emitted for j in range(len(self.rows))])
-        for j, b in enumerate(self.rows):
-            self.states[b].carry = carry.extract(j)
+        for b, row in zip(self.rows, carry.split()):
+            self.states[b].carry = row
         return [] if self.more is None else [self.more, *carry.state]
 
     def symbols(self) -> list[list[int] | None]:

@@ -5,63 +5,35 @@ stacks its streams' arrays on the first axis and hands each row back. One
 stream is the ``B = 1`` case of the same code, where both move no data: a
 single part is used as it is and a one-row array is its own row.
 
-A batch that steps again with the same rows in the same order stacks nothing.
-A state object whose rows are read only by the next step hands them back
-unsliced (:class:`SharedRows`, as :class:`RowArraysCache` does for Mamba2
-states): each row names its batch and its index, and slices only when read on
-its own. Elsewhere
-:func:`take_row` remembers which array and row each row view came from, and
-:func:`stack_rows` of every row view of one array, in order, is that array
-(the same values, so the same bits; no concatenation kernel). A pool that
-steps the same sessions frame after frame then re-stacks none of their state.
+A batch that steps again with the same rows in the same order stacks nothing:
+a state object hands its rows back unsliced (:class:`SharedRows`: each row
+names its batch and its index, and slices only when read on its own), and a
+merge of every row of one batch, in order, is that batch's arrays again
+(:func:`shared_arrays`; :class:`RowArraysCache` for Mamba2 states, the RNNT
+carry, the codec state and the encoder's tails do this). The rows know their
+batch; nothing is kept anywhere else.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 from mlx_vlm.models.cache import ArraysCache
 
-# id(row view) -> (weak ref to the view, the array it is a row of, its row index);
-# an entry leaves with its view.
-_VIEWS: dict[int, tuple[weakref.ref, mx.array, int]] = {}
-
-
-def _stacked_parent(parts: Sequence[mx.array]) -> mx.array | None:
-    """The array whose rows ``parts`` are, all of them in order, or ``None``."""
-    parent = None
-    for index, part in enumerate(parts):
-        entry = _VIEWS.get(id(part))
-        if entry is None or entry[0]() is not part or entry[2] != index:
-            return None
-        if parent is None:
-            parent = entry[1]
-        elif entry[1] is not parent:
-            return None
-    return parent if parent is not None and parent.shape[0] == len(parts) else None
-
 
 def stack_rows(parts: Sequence[mx.array]) -> mx.array:
-    """``parts`` (each ``[b_i, ...]``) as one ``[sum b_i, ...]`` array; one part as it is,
-    and every row of one array, in order, as that array."""
+    """``parts`` (each ``[b_i, ...]``) as one ``[sum b_i, ...]`` array; one part as it is."""
     if len(parts) == 1:
         return parts[0]
-    parent = _stacked_parent(parts)
-    return parent if parent is not None else mx.concatenate(list(parts))
+    return mx.concatenate(list(parts))
 
 
 def take_row(array: mx.array, index: int) -> mx.array:
     """Row ``index`` of ``[B, ...]`` ``array`` as ``[1, ...]``; a one-row array as it is."""
     if array.shape[0] == 1:
         return array
-    row = array[index : index + 1]
-    key = id(row)
-    # The entry leaves with its view (a weak reference's callback: half the cost of
-    # a ``weakref.finalize``, taken for every row of every batched state each step).
-    _VIEWS[key] = (weakref.ref(row, lambda _, key=key: _VIEWS.pop(key, None)), array, index)
-    return row
+    return array[index : index + 1]
 
 
 def take_rows(array: mx.array, indices: Sequence[int]) -> mx.array:
@@ -80,6 +52,15 @@ class SharedRows:
     def __init__(self, arrays: Sequence[mx.array | None], rows: int):
         self.arrays, self.rows = tuple(arrays), rows
 
+    def row(self, index: int) -> list[mx.array | None]:
+        """Row ``index``'s slices of every array."""
+        return [None if a is None else take_row(a, index) for a in self.arrays]
+
+    @property
+    def row_nbytes(self) -> int:
+        """One row's share of the arrays' bytes."""
+        return sum(a.nbytes for a in self.arrays if a is not None) // self.rows
+
 
 class RowArraysCache(ArraysCache):
     """mlx-lm's ``ArraysCache`` that may hold row ``i`` of a :class:`SharedRows` instead of
@@ -94,7 +75,7 @@ class RowArraysCache(ArraysCache):
         shared = self._shared
         if shared is not None:
             self._shared = None
-            self._cache = [None if a is None else take_row(a, self._row) for a in shared.arrays]
+            self._cache = shared.row(self._row)
         return self._cache
 
     @cache.setter
@@ -118,16 +99,68 @@ class RowArraysCache(ArraysCache):
     def state_nbytes(self) -> int:
         """The bytes of ``state`` (a shared row as its share of the batch's arrays)."""
         if self._shared is not None:
-            return sum(a.nbytes for a in self._shared.arrays if a is not None) // self._shared.rows
+            return self._shared.row_nbytes
         return sum(a.nbytes for a in self._cache if a is not None)
 
 
-def shared_arrays(caches: Sequence[Any]) -> tuple[mx.array | None, ...] | None:
-    """The batch arrays when ``caches`` are every row of one :class:`SharedRows`, in order."""
+def shared_arrays(caches: Sequence[Any], current: Callable[[Any], Any] | None = None
+                  ) -> tuple[mx.array | None, ...] | None:
+    """The batch arrays when ``caches`` (objects holding row ``_row`` of ``_shared``) are
+    every row of one :class:`SharedRows`, in order. ``current``: for objects that keep
+    their row's slices too (:func:`link_row`), what they hold now, which must still be
+    what they were handed (``_linked``)."""
     first = getattr(caches[0], "_shared", None)
     if first is None or first.rows != len(caches):
         return None
     for row, cache in enumerate(caches):
-        if cache._shared is not first or cache._row != row:
+        if cache._shared is not first or cache._row != row or (
+                current is not None and cache._linked is not current(cache)):
             return None
     return first.arrays
+
+
+class LinkedRow:
+    """What an object that keeps its row's slices remembers of the batch they came from
+    (:func:`link_row`): the batch, its row, and the slices it was handed."""
+
+    _shared: SharedRows | None = None
+    _row = 0
+    _linked: Any = None
+
+
+def link_row(holder: LinkedRow, shared: SharedRows, row: int, current: Any) -> None:
+    """``holder`` (which keeps ``current``, its slices of row ``row``) remembers that they
+    are row ``row`` of ``shared``, for :func:`shared_arrays` to stack them for free while
+    it still holds them."""
+    holder._shared, holder._row, holder._linked = shared, row, current
+
+
+class Rows(list):
+    """A frame's row views handed from one stage to the next (a list of ``[1, ...]``
+    arrays), each remembering which batch array and row it is, so the next stage's
+    batch of the same rows, in order, is that array (:meth:`stack`)."""
+
+    def __init__(self, rows: Sequence[mx.array] = (),
+                 sources: Sequence[tuple[mx.array, int] | None] | None = None):
+        super().__init__(rows)
+        self.sources = list(sources) if sources is not None else [None] * len(self)
+
+    @classmethod
+    def of(cls, array: mx.array) -> "Rows":
+        """Every row of ``array``."""
+        count = array.shape[0]
+        return cls([take_row(array, i) for i in range(count)], [(array, i) for i in range(count)])
+
+    def put(self, index: int, array: mx.array, row: int) -> None:
+        """Item ``index`` is row ``row`` of ``array``."""
+        self[index] = take_row(array, row)
+        self.sources[index] = (array, row)
+
+    def stack(self, members: Sequence[int]) -> mx.array:
+        """Items ``members`` stacked: every row of one array, in order, is that array."""
+        first = self.sources[members[0]]
+        if first is not None and first[0].shape[0] == len(members) and all(
+                (source := self.sources[b]) is not None and source[0] is first[0]
+                and source[1] == j for j, b in enumerate(members)):
+            return first[0]
+        return stack_rows([self[b] for b in members])

@@ -24,7 +24,7 @@ from mlx_vlm.models.base import scaled_dot_product_attention
 from mlx_vlm.models.cache import ArraysCache
 
 from .fused import project
-from .kv_arena import LayerCores
+from .kv_arena import AttentionCores, StepArrays
 from .mamba_step import MambaStep, use_upstream
 from .rows import RowArraysCache, SharedRows, shared_arrays, stack_rows, take_row
 
@@ -108,9 +108,9 @@ class _Attention:
     own cache object at its own offset. The block's own modules do the arithmetic,
     in its order, so a row equals the block run on that row alone."""
 
-    def __init__(self, layer: Any, slot: int):
+    def __init__(self, layer: Any, slot: int, cores: AttentionCores):
         self.layer, self.slot = layer, slot
-        self.cores = LayerCores()
+        self.cores = cores
         self._pre = mx.compile(self._project)
         self._post = mx.compile(self._output)
 
@@ -135,7 +135,7 @@ class _Attention:
             return x + self.layer.mixer.o_proj(out.reshape(b, -1))
         return x + self.layer.mixer.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
 
-    def __call__(self, x: mx.array, rows: Sequence[list[Any]]) -> mx.array:
+    def __call__(self, x: mx.array, rows: Sequence[list[Any]], memo: StepArrays) -> mx.array:
         q, k, v = self._pre(x)
         scale = self.layer.mixer.scale
         caches = [r[self.slot] for r in rows]
@@ -152,7 +152,7 @@ class _Attention:
                                                          scale=scale, mask=None))
             return stack_rows(outs)
 
-        return self._post(x, self.cores(q, k, v, caches, 1, scale, alone))
+        return self._post(x, self.cores(q, k, v, caches, 1, scale, alone, memo))
 
 
 class SegmentedStep:
@@ -164,7 +164,9 @@ class SegmentedStep:
     single-position input.
     """
 
-    def __init__(self, layers: Sequence[Any], head: Callable[[mx.array], Sequence[mx.array]]):
+    def __init__(self, layers: Sequence[Any], head: Callable[[mx.array], Sequence[mx.array]],
+                 cores: AttentionCores | None = None):
+        self.cores = AttentionCores() if cores is None else cores
         self.plan: list[Any] = []  # _Run or _Attention
         run: list[Any] = []
         run_slots: list[int | None] = []
@@ -175,7 +177,7 @@ class SegmentedStep:
                 if run:
                     self.plan.append(_Run(run, run_slots, None))
                     run, run_slots = [], []
-                self.plan.append(_Attention(layer, slot))
+                self.plan.append(_Attention(layer, slot, self.cores))
                 slot += 1
             elif kind == MAMBA:
                 run.append(layer)
@@ -214,13 +216,14 @@ class SegmentedStep:
         """
         if self.rows:
             x = x.reshape(x.shape[0], x.shape[-1])
+        memo: StepArrays = {}  # this step's ring write indices and masks, shared by its layers
         for part in self.plan:
             if isinstance(part, _Run):
                 x = part(x, rows)
                 if part.head is None:
                     x = x[0]
             else:
-                x = part(x, rows)
+                x = part(x, rows, memo)
         return x
 
 

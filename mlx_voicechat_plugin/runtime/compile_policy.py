@@ -50,11 +50,6 @@ import mlx.core as mx
 
 logger = logging.getLogger(__name__)
 
-# What apply() (or suspended()) set last; MLX has no getter. MLX starts disabled
-# when MLX_DISABLE_COMPILE is set (to anything), else enabled.
-_state = {"enabled": "MLX_DISABLE_COMPILE" not in os.environ}
-
-
 def on_cpu() -> bool:
     return mx.default_device().type == mx.DeviceType.cpu
 
@@ -109,7 +104,7 @@ def is_warm(key: str | None) -> bool:
 
 def mark_warm(key: str | None) -> None:
     """Record that a compiled run of this configuration finished (its kernels are cached)."""
-    if key is None or not _state["enabled"]:
+    if key is None or not enabled():
         return
     try:
         kernel_cache_dir().mkdir(parents=True, exist_ok=True)
@@ -137,14 +132,24 @@ def apply(requested: bool | None, *, long_running: bool, key: str | None = None)
                   file=sys.stderr, flush=True)
     else:
         mx.disable_compile()
-    _state["enabled"] = enabled
     logger.debug("mx.compile %s", "enabled" if enabled else "disabled")
     return enabled
 
 
 def enabled() -> bool:
-    """Whether ``mx.compile`` is on, as this module last set it (or MLX started)."""
-    return _state["enabled"]
+    """Whether ``mx.compile`` is on (MLX has no getter): a probe function compiled here
+    runs its Python body once when MLX compiles, at every call when it does not."""
+    calls: list[None] = []
+
+    def probe(x: mx.array) -> mx.array:
+        calls.append(None)
+        return x
+
+    compiled = mx.compile(probe)
+    x = mx.array(0)
+    compiled(x)
+    compiled(x)
+    return len(calls) == 1
 
 
 @contextmanager
@@ -156,9 +161,8 @@ def suspended() -> Iterator[None]:
     what an instrument that patches ``mx`` functions needs. The cached
     traces stay; the next compiled call outside replays them.
     """
-    previous = _state["enabled"]
+    previous = enabled()
     mx.disable_compile()
-    _state["enabled"] = False
     try:
         yield
     finally:
@@ -166,4 +170,3 @@ def suspended() -> Iterator[None]:
             mx.enable_compile()
         else:
             mx.disable_compile()
-        _state["enabled"] = previous

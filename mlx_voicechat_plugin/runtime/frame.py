@@ -35,7 +35,7 @@ from ..models.context import ContextWindow
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream, push_frames
 from ..models.rnnt import RNNTFrame, RNNTState
-from ..models.rows import stack_rows, take_row, take_rows
+from ..models.rows import Rows, stack_rows, take_rows
 from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep, WarmStart
 
@@ -146,10 +146,25 @@ class ConversationState:
                  *, start: WarmStart, seed: int, use_language_cache: bool,
                  context: tuple[ContextWindow, ContextWindow] | None = None):
         self.perception = perception
-        self.timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
-                                 context=context)
+        self.batch: TimelineBatch | None = None  # the batch holding its timeline's row, if one does
+        self.row = 0  # its row there
+        self._timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
+                                  context=context)
         self.rnnt = rnnt
         self.codec: CodecState | None = model.tts_model.audio_codec.make_state()
+
+    @property
+    def timeline(self) -> Timeline:
+        """Its own one-row timeline (a batch holding its row gives every row back first)."""
+        if self.batch is not None:
+            self.batch.dissolve()
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, timeline: Timeline) -> None:
+        if self.batch is not None:
+            self.batch.dissolve()
+        self._timeline = timeline
 
     def _parts(self) -> tuple[Any, ...]:
         return (self.perception, self.timeline, self.rnnt, self.codec)
@@ -186,9 +201,11 @@ class ConversationState:
         """The bytes of ``state`` (the timeline's sized from shapes where it can)."""
         if self.codec is None:  # released
             return 0
+        timeline = (self._timeline.nbytes if self.batch is None
+                    else self.batch.row_nbytes(self.row))
         return (sum(getattr(part, "nbytes", None) or sum(a.nbytes for a in part.state)
                     for part in (self.perception, self.rnnt, self.codec))
-                + self.timeline.nbytes)
+                + timeline)
 
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
@@ -196,6 +213,55 @@ class ConversationState:
         self.timeline.release()
         self.rnnt.release()
         self.codec = None
+
+
+class TimelineBatch:
+    """The timelines of the conversations that step together, kept as one between frames.
+
+    While the same conversations step in the same order (a pool's steady
+    state), their frames run on one merged :class:`Timeline` and no row is
+    taken back out. The batch changes only when its membership does
+    (:meth:`join` with other conversations: a session joins, leaves, pauses or
+    is starved), or when one member's timeline is read on its own (its
+    ``timeline``: a snapshot, a prefill, a release): then every row goes back
+    to its conversation (:meth:`dissolve`). A member's ``nbytes`` is read
+    from its row without taking it out. One conversation is a batch of none:
+    its own timeline steps.
+    """
+
+    def __init__(self) -> None:
+        self.members: list[ConversationState] = []
+        self.timeline: Timeline | None = None
+
+    def join(self, states: list[ConversationState]) -> Timeline:
+        """The merged timeline of ``states`` (the held one while they are its members)."""
+        if self.timeline is not None and len(states) == len(self.members) and all(
+                a is b for a, b in zip(states, self.members)):
+            return self.timeline
+        self.dissolve()
+        for state in states:  # rows another batch holds go back to their conversations
+            if state.batch is not None:
+                state.batch.dissolve()
+        timeline = Timeline.merge([s._timeline for s in states])
+        if len(states) > 1:
+            self.members, self.timeline = list(states), timeline
+            for row, state in enumerate(states):
+                state.batch, state.row = self, row
+        return timeline
+
+    def row_nbytes(self, row: int) -> int:
+        """The bytes of a member's timeline, read from its row."""
+        assert self.timeline is not None
+        return self.timeline.row_nbytes(row)
+
+    def dissolve(self) -> None:
+        """Every member takes its row back as its own timeline."""
+        timeline, members = self.timeline, self.members
+        self.timeline, self.members = None, []
+        for row, state in enumerate(members):
+            state.batch = None
+            assert timeline is not None
+            state._timeline = timeline.extract(row)
 
 
 def advance(
@@ -224,6 +290,7 @@ def advance_batch(
     forced: list[int | None],
     clock: FrameClock = NO_CLOCK,
     on_tokens: list[Callable[[TimelineStep], None] | None] | None = None,
+    batch: TimelineBatch | None = None,
 ) -> list[FrameOutput | Heard]:
     """Advance many rows by one frame each, in one compute per stage where it batches.
 
@@ -233,12 +300,15 @@ def advance_batch(
     (perception, RNNT) runs in one batch; the speaking half only for the
     conversations. Each row's outputs equal :func:`advance` on it alone (the
     language model's attention-free runs and heads take all rows at once; every
-    row keeps its own caches). ``advance`` is this with one row.
+    row keeps its own caches). ``advance`` is this with one row. ``batch``: where
+    the conversations' merged timeline is kept between frames (a pool's); without
+    one, a batch of this frame's (its rows go back when one is read alone).
     """
     hearing = Hearing(states, frames, clock)
     talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
     talkers = [states[b] for b in talking]
-    timeline = Timeline.merge([s.timeline for s in talkers]) if talkers else None
+    batch = TimelineBatch() if batch is None else batch
+    timeline = batch.join(talkers) if talkers else None
     ids = []
     if timeline is not None:
         tokens = timeline.listen(take_rows(hearing.projected, talking),
@@ -252,8 +322,6 @@ def advance_batch(
     steps, outputs = [], []
     if timeline is not None:
         steps = timeline.speak(tokens, clock)
-        for b, state in enumerate(talkers):
-            state.timeline = timeline.extract(b)
         clock.stage("tts", *[step.codes for step in steps])
         speech = model.tts_model
         # Control codes replaced once over every row's codes (rows are slices of it).
@@ -262,8 +330,7 @@ def advance_batch(
         by_codebook = codes.transpose(0, 2, 1)
         carried: list[mx.array] = []  # the codec batches' states: every row's, evaluated
         waveforms = speech.audio_codec.decode_streams(
-            [take_row(by_codebook, b) for b in range(len(steps))], [s.codec for s in talkers],
-            carried)
+            Rows.of(by_codebook), [s.codec for s in talkers], carried)
         heard_codes = codes[:, 0].astype(mx.int32)
         speaking += carried
         for b, (step, samples) in enumerate(zip(steps, waveforms)):

@@ -38,6 +38,7 @@ from typing import Any, Generator
 import numpy as np
 
 from .events import Event
+from .frame import TimelineBatch
 from .ledger import ReservationLedger
 from .options import SessionOptions, TranscriptionOptions, check_positive_int
 from .reservation import Reservations
@@ -107,6 +108,8 @@ class SessionPool:
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
         self.sessions: dict[str, StreamingShell] = {}
+        # The stepping conversations' timelines, merged while the same ones step.
+        self.batch = TimelineBatch()
         self.state_bytes = 0  # measured after every change (read from any thread)
         self.reservations = Reservations(voicechat)
         self.ledger = ledger or ReservationLedger()
@@ -253,7 +256,7 @@ class SessionPool:
                 ready.append(session_id)
         if ready:
             outcomes = step_cores([self.sessions[k].core for k in ready],
-                                  [frames[k] for k in ready])
+                                  [frames[k] for k in ready], self.batch)
             result.frames = len(ready)
             for session_id, outcome in zip(ready, outcomes):
                 if isinstance(outcome, Exception):

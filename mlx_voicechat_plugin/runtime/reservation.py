@@ -27,7 +27,6 @@ the measured state past the budget.
 from __future__ import annotations
 
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,16 +132,13 @@ def session_reservation(config: Any, shape: SessionShape, fixed: int,
     return fixed + kv_bytes(config, shape, frames) + pcm
 
 
-# Fixed parts measured so far, per VoiceChat (a probe runs once per loaded model).
-_FIXED: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-
-
 class Reservations:
-    """The fixed part of one model's sessions, measured once (:meth:`fixed_bytes`)."""
+    """The fixed part of one model's sessions, measured once per ``VoiceChat`` (kept
+    there, in its ``fixed_state_bytes``: :meth:`fixed_bytes`)."""
 
     def __init__(self, voicechat: Any):
         self.voicechat = voicechat
-        self._fixed: int | None = _FIXED.get(voicechat)
+        self._fixed: int | None = getattr(voicechat, "fixed_state_bytes", None)
 
     def fixed_bytes(self) -> int:
         """The largest non-KV state of a conversation, measured on a probe stream (no
@@ -162,7 +158,7 @@ class Reservations:
                     fixed = max(fixed, stream.core.compute.nbytes - kv)
             finally:
                 stream.cancel()
-            self._fixed = _FIXED[vc] = fixed
+            self._fixed = vc.fixed_state_bytes = fixed
             logger.info("session state: %d fixed bytes, measured over %d frames", fixed, frames)
         return self._fixed
 

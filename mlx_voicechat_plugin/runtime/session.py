@@ -88,7 +88,8 @@ class VoiceChat:
     The model is only read: its one-time setup (the TTS's subword spellings,
     codebook tables) is done by ``load``. What the runtime keeps is here, not
     on the model: the EAR-TTS warm start every conversation begins from
-    (computed once, when this is made) and the prompt cache.
+    (computed once, when this is made), the prompt cache and the measured size
+    of a conversation's fixed state.
     """
 
     def __init__(self, model: Model, processor: Any):
@@ -112,6 +113,9 @@ class VoiceChat:
                                       positions=perception.window_positions())
         self.prompt_cache: PromptCache | None = PromptCache()
         self._warm_start: WarmStart | None = WarmStart.of(model)
+        # A conversation's non-KV state bytes, measured once on a probe stream the first
+        # time a pool reserves for one (:class:`~.reservation.Reservations`).
+        self.fixed_state_bytes: int | None = None
 
     @property
     def warm_start(self) -> WarmStart:

@@ -30,7 +30,7 @@ from .audio import as_pcm_chunk
 from .conversation import Conversation
 from .events import Cancelled, Done, Event
 from .framing import Chunk, Framer
-from .frame import advance_batch
+from .frame import TimelineBatch, advance_batch
 from .options import SessionOptions, StreamLimits
 from .profile import Profile
 from .timeline import Timeline
@@ -296,17 +296,20 @@ class StreamingSession(StreamingShell):
         return self.conversation.function.text
 
 
-def step_cores(cores: list[Core], inputs: list[np.ndarray]) -> list[list[Event] | Exception]:
+def step_cores(cores: list[Core], inputs: list[np.ndarray],
+               batch: TimelineBatch | None = None) -> list[list[Event] | Exception]:
     """One frame of many cores of one model: one batched compute, then each one's books.
 
     Every core's listening half (perception, RNNT) runs in one batch, the
     speaking half for the conversations among them. Each core gets its events,
     or the exception its own bookkeeping raised (the others' frames are
     unaffected); each equals that core's ``frame`` run alone. Not profiled.
+    ``batch``: the caller's (a pool's), where the conversations' timelines stay
+    merged while the same ones step (:class:`~.frame.TimelineBatch`).
     """
     outs = advance_batch(cores[0].model, [c.compute for c in cores], inputs,
                          [c.next_forced() for c in cores],
-                         on_tokens=[c.decode_tokens for c in cores])
+                         on_tokens=[c.decode_tokens for c in cores], batch=batch)
     results: list[list[Event] | Exception] = []
     for core, out in zip(cores, outs):
         try:

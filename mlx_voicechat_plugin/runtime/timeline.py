@@ -11,9 +11,11 @@ One position of the timeline is one 80 ms frame:
 
 The first position has no TTS step; its codes are the codec's silence codes.
 A :class:`Timeline` carries this recurrence for ``B`` conversations at once
-(one conversation is ``B = 1``): :func:`~.frame.advance_batch` merges the
-stepping conversations' timelines, runs one position and extracts each row
-back, for offline and streaming conversations alike.
+(one conversation is ``B = 1``): :func:`~.frame.advance_batch` runs one
+position of the stepping conversations' merged timeline, which a
+:class:`~.frame.TimelineBatch` keeps while the same conversations step and
+hands back row by row when they change, for offline and streaming
+conversations alike.
 """
 
 from __future__ import annotations
@@ -235,12 +237,16 @@ class Timeline:
     def nbytes(self) -> int:
         """The bytes of ``state``, sized without making its arrays where the caches can
         (a pool measures every session's after every step)."""
+        return sum(self.row_nbytes(b) for b in range(self.batch_size))
+
+    def row_nbytes(self, index: int) -> int:
+        """The bytes of row ``index``'s ``state`` (as :meth:`extract` of it would size them)."""
         if self.prev_codes is None:  # released
             return 0
-        return (sum(s.nbytes for s in self.language)
-                + sum(state_nbytes(c) for c in self.tts_caches)
-                + sum(a.nbytes for r in self.rngs for a in r.state)
-                + sum(a.nbytes for a in (self.prev_text, self.prev_function, self.prev_codes)))
+        return (self.language[index].nbytes + state_nbytes(self.tts_caches[index])
+                + sum(a.nbytes for a in self.rngs[index].state)
+                + sum(a.nbytes // a.shape[0]
+                      for a in (self.prev_text, self.prev_function, self.prev_codes)))
 
     @property
     def meta_state(self) -> tuple:

@@ -248,6 +248,9 @@ def dequantized_checkpoint(src: str | Path, out_dir: str | Path) -> Path:
                   if f"{module}.{n}" in weights]
         out_weights[key] = mx.dequantize(value, *affine, group_size=fmt["group_size"],
                                          bits=fmt["bits"])
-    _write_weights(dict(sorted(out_weights.items())), out)
+    writer = ShardWriter(out)
+    for key, value in out_weights.items():
+        writer(key, value)
+    writer.close()
     _write_json(out / "config.json", raw)
     return out
