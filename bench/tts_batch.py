@@ -90,7 +90,7 @@ def _sessions(model: Any, count: int) -> list[_Session]:
     """``count`` sessions after ``0, 9, 18, ...`` frames alone (different offsets)."""
     import mlx.core as mx
 
-    from mlx_voicechat_plugin.runtime.timeline import WarmStart
+    from mlx_voicechat_plugin.runtime.warm_start import WarmStart
 
     start = WarmStart.of(model)
     tts = model.tts_model.tts_model

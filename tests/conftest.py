@@ -59,7 +59,7 @@ def tiny_model(tiny_ckpt: Path):
 @pytest.fixture(scope="module")
 def tiny_start(tiny_model):
     """The tiny model's warm start (:class:`~mlx_voicechat_plugin.runtime.timeline.WarmStart`)."""
-    from mlx_voicechat_plugin.runtime.timeline import WarmStart
+    from mlx_voicechat_plugin.runtime.warm_start import WarmStart
 
     return WarmStart.of(tiny_model)
 

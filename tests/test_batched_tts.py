@@ -28,7 +28,7 @@ from mlx_voicechat_plugin.models.cache_state import (
 from mlx_voicechat_plugin.models.mog_head import draw
 from mlx_voicechat_plugin.models.gemma_step import GemmaStep
 from mlx_voicechat_plugin.runtime.rng import RandomStream
-from mlx_voicechat_plugin.runtime.timeline import WarmStart
+from mlx_voicechat_plugin.runtime.warm_start import WarmStart
 
 # Frames each session runs alone before batching: the fixture's sliding window
 # is 64 and the warm start ends at 37, so the last two are past the window.

@@ -21,7 +21,8 @@ from mlx_voicechat_plugin.models.rvq import CodebookTables, rvq_assign, rvq_bloc
 from mlx_voicechat_plugin.models.perception_stream import MelStream, PerceptionStream, push_frames
 from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTFrame, RNNTState
 from mlx_voicechat_plugin.runtime.rng import RandomStream
-from mlx_voicechat_plugin.runtime.timeline import Timeline, WarmStart
+from mlx_voicechat_plugin.runtime.timeline import Timeline
+from mlx_voicechat_plugin.runtime.warm_start import WarmStart
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 

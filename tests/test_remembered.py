@@ -14,7 +14,7 @@ import pytest
 
 from mlx_voicechat_plugin.models import fused as fused_module
 from mlx_voicechat_plugin.models.remembered import ENV_CACHE_DIR, PROBE_FILE, cache_dir
-from mlx_voicechat_plugin.runtime.timeline import WarmStart
+from mlx_voicechat_plugin.runtime.warm_start import WarmStart
 from mlx_voicechat_plugin.testing.fixtures import make_checkpoint, question_signal
 
 

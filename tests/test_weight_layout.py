@@ -22,7 +22,8 @@ from mlx_voicechat_plugin.models.weight_layout import (
     FrameUpsample, PointwiseConv1d, RowMajorLinear, RowMajorLSTM, layouts_agree, relayout,
 )
 from mlx_voicechat_plugin.runtime.rng import RandomStream
-from mlx_voicechat_plugin.runtime.timeline import Timeline, WarmStart
+from mlx_voicechat_plugin.runtime.timeline import Timeline
+from mlx_voicechat_plugin.runtime.warm_start import WarmStart
 from mlx_voicechat_plugin.testing.fixtures import conversation_signal
 
 pytestmark = pytest.mark.skipif(not layouts_agree(),

@@ -37,7 +37,8 @@ from ..models.perception_stream import PerceptionStream, push_frames
 from ..models.rnnt import RNNTFrame, RNNTState
 from ..models.rows import Rows, stack_rows, take_rows
 from .profile import NO_CLOCK, FrameClock
-from .timeline import Timeline, TimelineStep, WarmStart
+from .timeline import Timeline, TimelineStep
+from .warm_start import WarmStart
 
 
 class WholeSignal:

@@ -36,7 +36,7 @@ from .options import (
     check_extra_decoding_seconds,
 )
 from .prompt_cache import PromptCache
-from .timeline import WarmStart
+from .warm_start import WarmStart
 
 logger = logging.getLogger(__name__)
 
