@@ -1,7 +1,8 @@
 """Session start: the EAR-TTS warm-up is computed once per runtime and copied.
 
 The runtime (``model.create_session(processor)``) computes it when it is
-made; nothing of it lives on the model.
+made, or reads back the one remembered for its checkpoint; nothing of it lives
+on the model.
 
 The warm-up caches are a pure function of the weights; each session gets new
 cache objects over them, so sessions start without recomputing it and never
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from mlx_voicechat_plugin.models.ear_tts import EarTTS
+from mlx_voicechat_plugin.models.remembered import ENV_CACHE_DIR
 from mlx_voicechat_plugin.runtime.events import Audio, AssistantTextDelta
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
@@ -54,7 +56,12 @@ def test_the_warm_up_runs_once_per_runtime_when_it_is_made(session, monkeypatch)
     session.warm_start = None
     session.create_streaming_session()
     session.create_streaming_session()
-    assert len(calls) == 1  # once dropped, it is computed again once, lazily
+    assert not calls  # once dropped, it is read back once, lazily, as remembered
+    monkeypatch.setenv(ENV_CACHE_DIR, "off")
+    session.warm_start = None
+    session.create_streaming_session()
+    session.create_streaming_session()
+    assert len(calls) == 1  # with remembering off, it is computed again once, lazily
 
 
 def test_sessions_from_the_shared_warm_start_equal_a_fresh_warm_up(session):
