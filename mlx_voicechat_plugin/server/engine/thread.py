@@ -240,7 +240,7 @@ class Engine:
         try:
             self._serve()
         finally:
-            _clear_streams()
+            _mlx_free("clear_streams")
 
     def _fit_to_memory(self) -> None:
         """Size the session bounds to what the model's memory plan leaves, and say so."""
@@ -384,21 +384,16 @@ class Engine:
 
 
 def _clear_cache() -> None:
+    _mlx_free("clear_cache")
+
+
+def _mlx_free(name: str) -> None:
+    """``mx.clear_cache`` (no session left) or ``mx.clear_streams`` (this thread's streams
+    before it ends: MLX leaves that to each thread, and a process whose engine thread
+    skipped it aborts at exit, status 134, instead of exiting 0 after a graceful stop)."""
     try:
         import mlx.core as mx
 
-        mx.clear_cache()
-    except Exception:  # pragma: no cover - MLX missing its cache API
-        logger.debug("mx.clear_cache failed", exc_info=True)
-
-
-def _clear_streams() -> None:
-    """Free this thread's MLX streams before it ends: MLX leaves that to each thread, and
-    a process whose engine thread skipped it aborts at exit ("terminate called without
-    an active exception", status 134) instead of exiting 0 after a graceful stop."""
-    try:
-        import mlx.core as mx
-
-        mx.clear_streams()
-    except Exception:  # pragma: no cover - an MLX without clear_streams cleans up itself
-        logger.debug("mx.clear_streams failed", exc_info=True)
+        getattr(mx, name)()
+    except Exception:  # pragma: no cover - an MLX without it cleans up itself
+        logger.debug("mx.%s failed", name, exc_info=True)
