@@ -52,6 +52,8 @@ class EngineSide:
     tools_set: bool
     event_loop: asyncio.AbstractEventLoop
     frames_run: int
+    samples_received: int
+    received_at_open: int
     connected_at: float
     open: bool
 
@@ -68,6 +70,7 @@ class EngineSide:
             self.life.move_engine(Stage.NEW)
             await self.engine.close(self.session_id)
         self.event_loop, self.frames_run = asyncio.get_running_loop(), 0
+        self.received_at_open = self.samples_received
         opening = self.engine.open(self.session_id, options, self)
         self.life.move_engine(Stage.OPENING)  # the engine may hold a stream: release closes it
         try:
@@ -101,15 +104,23 @@ class EngineSide:
             self.engine.abort(self.session_id)
             await asyncio.wait({opening})
 
-    async def feed_audio(self, samples: np.ndarray) -> None:
+    async def feed_audio(self, samples: np.ndarray, sent: int | None = None) -> None:
         """Client audio at the session's input rate, queued (not awaited: its frames run
         in batched steps with the other sessions' and their events come back in order);
-        the session counts as active."""
+        the session counts as active. ``sent``: the samples the client sent for it, at
+        the rate it sends (by default ``samples`` themselves), counted here, once, in
+        :attr:`samples_received` (a resume's figure, NVIDIA's ``session.end``)."""
+        self.samples_received += samples.shape[0] if sent is None else sent
         if not samples.shape[0]:
             return
         self.active()
-        self.samples_received += samples.shape[0]
         await self.input_feed().append(samples)
+
+    @property
+    def heard_since_open(self) -> bool:
+        """Whether the engine stream took input since it opened: client audio, or frames
+        run (the server's silence too)."""
+        return self.frames_run > 0 or self.samples_received > self.received_at_open
 
     def input_feed(self) -> InputFeed:
         """The session's bounded input queue (``--max-buffered-seconds``)."""

@@ -86,7 +86,8 @@ class Session(EngineSide):
         self.replay = ReplayLog(limits.max_replay_seconds * FRAMES_PER_SECOND)
         self.frames_seen = 0  # frames whose events were handed over, never reset
         self.pace = FramePace()  # how late the session's frames ran, all of them
-        self.samples_received = 0  # client audio taken, at the model's input rate
+        self.samples_received = 0  # client audio taken, at the rate the client sends it
+        self.received_at_open = 0  # samples_received when the engine stream last opened
         self.ended = ""  # why a detached session was released (not resumed)
         self.watcher: Watcher | None = None  # told when it detaches and is released
         self._tasks: set[asyncio.Task] = set()

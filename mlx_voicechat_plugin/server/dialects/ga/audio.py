@@ -97,25 +97,20 @@ class Resampler:
 
 
 class InputAudio:
-    """Client audio (``fmt``) -> model samples at ``model_rate``."""
+    """Client audio (``fmt``) -> its samples (:meth:`decode`) -> model samples at
+    ``model_rate`` (:attr:`resample`)."""
 
     def __init__(self, fmt: AudioFormat, model_rate: int):
         self.format = fmt
         self.resample = Resampler(fmt.rate, model_rate)
-        self.received = 0  # samples decoded, at the client's rate
 
-    def __call__(self, audio: Any) -> np.ndarray:
+    def decode(self, audio: Any) -> np.ndarray:
+        """An append's base64 audio -> the client's samples, at its rate."""
         try:
             data = decode_base64(audio, "base64")
         except ValueError as exc:
             raise FormatError(str(exc)) from None
-        return self.from_bytes(data)
-
-    def from_bytes(self, data: bytes) -> np.ndarray:
-        """Audio bytes in the client's format -> model samples (counted as received)."""
-        samples = decode(self.format, data)
-        self.received += samples.shape[0]
-        return self.resample(samples)
+        return decode(self.format, data)
 
 
 class MediaInput:
@@ -139,8 +134,9 @@ class MediaInput:
             raise FormatError(str(exc)) from None
         return pcm16_bytes(self.to_ga(samples))
 
-    def __call__(self, data: bytes, rate: int) -> np.ndarray:
-        return self.input.from_bytes(self.ga_pcm(data, rate))
+    def decode(self, data: bytes, rate: int) -> np.ndarray:
+        """The track's PCM16 at ``rate`` -> the samples of GA ``audio/pcm`` (24 kHz)."""
+        return decode(self.input.format, self.ga_pcm(data, rate))
 
 
 class OutputAudio:

@@ -101,8 +101,6 @@ class GADialect(Dialect):
         self.media = MediaInput(MODEL_INPUT_RATE)
         self.requested = self.options_of(self.config)  # the session options it asks for
         self.opened_with: SessionOptions | None = None  # the options of the open session
-        self.heard = 0  # samples the model has been given since it opened
-        self.audio_received = 0  # client samples taken, in its input format (a resume's figure)
         self.event_id: str | None = None  # of the client event being handled
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
         self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
@@ -125,7 +123,7 @@ class GADialect(Dialect):
         return error_event(code, message)
 
     def received_audio(self) -> tuple[int, int]:
-        return self.audio_received, self.input.format.rate
+        return self.session.samples_received, self.input.format.rate
 
     def parse(self, message: str | bytes) -> ClientEvent:
         """One client message -> a GA client event; its ``event_id`` is echoed by its error."""
@@ -255,15 +253,14 @@ class GADialect(Dialect):
         config = merge_session(self.config, payload)
         options = self.options_of(config)
         if self.opened_with != options:
-            if self.heard:
+            if self.session.heard_since_open:
                 # The prompt and tools are prefilled: a new timeline starts, and
                 # what the model heard so far is forgotten (GA clients often send
                 # their tools while audio already flows).
-                logger.warning("%s instructions/tools changed after %.2f s of audio: the "
+                logger.warning("%s instructions/tools changed after %d frames run: the "
                                "model's timeline restarts", self.session_id,
-                               self.heard / MODEL_INPUT_RATE)
+                               self.session.frames_run)
                 self.emit(self.responses.restart())
-                self.heard = 0
             await self.open_engine(config, options)
         if config.input_format != self.config.input_format:
             self.input = InputAudio(config.input_format, MODEL_INPUT_RATE)
@@ -292,24 +289,22 @@ class GADialect(Dialect):
     async def append_audio(self, audio: Any, media: AudioIn | None = None) -> None:
         if not self.session.configured:
             await self.open_engine(self.config, self.requested)
-        taken = self.input.received
+        source = self.input if media is None else self.media.input
         try:
-            samples = self.input(audio) if media is None \
-                else self.media(media.data, media.sample_rate)
+            sent = self.input.decode(audio) if media is None \
+                else self.media.decode(media.data, media.sample_rate)
         except FormatError as exc:
             raise invalid(str(exc)) from None
-        self.audio_received += self.input.received - taken
+        samples = source.resample(sent)
         if samples.shape[0]:
             self.last_audio = time.monotonic()
-        await self.session.feed_audio(samples)
-        self.heard += samples.shape[0]
+        await self.session.feed_audio(samples, sent=sent.shape[0])
 
     async def push_frame(self, chunk: np.ndarray) -> None:
         """One frame of server-made input, queued behind the client's audio (the same
         session channel); waits for it to run. Its events and its error go out as any
         frame's (:meth:`frame_error`; a full stream ends the conversation)."""
         await self.session.push(chunk)
-        self.heard += chunk.shape[0]
 
     # --- owed responses: the timeline runs on silence -------------------------
 

@@ -87,7 +87,7 @@ class NvidiaDialect(Dialect):
         return error_event("invalid_request_error", code, bounded(message))
 
     def received_audio(self) -> tuple[int, int]:
-        return self.counters.samples_received, self.counters.input_rate
+        return self.session.samples_received, self.counters.input_rate
 
     def timed_out(self, reason: str) -> Event:
         return self.error(SESSION_TIMEOUT, reason)
@@ -151,18 +151,18 @@ class NvidiaDialect(Dialect):
             await self.configure(self.config)
         self.audio_started = True
         self.counters.received(samples.shape[0])
-        await self.session.feed_audio(self.input(samples))
+        await self.session.feed_audio(self.input(samples), sent=samples.shape[0])
 
     async def close(self) -> None:
         """Drain the residual input, complete the response, then ``session.end``."""
         session = self.session
         if session.configured:
-            await session.feed_audio(self.input(np.zeros(0, np.float32), last=True))
+            await session.feed_audio(self.input(np.zeros(0, np.float32), last=True), sent=0)
             events = await session.flush()
             session.send_all(self.output.translate(events))
             session.send_all(self.output.finish())
         self.send({"type": "session.end", "session_id": self.session_id,
-                   "stats": self.counters.stats()})
+                   "stats": self.counters.stats(session.samples_received)})
         raise Finished(Ending.DONE)
 
 

@@ -50,13 +50,13 @@ class Counters:
     chunks_dropped: int = 0  # of them, refused (bad audio) or lost to a failed frame
     chunks_sent: int = 0  # output packets sent
     inferences: int = 0  # model frames stepped
-    samples_received: int = 0  # input samples accepted, at the client's rate
     input_rate: int = OUTPUT_RATE
     metrics: Any = None
     dialect: str = "nvidia"
 
     def received(self, samples: int) -> None:
-        self.samples_received += samples
+        """``samples`` of input accepted, at the client's rate (the session counts them:
+        :attr:`~...session.Session.samples_received`; ``/metrics`` here)."""
         if self.metrics is not None:
             self.metrics.received.labels(self.dialect).inc(samples / self.input_rate)
 
@@ -80,11 +80,12 @@ class Counters:
         if self.metrics is not None:
             self.metrics.latency.labels(self.dialect).observe(seconds)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, samples_received: int) -> dict[str, Any]:
+        """The counters, with the input the session took (``samples_received``)."""
         return {"chunks_received": self.chunks_received, "chunks_sent": self.chunks_sent,
                 "chunks_dropped": self.chunks_dropped, "triton_inferences": self.inferences,
                 "inferences": self.inferences,
-                "audio_duration_received_s": round(self.samples_received / self.input_rate, 3)}
+                "audio_duration_received_s": round(samples_received / self.input_rate, 3)}
 
 
 class Conversation:
