@@ -304,3 +304,46 @@ def test_the_ga_session_carries_context_seconds_within_the_servers_bound():
     assert longer.context_seconds == unset.context_seconds == 60
     with pytest.raises(Exception, match="session.context_seconds"):
         session_options(limits, FIELDS, context_seconds="long")
+
+
+def test_a_detached_sessions_state_bytes_are_the_newcomers_at_once(budget_server,
+                                                                   monkeypatch):
+    """The budget full, a client that drops (no close) leaves its session detached,
+    holding its reservation; a newcomer takes its slot and its bytes at once, though the
+    engine thread, busy, has not closed the detached session yet: admitted, and its
+    session opens (the detached one's close runs first)."""
+    from raw_client import RawClient
+    from resume_support import abort, event, metric, until
+
+    server = budget_server
+    server.wait_idle()
+    pool = server.app.state.engine.pool
+    close = pool.close
+
+    def busy_close(session_id: str) -> None:  # the engine thread busy (a long step)
+        time.sleep(1.0)
+        close(session_id)
+
+    monkeypatch.setattr(pool, "close", busy_close)
+    with connect(server.ws()) as held:
+        configure(held, seed=0)
+        dropped = RawClient(server.port, "/v1/realtime")
+        assert event(dropped)["type"] == "session.created"
+        dropped.send_json({"type": "session.update", "session": {"seed": 0}})
+        while (got := event(dropped))["type"] != "session.updated":
+            assert got["type"] != "error", got
+        assert server.health().json()["reserved_state_bytes"] == N * server.one
+        abort(dropped)
+        until(lambda: metric(server, "voicechat_detached_sessions") == 1, "the detach")
+        assert server.health().json()["free"] == 1  # its slot and its bytes count as free
+        reclaimed = metric(server, "voicechat_sessions_reclaimed_total")
+        with connect(server.ws()) as newcomer:
+            configure(newcomer, seed=0)  # not server_busy, at accept nor at open
+            assert metric(server, "voicechat_sessions_reclaimed_total") == reclaimed + 1
+            assert server.health().json()["reserved_state_bytes"] == N * server.one
+            send(newcomer, {"type": "session.cancel"})
+            until_closed(newcomer)
+        send(held, {"type": "session.cancel"})
+        until_closed(held)
+    server.wait_idle()
+    assert server.health().json()["reserved_state_bytes"] == 0

@@ -12,6 +12,7 @@ thread; slots are taken under :attr:`ReservationLedger.lock`.
 from __future__ import annotations
 
 import threading
+from typing import Collection
 
 
 class ReservationLedger:
@@ -29,9 +30,12 @@ class ReservationLedger:
         """What the open sessions reserve in all."""
         return sum(list(self.reserved.values()))
 
-    def committed_bytes(self) -> int:
-        """The open sessions' reservations, and the least a session reserves for each
-        slot held whose session has not reserved yet."""
+    def committed_bytes(self, free: Collection[str] = ()) -> int:
+        """What the slots held commit: each one's session's reservation, or the least a
+        session reserves while it has not reserved yet. A reservation whose session holds
+        no slot any more is not counted: its close is queued (a session lets its slot go
+        after queueing its close) and runs before any later session opens, so its bytes
+        are the newcomer's. ``free``: slots counted as free too (sessions a newcomer
+        would end)."""
         reserved = dict(self.reserved)
-        waiting = sum(1 for s in list(self.slots) if s not in reserved)
-        return sum(reserved.values()) + waiting * self.least
+        return sum(reserved.get(s, self.least) for s in list(self.slots) if s not in free)

@@ -131,8 +131,8 @@ class Resumes:
         waiting[0].end_detached(SLOT_TAKEN)
         return True
 
-    def reclaimable(self) -> int:
-        return len(self.waiting())
+    def reclaimable(self) -> list[str]:
+        return [s.session_id for s in self.waiting()]
 
     def _count(self, what: str) -> None:
         self.counts[what] += 1

@@ -16,8 +16,11 @@ real options (:class:`~..runtime.pool.PoolFull`).
 A session detached from its transport (awaiting a resume, :mod:`..resume`)
 keeps its slot only while no one else needs it: a reservation that finds
 the server full asks the :class:`Reclaimer` (the replica's resumable
-sessions) to end the longest-detached one, and takes its slot. So detached
-sessions count as free in :meth:`Admission.free_slots`.
+sessions) to end the longest-detached one, and takes its slot and its
+state bytes (a session that lets its slot go has queued its close, which
+the engine runs before the newcomer's open: its reservation no longer
+counts, :meth:`~..runtime.ledger.ReservationLedger.committed_bytes`). So
+detached sessions count as free in :meth:`Admission.free_slots`.
 
 The same figures say how many more sessions would be admitted
 (:meth:`Admission.free_slots`), which the balancer's agent and ``/health``
@@ -47,8 +50,8 @@ class Reclaimer(Protocol):
     def reclaim(self) -> bool:
         """End the longest-detached session, its slot free at once; ``False`` if none."""
 
-    def reclaimable(self) -> int:
-        """Slots :meth:`reclaim` could free now."""
+    def reclaimable(self) -> list[str]:
+        """The ids of the sessions :meth:`reclaim` could end now."""
 
 
 class Admission:
@@ -120,17 +123,22 @@ class Admission:
         """What the open sessions reserve: their worst-case state."""
         return self.ledger.reserved_bytes
 
+    def reclaimable_sessions(self) -> list[str]:
+        """The detached sessions, whose slots (and state bytes) a newcomer would take."""
+        return self.reclaimer.reclaimable() if self.reclaimer is not None else []
+
     @property
     def reclaimable(self) -> int:
         """Slots held by detached sessions, which a newcomer would take."""
-        return self.reclaimer.reclaimable() if self.reclaimer is not None else 0
+        return len(self.reclaimable_sessions())
 
     def free_slots(self) -> int:
         """Sessions :meth:`try_reserve` would admit now, by the same rule (draining aside):
-        the detached sessions' slots count as free."""
-        free = self.max_sessions - self.sessions_in_use + self.reclaimable
+        the detached sessions' slots and reservations count as free."""
+        detached = self.reclaimable_sessions()
+        free = self.max_sessions - self.sessions_in_use + len(detached)
         if self.max_state_bytes is not None:
-            room = self.max_state_bytes - self.ledger.committed_bytes()
+            room = self.max_state_bytes - self.ledger.committed_bytes(free=set(detached))
             least = self.ledger.least
             free = min(free, room // least) if least > 0 else (free if room > 0 else 0)
         return max(free, 0)
