@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .quoting import brief
+from ..quoting import brief
 from .rng import check_seed
 from .tool_calls import DEFAULT_MAX_CALLS_PER_TURN
 from .tools import DEFAULT_MAX_TOOLS

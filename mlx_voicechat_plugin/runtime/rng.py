@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import mlx.core as mx
 
-from .quoting import brief
+from ..quoting import brief
 
 
 def _splits(count: int):

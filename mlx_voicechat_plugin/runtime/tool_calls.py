@@ -25,7 +25,7 @@ from collections import deque
 from typing import Any, Callable
 
 from .events import ToolCall, ToolCallInvalid, ToolResultInjected
-from .quoting import brief
+from ..quoting import brief
 from .tools import (
     TOOLCALL_END,
     TOOLCALL_START,

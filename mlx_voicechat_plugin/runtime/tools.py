@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .quoting import brief
+from ..quoting import brief
 
 logger = logging.getLogger(__name__)
 

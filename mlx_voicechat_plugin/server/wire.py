@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..quoting import cut
 from ..runtime.audio import to_pcm16
 
 PCM16_FULL_SCALE = 32768.0  # input decode: int16 / 32768
@@ -158,4 +159,4 @@ def dumps(payload: dict[str, Any]) -> str:
 
 def bounded(message: str) -> str:
     """``message`` cut to :data:`MAX_ERROR_CHARS` (it may quote client input)."""
-    return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 3] + "..."
+    return cut(message, MAX_ERROR_CHARS)

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Union
 
-from ...runtime.quoting import brief
+from ...quoting import brief
 from ..messages import Ending, Event, Finished, Outgoing
 from .client_options import session_options, transcription_options
 from ..wire import (

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from ...runtime.quoting import brief
+from ...quoting import brief
 
 logger = logging.getLogger(__name__)
 

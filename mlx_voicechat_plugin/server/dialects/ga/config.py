@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ....runtime.quoting import brief
+from ....quoting import brief
 from ...wire import ErrorCode, bounded, init_failed
 from .audio import AudioFormat, FormatError, parse_format
 

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ....runtime.options import SessionOptions
-from ....runtime.quoting import brief
+from ....quoting import brief
 from ...engine.pace import FramePace
 from ...messages import AudioIn, AudioMark, Ending, Event, Finished, Outgoing
 from ...session import Session, stream_full

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
-from ....runtime.quoting import brief
+from ....quoting import brief
 from ...wire import ProtocolError, ToolOutput, invalid, load_object, parse_tool_output
 
 INSTRUCTIONS_TOO_LONG = "instructions_too_long"
