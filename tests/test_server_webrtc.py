@@ -32,6 +32,7 @@ pytest.importorskip("aiortc")
 from rtc_support import LOOPBACK, Caller, opus_round_trip, question_48k  # noqa: E402
 
 from mlx_voicechat_plugin.server.app import create_app  # noqa: E402
+from mlx_voicechat_plugin.server.dialects.ga import dialect as ga_dialect  # noqa: E402
 from mlx_voicechat_plugin.server.dialects.ga.audio import MediaInput  # noqa: E402
 from mlx_voicechat_plugin.server.limits import ServerLimits  # noqa: E402
 from mlx_voicechat_plugin.server.transport.ice import ICEConfig  # noqa: E402
@@ -44,6 +45,12 @@ TEXT_EVENTS = ("conversation.item.input_audio_transcription.delta",
                "response.output_audio_transcript.delta", "response.output_audio_transcript.done",
                "response.output_text.delta", "response.function_call_arguments.delta")
 QUIET_SECONDS = 1.5
+# How long the client's audio must pause before the server runs silence frames for an owed
+# response (GA's STREAM_LULL_SECONDS), in both calls: longer than any stall a loaded machine
+# puts between two chunks of either call (the track's real-time pacing, the WebSocket's
+# backpressure), so the server's silence comes after all of the client's audio in both, as
+# it does unloaded, and both timelines hear the same input.
+LULL_SECONDS = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -126,14 +133,19 @@ def calls(server):
         return appended[-1]
 
     patch = _pytest.monkeypatch.MonkeyPatch()
-    patch.setattr(MediaInput, "ga_pcm", keep)
+    patch.setattr(ga_dialect, "STREAM_LULL_SECONDS", LULL_SECONDS)
     try:
-        rtc = asyncio.run(webrtc_call(server))
+        patch.setattr(MediaInput, "ga_pcm", keep)
+        try:
+            rtc = asyncio.run(webrtc_call(server))
+        finally:
+            patch.setattr(MediaInput, "ga_pcm", ga_pcm)
+        server.wait_idle()
+        done = responses(rtc["events"], "done")
+        ws = websocket_call(server, appended, done)
     finally:
         patch.undo()
-    server.wait_idle()
-    done = responses(rtc["events"], "done")
-    return {"rtc": rtc, "ws": websocket_call(server, appended, done), "appended": appended}
+    return {"rtc": rtc, "ws": ws, "appended": appended}
 
 
 def test_the_call_is_answered_with_a_location_naming_it(calls):
