@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
-from mlx_vlm.models.cache import KVCache
+from mlx_vlm.models.cache import ArraysCache, KVCache
 from mlx_vlm.models.nemotron_h.language import NemotronHModel
 
 from ..config import ModelConfig
@@ -27,8 +27,11 @@ from .cache_state import (
 from .context import ContextWindow, ring
 from .kv_arena import AttentionCores, release
 from .perception import Perception
-from .rows import RowArraysCache
+from .rows import stack_rows, take_row
 from .segments import SegmentedStep
+
+
+_ONE = mx.zeros((1, 1, 1))  # one position's shape, for a readiness check
 
 
 class DuplexSTT(nn.Module):
@@ -71,31 +74,39 @@ class DuplexSTT(nn.Module):
         reads and advances ``states[b]``. Returns the position's text and function
         logits, ``(B, 1, V)`` each.
 
-        Rows whose caches are ready (every Mamba2 state exists) run together
-        through the compiled runs (:class:`SegmentedStep`); a row at its first
-        position, or without a cache (full recompute), runs alone through the
-        plain modules. Every row equals that row run alone, bit for bit; one
-        row is the ``B = 1`` case of the same code.
+        One state of stacked rows (:class:`LanguageRows`, a batch's between
+        frames) or one ready row (every Mamba2 state exists) runs through the
+        compiled runs (:class:`SegmentedStep`) as it is. Several one-row states
+        are stacked for this position where ready; a row at its first position,
+        or without a cache (full recompute), runs alone through the plain
+        modules. Every row equals that row run alone, bit for bit.
         """
         if self._segments is None:
             self._segments = SegmentedStep(self.llm.layers, self._head, self.attention_cores)
-        ready = [b for b, s in enumerate(states)
-                 if s.cache is not None and self._segments.ready(inputs_embeds, s.cache)]
-        if len(ready) == len(states):  # every row (the steady case): no regrouping
-            text, function = self._segments(inputs_embeds, [s.cache for s in states])
-            return text, function
+        if len(states) == 1 and (isinstance(states[0], LanguageRows) or (
+                states[0].cache is not None and self._segments.ready(inputs_embeds, states[0].cache))):
+            return self._segments(inputs_embeds, states[0].cache)  # one row, or a stacked batch
         rows = [inputs_embeds[b : b + 1] for b in range(len(states))]
         text: list[mx.array] = list(rows)
         function: list[mx.array] = list(rows)
-        if ready:
-            t, f = self._segments(mx.concatenate([rows[b] for b in ready]),
-                                  [states[b].cache for b in ready])
+        ready = [b for b, s in enumerate(states)
+                 if s.cache is not None and self._segments.ready(rows[b], s.cache)]
+        if ready:  # stacked for this position only, then each row's slices back
+            stacked = LanguageRows([states[b] for b in ready])
+            t, f = self._segments(mx.concatenate([rows[b] for b in ready]), stacked.cache)
+            stacked.give_back()
             for j, b in enumerate(ready):
                 text[b], function[b] = t[j : j + 1], f[j : j + 1]
         for b, state in enumerate(states):
             if b not in ready:
                 text[b], function[b] = self._alone(rows[b], state)
         return mx.concatenate(text), mx.concatenate(function)
+
+    def ready(self, state: "LanguageState") -> bool:
+        """``state`` steps through the compiled runs (its Mamba2 states exist)."""
+        if self._segments is None:
+            self._segments = SegmentedStep(self.llm.layers, self._head, self.attention_cores)
+        return state.cache is not None and self._segments.ready(_ONE, state.cache)
 
     def _alone(self, x: mx.array, state: "LanguageState") -> tuple[mx.array, mx.array]:
         """One row through the plain modules: its cache, or the whole history again."""
@@ -118,7 +129,7 @@ class DuplexSTT(nn.Module):
         caches: list[Any] = []
         for layer in self.llm.layers:
             if layer.block_type == "M":
-                caches.append(RowArraysCache(size=2))
+                caches.append(ArraysCache(size=2))
             elif layer.block_type == "*":
                 caches.append(KVCache() if context is None else ring(context))
         return caches
@@ -134,13 +145,13 @@ class LanguageState:
     rebuild it (:meth:`from_state`; the ``state`` setter restores arrays into
     the same structure).
 
-    Batching: :meth:`DuplexSTT.step` takes a list of these, one per row. The
-    rows' Mamba2 states are stacked only while a compiled run reads them and
-    are written back into each row's own ``ArraysCache`` after it (rows
-    written back rather than extracted, so a conversation keeps its cache
-    objects); an attention row always reads and writes its own ``KVCache``,
-    never a cache merged or padded to a common length (padding would change
-    the attention's reduction and the bits).
+    Batching: :class:`LanguageRows` stacks ready rows' Mamba2 states into one
+    ``[B, ...]`` cache per layer for as long as the same rows step, and gives
+    each row its slices back into its own ``ArraysCache`` when the batch
+    changes (so a conversation keeps its cache objects); an attention row
+    always reads and writes its own KV cache, never a cache merged or padded
+    to a common length (padding would change the attention's reduction and
+    the bits).
     """
 
     def __init__(self, cache: list[Any] | None, history: list[mx.array] | None = None):
@@ -179,3 +190,51 @@ class LanguageState:
     def release(self) -> None:
         release(self.cache or [])  # rows an arena holds for this conversation
         self.cache, self.history = None, []
+
+
+class LanguageRows(LanguageState):
+    """Ready rows' language states stepped as one (mlx-lm's merged batch cache): each
+    Mamba2 layer's states stacked ``[B, ...]`` in one ``ArraysCache``, each attention
+    layer the list of the rows' own KV caches. Made when the batch forms; its rows
+    take their slices back (:meth:`give_back`, :meth:`extract`) when it changes."""
+
+    def __init__(self, rows: Sequence[LanguageState]):
+        self.rows = list(rows)
+        caches = [s.cache for s in self.rows]
+        assert all(c is not None for c in caches)
+        stacked: list[Any] = []
+        for layer in zip(*caches):
+            if isinstance(layer[0], ArraysCache):
+                cache = ArraysCache(size=len(layer[0].cache))
+                cache.cache = [stack_rows([c[j] for c in layer]) for j in range(len(cache.cache))]
+                stacked.append(cache)
+            else:
+                stacked.append(list(layer))
+        super().__init__(stacked)
+
+    def extract(self, index: int) -> LanguageState:
+        """Row ``index``'s own state, its Mamba2 slices written back into its caches."""
+        row = self.rows[index]
+        for own, cache in zip(row.cache, self.cache):
+            if isinstance(cache, ArraysCache):
+                own.cache = [take_row(a, index) for a in cache.cache]
+        return row
+
+    def give_back(self) -> list[LanguageState]:
+        """Every row's own state (:meth:`extract` of each)."""
+        return [self.extract(b) for b in range(len(self.rows))]
+
+    def row_nbytes(self, index: int) -> int:
+        """Row ``index``'s share of the stacked states and its own KV caches' bytes."""
+        total = 0
+        for cache in self.cache:
+            if isinstance(cache, ArraysCache):
+                total += sum(a.nbytes for a in cache.cache) // len(self.rows)
+            else:
+                total += state_nbytes([cache[index]])
+        return total
+
+    def release(self) -> None:
+        for row in self.give_back():
+            row.release()
+        self.cache = None

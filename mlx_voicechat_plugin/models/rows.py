@@ -9,8 +9,8 @@ A batch that steps again with the same rows in the same order stacks nothing:
 a state object hands its rows back unsliced (:class:`SharedRows`: each row
 names its batch and its index, and slices only when read on its own), and a
 merge of every row of one batch, in order, is that batch's arrays again
-(:func:`shared_arrays`; :class:`RowArraysCache` for Mamba2 states, the RNNT
-carry, the codec state and the encoder's tails do this). The rows know their
+(:func:`shared_arrays`; the RNNT carry, the codec state and the encoder's
+tails do this). The rows know their
 batch; nothing is kept anywhere else.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
-from mlx_vlm.models.cache import ArraysCache
 
 
 def stack_rows(parts: Sequence[mx.array]) -> mx.array:
@@ -60,47 +59,6 @@ class SharedRows:
     def row_nbytes(self) -> int:
         """One row's share of the arrays' bytes."""
         return sum(a.nbytes for a in self.arrays if a is not None) // self.rows
-
-
-class RowArraysCache(ArraysCache):
-    """mlx-lm's ``ArraysCache`` that may hold row ``i`` of a :class:`SharedRows` instead of
-    arrays of its own (:meth:`share`); reading ``cache`` (``c[0]``, ``state``) takes the
-    row's slices then. The same arrays and values as an ``ArraysCache`` given the rows."""
-
-    _shared: SharedRows | None = None
-    _row = 0
-
-    @property  # type: ignore[override]
-    def cache(self) -> list[mx.array | None]:
-        shared = self._shared
-        if shared is not None:
-            self._shared = None
-            self._cache = shared.row(self._row)
-        return self._cache
-
-    @cache.setter
-    def cache(self, value: list[mx.array | None]) -> None:
-        self._shared = None
-        self._cache = value
-
-    def share(self, shared: SharedRows, row: int) -> None:
-        """Hold row ``row`` of ``shared`` (a one-row batch: its arrays themselves)."""
-        if shared.rows == 1:
-            self.cache = list(shared.arrays)
-        else:
-            self._shared, self._row = shared, row
-
-    def filled(self) -> bool:
-        """Every slot holds an array (read without taking a row's slices)."""
-        arrays = self._shared.arrays if self._shared is not None else self._cache
-        return all(a is not None for a in arrays)
-
-    @property
-    def state_nbytes(self) -> int:
-        """The bytes of ``state`` (a shared row as its share of the batch's arrays)."""
-        if self._shared is not None:
-            return self._shared.row_nbytes
-        return sum(a.nbytes for a in self._cache if a is not None)
 
 
 def shared_arrays(caches: Sequence[Any], current: Callable[[Any], Any] | None = None

@@ -34,7 +34,7 @@ from ..models.cache_state import (
     state_nbytes,
 )
 from ..models.context import ContextWindow
-from ..models.duplex import LanguageState
+from ..models.duplex import LanguageRows, LanguageState
 from ..models.kv_arena import release as release_caches
 from ..models.model import Model
 from ..models.rows import stack_rows, take_row, take_rows
@@ -127,18 +127,31 @@ class Timeline:
         """One timeline of the rows' conversations, in order (one row: that row itself)."""
         if len(rows) == 1:
             return rows[0]
-        return rows[0]._with(
+        merged = rows[0]._with(
             [p for t in rows for p in t.positions], [s for t in rows for s in t.language],
             [c for t in rows for c in t.tts_caches], [r for t in rows for r in t.rngs],
             [stack_rows([getattr(t, name) for t in rows])
              for name in ("prev_text", "prev_function", "prev_codes")],
         )
+        merged._stack_language()
+        return merged
+
+    def _stack_language(self) -> None:
+        """Rows whose language states are all ready step as one stacked state from now on."""
+        if len(self.language) > 1 and all(
+                s.cache is not None and self.model.stt_model.ready(s) for s in self.language):
+            self.language = [LanguageRows(self.language)]
+
+    def _language_row(self, index: int) -> LanguageState:
+        language = self.language
+        return language[0].extract(index) if isinstance(language[0], LanguageRows) \
+            else language[index]
 
     def extract(self, index: int) -> "Timeline":
         """Row ``index`` as a one-row timeline (a one-row timeline: itself)."""
         if self.batch_size == 1:
             return self
-        return self._with([self.positions[index]], [self.language[index]],
+        return self._with([self.positions[index]], [self._language_row(index)],
                           [self.tts_caches[index]], [self.rngs[index]],
                           [take_row(a, index)
                            for a in (self.prev_text, self.prev_function, self.prev_codes)])
@@ -170,7 +183,9 @@ class Timeline:
         """The bytes of row ``index``'s ``state`` (as :meth:`extract` of it would size them)."""
         if self.prev_codes is None:  # released
             return 0
-        return (self.language[index].nbytes + state_nbytes(self.tts_caches[index])
+        language = self.language[0]
+        return ((language.row_nbytes(index) if isinstance(language, LanguageRows)
+                 else self.language[index].nbytes) + state_nbytes(self.tts_caches[index])
                 + sum(a.nbytes for a in self.rngs[index].state)
                 + sum(a.nbytes // a.shape[0]
                       for a in (self.prev_text, self.prev_function, self.prev_codes)))
@@ -257,6 +272,7 @@ class Timeline:
         other work of the frame), then call :meth:`speak`.
         """
         stt = self.model.stt_model
+        self._stack_language()
         fused = stt.fuse(self.prev_text, audio, self.prev_function)
         text_logits, function_logits = stt.step(fused, self.language)
         rows = range(self.batch_size)
