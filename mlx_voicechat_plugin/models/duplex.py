@@ -211,6 +211,9 @@ class LanguageRows(LanguageState):
             else:
                 stacked.append(list(layer))
         super().__init__(stacked)
+        # A row's share of the stacked states (their shapes do not change while stacked).
+        self._mamba_bytes = sum(a.nbytes for c in stacked if isinstance(c, ArraysCache)
+                                for a in c.cache) // len(self.rows)
 
     def extract(self, index: int) -> LanguageState:
         """Row ``index``'s own state, its Mamba2 slices written back into its caches."""
@@ -226,13 +229,8 @@ class LanguageRows(LanguageState):
 
     def row_nbytes(self, index: int) -> int:
         """Row ``index``'s share of the stacked states and its own KV caches' bytes."""
-        total = 0
-        for cache in self.cache:
-            if isinstance(cache, ArraysCache):
-                total += sum(a.nbytes for a in cache.cache) // len(self.rows)
-            else:
-                total += state_nbytes([cache[index]])
-        return total
+        return self._mamba_bytes + state_nbytes(
+            [c[index] for c in self.cache if not isinstance(c, ArraysCache)])
 
     def release(self) -> None:
         for row in self.give_back():

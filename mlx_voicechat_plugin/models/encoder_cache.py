@@ -41,11 +41,13 @@ class SubsamplingTail(LinkedRow):
 class _Batch:
     """The windows of a batch after a step, shared by its rows until one is read alone."""
 
-    __slots__ = ("attention", "conv", "rows")
+    __slots__ = ("attention", "conv", "rows", "row_nbytes")
 
     def __init__(self, attention: list[mx.array | None], conv: list[mx.array | None],
                  rows: int):
         self.attention, self.conv, self.rows = tuple(attention), tuple(conv), rows
+        windows = 0 if attention[0] is None else sum(a.nbytes for a in (*attention, *conv))
+        self.row_nbytes = windows // rows  # a row's share, sized once for all of them
 
 
 def _windows_of(name: str) -> property:
@@ -117,9 +119,11 @@ class EncoderCache:
     @property
     def nbytes(self) -> int:
         """The bytes of ``state`` (an unread row sized as its share of the batch's windows)."""
-        attention, conv, rows = self._windows()
-        windows = 0 if attention[0] is None else sum(a.nbytes for a in (*attention, *conv))
-        return windows // rows + sum(t.cache.nbytes for t in self.tails if t.cache is not None)
+        tails = sum(t.cache.nbytes for t in self.tails if t.cache is not None)
+        if self._batch is not None:
+            return self._batch.row_nbytes + tails
+        attention, conv = self._attention, self._conv
+        return tails + (0 if attention[0] is None else sum(a.nbytes for a in (*attention, *conv)))
 
     @staticmethod
     def carried(caches: list["EncoderCache"]) -> list[mx.array]:

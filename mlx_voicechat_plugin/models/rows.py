@@ -46,19 +46,16 @@ class SharedRows:
     """The ``[B, ...]`` arrays of one batched step, shared by its ``B`` rows until one is
     read on its own (no slice per row and array in the steady case)."""
 
-    __slots__ = ("arrays", "rows")
+    __slots__ = ("arrays", "rows", "row_nbytes")
 
     def __init__(self, arrays: Sequence[mx.array | None], rows: int):
         self.arrays, self.rows = tuple(arrays), rows
+        # One row's share of the arrays' bytes, sized once for all of its rows.
+        self.row_nbytes = sum(a.nbytes for a in self.arrays if a is not None) // rows
 
     def row(self, index: int) -> list[mx.array | None]:
         """Row ``index``'s slices of every array."""
         return [None if a is None else take_row(a, index) for a in self.arrays]
-
-    @property
-    def row_nbytes(self) -> int:
-        """One row's share of the arrays' bytes."""
-        return sum(a.nbytes for a in self.arrays if a is not None) // self.rows
 
 
 def shared_arrays(caches: Sequence[Any], current: Callable[[Any], Any] | None = None
