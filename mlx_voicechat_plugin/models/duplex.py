@@ -31,9 +31,6 @@ from .rows import stack_rows, take_row
 from .segments import SegmentedStep
 
 
-_ONE = mx.zeros((1, 1, 1))  # one position's shape, for a readiness check
-
-
 class DuplexSTT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -81,16 +78,12 @@ class DuplexSTT(nn.Module):
         or without a cache (full recompute), runs alone through the plain
         modules. Every row equals that row run alone, bit for bit.
         """
-        if self._segments is None:
-            self._segments = SegmentedStep(self.llm.layers, self._head, self.attention_cores)
-        if len(states) == 1 and (isinstance(states[0], LanguageRows) or (
-                states[0].cache is not None and self._segments.ready(inputs_embeds, states[0].cache))):
-            return self._segments(inputs_embeds, states[0].cache)  # one row, or a stacked batch
+        ready = [b for b, s in enumerate(states) if self.ready(s)]
+        if len(states) == 1 and ready:  # one row, or a stacked batch
+            return self._segments(inputs_embeds, states[0].cache)
         rows = [inputs_embeds[b : b + 1] for b in range(len(states))]
         text: list[mx.array] = list(rows)
         function: list[mx.array] = list(rows)
-        ready = [b for b, s in enumerate(states)
-                 if s.cache is not None and self._segments.ready(rows[b], s.cache)]
         if ready:  # stacked for this position only, then each row's slices back
             stacked = LanguageRows([states[b] for b in ready])
             t, f = self._segments(mx.concatenate([rows[b] for b in ready]), stacked.cache)
@@ -103,10 +96,11 @@ class DuplexSTT(nn.Module):
         return mx.concatenate(text), mx.concatenate(function)
 
     def ready(self, state: "LanguageState") -> bool:
-        """``state`` steps through the compiled runs (its Mamba2 states exist)."""
+        """``state`` steps through the compiled runs (stacked rows, or its Mamba2 states exist)."""
         if self._segments is None:
             self._segments = SegmentedStep(self.llm.layers, self._head, self.attention_cores)
-        return state.cache is not None and self._segments.ready(_ONE, state.cache)
+        return isinstance(state, LanguageRows) or (
+            state.cache is not None and self._segments.ready(state.cache))
 
     def _alone(self, x: mx.array, state: "LanguageState") -> tuple[mx.array, mx.array]:
         """One row through the plain modules: its cache, or the whole history again."""

@@ -144,8 +144,8 @@ class SegmentedStep:
 
     ``head`` maps the last hidden state to the step's outputs (e.g. final norm
     and the two token heads). Use :meth:`ready` to decide per step: compiled
-    runs need every Mamba state to exist (after the first step) and a
-    single-position input.
+    runs need every Mamba state to exist (after the first step); the input
+    is one position.
     """
 
     def __init__(self, layers: Sequence[Any], head: Callable[[mx.array], Sequence[mx.array]],
@@ -182,10 +182,9 @@ class SegmentedStep:
             for i, slot in enumerate(part.cache_index))
         self._mamba_slots = [s for part in self.plan if isinstance(part, _Run) for s in part.slots]
 
-    def ready(self, x: mx.array, caches: list[Any]) -> bool:
-        return x.shape[1] == 1 and all(
-            caches[s][0] is not None and caches[s][1] is not None
-            and caches[s].make_mask(1) is None for s in self._mamba_slots)
+    def ready(self, caches: list[Any]) -> bool:
+        return all(caches[s][0] is not None and caches[s][1] is not None
+                   and caches[s].make_mask(1) is None for s in self._mamba_slots)
 
     def __call__(self, x: mx.array, caches: Sequence[Any]) -> tuple[mx.array, ...]:
         """One position of ``B`` streams (``x``: ``(B, 1, H)``) over ``caches``, one entry

@@ -138,20 +138,17 @@ class Timeline:
 
     def _stack_language(self) -> None:
         """Rows whose language states are all ready step as one stacked state from now on."""
-        if len(self.language) > 1 and all(
-                s.cache is not None and self.model.stt_model.ready(s) for s in self.language):
+        if len(self.language) > 1 and all(map(self.model.stt_model.ready, self.language)):
             self.language = [LanguageRows(self.language)]
-
-    def _language_row(self, index: int) -> LanguageState:
-        language = self.language
-        return language[0].extract(index) if isinstance(language[0], LanguageRows) \
-            else language[index]
 
     def extract(self, index: int) -> "Timeline":
         """Row ``index`` as a one-row timeline (a one-row timeline: itself)."""
         if self.batch_size == 1:
             return self
-        return self._with([self.positions[index]], [self._language_row(index)],
+        language = self.language
+        row = (language[0].extract(index) if isinstance(language[0], LanguageRows)
+               else language[index])
+        return self._with([self.positions[index]], [row],
                           [self.tts_caches[index]], [self.rngs[index]],
                           [take_row(a, index)
                            for a in (self.prev_text, self.prev_function, self.prev_codes)])
