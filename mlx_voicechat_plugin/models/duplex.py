@@ -194,16 +194,11 @@ class LanguageRows(LanguageState):
 
     def __init__(self, rows: Sequence[LanguageState]):
         self.rows = list(rows)
-        caches = [s.cache for s in self.rows]
-        assert all(c is not None for c in caches)
-        stacked: list[Any] = []
-        for layer in zip(*caches):
-            if isinstance(layer[0], ArraysCache):
-                cache = ArraysCache(size=len(layer[0].cache))
-                cache.cache = [stack_rows([c[j] for c in layer]) for j in range(len(cache.cache))]
-                stacked.append(cache)
-            else:
-                stacked.append(list(layer))
+        stacked: list[Any] = []  # every row is ready: its cache exists
+        for layer in zip(*(s.cache for s in self.rows)):
+            stacked.append(list(layer) if not isinstance(layer[0], ArraysCache) else
+                           ArraysCache.from_state(
+                               [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
         super().__init__(stacked)
         # A row's share of the stacked states (their shapes do not change while stacked).
         self._mamba_bytes = sum(a.nbytes for c in stacked if isinstance(c, ArraysCache)
