@@ -301,7 +301,8 @@ class Timeline:
         :meth:`~..models.ear_tts.EarTTS.generate_codes`). A first position's
         codes are the codec's silence codes. The TTS text conditioning spells
         the text token on the host, which is why the language half is
-        evaluated first. Evaluate the steps' ``codes`` next.
+        evaluated first. Evaluate the steps' ``codes`` (or all of them,
+        ``self.codes``, ``(B, 1, Q)``) next.
         """
         ids = tokens.ids.tolist()
         rows = range(self.batch_size)
@@ -323,6 +324,8 @@ class Timeline:
                 codes[b] = made[j : j + 1]
             self.prev_codes = made if len(talking) == self.batch_size else mx.concatenate(
                 [codes[b] if b in talking else self.prev_codes[b : b + 1] for b in rows])
+        # Every row's codes as one array (the rows' ``codes`` are its slices).
+        self.codes = made if len(talking) == self.batch_size else stack_rows(codes)
         steps = []
         for b in rows:
             text_id, function_id = ids[b]
