@@ -127,20 +127,23 @@ class EncoderCache:
 
     @staticmethod
     def carried(caches: list["EncoderCache"]) -> list[mx.array]:
-        """Every array ``caches`` hold, each once (a batch's windows once for all of its
-        unread rows): what a frame evaluates with its outputs, without a row's slices."""
-        arrays: list[mx.array] = []
-        batches: set[int] = set()
+        """Every array ``caches`` hold, each once (a batch's windows and kept mel frames once
+        for all of its unread rows): what a frame evaluates with its outputs, without a
+        row's slices."""
+        found: dict[int, mx.array] = {}  # by id: each array once
         for cache in caches:
             batch = cache._batch
             if batch is None:
-                arrays += cache.state
+                found.update((id(a), a) for a in cache.state)
                 continue
-            if id(batch) not in batches and batch.attention[0] is not None:
-                batches.add(id(batch))
-                arrays += [*batch.attention, *batch.conv]
-            arrays += [t.cache for t in cache.tails if t.cache is not None]
-        return arrays
+            if batch.attention[0] is not None:
+                found.update((id(a), a) for a in (*batch.attention, *batch.conv))
+            for tail in cache.tails:  # a tail still holding its batch's row: that batch's array
+                kept = tail.cache if tail._shared is None or tail._linked is not tail.cache \
+                    else tail._shared.arrays[0]
+                if kept is not None:
+                    found[id(kept)] = kept
+        return list(found.values())
 
     def key(self) -> tuple:
         """What must be equal for caches to merge: each window's shape."""
