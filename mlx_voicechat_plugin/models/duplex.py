@@ -220,8 +220,3 @@ class LanguageRows(LanguageState):
         """Row ``index``'s share of the stacked states and its own KV caches' bytes."""
         return self._mamba_bytes + state_nbytes(
             [c[index] for c in self.cache if not isinstance(c, ArraysCache)])
-
-    def release(self) -> None:
-        for row in self.give_back():
-            row.release()
-        self.cache = None

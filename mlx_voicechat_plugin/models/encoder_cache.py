@@ -46,8 +46,8 @@ class _Batch:
     def __init__(self, attention: list[mx.array | None], conv: list[mx.array | None],
                  rows: int):
         self.attention, self.conv, self.rows = tuple(attention), tuple(conv), rows
-        windows = 0 if attention[0] is None else sum(a.nbytes for a in (*attention, *conv))
-        self.row_nbytes = windows // rows  # a row's share, sized once for all of them
+        # A row's share of the windows, sized once for all of its rows.
+        self.row_nbytes = sum(a.nbytes for a in (*attention, *conv) if a is not None) // rows
 
 
 def _windows_of(name: str) -> property:
@@ -89,13 +89,6 @@ class EncoderCache:
     attention = _windows_of("_attention")
     conv = _windows_of("_conv")
 
-    def _windows(self) -> tuple[tuple[mx.array | None, ...], tuple[mx.array | None, ...], int]:
-        """The arrays holding its windows (a batch's, while it is an unread row) and its
-        rows' share of them (1 of the batch's rows, else all)."""
-        if self._batch is not None:
-            return self._batch.attention, self._batch.conv, self._batch.rows
-        return tuple(self._attention), tuple(self._conv), 1
-
     @property
     def batch_size(self) -> int:
         return len(self.tails)
@@ -122,8 +115,7 @@ class EncoderCache:
         tails = sum(t.cache.nbytes for t in self.tails if t.cache is not None)
         if self._batch is not None:
             return self._batch.row_nbytes + tails
-        attention, conv = self._attention, self._conv
-        return tails + (0 if attention[0] is None else sum(a.nbytes for a in (*attention, *conv)))
+        return tails + sum(a.nbytes for a in (*self._attention, *self._conv) if a is not None)
 
     @staticmethod
     def carried(caches: list["EncoderCache"]) -> list[mx.array]:
@@ -139,15 +131,16 @@ class EncoderCache:
             if batch.attention[0] is not None:
                 found.update((id(a), a) for a in (*batch.attention, *batch.conv))
             for tail in cache.tails:  # a tail still holding its batch's row: that batch's array
-                kept = tail.cache if tail._shared is None or tail._linked is not tail.cache \
-                    else tail._shared.arrays[0]
+                kept = tail.whole(tail.cache)
                 if kept is not None:
                     found[id(kept)] = kept
         return list(found.values())
 
     def key(self) -> tuple:
         """What must be equal for caches to merge: each window's shape."""
-        attention, conv, _ = self._windows()
+        held = self._batch  # an unread row: its batch's windows
+        attention, conv = (self._attention, self._conv) if held is None else (held.attention,
+                                                                              held.conv)
         return (tuple(None if a is None else a.shape[1:] for a in attention),
                 tuple(None if c is None else c.shape[1:] for c in conv))
 

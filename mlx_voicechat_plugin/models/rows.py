@@ -81,6 +81,11 @@ class LinkedRow:
     _row = 0
     _linked: Any = None
 
+    def whole(self, current: Any) -> Any:
+        """The batch's first array while ``current`` is still the slice it was handed."""
+        return current if self._shared is None or self._linked is not current \
+            else self._shared.arrays[0]
+
 
 def link_row(holder: LinkedRow, shared: SharedRows, row: int, current: Any) -> None:
     """``holder`` (which keeps ``current``, its slices of row ``row``) remembers that they
