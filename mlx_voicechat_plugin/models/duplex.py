@@ -87,8 +87,8 @@ class DuplexSTT(nn.Module):
         if ready:  # stacked for this position only, then each row's slices back
             stacked = LanguageRows([states[b] for b in ready])
             t, f = self._segments(mx.concatenate([rows[b] for b in ready]), stacked.cache)
-            stacked.give_back()
             for j, b in enumerate(ready):
+                stacked.extract(j)
                 text[b], function[b] = t[j : j + 1], f[j : j + 1]
         for b, state in enumerate(states):
             if b not in ready:
@@ -190,7 +190,7 @@ class LanguageRows(LanguageState):
     """Ready rows' language states stepped as one (mlx-lm's merged batch cache): each
     Mamba2 layer's states stacked ``[B, ...]`` in one ``ArraysCache``, each attention
     layer the list of the rows' own KV caches. Made when the batch forms; its rows
-    take their slices back (:meth:`give_back`, :meth:`extract`) when it changes."""
+    take their slices back (:meth:`extract`) when it changes."""
 
     def __init__(self, rows: Sequence[LanguageState]):
         self.rows = list(rows)
@@ -211,10 +211,6 @@ class LanguageRows(LanguageState):
             if isinstance(cache, ArraysCache):
                 own.cache = [take_row(a, index) for a in cache.cache]
         return row
-
-    def give_back(self) -> list[LanguageState]:
-        """Every row's own state (:meth:`extract` of each)."""
-        return [self.extract(b) for b in range(len(self.rows))]
 
     def row_nbytes(self, index: int) -> int:
         """Row ``index``'s share of the stacked states and its own KV caches' bytes."""

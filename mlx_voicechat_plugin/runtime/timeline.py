@@ -127,17 +127,16 @@ class Timeline:
         """One timeline of the rows' conversations, in order (one row: that row itself)."""
         if len(rows) == 1:
             return rows[0]
-        merged = rows[0]._with(
+        return rows[0]._with(
             [p for t in rows for p in t.positions], [s for t in rows for s in t.language],
             [c for t in rows for c in t.tts_caches], [r for t in rows for r in t.rngs],
             [stack_rows([getattr(t, name) for t in rows])
              for name in ("prev_text", "prev_function", "prev_codes")],
         )
-        merged._stack_language()
-        return merged
 
     def _stack_language(self) -> None:
-        """Rows whose language states are all ready step as one stacked state from now on."""
+        """Rows whose language states are all ready step as one stacked state from now on
+        (from a merged timeline's first position on)."""
         if len(self.language) > 1 and all(map(self.model.stt_model.ready, self.language)):
             self.language = [LanguageRows(self.language)]
 
