@@ -239,7 +239,7 @@ class Codec(nn.Module):
         return waveform
 
     def decode_streams(self, codes: list[mx.array], states: list[CodecState],
-                       carried: list[mx.array] | None = None) -> list[mx.array]:
+                       carried: list[mx.array] | None = None) -> Rows:
         """:meth:`decode_step` of many one-row streams, lazily (``evaluate=False``).
 
         ``codes[b]`` (``[1, Q, T_new]``, the same ``T_new`` for all) continues
@@ -251,12 +251,13 @@ class Codec(nn.Module):
         ``codes`` given as :class:`~.rows.Rows` of one array, every row in order, are
         that array (no concatenation). ``carried``, if given,
         receives the batches' state arrays: evaluating them evaluates every
-        row's state without a slice of each.
+        row's state without a slice of each. The waveforms come back as
+        :class:`~.rows.Rows`, each naming its batch's array and row.
         """
         groups: dict[tuple, list[int]] = {}
         for b, state in enumerate(states):
             groups.setdefault(state.meta_state, []).append(b)
-        out: list[mx.array] = list(codes)
+        out = Rows(list(codes))
         for members in groups.values():
             merged = CodecState.merge([states[b] for b in members])
             batch = (codes.stack(members) if isinstance(codes, Rows)
@@ -267,7 +268,7 @@ class Codec(nn.Module):
             if len(members) > 1 or merged is not states[members[0]]:
                 merged.split_into([states[b] for b in members])
             for j, b in enumerate(members):
-                out[b] = waveform[j : j + 1]
+                out.put(b, waveform, j)
         return out
 
     def _stream_step(

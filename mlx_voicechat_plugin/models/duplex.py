@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
-from mlx_vlm.models.cache import KVCache
+from mlx_vlm.models.cache import ArraysCache, KVCache
 from mlx_vlm.models.nemotron_h.language import NemotronHModel
 
 from ..config import ModelConfig
@@ -27,7 +27,7 @@ from .cache_state import (
 from .context import ContextWindow, ring
 from .kv_arena import AttentionCores, release
 from .perception import Perception
-from .rows import RowArraysCache
+from .rows import stack_rows, take_row
 from .segments import SegmentedStep
 
 
@@ -71,31 +71,36 @@ class DuplexSTT(nn.Module):
         reads and advances ``states[b]``. Returns the position's text and function
         logits, ``(B, 1, V)`` each.
 
-        Rows whose caches are ready (every Mamba2 state exists) run together
-        through the compiled runs (:class:`SegmentedStep`); a row at its first
-        position, or without a cache (full recompute), runs alone through the
-        plain modules. Every row equals that row run alone, bit for bit; one
-        row is the ``B = 1`` case of the same code.
+        One state of stacked rows (:class:`LanguageRows`, a batch's between
+        frames) or one ready row (every Mamba2 state exists) runs through the
+        compiled runs (:class:`SegmentedStep`) as it is. Several one-row states
+        are stacked for this position where ready; a row at its first position,
+        or without a cache (full recompute), runs alone through the plain
+        modules. Every row equals that row run alone, bit for bit.
         """
-        if self._segments is None:
-            self._segments = SegmentedStep(self.llm.layers, self._head, self.attention_cores)
-        ready = [b for b, s in enumerate(states)
-                 if s.cache is not None and self._segments.ready(inputs_embeds, s.cache)]
-        if len(ready) == len(states):  # every row (the steady case): no regrouping
-            text, function = self._segments(inputs_embeds, [s.cache for s in states])
-            return text, function
+        ready = [b for b, s in enumerate(states) if self.ready(s)]
+        if len(states) == 1 and ready:  # one row, or a stacked batch
+            return self._segments(inputs_embeds, states[0].cache)
         rows = [inputs_embeds[b : b + 1] for b in range(len(states))]
         text: list[mx.array] = list(rows)
         function: list[mx.array] = list(rows)
-        if ready:
-            t, f = self._segments(mx.concatenate([rows[b] for b in ready]),
-                                  [states[b].cache for b in ready])
+        if ready:  # stacked for this position only, then each row's slices back
+            stacked = LanguageRows([states[b] for b in ready])
+            t, f = self._segments(mx.concatenate([rows[b] for b in ready]), stacked.cache)
             for j, b in enumerate(ready):
+                stacked.extract(j)
                 text[b], function[b] = t[j : j + 1], f[j : j + 1]
         for b, state in enumerate(states):
             if b not in ready:
                 text[b], function[b] = self._alone(rows[b], state)
         return mx.concatenate(text), mx.concatenate(function)
+
+    def ready(self, state: "LanguageState") -> bool:
+        """``state`` steps through the compiled runs (stacked rows, or its Mamba2 states exist)."""
+        if self._segments is None:
+            self._segments = SegmentedStep(self.llm.layers, self._head, self.attention_cores)
+        return isinstance(state, LanguageRows) or (
+            state.cache is not None and self._segments.ready(state.cache))
 
     def _alone(self, x: mx.array, state: "LanguageState") -> tuple[mx.array, mx.array]:
         """One row through the plain modules: its cache, or the whole history again."""
@@ -118,7 +123,7 @@ class DuplexSTT(nn.Module):
         caches: list[Any] = []
         for layer in self.llm.layers:
             if layer.block_type == "M":
-                caches.append(RowArraysCache(size=2))
+                caches.append(ArraysCache(size=2))
             elif layer.block_type == "*":
                 caches.append(KVCache() if context is None else ring(context))
         return caches
@@ -134,13 +139,13 @@ class LanguageState:
     rebuild it (:meth:`from_state`; the ``state`` setter restores arrays into
     the same structure).
 
-    Batching: :meth:`DuplexSTT.step` takes a list of these, one per row. The
-    rows' Mamba2 states are stacked only while a compiled run reads them and
-    are written back into each row's own ``ArraysCache`` after it (rows
-    written back rather than extracted, so a conversation keeps its cache
-    objects); an attention row always reads and writes its own ``KVCache``,
-    never a cache merged or padded to a common length (padding would change
-    the attention's reduction and the bits).
+    Batching: :class:`LanguageRows` stacks ready rows' Mamba2 states into one
+    ``[B, ...]`` cache per layer for as long as the same rows step, and gives
+    each row its slices back into its own ``ArraysCache`` when the batch
+    changes (so a conversation keeps its cache objects); an attention row
+    always reads and writes its own KV cache, never a cache merged or padded
+    to a common length (padding would change the attention's reduction and
+    the bits).
     """
 
     def __init__(self, cache: list[Any] | None, history: list[mx.array] | None = None):
@@ -179,3 +184,35 @@ class LanguageState:
     def release(self) -> None:
         release(self.cache or [])  # rows an arena holds for this conversation
         self.cache, self.history = None, []
+
+
+class LanguageRows(LanguageState):
+    """Ready rows' language states stepped as one (mlx-lm's merged batch cache): each
+    Mamba2 layer's states stacked ``[B, ...]`` in one ``ArraysCache``, each attention
+    layer the list of the rows' own KV caches. Made when the batch forms; its rows
+    take their slices back (:meth:`extract`) when it changes."""
+
+    def __init__(self, rows: Sequence[LanguageState]):
+        self.rows = list(rows)
+        stacked: list[Any] = []  # every row is ready: its cache exists
+        for layer in zip(*(s.cache for s in self.rows)):
+            stacked.append(list(layer) if not isinstance(layer[0], ArraysCache) else
+                           ArraysCache.from_state(
+                               [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
+        super().__init__(stacked)
+        # A row's share of the stacked states (their shapes do not change while stacked).
+        self._mamba_bytes = sum(a.nbytes for c in stacked if isinstance(c, ArraysCache)
+                                for a in c.cache) // len(self.rows)
+
+    def extract(self, index: int) -> LanguageState:
+        """Row ``index``'s own state, its Mamba2 slices written back into its caches."""
+        row = self.rows[index]
+        for own, cache in zip(row.cache, self.cache):
+            if isinstance(cache, ArraysCache):
+                own.cache = [take_row(a, index) for a in cache.cache]
+        return row
+
+    def row_nbytes(self, index: int) -> int:
+        """Row ``index``'s share of the stacked states and its own KV caches' bytes."""
+        return self._mamba_bytes + state_nbytes(
+            [c[index] for c in self.cache if not isinstance(c, ArraysCache)])

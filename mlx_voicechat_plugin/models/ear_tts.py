@@ -364,7 +364,7 @@ class EarTTS(nn.Module):
             )
         cond = [self.embed_subword.token(int(i)) for i in text_ids]
         step = self.gemma_step()
-        if all(step.ready(previous[b : b + 1], caches[b]) for b in range(sessions)):
+        if all(step.ready(previous, cache) for cache in caches):  # every row one position
             return step(caches, GUIDED_ROWS, previous, self._with_uncond(mx.concatenate(cond)))
         # Off the compiled path (the stack would need a mask): each session
         # alone through the plain backbone, interleaved as the batch.

@@ -41,11 +41,13 @@ class SubsamplingTail(LinkedRow):
 class _Batch:
     """The windows of a batch after a step, shared by its rows until one is read alone."""
 
-    __slots__ = ("attention", "conv", "rows")
+    __slots__ = ("attention", "conv", "rows", "row_nbytes")
 
     def __init__(self, attention: list[mx.array | None], conv: list[mx.array | None],
                  rows: int):
         self.attention, self.conv, self.rows = tuple(attention), tuple(conv), rows
+        # A row's share of the windows, sized once for all of its rows.
+        self.row_nbytes = sum(a.nbytes for a in (*attention, *conv) if a is not None) // rows
 
 
 def _windows_of(name: str) -> property:
@@ -87,13 +89,6 @@ class EncoderCache:
     attention = _windows_of("_attention")
     conv = _windows_of("_conv")
 
-    def _windows(self) -> tuple[tuple[mx.array | None, ...], tuple[mx.array | None, ...], int]:
-        """The arrays holding its windows (a batch's, while it is an unread row) and its
-        rows' share of them (1 of the batch's rows, else all)."""
-        if self._batch is not None:
-            return self._batch.attention, self._batch.conv, self._batch.rows
-        return tuple(self._attention), tuple(self._conv), 1
-
     @property
     def batch_size(self) -> int:
         return len(self.tails)
@@ -117,30 +112,35 @@ class EncoderCache:
     @property
     def nbytes(self) -> int:
         """The bytes of ``state`` (an unread row sized as its share of the batch's windows)."""
-        attention, conv, rows = self._windows()
-        windows = 0 if attention[0] is None else sum(a.nbytes for a in (*attention, *conv))
-        return windows // rows + sum(t.cache.nbytes for t in self.tails if t.cache is not None)
+        tails = sum(t.cache.nbytes for t in self.tails if t.cache is not None)
+        if self._batch is not None:
+            return self._batch.row_nbytes + tails
+        return tails + sum(a.nbytes for a in (*self._attention, *self._conv) if a is not None)
 
     @staticmethod
     def carried(caches: list["EncoderCache"]) -> list[mx.array]:
-        """Every array ``caches`` hold, each once (a batch's windows once for all of its
-        unread rows): what a frame evaluates with its outputs, without a row's slices."""
-        arrays: list[mx.array] = []
-        batches: set[int] = set()
+        """Every array ``caches`` hold, each once (a batch's windows and kept mel frames once
+        for all of its unread rows): what a frame evaluates with its outputs, without a
+        row's slices."""
+        found: dict[int, mx.array] = {}  # by id: each array once
         for cache in caches:
             batch = cache._batch
             if batch is None:
-                arrays += cache.state
+                found.update((id(a), a) for a in cache.state)
                 continue
-            if id(batch) not in batches and batch.attention[0] is not None:
-                batches.add(id(batch))
-                arrays += [*batch.attention, *batch.conv]
-            arrays += [t.cache for t in cache.tails if t.cache is not None]
-        return arrays
+            if batch.attention[0] is not None:
+                found.update((id(a), a) for a in (*batch.attention, *batch.conv))
+            for tail in cache.tails:  # a tail still holding its batch's row: that batch's array
+                kept = tail.whole(tail.cache)
+                if kept is not None:
+                    found[id(kept)] = kept
+        return list(found.values())
 
     def key(self) -> tuple:
         """What must be equal for caches to merge: each window's shape."""
-        attention, conv, _ = self._windows()
+        held = self._batch  # an unread row: its batch's windows
+        attention, conv = (self._attention, self._conv) if held is None else (held.attention,
+                                                                              held.conv)
         return (tuple(None if a is None else a.shape[1:] for a in attention),
                 tuple(None if c is None else c.shape[1:] for c in conv))
 

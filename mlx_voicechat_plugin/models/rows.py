@@ -9,9 +9,8 @@ A batch that steps again with the same rows in the same order stacks nothing:
 a state object hands its rows back unsliced (:class:`SharedRows`: each row
 names its batch and its index, and slices only when read on its own), and a
 merge of every row of one batch, in order, is that batch's arrays again
-(:func:`shared_arrays`; :class:`RowArraysCache` for Mamba2 states, the RNNT
-carry, the codec state and the encoder's tails do this). The rows know their
-batch; nothing is kept anywhere else.
+(:func:`shared_arrays`: the RNNT carry, the codec state, the encoder's
+tails). The rows know their batch; nothing is kept anywhere else.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
-from mlx_vlm.models.cache import ArraysCache
 
 
 def stack_rows(parts: Sequence[mx.array]) -> mx.array:
@@ -47,60 +45,16 @@ class SharedRows:
     """The ``[B, ...]`` arrays of one batched step, shared by its ``B`` rows until one is
     read on its own (no slice per row and array in the steady case)."""
 
-    __slots__ = ("arrays", "rows")
+    __slots__ = ("arrays", "rows", "row_nbytes")
 
     def __init__(self, arrays: Sequence[mx.array | None], rows: int):
         self.arrays, self.rows = tuple(arrays), rows
+        # One row's share of the arrays' bytes, sized once for all of its rows.
+        self.row_nbytes = sum(a.nbytes for a in self.arrays if a is not None) // rows
 
     def row(self, index: int) -> list[mx.array | None]:
         """Row ``index``'s slices of every array."""
         return [None if a is None else take_row(a, index) for a in self.arrays]
-
-    @property
-    def row_nbytes(self) -> int:
-        """One row's share of the arrays' bytes."""
-        return sum(a.nbytes for a in self.arrays if a is not None) // self.rows
-
-
-class RowArraysCache(ArraysCache):
-    """mlx-lm's ``ArraysCache`` that may hold row ``i`` of a :class:`SharedRows` instead of
-    arrays of its own (:meth:`share`); reading ``cache`` (``c[0]``, ``state``) takes the
-    row's slices then. The same arrays and values as an ``ArraysCache`` given the rows."""
-
-    _shared: SharedRows | None = None
-    _row = 0
-
-    @property  # type: ignore[override]
-    def cache(self) -> list[mx.array | None]:
-        shared = self._shared
-        if shared is not None:
-            self._shared = None
-            self._cache = shared.row(self._row)
-        return self._cache
-
-    @cache.setter
-    def cache(self, value: list[mx.array | None]) -> None:
-        self._shared = None
-        self._cache = value
-
-    def share(self, shared: SharedRows, row: int) -> None:
-        """Hold row ``row`` of ``shared`` (a one-row batch: its arrays themselves)."""
-        if shared.rows == 1:
-            self.cache = list(shared.arrays)
-        else:
-            self._shared, self._row = shared, row
-
-    def filled(self) -> bool:
-        """Every slot holds an array (read without taking a row's slices)."""
-        arrays = self._shared.arrays if self._shared is not None else self._cache
-        return all(a is not None for a in arrays)
-
-    @property
-    def state_nbytes(self) -> int:
-        """The bytes of ``state`` (a shared row as its share of the batch's arrays)."""
-        if self._shared is not None:
-            return self._shared.row_nbytes
-        return sum(a.nbytes for a in self._cache if a is not None)
 
 
 def shared_arrays(caches: Sequence[Any], current: Callable[[Any], Any] | None = None
@@ -126,6 +80,11 @@ class LinkedRow:
     _shared: SharedRows | None = None
     _row = 0
     _linked: Any = None
+
+    def whole(self, current: Any) -> Any:
+        """The batch's first array while ``current`` is still the slice it was handed."""
+        return current if self._shared is None or self._linked is not current \
+            else self._shared.arrays[0]
 
 
 def link_row(holder: LinkedRow, shared: SharedRows, row: int, current: Any) -> None:

@@ -26,7 +26,7 @@ from mlx_vlm.models.cache import ArraysCache
 from .fused import project
 from .kv_arena import AttentionCores, StepArrays
 from .mamba_step import MambaStep, use_upstream
-from .rows import RowArraysCache, SharedRows, shared_arrays, stack_rows, take_row
+from .rows import stack_rows
 
 MAMBA, ATTENTION = "M", "*"
 
@@ -71,33 +71,16 @@ class _Run:
             outputs = tuple(self.head(x))
         return (*outputs, *new_state)
 
-    def __call__(self, x: mx.array, rows: Sequence[list[Any]]) -> tuple[mx.array, ...]:
-        """Row ``b`` of ``x`` with the Mamba2 states of ``rows[b]``: one call for all rows.
-
-        The rows' states (batch 1 each) are stacked along the batch axis for
-        the run and each row's slice is written back into its own cache after
-        it; every op of the run is row-independent, so a row equals its own
-        step. One row stacks and slices nothing (MLX returns the array itself).
-        """
-        slots = self.slots
-        state: list[mx.array] = []
-        for s in slots:
-            caches = [r[s] for r in rows]
-            # Rows the previous step handed back, in the same order, are its arrays
-            # (no slice, no concatenation per step).
-            shared = shared_arrays(caches)
-            state += shared if shared is not None else [
-                stack_rows([c.state[j] for c in caches]) for j in (0, 1)]
+    def __call__(self, x: mx.array, caches: Sequence[Any]) -> tuple[mx.array, ...]:
+        """Every row of ``x`` with the Mamba2 states of ``caches`` (each slot's
+        ``ArraysCache`` holds ``[B, ...]`` arrays, one row per stream): one call for
+        all rows, each slot's new states written back into its cache. Every op of
+        the run is row-independent, so a row equals its own step."""
+        state = [a for s in self.slots for a in caches[s].state]
         result = self._compiled(x, *state)
         outputs = len(result) - len(state)
-        for i, s in enumerate(slots):
-            arrays = SharedRows(result[outputs + 2 * i : outputs + 2 * i + 2], len(rows))
-            for b, caches in enumerate(rows):
-                cache = caches[s]
-                if isinstance(cache, RowArraysCache):
-                    cache.share(arrays, b)
-                else:
-                    cache.state = [take_row(a, b) for a in arrays.arrays]
+        for i, s in enumerate(self.slots):
+            caches[s].state = list(result[outputs + 2 * i : outputs + 2 * i + 2])
         return result[:outputs]
 
 
@@ -135,10 +118,11 @@ class _Attention:
             return x + self.layer.mixer.o_proj(out.reshape(b, -1))
         return x + self.layer.mixer.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
 
-    def __call__(self, x: mx.array, rows: Sequence[list[Any]], memo: StepArrays) -> mx.array:
+    def __call__(self, x: mx.array, layers: Sequence[Any], memo: StepArrays) -> mx.array:
         q, k, v = self._pre(x)
         scale = self.layer.mixer.scale
-        caches = [r[self.slot] for r in rows]
+        caches = layers[self.slot]  # one stream's cache, or a batch's list of them
+        caches = caches if isinstance(caches, list) else [caches]
 
         def alone() -> mx.array:
             if len(caches) == 1:  # one stream: its rows are the batch, nothing to slice
@@ -160,8 +144,8 @@ class SegmentedStep:
 
     ``head`` maps the last hidden state to the step's outputs (e.g. final norm
     and the two token heads). Use :meth:`ready` to decide per step: compiled
-    runs need every Mamba state to exist (after the first step) and a
-    single-position input.
+    runs need every Mamba state to exist (after the first step); the input
+    is one position.
     """
 
     def __init__(self, layers: Sequence[Any], head: Callable[[mx.array], Sequence[mx.array]],
@@ -198,14 +182,15 @@ class SegmentedStep:
             for i, slot in enumerate(part.cache_index))
         self._mamba_slots = [s for part in self.plan if isinstance(part, _Run) for s in part.slots]
 
-    def ready(self, x: mx.array, caches: list[Any]) -> bool:
-        return x.shape[1] == 1 and all(
-            _filled(caches[s]) and caches[s].make_mask(1) is None
-            for s in self._mamba_slots
-        )
+    def ready(self, caches: list[Any]) -> bool:
+        return all(caches[s][0] is not None and caches[s][1] is not None
+                   and caches[s].make_mask(1) is None for s in self._mamba_slots)
 
-    def __call__(self, x: mx.array, rows: Sequence[list[Any]]) -> tuple[mx.array, ...]:
-        """One position of ``B`` streams: row ``b`` of ``x`` (``(B, 1, H)``) reads ``rows[b]``.
+    def __call__(self, x: mx.array, caches: Sequence[Any]) -> tuple[mx.array, ...]:
+        """One position of ``B`` streams (``x``: ``(B, 1, H)``) over ``caches``, one entry
+        per layer: a Mamba2 slot's ``ArraysCache`` holds every row's states stacked
+        (``[B, ...]``), an attention slot is the list of the rows' own KV caches (one
+        stream: its cache).
 
         The attention-free runs (Mamba2, MLP, head) take all rows at once; an
         attention layer takes all rows through its projections and runs only
@@ -219,16 +204,10 @@ class SegmentedStep:
         memo: StepArrays = {}  # this step's ring write indices and masks, shared by its layers
         for part in self.plan:
             if isinstance(part, _Run):
-                x = part(x, rows)
+                x = part(x, caches)
                 if part.head is None:
                     x = x[0]
             else:
-                x = part(x, rows, memo)
+                x = part(x, caches, memo)
         return x
 
-
-def _filled(cache: Any) -> bool:
-    """A Mamba2 cache holds both of its states (a shared row checked without slicing)."""
-    if isinstance(cache, RowArraysCache):
-        return cache.filled()
-    return cache[0] is not None and cache[1] is not None

@@ -320,23 +320,22 @@ def advance_batch(
     # The user transcript does not feed the timeline: the RNNT's other tries
     # (after an emission) join the speech half's evaluation.
     speaking = hearing.rest(clock)
-    steps, outputs = [], []
+    steps: list[TimelineStep] = []
+    outputs: list[tuple[np.ndarray, np.ndarray]] = []
     if timeline is not None:
         steps = timeline.speak(tokens, clock)
-        clock.stage("tts", *[step.codes for step in steps])
+        clock.stage("tts", timeline.codes)
         speech = model.tts_model
-        # Control codes replaced once over every row's codes (rows are slices of it).
-        codes = speech.replace_control_codes(stack_rows([step.codes for step in steps]))
+        # Control codes replaced once over every row's codes.
+        codes = speech.replace_control_codes(timeline.codes)
         # The codec reads [B, Q, 1]: one transpose, whose rows stack back as itself.
-        by_codebook = codes.transpose(0, 2, 1)
         carried: list[mx.array] = []  # the codec batches' states: every row's, evaluated
         waveforms = speech.audio_codec.decode_streams(
-            Rows.of(by_codebook), [s.codec for s in talkers], carried)
+            Rows.of(codes.transpose(0, 2, 1)), [s.codec for s in talkers], carried)
         heard_codes = codes[:, 0].astype(mx.int32)
-        speaking += carried
-        for b, (step, samples) in enumerate(zip(steps, waveforms)):
-            outputs.append((samples[0, 0], heard_codes[b]))
-            speaking += [step.codes, *outputs[-1]]
+        # Whole arrays evaluated and read to the host once, each row a view of them.
+        batches = list({id(a): a for a, _ in waveforms.sources}.values())
+        speaking += [timeline.codes, heard_codes, *carried, *batches]
         mx.async_eval(*speaking)
         for b, step in zip(talking, steps):
             if on_tokens is not None and on_tokens[b] is not None:
@@ -346,11 +345,14 @@ def advance_batch(
     if talkers:
         clock.sub_stage("codec.decoder_istft")
         clock.stage("codec")
+        host = {id(a): np.array(a) for a in (heard_codes, *batches)}
+        outputs = [(host[id(heard_codes)][j], host[id(a)][row, 0])
+                   for j, (a, row) in enumerate(waveforms.sources)]
     symbols = hearing.symbols()
     results: list[FrameOutput | Heard] = [Heard(s) for s in symbols]
-    for b, step, (samples, codes) in zip(talking, steps, outputs):
+    for b, step, (heard, samples) in zip(talking, steps, outputs):
         results[b] = FrameOutput(step.text_id, step.function_id, step.function_forced,
-                                 np.array(codes), np.array(samples), symbols[b])
+                                 heard, samples, symbols[b])
     return results
 
 

@@ -34,7 +34,7 @@ from ..models.cache_state import (
     state_nbytes,
 )
 from ..models.context import ContextWindow
-from ..models.duplex import LanguageState
+from ..models.duplex import LanguageRows, LanguageState
 from ..models.kv_arena import release as release_caches
 from ..models.model import Model
 from ..models.rows import stack_rows, take_row, take_rows
@@ -134,11 +134,20 @@ class Timeline:
              for name in ("prev_text", "prev_function", "prev_codes")],
         )
 
+    def _stack_language(self) -> None:
+        """Rows whose language states are all ready step as one stacked state from now on
+        (from a merged timeline's first position on)."""
+        if len(self.language) > 1 and all(map(self.model.stt_model.ready, self.language)):
+            self.language = [LanguageRows(self.language)]
+
     def extract(self, index: int) -> "Timeline":
         """Row ``index`` as a one-row timeline (a one-row timeline: itself)."""
         if self.batch_size == 1:
             return self
-        return self._with([self.positions[index]], [self.language[index]],
+        language = self.language
+        row = (language[0].extract(index) if isinstance(language[0], LanguageRows)
+               else language[index])
+        return self._with([self.positions[index]], [row],
                           [self.tts_caches[index]], [self.rngs[index]],
                           [take_row(a, index)
                            for a in (self.prev_text, self.prev_function, self.prev_codes)])
@@ -170,7 +179,9 @@ class Timeline:
         """The bytes of row ``index``'s ``state`` (as :meth:`extract` of it would size them)."""
         if self.prev_codes is None:  # released
             return 0
-        return (self.language[index].nbytes + state_nbytes(self.tts_caches[index])
+        language = self.language[0]
+        return ((language.row_nbytes(index) if isinstance(language, LanguageRows)
+                 else self.language[index].nbytes) + state_nbytes(self.tts_caches[index])
                 + sum(a.nbytes for a in self.rngs[index].state)
                 + sum(a.nbytes // a.shape[0]
                       for a in (self.prev_text, self.prev_function, self.prev_codes)))
@@ -257,6 +268,7 @@ class Timeline:
         other work of the frame), then call :meth:`speak`.
         """
         stt = self.model.stt_model
+        self._stack_language()
         fused = stt.fuse(self.prev_text, audio, self.prev_function)
         text_logits, function_logits = stt.step(fused, self.language)
         rows = range(self.batch_size)
@@ -288,7 +300,8 @@ class Timeline:
         :meth:`~..models.ear_tts.EarTTS.generate_codes`). A first position's
         codes are the codec's silence codes. The TTS text conditioning spells
         the text token on the host, which is why the language half is
-        evaluated first. Evaluate the steps' ``codes`` next.
+        evaluated first. Evaluate the steps' ``codes`` (or all of them,
+        ``self.codes``, ``(B, 1, Q)``) next.
         """
         ids = tokens.ids.tolist()
         rows = range(self.batch_size)
@@ -310,6 +323,8 @@ class Timeline:
                 codes[b] = made[j : j + 1]
             self.prev_codes = made if len(talking) == self.batch_size else mx.concatenate(
                 [codes[b] if b in talking else self.prev_codes[b : b + 1] for b in rows])
+        # Every row's codes as one array (the rows' ``codes`` are its slices).
+        self.codes = made if len(talking) == self.batch_size else stack_rows(codes)
         steps = []
         for b in rows:
             text_id, function_id = ids[b]
