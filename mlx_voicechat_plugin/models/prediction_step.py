@@ -12,12 +12,13 @@ a probe finds its rows' bits).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.rnnt import PredictNetwork
 
+from .remembered import ProbeVerdicts
 from .weight_layout import RowMajorLSTM, layouts_agree, row_major
 
 
@@ -73,12 +74,14 @@ def shared_held_lstm(decoder: PredictNetwork) -> Held | None:
     return _derived(decoder).held
 
 
-def shared_symbol_inputs(decoder: PredictNetwork) -> mx.array | None:
-    """:func:`symbol_inputs` of ``decoder``, made (and probed) once per set of weights
-    and shared like :func:`shared_held_lstm`."""
+def shared_symbol_inputs(decoder: PredictNetwork,
+                         verdicts: ProbeVerdicts | None = None) -> mx.array | None:
+    """:func:`symbol_inputs` of ``decoder``, made (and probed, or its probe's verdict read
+    from ``verdicts``) once per set of weights and shared like :func:`shared_held_lstm`."""
     cached = _derived(decoder)
     if not cached.inputs_made:
-        cached.inputs, cached.inputs_made = symbol_inputs(decoder, cached.held), True
+        cached.inputs = symbol_inputs(decoder, cached.held, verdicts=verdicts)
+        cached.inputs_made = True
     return cached.inputs
 
 
@@ -156,11 +159,15 @@ def input_part(layer: nn.LSTM, x: mx.array, wx32: mx.array | None) -> mx.array |
 
 
 def symbol_inputs(decoder: PredictNetwork, held: Held | None,
-                  rows: tuple[int, ...] = (1, 2, 8, 32)) -> mx.array | None:
+                  rows: tuple[int, ...] = (1, 2, 8, 32),
+                  verdicts: ProbeVerdicts | None = None) -> mx.array | None:
     """The first LSTM layer's input part of every symbol's embedding, ``[V, 4H]``: a try
     gathers its row instead of embedding the symbol and multiplying it. ``None``
     where a table row would not be the bits the product gives for that symbol in
-    a batch of ``rows`` (probed for every symbol)."""
+    a batch of ``rows`` (probed for every symbol: one product per batch, 4.4 s of a
+    full-size session's start on a CPU). Like the fused-projection probe's, the
+    verdict depends on the device's kernels for these shapes and dtypes, not on
+    the values: ``verdicts`` (:class:`~.remembered.ProbeVerdicts`) remembers it."""
     embed, lstm = decoder.prediction["embed"], decoder.prediction["dec_rnn"].lstm
     layer, (wx32, _) = lstm[0], _weights32(lstm[0], held, 0)
 
@@ -171,8 +178,23 @@ def symbol_inputs(decoder: PredictNetwork, held: Held | None,
     symbols = embed.weight.shape[0]
     table = part(mx.arange(symbols))
     mx.eval(table)
+    key = "|".join(str(p) for p in (
+        "symbol-inputs", rows, embed.weight.dtype, tuple(embed.weight.shape), type(layer).__name__,
+        layer.Wx.dtype, tuple(layer.Wx.shape), None if layer.bias is None else layer.bias.dtype,
+        None if wx32 is None else (wx32.dtype, tuple(wx32.shape))))
+    verdict = None if verdicts is None else verdicts.get(key)
+    if verdict is None:
+        verdict = _rows_agree(part, table, symbols, rows)
+        if verdicts is not None:
+            verdicts.put(key, verdict)
+            verdicts.save()
+    return table if verdict else None
+
+
+def _rows_agree(part: Callable[[mx.array], mx.array], table: mx.array, symbols: int,
+                rows: tuple[int, ...]) -> bool:
     for count in rows:
         batches = [mx.arange(s, min(s + count, symbols)) for s in range(0, symbols, count)]
         if not mx.array_equal(mx.concatenate([part(ids) for ids in batches]), table).item():
-            return None
-    return table
+            return False
+    return True

@@ -34,6 +34,7 @@ from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
 from .prediction_step import lstm_step, shared_held_lstm, shared_symbol_inputs
+from .remembered import ProbeVerdicts
 from .rows import SharedRows, shared_arrays, stack_rows, take_rows
 
 
@@ -121,7 +122,7 @@ class GreedyRNNT:
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
         self._held = shared_held_lstm(decoder)
-        self._inputs = shared_symbol_inputs(decoder)
+        self._inputs = shared_symbol_inputs(decoder, ProbeVerdicts.default())
         self._graphs: dict[int, Callable] = {}  # tries -> compiled graph
 
     def initial(self, dtype: mx.Dtype) -> RNNTCarry:

@@ -110,7 +110,8 @@ class VoiceChat:
         )
         perception = stt.perception
         self._encoder = EncoderStream(perception.encoder, left_context=perception.att_context[0],
-                                      positions=perception.window_positions())
+                                      positions=perception.window_positions(
+                                          getattr(model, "checkpoint_path", None)))
         self.prompt_cache: PromptCache | None = PromptCache()
         self._warm_start: WarmStart | None = WarmStart.of(model)
         # A conversation's non-KV state bytes, measured once on a probe stream the first
