@@ -163,3 +163,23 @@ def test_serve_parses_the_budget_into_the_app():
 
     args = parse(["--model", "m", "--memory-budget", "10.67"], "serve", False)
     assert isinstance(args, argparse.Namespace) and args.memory_budget == pytest.approx(10.67)
+
+
+def test_a_memory_first_profile_holds_no_float32_copies_whatever_the_budget(tmp_path, caplog):
+    """``lean`` exists to stay small (6.5 GiB of weights at full size, which its float32
+    copies would pass): its config.json says so and the default load respects it."""
+    import json
+    import logging
+
+    from mlx_voicechat_plugin.testing.fixtures import make_checkpoint
+
+    path = make_checkpoint(tmp_path / "lean", "tiny", profile="lean")
+    assert json.loads((path / "config.json").read_text())["voicechat_profile"] == {
+        "name": "lean", "memory_first": True}
+    with caplog.at_level(logging.INFO, logger="mlx_voicechat_plugin.loader"):
+        model, _ = _load(path)  # the default budget has room for the copies
+    assert not model.memory_plan.hold_f32 and model.memory_plan.hold_extra > 0
+    assert "'lean' profile is memory first" in caplog.text
+    assert _load(path, hold_f32=True)[0].memory_plan.hold_f32
+    release = make_checkpoint(tmp_path / "release", "tiny", profile="release")
+    assert _load(release)[0].memory_plan.hold_f32
