@@ -96,8 +96,9 @@ def test_the_server_is_sized_to_what_the_budget_leaves():
     plan = plan_memory(config, stored, 0, budget)
     assert plan.sessions_that_fit() == 3
     sessions, state, line = fit_sessions(plan, 8, None)
-    assert (sessions, state) == (3, None)
+    assert (sessions, state) == (3, plan.left)
     assert "up to 3 session(s) (--max-sessions 8; fewer fit)" in line
+    assert f"within {plan.left} bytes of session state (--max-state-bytes unset" in line
     assert fit_sessions(plan, 2, 10)[:2] == (2, 10)
     sessions, state, line = fit_sessions(plan, 2, 10 * plan.left)
     assert (sessions, state) == (2, plan.left) and "lowered to what is left" in line
@@ -183,3 +184,22 @@ def test_a_memory_first_profile_holds_no_float32_copies_whatever_the_budget(tmp_
     assert _load(path, hold_f32=True)[0].memory_plan.hold_f32
     release = make_checkpoint(tmp_path / "release", "tiny", profile="release")
     assert _load(release)[0].memory_plan.hold_f32
+
+
+def test_a_session_s_fixed_state_from_a_few_frames_is_the_full_window_s(tiny_q4_ckpt):
+    """The pool's state budget (set by default) needs a session's fixed state at start-up:
+    measured over a few frames and grown to the encoder's window, it is what a probe
+    over the whole window measures (which took minutes at full size on a CPU)."""
+    from mlx_voicechat_plugin.runtime.reservation import (
+        PROBE_FRAMES,
+        Reservations,
+        fixed_state_sizes,
+    )
+
+    model, processor = _load(tiny_q4_ckpt)
+    voicechat = model.create_session(processor)
+    window = model.stt_model.perception.att_context[0]
+    assert PROBE_FRAMES < window
+    full = max(fixed_state_sizes(voicechat, window + 2))
+    assert Reservations(voicechat).fixed_bytes() == full
+    assert voicechat.fixed_state_bytes == full
