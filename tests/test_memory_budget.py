@@ -145,6 +145,11 @@ def test_weights_as_stored_stream_as_offline_and_as_held(tiny_q4_ckpt):
     for hold in (True, False):
         model, processor = _load(tiny_q4_ckpt, hold_f32=hold)
         session = model.create_session(processor)
+        # As stored, no float32 copies outside the weights either: the codebook
+        # tables and the RNNT's LSTM are used as stored (exactly, as the codes show).
+        tables = model.tts_model.tts_model._codebooks
+        assert (tables.tables32 is not tables.tables) == hold
+        assert (session._rnnt._held is not None) == hold
         stream = session.create_streaming_session(seed=2)
         events = []
         for start in range(0, len(audio), 1280):

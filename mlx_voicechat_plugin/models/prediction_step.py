@@ -42,8 +42,8 @@ class _HeldCache:
     """What a decoder's greedy tries derive from its weights (the held float32 copies,
     the symbol input table) and the weight arrays they were made from."""
 
-    def __init__(self, sources: list[mx.array], held: Held | None):
-        self.sources, self.held = sources, held
+    def __init__(self, sources: list[mx.array], held: Held | None, hold_f32: bool = True):
+        self.sources, self.held, self.hold_f32 = sources, held, hold_f32
         self.inputs: mx.array | None = None
         self.inputs_made = False
 
@@ -53,32 +53,32 @@ class _HeldCache:
 _DERIVED = "_voicechat_derived"
 
 
-def _derived(decoder: PredictNetwork) -> _HeldCache:
+def _derived(decoder: PredictNetwork, hold_f32: bool = True) -> _HeldCache:
     """What ``decoder``'s tries derive from its weights, made again when any weight it
-    reads changed."""
+    reads changed (or ``hold_f32``: whether float32 copies are held, changed)."""
     lstm = decoder.prediction["dec_rnn"].lstm
     sources = [w for layer in lstm for w in (layer.Wx, layer.Wh, layer.bias)]
     sources.append(decoder.prediction["embed"].weight)
     cached = getattr(decoder, _DERIVED, None)
-    if cached is None or len(cached.sources) != len(sources) or any(
-        a is not b for a, b in zip(cached.sources, sources)
-    ):
-        cached = _HeldCache(sources, held_lstm(lstm))
+    if cached is None or cached.hold_f32 != hold_f32 or len(cached.sources) != len(sources) \
+            or any(a is not b for a, b in zip(cached.sources, sources)):
+        cached = _HeldCache(sources, held_lstm(lstm) if hold_f32 else None, hold_f32)
         setattr(decoder, _DERIVED, cached)
     return cached
 
 
-def shared_held_lstm(decoder: PredictNetwork) -> Held | None:
+def shared_held_lstm(decoder: PredictNetwork, hold_f32: bool = True) -> Held | None:
     """:func:`held_lstm` of ``decoder``'s LSTM, made once per set of weights and kept
-    while the decoder lives (outside the module tree), so sessions share one copy."""
-    return _derived(decoder).held
+    while the decoder lives (outside the module tree), so sessions share one copy;
+    ``None`` with ``hold_f32`` ``False`` (the memory plan holds no float32 copies)."""
+    return _derived(decoder, hold_f32).held
 
 
-def shared_symbol_inputs(decoder: PredictNetwork,
-                         verdicts: ProbeVerdicts | None = None) -> mx.array | None:
+def shared_symbol_inputs(decoder: PredictNetwork, verdicts: ProbeVerdicts | None = None,
+                         hold_f32: bool = True) -> mx.array | None:
     """:func:`symbol_inputs` of ``decoder``, made (and probed, or its probe's verdict read
     from ``verdicts``) once per set of weights and shared like :func:`shared_held_lstm`."""
-    cached = _derived(decoder)
+    cached = _derived(decoder, hold_f32)
     if not cached.inputs_made:
         cached.inputs = symbol_inputs(decoder, cached.held, verdicts=verdicts)
         cached.inputs_made = True

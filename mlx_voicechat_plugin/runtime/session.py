@@ -107,6 +107,7 @@ class VoiceChat:
             stt.rnnt_joint,
             blank_id=self.config.rnnt_blank_id,
             max_symbols=self.config.audio_config.max_symbols,
+            hold_f32=model.holds_f32,
         )
         perception = stt.perception
         self._encoder = EncoderStream(perception.encoder, left_context=perception.att_context[0],
