@@ -21,7 +21,9 @@ weight is copied:
   transients and what the estimate leaves out.
 
 The float32 copies are held only where ``stored + hold_extra + session +
-margin`` fits the budget; otherwise the weights are used as stored. A
+margin`` fits the budget; otherwise the weights are used as stored, and so
+are the tables derived from them that would otherwise get float32 copies
+(the EAR-TTS codebooks, the RNNT LSTM's weights: ``Model.holds_f32``). A
 checkpoint whose ``stored + session`` does not fit at all is refused, naming
 the profile (:mod:`.profiles`) that would. What is left after the weights and
 the margin (:attr:`MemoryPlan.left`) is what the server sizes its sessions
