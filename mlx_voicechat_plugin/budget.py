@@ -21,7 +21,9 @@ weight is copied:
   transients and what the estimate leaves out.
 
 The float32 copies are held only where ``stored + hold_extra + session +
-margin`` fits the budget; otherwise the weights are used as stored. A
+margin`` fits the budget; otherwise the weights are used as stored, and so
+are the tables derived from them that would otherwise get float32 copies
+(the EAR-TTS codebooks, the RNNT LSTM's weights: ``Model.holds_f32``). A
 checkpoint whose ``stored + session`` does not fit at all is refused, naming
 the profile (:mod:`.profiles`) that would. What is left after the weights and
 the margin (:attr:`MemoryPlan.left`) is what the server sizes its sessions
@@ -187,20 +189,18 @@ def profile_sizes(config: Any, names: Sequence[str] | None = None) -> dict[str, 
 
 
 def fit_sessions(plan: MemoryPlan, max_sessions: int,
-                 max_state_bytes: int | None) -> tuple[int, int | None, str]:
+                 max_state_bytes: int | None) -> tuple[int, int, str]:
     """``(max_sessions, max_state_bytes, line)`` fitted to what ``plan`` leaves: no more
     sessions than :meth:`MemoryPlan.sessions_that_fit` (at least one, which the
-    load has checked fits), and a given state budget no larger than
-    :attr:`MemoryPlan.left`. An unset state budget stays unset: the fitted
-    sessions' KV rings already fit what is left, and setting one makes the pool
-    measure a session's fixed state at start-up (a probe stream of the
-    encoder's window, minutes on a CPU at the released size)."""
+    load has checked fits), and a state budget of what is left
+    (:attr:`MemoryPlan.left`; a given one no larger). The pool then measures a
+    session's fixed state once at start-up, on a probe stream of a few frames
+    (:meth:`~.runtime.reservation.Reservations.fixed_bytes`)."""
     fit = max(plan.sessions_that_fit(), 1)
     sessions = min(max_sessions, fit)
-    state = None if max_state_bytes is None else max(min(max_state_bytes, plan.left), 1)
-    if state is None:
-        bound = (f"their KV rings {sessions * plan.session} bytes of the "
-                 f"{plan.left} left (--max-state-bytes unset)")
+    state = max(plan.left if max_state_bytes is None else min(max_state_bytes, plan.left), 1)
+    if max_state_bytes is None:
+        bound = f"within {state} bytes of session state (--max-state-bytes unset: what is left)"
     else:
         lowered = "; lowered to what is left" if state < max_state_bytes else ""
         bound = (f"within {state} bytes of session state (--max-state-bytes "

@@ -221,6 +221,8 @@ class ModelConfig:
     speaker: str = "Aria"
     quantization: dict[str, Any] | None = None
     quantization_config: dict[str, Any] | None = None
+    # The precision profile a conversion wrote (``profiles.Profile.record``).
+    voicechat_profile: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
@@ -246,11 +248,19 @@ class ModelConfig:
             raise ValueError(
                 f"config.json: model_type must be {MODEL_TYPE!r}, got {self.model_type!r}"
             )
+        if self.voicechat_profile is not None and not isinstance(self.voicechat_profile, dict):
+            raise ValueError("config.json: voicechat_profile must be an object, got "
+                             f"{type(self.voicechat_profile).__name__}")
         if self.speaker not in SUPPORTED_SPEAKERS:
             raise ValueError(
                 f"config.json: speaker {self.speaker!r} is not supported; this "
                 f"checkpoint format ships prompt latents for {', '.join(SUPPORTED_SPEAKERS)} only"
             )
+
+    @property
+    def memory_first(self) -> bool:
+        """Whether the checkpoint's profile asks to be loaded without float32 copies."""
+        return bool((self.voicechat_profile or {}).get("memory_first", False))
 
     @property
     def frame_samples(self) -> int:

@@ -150,7 +150,8 @@ def load_model(path: Path, lazy: bool = False, hold_f32: bool | None = None,
                memory_budget: float | None = None) -> Model:
     """The model of checkpoint ``path``, planned against ``memory_budget`` (GiB;
     :mod:`.budget`): ``hold_f32`` ``None`` lets the budget decide whether the
-    float32 copies are held, ``True`` / ``False`` decides it. The plan is
+    float32 copies are held (never for a checkpoint whose profile is memory
+    first, ``profiles.Profile.memory_first``), ``True`` / ``False`` decides it. The plan is
     ``model.memory_plan``; a checkpoint that cannot fit is refused
     (:class:`~.budget.BudgetExceeded`) before any weight is read."""
     config = ModelConfig.from_dict(read_config(path))
@@ -163,6 +164,10 @@ def load_model(path: Path, lazy: bool = False, hold_f32: bool | None = None,
     del weights
     stored = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     holds = float32_holds(model)
+    if hold_f32 is None and config.memory_first:
+        hold_f32 = False
+        logger.info("the checkpoint's %r profile is memory first: no float32 copies held "
+                    "(hold_f32=True holds them)", config.voicechat_profile.get("name"))
     plan = plan_memory(config, stored, sum(v.nbytes for _, v in holds), memory_budget,
                        hold_f32)
     if plan.hold_f32 and holds:

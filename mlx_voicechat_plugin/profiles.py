@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# The config.json key a converted checkpoint records its profile under (:meth:`Profile.record`).
+CONFIG_KEY = "voicechat_profile"
 STORED, BF16, QUANTIZED = "stored", "bf16", "quantized"
 FORMAT_KINDS = (STORED, BF16, QUANTIZED)
 SUPPORTED_BITS = (4, 8)
@@ -130,11 +132,16 @@ def part_of(key: str) -> Part:
 
 @dataclass(frozen=True)
 class Profile:
-    """A :class:`Format` per part (parts not named are as stored)."""
+    """A :class:`Format` per part (parts not named are as stored).
+
+    ``memory_first``: the profile exists to stay small, so a checkpoint of it is
+    loaded without the float32 copies whatever the budget (``loader``; its
+    config.json records it, :data:`CONFIG_KEY`)."""
 
     name: str
     description: str
     formats: Mapping[str, Format] = field(default_factory=dict)
+    memory_first: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.formats) - set(PART_NAMES))
@@ -149,15 +156,23 @@ class Profile:
         """``{"name": ..., "description": ..., "parts": {"llm": "q4", "encoder": {"bits": 8}}}``."""
         if "name" not in values:
             raise ValueError("profile: 'name' is required")
+        memory_first = values.get("memory_first", False)
+        if not isinstance(memory_first, bool):
+            raise ValueError(f"profile: 'memory_first' must be true or false, got {memory_first!r}")
         return cls(str(values["name"]), str(values.get("description", "")),
-                   dict(values.get("parts", {})))
+                   dict(values.get("parts", {})), memory_first)
 
     def to_dict(self) -> dict[str, Any]:
         parts: dict[str, Any] = {}
         for name, fmt in self.formats.items():
             parts[name] = ({"bits": fmt.bits, "group_size": fmt.group_size}
                            if fmt.quantized else fmt.kind)
-        return {"name": self.name, "description": self.description, "parts": parts}
+        return {"name": self.name, "description": self.description, "parts": parts,
+                "memory_first": self.memory_first}
+
+    def record(self) -> dict[str, Any]:
+        """What a checkpoint's config.json keeps of its profile (:data:`CONFIG_KEY`)."""
+        return {"name": self.name, "memory_first": self.memory_first}
 
     def format_of(self, key: str) -> Format:
         """The format of the part holding ``key``."""
@@ -167,6 +182,8 @@ class Profile:
 _Q4, _Q8 = Format(QUANTIZED, 4), Format(QUANTIZED, 8)
 _Q4_G128 = Format(QUANTIZED, 4, 128)
 
+# ``lean`` is memory first: the float32 copies of its unquantized float32-activation
+# layers (0.21 GiB at full size) would take it past those 6.5 GiB.
 # ``lean``'s EAR-TTS bits and LLM group size were chosen by measurement
 # (docs/checkpoints.md): at full size 8-bit EAR-TTS parts leave the profile at
 # 6.89 GiB of weights and 4-bit ones with a g64 LLM at 6.55 GiB, both above the
@@ -175,8 +192,9 @@ _Q4_G128 = Format(QUANTIZED, 4, 128)
 PROFILES: Mapping[str, Profile] = MappingProxyType({p.name: p for p in (
     Profile("release", "as the -4bit release: LLM 4-bit, the rest as stored", {"llm": _Q4}),
     Profile("lean", "LLM 4-bit (group 128); encoder 8-bit; EAR-TTS backbone and MoG head "
-                    "4-bit; RNNT, codec and norms as stored",
-            {"llm": _Q4_G128, "encoder": _Q8, "tts_backbone": _Q4, "mog_head": _Q4}),
+                    "4-bit; RNNT, codec and norms as stored; no float32 copies held",
+            {"llm": _Q4_G128, "encoder": _Q8, "tts_backbone": _Q4, "mog_head": _Q4},
+            memory_first=True),
     Profile("balanced", "LLM 4-bit; encoder, EAR-TTS backbone and MoG head 8-bit; "
                         "RNNT, codec and norms as stored",
             {"llm": _Q4, "encoder": _Q8, "tts_backbone": _Q8, "mog_head": _Q8}),

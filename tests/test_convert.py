@@ -57,6 +57,10 @@ def _quantization(path: Path):
     return json.loads((path / "config.json").read_text()).get("quantization")
 
 
+def _profile_record(path: Path):
+    return json.loads((path / "config.json").read_text()).get("voicechat_profile")
+
+
 @pytest.mark.parametrize("profile", list(PROFILES))
 def test_the_release_layout_round_trips_to_the_factory_s_profile(release, tmp_path, profile):
     out = convert(release.source, tmp_path / "out", profile, tokenizer=str(release.tokenizer),
@@ -64,6 +68,8 @@ def test_the_release_layout_round_trips_to_the_factory_s_profile(release, tmp_pa
     direct = make_checkpoint(tmp_path / "direct", "tiny", profile=profile)
     _same_tensors(out, direct)
     assert _quantization(out) == _quantization(direct)
+    assert _profile_record(out) == _profile_record(direct) == {
+        "name": profile, "memory_first": PROFILES[profile].memory_first}
     assert _ids(out) == _ids(direct)
 
 
@@ -73,6 +79,8 @@ def test_an_mlx_conversion_round_trips_to_the_factory_s_profile(mlx_bf16, tmp_pa
     direct = make_checkpoint(tmp_path / "direct", "tiny", profile=profile)
     _same_tensors(out, direct)
     assert _quantization(out) == _quantization(direct)
+    assert _profile_record(out) == _profile_record(direct) == {
+        "name": profile, "memory_first": PROFILES[profile].memory_first}
     assert _ids(out) == _ids(direct)
 
 

@@ -96,8 +96,9 @@ def test_the_server_is_sized_to_what_the_budget_leaves():
     plan = plan_memory(config, stored, 0, budget)
     assert plan.sessions_that_fit() == 3
     sessions, state, line = fit_sessions(plan, 8, None)
-    assert (sessions, state) == (3, None)
+    assert (sessions, state) == (3, plan.left)
     assert "up to 3 session(s) (--max-sessions 8; fewer fit)" in line
+    assert f"within {plan.left} bytes of session state (--max-state-bytes unset" in line
     assert fit_sessions(plan, 2, 10)[:2] == (2, 10)
     sessions, state, line = fit_sessions(plan, 2, 10 * plan.left)
     assert (sessions, state) == (2, plan.left) and "lowered to what is left" in line
@@ -144,6 +145,11 @@ def test_weights_as_stored_stream_as_offline_and_as_held(tiny_q4_ckpt):
     for hold in (True, False):
         model, processor = _load(tiny_q4_ckpt, hold_f32=hold)
         session = model.create_session(processor)
+        # As stored, no float32 copies outside the weights either: the codebook
+        # tables and the RNNT's LSTM are used as stored (exactly, as the codes show).
+        tables = model.tts_model.tts_model._codebooks
+        assert (tables.tables32 is not tables.tables) == hold
+        assert (session._rnnt._held is not None) == hold
         stream = session.create_streaming_session(seed=2)
         events = []
         for start in range(0, len(audio), 1280):
@@ -163,3 +169,42 @@ def test_serve_parses_the_budget_into_the_app():
 
     args = parse(["--model", "m", "--memory-budget", "10.67"], "serve", False)
     assert isinstance(args, argparse.Namespace) and args.memory_budget == pytest.approx(10.67)
+
+
+def test_a_memory_first_profile_holds_no_float32_copies_whatever_the_budget(tmp_path, caplog):
+    """``lean`` exists to stay small (6.5 GiB of weights at full size, which its float32
+    copies would pass): its config.json says so and the default load respects it."""
+    import json
+    import logging
+
+    from mlx_voicechat_plugin.testing.fixtures import make_checkpoint
+
+    path = make_checkpoint(tmp_path / "lean", "tiny", profile="lean")
+    assert json.loads((path / "config.json").read_text())["voicechat_profile"] == {
+        "name": "lean", "memory_first": True}
+    with caplog.at_level(logging.INFO, logger="mlx_voicechat_plugin.loader"):
+        model, _ = _load(path)  # the default budget has room for the copies
+    assert not model.memory_plan.hold_f32 and model.memory_plan.hold_extra > 0
+    assert "'lean' profile is memory first" in caplog.text
+    assert _load(path, hold_f32=True)[0].memory_plan.hold_f32
+    release = make_checkpoint(tmp_path / "release", "tiny", profile="release")
+    assert _load(release)[0].memory_plan.hold_f32
+
+
+def test_a_session_s_fixed_state_from_a_few_frames_is_the_full_window_s(tiny_q4_ckpt):
+    """The pool's state budget (set by default) needs a session's fixed state at start-up:
+    measured over a few frames and grown to the encoder's window, it is what a probe
+    over the whole window measures (which took minutes at full size on a CPU)."""
+    from mlx_voicechat_plugin.runtime.reservation import (
+        PROBE_FRAMES,
+        Reservations,
+        fixed_state_sizes,
+    )
+
+    model, processor = _load(tiny_q4_ckpt)
+    voicechat = model.create_session(processor)
+    window = model.stt_model.perception.att_context[0]
+    assert PROBE_FRAMES < window
+    full = max(fixed_state_sizes(voicechat, window + 2))
+    assert Reservations(voicechat).fixed_bytes() == full
+    assert voicechat.fixed_state_bytes == full

@@ -96,3 +96,39 @@ def test_an_unreadable_cache_is_ignored(counted, tmp_path):
         remembered.write_bytes(b"garbage")
     _, result = _answer(path)
     assert result.audio_codes.size and mx.array(result.audio_codes).dtype is not None
+
+
+def test_a_second_session_reads_the_symbol_probe_and_the_window_positions_back(
+        counted, monkeypatch, tmp_path):
+    """A session's start: the RNNT symbol table's probe runs once per device and shapes,
+    the encoder's window positions once per checkpoint; read back, both are the same
+    bits as computed."""
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.models import perception as perception_module
+    from mlx_voicechat_plugin.models import prediction_step
+
+    runs = {"rows": 0, "positions": 0}
+    rows_agree, positions = prediction_step._rows_agree, perception_module.WindowPositions
+
+    def rows(*args):
+        runs["rows"] += 1
+        return rows_agree(*args)
+
+    def window_positions(encoder, window, dtype, full=None):
+        runs["positions"] += full is None
+        return positions(encoder, window, dtype, full)
+
+    monkeypatch.setattr(prediction_step, "_rows_agree", rows)
+    monkeypatch.setattr(perception_module, "WindowPositions", window_positions)
+    path = make_checkpoint(tmp_path / "tiny", "tiny")
+    made = []
+    for _ in range(2):
+        model, processor = load(path)
+        session = model.create_session(processor)
+        made.append((session._rnnt._inputs, session._encoder.positions.full))
+    assert runs == {"rows": 1, "positions": 1}
+    (first_table, first_full), (second_table, second_full) = made
+    assert first_table is not None and mx.array_equal(first_table, second_table).item()
+    assert len(first_full) == len(second_full)
+    assert all(a.dtype == b.dtype and mx.array_equal(a, b).item()
+               for a, b in zip(first_full, second_full))

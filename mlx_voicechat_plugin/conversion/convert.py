@@ -22,7 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..profiles import PARTS, Profile, get_profile
+from ..profiles import CONFIG_KEY, PARTS, Profile, get_profile
 from .plan import MAX_SHARD_BYTES, Plan, make_plan, run_step, tensors_from_config
 from .release import TOKENIZER_FILES
 from .safetensors_io import ShardWriter, read_tensor
@@ -229,6 +229,7 @@ def convert(src: str | Path, out: str | Path, profile: "str | Profile" = "releas
     try:
         written = _write_weights(source, plan, folder, bar)
         config = dict(source.config)
+        config[CONFIG_KEY] = plan.profile.record()
         quantization = plan.quantization
         if quantization is not None:
             config["quantization"] = dict(quantization)

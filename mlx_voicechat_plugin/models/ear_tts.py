@@ -114,6 +114,9 @@ class EarTTS(nn.Module):
         )
         self._compiled_depth: Any = None
         self._codebooks: CodebookTables | None = None
+        # Whether the codebook tables get float32 copies (the memory plan's choice:
+        # ``Model.prepare`` sets it).
+        self.hold_f32 = True
         self._masked: dict[tuple, mx.array] = {}  # (B, T) -> all-mask codes, see _masked_codes
         self._backbone_step: GemmaStep | None = None
         self.attention_cores = AttentionCores()  # a setting: batched or per-row cores
@@ -260,14 +263,14 @@ class EarTTS(nn.Module):
         # keyed by array identity: the compiled depth loop takes the module
         # state as input and hands back new array objects after its trace.
         if self._codebooks is None:
-            self._codebooks = CodebookTables(self.rvq_embs)
+            self._codebooks = CodebookTables(self.rvq_embs, self.hold_f32)
         return self._codebooks
 
     def prepare(self) -> None:
         """One-time tables derived from the loaded weights (``load`` calls it), and the
         compiled backbone step, whose RoPE forms are probed on the device when it is
         made (here, not inside a session's first speaking frame)."""
-        self._codebooks = CodebookTables(self.rvq_embs)
+        self._codebooks = CodebookTables(self.rvq_embs, self.hold_f32)
         self.gemma_step()
 
     def update(self, parameters: dict, strict: bool = True) -> "EarTTS":

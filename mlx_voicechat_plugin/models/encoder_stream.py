@@ -100,10 +100,15 @@ class WindowPositions:
     frame then slices instead of projecting ``2L - 1`` rows in every layer.
     """
 
-    def __init__(self, encoder: Conformer, window: int, dtype: mx.Dtype):
+    def __init__(self, encoder: Conformer, window: int, dtype: mx.Dtype,
+                 full: list[mx.array] | None = None):
+        """``full``: the projections as computed before for these weights (read back,
+        :func:`~.remembered.load_arrays`), instead of computing them here."""
         self.window, self.dtype = window, dtype
-        table = encoder.pos_enc.pos_emb_for(window, dtype)
-        self.full = [layer.self_attn.linear_pos(table) for layer in encoder.layers]
+        if full is None:
+            table = encoder.pos_enc.pos_emb_for(window, dtype)
+            full = [layer.self_attn.linear_pos(table) for layer in encoder.layers]
+        self.full = full
         mx.eval(self.full)
 
     def covers(self, length: int, dtype: mx.Dtype) -> bool:

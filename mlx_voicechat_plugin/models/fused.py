@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .remembered import ProbeVerdicts
-from .weight_layout import HeldLinear, RowMajorLinear, layouts_agree, row_major
+from .weight_layout import HeldLinear, RowMajorLinear, layouts_agree
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +91,15 @@ def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
         if any(type(m) is not kind or ("bias" in m) != biased or m.weight.dtype != dtype
                or m.weight.shape[1] != first.weight.shape[1] for m in modules):
             return None
-        weight = mx.concatenate([m.weight for m in modules])
         if layouts_agree(dtype):  # weight_layout stored every such matrix transposed
-            weight = row_major(weight)
+            # The stack transposed ([in, sum out], contiguous) in one copy, shown as
+            # [sum out, in]: row_major(concatenate(weights)), without the two
+            # transposing copies (each ``m.weight.T`` is already contiguous where
+            # weight_layout moved it: a plain copy; the stacks took 2.6 s of a
+            # full-size load on a CPU, 1.0 s this way).
+            weight = mx.concatenate([m.weight.T for m in modules], axis=1).T
+        else:
+            weight = mx.concatenate([m.weight for m in modules])
         layer = _bare(kind)
         layer.weight = weight
         if biased:

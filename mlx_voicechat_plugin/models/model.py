@@ -95,8 +95,16 @@ class Model(nn.Module):
         self.held_matrices = hold_matrices(self, fused_layers(self._projection_blocks()))
         self.tts_model.audio_codec.prvq.stack()  # one gather for a frame's codebooks
         tts.set_vocabulary(tokenizer.get_vocab())
+        tts.hold_f32 = self.holds_f32
         tts.prepare()
         self.prepared_for = tokenizer
+
+    @property
+    def holds_f32(self) -> bool:
+        """Whether float32 copies of lower-precision weights and tables are held (the
+        memory plan's choice, ``loader``; held where there is no plan)."""
+        plan = getattr(self, "memory_plan", None)
+        return True if plan is None else bool(plan.hold_f32)
 
     def _projection_blocks(self) -> list[nn.Module]:
         tts = self.tts_model.tts_model

@@ -8,6 +8,8 @@ binds them to the VoiceChat checkpoint layout (``stt_model.perception.*``).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
@@ -15,6 +17,7 @@ from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
 
 from ..config import AudioConfig
 from .encoder_stream import WindowPositions
+from .remembered import WINDOW_POSITIONS_DIR, checkpoint_key, load_arrays, save_arrays
 
 
 def log_mel(waveform: mx.array, config: AudioConfig) -> mx.array:
@@ -34,11 +37,22 @@ class Perception(nn.Module):
         self.proj = nn.Linear(config.encoder.d_model, config.output_dim, bias=True)
         self._window_positions: WindowPositions | None = None
 
-    def window_positions(self) -> WindowPositions:
-        """The streaming encoder's positional projections, computed on first use."""
+    def window_positions(self, checkpoint: Path | None = None) -> WindowPositions:
+        """The streaming encoder's positional projections, computed on first use, or read
+        back where they were remembered for ``checkpoint`` (the path these weights were
+        loaded from, :mod:`.remembered`; 1.2 s of a full-size session's start on a CPU)."""
         if self._window_positions is None:
             window = self.att_context[0] + 1
-            self._window_positions = WindowPositions(self.encoder, window, mx.float32)
+            layers = self.encoder.layers
+            key = checkpoint_key(checkpoint, "window-positions", f"window {window}",
+                                 str(layers[0].self_attn.linear_pos.weight.dtype))
+            remembered = load_arrays(WINDOW_POSITIONS_DIR, key)
+            full = None
+            if remembered is not None and len(remembered[0]) == len(layers):
+                full = remembered[0]
+            self._window_positions = WindowPositions(self.encoder, window, mx.float32, full)
+            if full is None:
+                save_arrays(WINDOW_POSITIONS_DIR, key, self._window_positions.full, {})
         return self._window_positions
 
     def update(self, parameters: dict, strict: bool = True) -> "Perception":

@@ -12,12 +12,13 @@ a probe finds its rows' bits).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.rnnt import PredictNetwork
 
+from .remembered import ProbeVerdicts
 from .weight_layout import RowMajorLSTM, layouts_agree, row_major
 
 
@@ -41,8 +42,8 @@ class _HeldCache:
     """What a decoder's greedy tries derive from its weights (the held float32 copies,
     the symbol input table) and the weight arrays they were made from."""
 
-    def __init__(self, sources: list[mx.array], held: Held | None):
-        self.sources, self.held = sources, held
+    def __init__(self, sources: list[mx.array], held: Held | None, hold_f32: bool = True):
+        self.sources, self.held, self.hold_f32 = sources, held, hold_f32
         self.inputs: mx.array | None = None
         self.inputs_made = False
 
@@ -52,33 +53,35 @@ class _HeldCache:
 _DERIVED = "_voicechat_derived"
 
 
-def _derived(decoder: PredictNetwork) -> _HeldCache:
+def _derived(decoder: PredictNetwork, hold_f32: bool = True) -> _HeldCache:
     """What ``decoder``'s tries derive from its weights, made again when any weight it
-    reads changed."""
+    reads changed (or ``hold_f32``: whether float32 copies are held, changed)."""
     lstm = decoder.prediction["dec_rnn"].lstm
     sources = [w for layer in lstm for w in (layer.Wx, layer.Wh, layer.bias)]
     sources.append(decoder.prediction["embed"].weight)
     cached = getattr(decoder, _DERIVED, None)
-    if cached is None or len(cached.sources) != len(sources) or any(
-        a is not b for a, b in zip(cached.sources, sources)
-    ):
-        cached = _HeldCache(sources, held_lstm(lstm))
+    if cached is None or cached.hold_f32 != hold_f32 or len(cached.sources) != len(sources) \
+            or any(a is not b for a, b in zip(cached.sources, sources)):
+        cached = _HeldCache(sources, held_lstm(lstm) if hold_f32 else None, hold_f32)
         setattr(decoder, _DERIVED, cached)
     return cached
 
 
-def shared_held_lstm(decoder: PredictNetwork) -> Held | None:
+def shared_held_lstm(decoder: PredictNetwork, hold_f32: bool = True) -> Held | None:
     """:func:`held_lstm` of ``decoder``'s LSTM, made once per set of weights and kept
-    while the decoder lives (outside the module tree), so sessions share one copy."""
-    return _derived(decoder).held
+    while the decoder lives (outside the module tree), so sessions share one copy;
+    ``None`` with ``hold_f32`` ``False`` (the memory plan holds no float32 copies)."""
+    return _derived(decoder, hold_f32).held
 
 
-def shared_symbol_inputs(decoder: PredictNetwork) -> mx.array | None:
-    """:func:`symbol_inputs` of ``decoder``, made (and probed) once per set of weights
-    and shared like :func:`shared_held_lstm`."""
-    cached = _derived(decoder)
+def shared_symbol_inputs(decoder: PredictNetwork, verdicts: ProbeVerdicts | None = None,
+                         hold_f32: bool = True) -> mx.array | None:
+    """:func:`symbol_inputs` of ``decoder``, made (and probed, or its probe's verdict read
+    from ``verdicts``) once per set of weights and shared like :func:`shared_held_lstm`."""
+    cached = _derived(decoder, hold_f32)
     if not cached.inputs_made:
-        cached.inputs, cached.inputs_made = symbol_inputs(decoder, cached.held), True
+        cached.inputs = symbol_inputs(decoder, cached.held, verdicts=verdicts)
+        cached.inputs_made = True
     return cached.inputs
 
 
@@ -156,11 +159,15 @@ def input_part(layer: nn.LSTM, x: mx.array, wx32: mx.array | None) -> mx.array |
 
 
 def symbol_inputs(decoder: PredictNetwork, held: Held | None,
-                  rows: tuple[int, ...] = (1, 2, 8, 32)) -> mx.array | None:
+                  rows: tuple[int, ...] = (1, 2, 8, 32),
+                  verdicts: ProbeVerdicts | None = None) -> mx.array | None:
     """The first LSTM layer's input part of every symbol's embedding, ``[V, 4H]``: a try
     gathers its row instead of embedding the symbol and multiplying it. ``None``
     where a table row would not be the bits the product gives for that symbol in
-    a batch of ``rows`` (probed for every symbol)."""
+    a batch of ``rows`` (probed for every symbol: one product per batch, 4.4 s of a
+    full-size session's start on a CPU). Like the fused-projection probe's, the
+    verdict depends on the device's kernels for these shapes and dtypes, not on
+    the values: ``verdicts`` (:class:`~.remembered.ProbeVerdicts`) remembers it."""
     embed, lstm = decoder.prediction["embed"], decoder.prediction["dec_rnn"].lstm
     layer, (wx32, _) = lstm[0], _weights32(lstm[0], held, 0)
 
@@ -171,8 +178,23 @@ def symbol_inputs(decoder: PredictNetwork, held: Held | None,
     symbols = embed.weight.shape[0]
     table = part(mx.arange(symbols))
     mx.eval(table)
+    key = "|".join(str(p) for p in (
+        "symbol-inputs", rows, embed.weight.dtype, tuple(embed.weight.shape), type(layer).__name__,
+        layer.Wx.dtype, tuple(layer.Wx.shape), None if layer.bias is None else layer.bias.dtype,
+        None if wx32 is None else (wx32.dtype, tuple(wx32.shape))))
+    verdict = None if verdicts is None else verdicts.get(key)
+    if verdict is None:
+        verdict = _rows_agree(part, table, symbols, rows)
+        if verdicts is not None:
+            verdicts.put(key, verdict)
+            verdicts.save()
+    return table if verdict else None
+
+
+def _rows_agree(part: Callable[[mx.array], mx.array], table: mx.array, symbols: int,
+                rows: tuple[int, ...]) -> bool:
     for count in rows:
         batches = [mx.arange(s, min(s + count, symbols)) for s in range(0, symbols, count)]
         if not mx.array_equal(mx.concatenate([part(ids) for ids in batches]), table).item():
-            return None
-    return table
+            return False
+    return True

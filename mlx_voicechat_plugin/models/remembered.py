@@ -1,18 +1,24 @@
 """What a load computes that depends only on the device and the checkpoint, remembered on disk.
 
-Two parts of a load used to be recomputed every time and grow with the model:
+Parts of a load used to be recomputed every time and grow with the model:
 the fused-projection probe (:mod:`.fused`: whether the stacked product gives
 the same bits, decided by the device's kernels for those shapes and dtypes,
 never by the values) and the EAR-TTS warm start (a pure function of the
 weights: the codec's encoding of the silent prompt and the backbone's
-warm-up). Both are kept in the user's cache directory:
+warm-up), and smaller ones of a session's start. All are kept in the user's
+cache directory:
 
 - ``fused-probe.json``: one verdict per device, MLX version and stack
   (:func:`device_key` and the stack's kind, dtypes and shapes);
 - ``warm-start/<key>.safetensors``: the warm start's arrays and, in its
   metadata, how to rebuild its caches; the key hashes the checkpoint's
   identity (its path, each weight file's size and modification time,
-  ``config.json``), the device, MLX's and this package's versions.
+  ``config.json``), the device, MLX's and this package's versions;
+- ``window-positions/<key>.safetensors``: the streaming encoder's projected
+  positional embeddings of its full window (a pure function of the weights,
+  keyed the same way);
+- in ``fused-probe.json`` too, the RNNT symbol table's probe (whether a table
+  row is the bits a batch's product gives, :mod:`.prediction_step`).
 
 ``MLX_VOICECHAT_CACHE_DIR`` names the directory (default:
 ``$XDG_CACHE_HOME/mlx-voicechat`` or ``~/.cache/mlx-voicechat``); an empty
@@ -37,6 +43,7 @@ logger = logging.getLogger(__name__)
 ENV_CACHE_DIR = "MLX_VOICECHAT_CACHE_DIR"
 PROBE_FILE = "fused-probe.json"
 WARM_START_DIR = "warm-start"
+WINDOW_POSITIONS_DIR = "window-positions"
 
 
 def cache_dir() -> Path | None:

@@ -34,6 +34,7 @@ from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
 from .prediction_step import lstm_step, shared_held_lstm, shared_symbol_inputs
+from .remembered import ProbeVerdicts
 from .rows import SharedRows, shared_arrays, stack_rows, take_rows
 
 
@@ -112,7 +113,10 @@ class GreedyRNNT:
         joint: JointNetwork,
         blank_id: int,
         max_symbols: int,
+        hold_f32: bool = True,
     ):
+        """``hold_f32``: whether the LSTM's float32 products use held float32 copies of
+        its weights (the memory plan's choice; exact either way)."""
         if max_symbols < 1:
             raise ValueError(f"max_symbols must be >= 1, got {max_symbols}")
         self.decoder = decoder
@@ -120,8 +124,8 @@ class GreedyRNNT:
         self.blank_id = blank_id
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
-        self._held = shared_held_lstm(decoder)
-        self._inputs = shared_symbol_inputs(decoder)
+        self._held = shared_held_lstm(decoder, hold_f32)
+        self._inputs = shared_symbol_inputs(decoder, ProbeVerdicts.default(), hold_f32)
         self._graphs: dict[int, Callable] = {}  # tries -> compiled graph
 
     def initial(self, dtype: mx.Dtype) -> RNNTCarry:

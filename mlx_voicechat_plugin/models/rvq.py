@@ -111,7 +111,10 @@ def distance_in_one_product(tables: Sequence[mx.array], norms: Sequence[mx.array
 class CodebookTables:
     """Per-codebook ``[C, D]`` tables and their norms, evaluated once per weight array."""
 
-    def __init__(self, rvq_embs: mx.array):
+    def __init__(self, rvq_embs: mx.array, hold_f32: bool = True):
+        """``hold_f32`` ``False``: no float32 copies of lower-precision tables (the
+        memory plan's choice, ``budget``): float32 residuals then promote the stored
+        tables in each product, exactly, as they would without the copies."""
         self.source = rvq_embs
         norms = codebook_norms(rvq_embs)
         self.tables = [rvq_embs[k] for k in range(rvq_embs.shape[0])]
@@ -119,7 +122,7 @@ class CodebookTables:
         # The depth loop's residuals are float32 (its noise is): a product or
         # difference with a lower-precision table promotes the table to float32
         # (exactly), every codebook of every frame. Promoted once here instead.
-        wide = rvq_embs.dtype == mx.float32
+        wide = rvq_embs.dtype == mx.float32 or not hold_f32
         self.tables32 = self.tables if wide else [t.astype(mx.float32) for t in self.tables]
         self.norms32 = self.norms if wide else [n.astype(mx.float32) for n in self.norms]
         # Each table's [D, C] operand held as an evaluated view (the same strides as

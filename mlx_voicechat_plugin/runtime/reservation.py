@@ -15,7 +15,7 @@ session's worst case is known when it opens, from the config:
   plus every frame the session may run;
 - the fixed part (Mamba2 states, the encoder's 70-frame windows, the RNNT
   carry, the codec stream, previous tokens and keys): measured once per
-  model on a probe stream run until the encoder window is full
+  model on a short probe stream and grown to the encoder's full window
   (:meth:`Reservations.fixed_bytes`), plus the PCM a session may buffer.
 
 :class:`~.pool.SessionPool` reserves :func:`session_reservation` of a
@@ -39,6 +39,9 @@ from .options import SessionOptions
 logger = logging.getLogger(__name__)
 
 KV_ITEMSIZE = 4  # float32 keys and values (the caches keep the fused inputs' dtype)
+# Frames a session's fixed state is measured over before it grows one encoder window
+# row a frame (:meth:`Reservations.fixed_bytes`).
+PROBE_FRAMES = 4
 
 
 
@@ -132,6 +135,23 @@ def session_reservation(config: Any, shape: SessionShape, fixed: int,
     return fixed + kv_bytes(config, shape, frames) + pcm
 
 
+def fixed_state_sizes(voicechat: Any, frames: int) -> list[int]:
+    """A probe stream's non-KV state bytes (no prompt, unbounded context) after each of
+    its first ``frames`` frames of silence."""
+    config = voicechat.config
+    stream = voicechat.create_streaming_session(options=SessionOptions(context_seconds=0))
+    silence = np.zeros((config.frame_samples,), np.float32)
+    sizes = []
+    try:
+        shape = SessionShape(0, voicechat.warm_start.positions, None)
+        for frame in range(frames):
+            stream.push_audio(silence)
+            sizes.append(stream.core.compute.nbytes - kv_bytes(config, shape, frame + 1))
+    finally:
+        stream.cancel()
+    return sizes
+
+
 class Reservations:
     """The fixed part of one model's sessions, measured once per ``VoiceChat`` (kept
     there, in its ``fixed_state_bytes``: :meth:`fixed_bytes`)."""
@@ -141,25 +161,21 @@ class Reservations:
         self._fixed: int | None = getattr(voicechat, "fixed_state_bytes", None)
 
     def fixed_bytes(self) -> int:
-        """The largest non-KV state of a conversation, measured on a probe stream (no
-        prompt, unbounded) over the frames that fill the encoder's window."""
+        """The largest non-KV state of a conversation: measured on a probe stream (no
+        prompt, unbounded) over its first :data:`PROBE_FRAMES` frames, then grown at the
+        last frame's rate until the encoder's window is full (``left_context`` frames,
+        where the full probe, :func:`fixed_state_sizes`, stops growing: one window row
+        per layer a frame; ``tests/test_memory_budget.py`` checks both agree). A few
+        frames instead of the window's 72: a full-size start on a CPU took minutes."""
         if self._fixed is None:
             vc = self.voicechat
-            config = vc.config
-            stream = vc.create_streaming_session(options=SessionOptions(context_seconds=0))
-            frames = vc.model.stt_model.perception.att_context[0] + 2
-            silence = np.zeros((config.frame_samples,), np.float32)
-            fixed = 0
-            try:
-                shape = SessionShape(0, vc.warm_start.positions, None)
-                for frame in range(frames):
-                    stream.push_audio(silence)
-                    kv = kv_bytes(config, shape, frame + 1)
-                    fixed = max(fixed, stream.core.compute.nbytes - kv)
-            finally:
-                stream.cancel()
+            window = vc.model.stt_model.perception.att_context[0]
+            sizes = fixed_state_sizes(vc, min(PROBE_FRAMES, window + 2))
+            rate = sizes[-1] - sizes[-2]
+            fixed = max(max(sizes), sizes[-1] + rate * max(window - len(sizes), 0))
             self._fixed = vc.fixed_state_bytes = fixed
-            logger.info("session state: %d fixed bytes, measured over %d frames", fixed, frames)
+            logger.info("session state: %d fixed bytes, measured over %d frames and grown "
+                        "to the encoder's %d-frame window", fixed, len(sizes), window)
         return self._fixed
 
     def shape(self, prompt: int, context_seconds: float | None) -> SessionShape:

@@ -107,10 +107,12 @@ class VoiceChat:
             stt.rnnt_joint,
             blank_id=self.config.rnnt_blank_id,
             max_symbols=self.config.audio_config.max_symbols,
+            hold_f32=model.holds_f32,
         )
         perception = stt.perception
         self._encoder = EncoderStream(perception.encoder, left_context=perception.att_context[0],
-                                      positions=perception.window_positions())
+                                      positions=perception.window_positions(
+                                          getattr(model, "checkpoint_path", None)))
         self.prompt_cache: PromptCache | None = PromptCache()
         self._warm_start: WarmStart | None = WarmStart.of(model)
         # A conversation's non-KV state bytes, measured once on a probe stream the first

@@ -22,7 +22,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..profiles import (
+    CONFIG_KEY,
     Profile,
+    get_profile,
     plan_layers,
     quantizable_modules,
     quantization_config,
@@ -151,6 +153,8 @@ def make_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int = 0,
     build_weights(config, text.vocab, seed=seed, tuning=TUNINGS.get(size),
                   device=on_device, sink=writer)
     writer.close()
+    if profile is not None:
+        raw[CONFIG_KEY] = get_profile(profile).record()
     _write_json(out / "config.json", raw)
     logger.info("wrote %s fixture checkpoint to %s", size, out)
     return out
@@ -230,6 +234,7 @@ def dequantized_checkpoint(src: str | Path, out_dir: str | Path) -> Path:
     raw = json.loads((src / "config.json").read_text())
     quantization = raw.pop("quantization", None) or {}
     raw.pop("quantization_config", None)
+    raw.pop(CONFIG_KEY, None)  # no longer that profile's weights
     weights = {}
     for file in sorted(src.glob("*.safetensors")):
         weights.update(mx.load(str(file)))
