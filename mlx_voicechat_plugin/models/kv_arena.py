@@ -355,6 +355,15 @@ class AttentionCores:
         return True
 
 
+def ring_offsets(caches: list[Any]) -> tuple[int, ...]:
+    """Each cache's ``offset``: the arena's one list when an arena holds them all
+    (a copy), else read from each."""
+    arena = getattr(caches[0], "arena", None)
+    if arena is not None and arena.holds(caches):
+        return tuple(arena._offset)
+    return tuple(c.offset for c in caches)
+
+
 def dissolve(caches: Sequence[Any]) -> None:
     """Every arena holding any of ``caches`` gives all its rows back (the batch changed)."""
     for cache in caches:
