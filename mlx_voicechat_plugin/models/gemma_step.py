@@ -19,7 +19,7 @@ from mlx_vlm.models.gemma3.language import clip_residual
 from . import fast_forms
 from .fast_forms import RopeForm, rms_norm
 from .fused import gated_mlp, project
-from .kv_arena import AttentionCores, StepArrays
+from .kv_arena import AttentionCores, StepArrays, ring_offsets
 
 
 class GemmaStep:
@@ -77,17 +77,20 @@ class GemmaStep:
         (every layer's, in a stack whose caches advance together), and its q/k norm
         weights per head (:meth:`_qk_weight`)."""
 
-        def offset(i: int) -> mx.array:
-            return mx.array([c[i].offset for c in rows] * group, dtype=mx.int32)
+        def offsets(i: int) -> tuple[int, ...]:
+            return ring_offsets([c[i] for c in rows])
+
+        def offset(key: tuple[int, ...]) -> mx.array:
+            return mx.array(list(key) * group, dtype=mx.int32)
 
         if self._forms is None:
-            return lambda i: (offset(i),)
+            return lambda i: (offset(offsets(i)),)
         tables: dict[tuple[int, ...], tuple[mx.array, ...]] = {}
 
         def rope(i: int) -> tuple:
-            key = tuple(c[i].offset for c in rows)
+            key = offsets(i)
             if key not in tables:
-                tables[key] = self._angles(offset(i))
+                tables[key] = self._angles(offset(key))
             t = self._table_of[i]
             return (*tables[key][2 * t : 2 * t + 2], *self._qk_weight(i))
 

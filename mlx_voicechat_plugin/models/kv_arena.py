@@ -78,6 +78,26 @@ def _ring_part(index: int, name: str) -> property:
     return property(get, put)
 
 
+def _ring_count(name: str) -> property:
+    """A :class:`RingCache` host counter (``offset`` / ``_idx``): while adopted, its
+    arena's entry for it (the arena advances all its rows' counters at once each
+    step, one list a step, not a call per row and layer), else its own."""
+    own = "_own" + name
+
+    def get(cache: "RingCache") -> int:
+        arena = cache._arena
+        return getattr(arena, name)[cache._slot] if arena is not None else getattr(cache, own)
+
+    def put(cache: "RingCache", value: int) -> None:
+        arena = cache._arena
+        if arena is not None:
+            getattr(arena, name)[cache._slot] = value
+        else:
+            setattr(cache, own, value)
+
+    return property(get, put)
+
+
 class RingCache(RotatingKVCache):
     """mlx-lm's ``RotatingKVCache(max_size, keep)`` allocated :attr:`growth` positions
     at a time (its ``step``), which a :class:`KVArena` may adopt once whole
@@ -91,6 +111,11 @@ class RingCache(RotatingKVCache):
     _slot = 0
     _keys: mx.array | None = None
     _values: mx.array | None = None
+    _own_offset = 0
+    _own_idx = 0
+    # ``RotatingKVCache``'s host bookkeeping, kept by the arena while adopted.
+    offset = _ring_count("_offset")  # type: ignore[assignment]
+    _idx = _ring_count("_idx")  # type: ignore[assignment]
 
     @property  # type: ignore[override]
     def step(self) -> int:
@@ -137,16 +162,6 @@ class RingCache(RotatingKVCache):
         self._keys = self._values = None
         self._arena, self._slot = arena, slot
 
-    def next_position(self) -> int:
-        """Advance by one position and return the ring index it is written at: the
-        bookkeeping of ``RotatingKVCache``'s one-position write into a whole ring."""
-        if self._idx == self.max_size:  # rotate past the kept sink
-            self._idx = self.keep
-        position = self._idx
-        self._idx += 1
-        self.offset += 1
-        return position
-
     @property
     def whole(self) -> bool:
         """Its ring is allocated whole (every later one-position write lands inside it)."""
@@ -154,9 +169,12 @@ class RingCache(RotatingKVCache):
             self._keys is not None and self._keys.shape[2] == self.max_size)
 
     def detach(self, keep: bool = True) -> None:
-        """Take its rows back from its arena (views of them; ``keep=False``: drop them)."""
-        arena, self._arena = self._arena, None
+        """Take its rows back from its arena (views of them; ``keep=False``: drop them)
+        and its write index and offset."""
+        arena = self._arena
         if arena is not None:
+            self._own_offset, self._own_idx = arena._offset[self._slot], arena._idx[self._slot]
+            self._arena = None
             rows = arena.leave(self._slot)
             self._keys, self._values = rows if keep else (None, None)
 
@@ -176,6 +194,13 @@ class KVArena:
         values = [c.values for c in caches]
         self.caches: list[RingCache | None] = list(caches)
         self.group = group
+        # The rings' host bookkeeping, one entry a row (read through each cache's
+        # ``offset`` / ``_idx`` while adopted); every ring has one size and sink.
+        self._offset = [c.offset for c in caches]
+        self._idx = [c._idx for c in caches]
+        self.ring, self.keep = caches[0].max_size, caches[0].keep
+        if any(c.max_size != self.ring or c.keep != self.keep for c in caches):
+            raise ValueError("an arena's rings must have one size and one kept sink")
         self.keys: mx.array | None = self._stack(keys)
         self.values: mx.array | None = self._stack(values)
         for slot, cache in enumerate(caches):
@@ -191,9 +216,9 @@ class KVArena:
         return len(self.caches)
 
     def holds(self, caches: Sequence[Any]) -> bool:
-        """Exactly these caches, in this order, all still adopted."""
-        return len(caches) == len(self.caches) and all(
-            a is b and a.arena is self for a, b in zip(caches, self.caches))
+        """Exactly these caches, in this order, all still adopted (a cache that leaves
+        is ``None`` in :attr:`caches`, and one list compares by identity in C)."""
+        return (caches if isinstance(caches, list) else list(caches)) == self.caches
 
     def takes(self, keys: mx.array) -> bool:
         """``keys`` are one new position of every row, of the arena's heads, width and dtype."""
@@ -230,15 +255,16 @@ class KVArena:
         """Write one position of every row and attend: ``[G * S, H, 1, D]`` in, same out.
 
         The write index and length of each ring advance on the host exactly
-        as ``RotatingKVCache``'s one-position write does. ``memo``: the step's
-        write indices and masks, shared by its layers whose rings agree.
+        as ``RotatingKVCache``'s one-position write into a whole ring does (past
+        the end, back to the kept sink), for all rows at once. ``memo``: the
+        step's write indices and masks, shared by its layers whose rings agree.
         """
         assert self.keys is not None and self.values is not None
-        positions, lengths = [], []
-        for cache in self.caches:
-            assert cache is not None
-            positions.append(cache.next_position())
-            lengths.append(cache.size())
+        ring, keep = self.ring, self.keep
+        positions = [keep if i == ring else i for i in self._idx]  # rotate past the sink
+        self._idx = [p + 1 for p in positions]
+        self._offset = offsets = [o + 1 for o in self._offset]
+        lengths = [o if o < ring else ring for o in offsets]  # RotatingKVCache.size()
         index, mask = step_arrays(tuple(positions), tuple(lengths), self.group,
                                   {} if memo is None else memo)
         self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
@@ -327,6 +353,15 @@ class AttentionCores:
         for cache in caches:  # rings still growing are completed for the arena
             cache.complete()
         return True
+
+
+def ring_offsets(caches: list[Any]) -> tuple[int, ...]:
+    """Each cache's ``offset``: the arena's one list when an arena holds them all
+    (a copy), else read from each."""
+    arena = getattr(caches[0], "arena", None)
+    if arena is not None and arena.holds(caches):
+        return tuple(arena._offset)
+    return tuple(c.offset for c in caches)
 
 
 def dissolve(caches: Sequence[Any]) -> None:

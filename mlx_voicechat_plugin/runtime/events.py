@@ -237,7 +237,8 @@ class TokenText:
             return None
         self.tokens.append(token_id)
         window = self._decode(self.tokens[self._prefix :])
-        if window.startswith(self._context):
+        local = window.startswith(self._context)
+        if local:
             text = self._settled + window[len(self._context) :]
         else:
             text = self._head + self._decode(self.tokens)
@@ -247,14 +248,21 @@ class TokenText:
             delta = self._decode([token_id])
         self.text = text
         if not text.endswith("\ufffd"):
-            self._settle()
+            self._settle(window if local else None)  # not local: the next window starts afresh
         return delta, self.text
 
-    def _settle(self) -> None:
+    def _settle(self, window: str | None) -> None:
+        """Settle every token so far. The window's start stays put until its context
+        passes ``2 * CONTEXT_TOKENS`` tokens (then it moves to the last
+        ``CONTEXT_TOKENS``), so the next context is most often the window just
+        decoded (``window``): one decode a token, not two."""
         self._read = len(self.tokens)
-        self._prefix = max(0, self._read - self.CONTEXT_TOKENS)
         self._settled = self.text
-        self._context = self._decode(self.tokens[self._prefix : self._read])
+        if window is not None and self._read - self._prefix <= 2 * self.CONTEXT_TOKENS:
+            self._context = window
+        else:
+            self._prefix = max(0, self._read - self.CONTEXT_TOKENS)
+            self._context = self._decode(self.tokens[self._prefix : self._read])
         if self.keep_chars is not None and len(self.text) > 2 * self.keep_chars:
             self._bound(self.keep_chars)
 

@@ -7,7 +7,8 @@ every session that has a frame ready by one frame, ``flush`` / ``cancel`` /
 their reservations (:mod:`.reservation`: each session's worst-case state,
 computed from the config when it opens, before its prefill), which the
 measured bytes of their state arrays (:attr:`state_bytes`, summed from each
-session's ``nbytes``) never pass; a refused ``open`` raises
+session's ``nbytes``: at each change of membership, and after steps when read)
+never pass; a refused ``open`` raises
 :class:`PoolFull`, and a closed session's slot, reservation and state are
 free at once.
 
@@ -110,7 +111,10 @@ class SessionPool:
         self.sessions: dict[str, StreamingShell] = {}
         # The stepping conversations' timelines, merged while the same ones step.
         self.batch = TimelineBatch()
-        self.state_bytes = 0  # measured after every change (read from any thread)
+        # Measured at every change of membership; a step only marks it stale (it changes
+        # every stepped session's state, and sizing them all is host work per row).
+        self._state_bytes = 0
+        self._stale = False
         self.reservations = Reservations(voicechat)
         self.ledger = ledger or ReservationLedger()
         self.reserved = self.ledger.reserved  # session -> its worst-case state bytes
@@ -140,8 +144,18 @@ class SessionPool:
         return admission_error(len(self.sessions), self.max_sessions, self.reserved_bytes,
                                self.max_state_bytes, self.least_reservation())
 
+    @property
+    def state_bytes(self) -> int:
+        """The measured bytes of the open sessions' state, sized now if a step ran since
+        (read on the thread that steps; other threads read the ledger's copy)."""
+        if self._stale:
+            self._measure()
+        return self._state_bytes
+
     def _measure(self) -> None:
-        self.state_bytes = self.ledger.state_bytes = sum(s.nbytes for s in self.sessions.values())
+        self._stale = False
+        self._state_bytes = self.ledger.state_bytes = sum(
+            s.nbytes for s in self.sessions.values())
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -264,7 +278,7 @@ class SessionPool:
                 else:
                     result.events[session_id] = outcome
         result.seconds = time.perf_counter() - started
-        self._measure()
+        self._stale = True  # sized when read (state_bytes), not after every step
         return result
 
     @staticmethod

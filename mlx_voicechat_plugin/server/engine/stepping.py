@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 NOT_ACTIVE = "realtime session is not active"
 # Longest a new session's prefill runs before the other sessions' frames do.
 PREFILL_SLICE_SECONDS = 0.02
+# How often, at most, the sessions' measured state is read onto the gauge (and the
+# ledger a health check reads) while only frames run: sizing every session's state
+# is host work per session, not to be done every 80 ms frame.
+STATE_GAUGE_SECONDS = 1.0
 
 
 class Stepper:
@@ -46,6 +50,7 @@ class Stepper:
         self.pool = pool
         self.scheduler = scheduler
         self.channels: dict[str, SessionChannel] = {}
+        self._gauged = 0.0  # when the state gauge was last read after a step
 
     # --- what is due --------------------------------------------------------------
 
@@ -162,7 +167,10 @@ class Stepper:
             logger.debug("engine frame failed for %s: %s", session_id, error, exc_info=error)
             channel.drop_tag(tags[session_id], time.perf_counter())
             channel.emit(FrameError(error))
-        self.metrics.sessions(len(pool), pool.state_bytes)
+        done = time.perf_counter()
+        if done - self._gauged >= STATE_GAUGE_SECONDS:
+            self._gauged = done
+            self.metrics.sessions(len(pool), pool.state_bytes)
         self.metrics.buffered(sum(c.buffered for c in self.channels.values())
                               / config.input_sample_rate)
         scheduler.free_since = time.perf_counter()
