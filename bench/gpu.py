@@ -15,7 +15,7 @@ short keeps what it measured):
    ``agreement``: per stage, how the plugin's offline answer to a 3.1 s
    question agrees with the reference's on this device (``conformance.diff``:
    ids equal over the question, max abs of the float stages).
-2. ``pool``: the plugin's :class:`~mlx_voicechat_plugin.runtime.pool.SessionPool`
+2. ``pool``: the plugin's :class:`~mlx_voicechat_plugin.runtime.pool.StreamPool`
    at each N of ``--batches``: N sessions stepped ``--warm-frames`` steps, then
    ``--steps`` timed steps: step p50 / p95, frames/s (N / p50), state bytes per
    session, peak memory, the kernels and evaluations of one counted step
@@ -144,8 +144,8 @@ def pool_curve(voicechat: Any, batches: list[int], warm: int, steps: int, frame:
                rate: int, report: Report) -> list[dict]:
     """The pool's step time, throughput, memory and kernels against N."""
     from mlx_voicechat_plugin.instruments.kernels import KernelCounter
-    from mlx_voicechat_plugin.runtime.options import SessionOptions
-    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.runtime.options import ConversationOptions
+    from mlx_voicechat_plugin.runtime.pool import StreamPool
 
     audio = _signal((warm + steps + 2) * frame / rate, rate)
     rows: list[dict] = []
@@ -153,10 +153,10 @@ def pool_curve(voicechat: Any, batches: list[int], warm: int, steps: int, frame:
     for n in batches:
         mx.clear_cache()
         mx.reset_peak_memory()
-        pool = SessionPool(voicechat, max_sessions=n)
+        pool = StreamPool(voicechat, max_sessions=n)
         ids = [str(i) for i in range(n)]
         for i in ids:
-            pool.open(i, SessionOptions(seed=int(i)))
+            pool.open(i, ConversationOptions(seed=int(i)))
         per_session = pool.state_bytes / n
         times, trace = [], []
         counted: dict[str, Any] = {}
@@ -204,19 +204,19 @@ def row_agreement(voicechat: Any, frame: int, rate: int, sessions: int = 4,
     whether session 0's ids and codes equal its solo run, with the batched cores and with
     the exact per-row cores (``MLX_VOICECHAT_PER_ROW_ATTENTION``), and the largest sample
     difference."""
-    from mlx_voicechat_plugin.runtime.options import SessionOptions
-    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.runtime.options import ConversationOptions
+    from mlx_voicechat_plugin.runtime.pool import StreamPool
 
     audio = _signal((frames + 1) * frame / rate, rate)
 
     def run(count: int) -> list:
-        pool = SessionPool(voicechat, max_sessions=count)
+        pool = StreamPool(voicechat, max_sessions=count)
         trace: list = []
         try:
             for index in range(frames + (count - 1) * stagger):
                 for s in range(count):
                     if index == s * stagger:
-                        pool.open(str(s), SessionOptions(seed=0))
+                        pool.open(str(s), ConversationOptions(seed=0))
                 chunk = {str(s): audio[(index - s * stagger) * frame:][:frame]
                          for s in range(count) if s * stagger <= index < s * stagger + frames}
                 result = pool.step(chunk)
@@ -311,7 +311,7 @@ def plot(data: dict, path: Path) -> None:
         axes[1].plot(n, [r["step"]["p95_ms"] for r in pool], "s--", label="step p95 (ms)")
         axes[1].axhline(80.0, color="grey", lw=0.8, label="80 ms: real time")
         axes[1].set_xscale("log", base=2)
-        axes[1].set(xlabel="sessions N", ylabel="ms", title="SessionPool step against N")
+        axes[1].set(xlabel="sessions N", ylabel="ms", title="StreamPool step against N")
         twin = axes[1].twinx()
         twin.plot(n, [r["frames_per_s"] for r in pool], "g^:", label="frames/s")
         twin.set_ylabel("frames / s")

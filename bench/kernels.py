@@ -4,7 +4,7 @@
         [--warm-frames 72] [--frames 6] [--per-row-attention] [--json out.json]
 
 For each N, N sessions (seeds 0..N-1, each its own speech signal) are opened
-in one :class:`~mlx_voicechat_plugin.runtime.pool.SessionPool` and stepped
+in one :class:`~mlx_voicechat_plugin.runtime.pool.StreamPool` and stepped
 ``--warm-frames`` frames untimed (the encoder's 70-frame windows fill; the
 steady shapes are the ones a long conversation runs), then ``--frames`` steps
 are timed (host CPU: the stepping thread's ``time.thread_time()`` around the
@@ -51,18 +51,18 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
     from mlx_voicechat_plugin.runtime import compile_policy
     from mlx_voicechat_plugin.instruments.kernels import VIEWS, KernelCounter, host_work
     from mlx_voicechat_plugin.instruments.matmuls import MatmulShapes
-    from mlx_voicechat_plugin.runtime.options import SessionOptions
-    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.runtime.options import ConversationOptions
+    from mlx_voicechat_plugin.runtime.pool import StreamPool
     from mlx_voicechat_plugin.testing.fixtures import question_signal
 
     frame = voicechat.config.frame_samples
     total = warm_frames + 2 * frames + 1  # the last step: products by shape
     seconds = (total + 1) * voicechat.config.frame_duration
     audios = [question_signal(seconds, seed=i) for i in range(batch)]
-    pool = SessionPool(voicechat, max_sessions=batch)
+    pool = StreamPool(voicechat, max_sessions=batch)
     ids = [str(i) for i in range(batch)]
     for i in ids:
-        pool.open(i, SessionOptions(seed=int(i)))
+        pool.open(i, ConversationOptions(seed=int(i)))
     steps: list[dict[str, Any]] = []
     host: list[float] = []
     waits: list[int] = []

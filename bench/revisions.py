@@ -9,7 +9,7 @@ process (its own ``.venv``, e.g. a ``git worktree`` of the base revision with
 asks them for one frame each in turn (the order alternating): both see the
 same noise. It prints each side's median frame and the median of the
 per-frame ratios (this checkout over the other). ``--sessions N`` steps a
-:class:`~mlx_voicechat_plugin.runtime.pool.SessionPool` of N sessions.
+:class:`~mlx_voicechat_plugin.runtime.pool.StreamPool` of N sessions.
 A benchmark script, never a timed test.
 """
 
@@ -28,7 +28,7 @@ WARM_FRAMES = 75  # past the 70-frame encoder windows: the steady frame
 
 def _child(size: str, sessions: int, checkpoint: str) -> None:
     from mlx_voicechat_plugin import load
-    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.runtime.pool import StreamPool
     from mlx_voicechat_plugin.testing.fixtures import make_checkpoint, question_signal
 
     path = Path(checkpoint)
@@ -44,14 +44,14 @@ def _child(size: str, sessions: int, checkpoint: str) -> None:
         def run(k: int) -> None:
             stream.push_audio(audios[0][k * frame : (k + 1) * frame])
     else:
-        pool = SessionPool(voicechat, max_sessions=sessions)
+        pool = StreamPool(voicechat, max_sessions=sessions)
         for i in range(sessions):  # either revision's open signature
             if "factory" in inspect.signature(pool.open).parameters:
                 pool.open(str(i), seed=i)
             else:
-                from mlx_voicechat_plugin.runtime.options import SessionOptions
+                from mlx_voicechat_plugin.runtime.options import ConversationOptions
 
-                pool.open(str(i), SessionOptions(seed=i))
+                pool.open(str(i), ConversationOptions(seed=i))
 
         # A frame of PCM a session (this revision), or (PCM, rate) (older ones).
         paired = "tuple" in str(inspect.signature(pool.step).parameters["frames"].annotation)

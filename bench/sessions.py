@@ -5,7 +5,7 @@
 
 For each N, N sessions (different seeds) each take ``--seconds`` of speech,
 timed after ``--skip-seconds`` (the steady frames of a long conversation):
-"together" opens them in one :class:`~mlx_voicechat_plugin.runtime.pool.SessionPool`
+"together" opens them in one :class:`~mlx_voicechat_plugin.runtime.pool.StreamPool`
 and steps all of them one frame per step; "one after another" runs the same N
 sessions alone in turn. Both are timed in this process, after a warm-up
 session, and reported as aggregate frames per second and as the ratio to one
@@ -31,13 +31,13 @@ import numpy as np
 def _together(voicechat, audios: list[np.ndarray], frame: int, skip: int = 0
               ) -> tuple[float, int, list]:
     from mlx_voicechat_plugin.runtime.events import Audio
-    from mlx_voicechat_plugin.runtime.options import SessionOptions
-    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.runtime.options import ConversationOptions
+    from mlx_voicechat_plugin.runtime.pool import StreamPool
 
-    pool = SessionPool(voicechat, max_sessions=len(audios))
+    pool = StreamPool(voicechat, max_sessions=len(audios))
     codes: list[list] = [[] for _ in audios]
     for i in range(len(audios)):
-        pool.open(str(i), SessionOptions(seed=i))
+        pool.open(str(i), ConversationOptions(seed=i))
     seconds, timed = 0.0, 0
     for index, start in enumerate(range(0, len(audios[0]) - frame + 1, frame)):
         started = time.perf_counter()

@@ -6,7 +6,7 @@
 On one fixture checkpoint and one input it times:
 - streaming: per-frame wall-clock (mean / p50 / p95) of one-frame
   ``push_audio`` on a text-only :class:`TranscriptionStream` and on a full
-  :class:`StreamingSession`, both warmed first, in ``--rounds`` interleaved
+  :class:`ConversationStream`, both warmed first, in ``--rounds`` interleaved
   rounds (the order alternates); the headline is the median per-round ratio
   text-only / full;
 - file transcription: audio seconds per wall second of

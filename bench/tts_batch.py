@@ -30,11 +30,11 @@ from typing import Any
 TEXT_IDS = (3, 17, 12, 2, 40, 5, 29, 11, 8)  # as tests/test_batched_tts.py
 
 
-class _Session:
+class _TtsRows:
     def __init__(self, tts: Any, cache: list, key: Any, prev: Any, frames: int):
         self.tts, self.cache, self.key, self.prev, self.frames = tts, cache, key, prev, frames
 
-    def copy(self) -> "_Session":
+    def copy(self) -> "_TtsRows":
         from mlx_voicechat_plugin.models.cache_state import (
             cache_meta_state,
             cache_state,
@@ -43,7 +43,7 @@ class _Session:
         )
 
         cache = caches_from_state(copy_arrays(cache_state(self.cache)), cache_meta_state(self.cache))
-        return _Session(self.tts, cache, self.key, self.prev, self.frames)
+        return _TtsRows(self.tts, cache, self.key, self.prev, self.frames)
 
     def stream(self) -> Any:
         from mlx_voicechat_plugin.runtime.rng import RandomStream
@@ -54,7 +54,7 @@ class _Session:
         return TEXT_IDS[self.frames % len(TEXT_IDS)]
 
 
-def _single_frame(sessions: list[_Session], rngs: list[Any]) -> list:
+def _single_frame(sessions: list[_TtsRows], rngs: list[Any]) -> list:
     """One frame of every session alone (a batch of one each)."""
     import mlx.core as mx
 
@@ -68,7 +68,7 @@ def _single_frame(sessions: list[_Session], rngs: list[Any]) -> list:
     return [s.prev for s in sessions]
 
 
-def _batched_frame(sessions: list[_Session], rngs: list[Any]) -> list:
+def _batched_frame(sessions: list[_TtsRows], rngs: list[Any]) -> list:
     """One frame of all sessions in one batch."""
     import mlx.core as mx
 
@@ -86,7 +86,7 @@ def _batched_frame(sessions: list[_Session], rngs: list[Any]) -> list:
     return [s.prev for s in sessions]
 
 
-def _sessions(model: Any, count: int) -> list[_Session]:
+def _sessions(model: Any, count: int) -> list[_TtsRows]:
     """``count`` sessions after ``0, 9, 18, ...`` frames alone (different offsets)."""
     import mlx.core as mx
 
@@ -96,7 +96,7 @@ def _sessions(model: Any, count: int) -> list[_Session]:
     tts = model.tts_model.tts_model
     out = []
     for b in range(count):
-        s = _Session(tts, start.fresh_cache(), mx.random.key(1000 + b), start.prev_codes, 0)
+        s = _TtsRows(tts, start.fresh_cache(), mx.random.key(1000 + b), start.prev_codes, 0)
         rngs = [s.stream()]
         for _ in range(9 * b):
             _single_frame([s], rngs)

@@ -78,9 +78,9 @@ class BudgetExceeded(ValueError):
 def session_bytes(config: Any) -> int:
     """One default session's KV rings at their largest (see the module docstring)."""
     from .runtime.options import DEFAULT_CONTEXT_SECONDS
-    from .runtime.reservation import SessionShape, context_frames, kv_bytes
+    from .runtime.reservation import ConversationShape, context_frames, kv_bytes
 
-    shape = SessionShape(0, 0, context_frames(DEFAULT_CONTEXT_SECONDS, config.frame_duration))
+    shape = ConversationShape(0, 0, context_frames(DEFAULT_CONTEXT_SECONDS, config.frame_duration))
     return kv_bytes(config, shape, None)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from mlx_voicechat_plugin.server.dialects.base import Dialect
 from mlx_voicechat_plugin.server.dialects.client_options import session_options
-from mlx_voicechat_plugin.server.messages import Ending, Event, Finished
+from mlx_voicechat_plugin.server.messages import Ending, Finished, JsonOut
 from mlx_voicechat_plugin.server.wire import (
     decode_base64, invalid, load_object, pcm16_samples,
 )
@@ -25,15 +25,15 @@ class EchoDialect(Dialect):
     name = "echo"
     paths = ("/echo/v1/realtime",)
 
-    def translate(self, events: list) -> list[Event]:
-        return [Event({"type": "event", "kind": type(e).__name__, "frame": int(e.frame_index)})
+    def translate(self, events: list) -> list[JsonOut]:
+        return [JsonOut({"type": "event", "kind": type(e).__name__, "frame": int(e.frame_index)})
                 for e in events]
 
-    def greeting(self) -> Event:
-        return Event({"type": "hello", "session": self.session_id})
+    def greeting(self) -> JsonOut:
+        return JsonOut({"type": "hello", "session": self.session_id})
 
-    def error(self, code: str, message: str) -> Event:
-        return Event({"type": "oops", "code": code, "message": message})
+    def error(self, code: str, message: str) -> JsonOut:
+        return JsonOut({"type": "oops", "code": code, "message": message})
 
     def parse(self, message: str | bytes) -> dict[str, Any]:
         message = load_object(self.text(message))

@@ -72,8 +72,8 @@ def traces(monkeypatch):
 
 def test_after_the_warm_up_speech_traces_nothing_new(tiny_ckpt, traces):
     from mlx_voicechat_plugin import load
-    from mlx_voicechat_plugin.runtime.options import SessionOptions
-    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.runtime.options import ConversationOptions
+    from mlx_voicechat_plugin.runtime.pool import StreamPool
     from mlx_voicechat_plugin.server.engine.scheduler import StepCosts
     from mlx_voicechat_plugin.server.engine.warm_up import run_warm_up
     from mlx_voicechat_plugin.testing.fixtures import question_signal
@@ -83,11 +83,11 @@ def test_after_the_warm_up_speech_traces_nothing_new(tiny_ckpt, traces):
     run_warm_up(voicechat, 2, StepCosts(), lambda: None)
     assert traces, "the warm-up compiled nothing"
     warmed = Counter(traces)
-    pool = SessionPool(voicechat, max_sessions=2)
+    pool = StreamPool(voicechat, max_sessions=2)
     frame = voicechat.config.frame_samples
     audio = [question_signal(7.0, seed=s) for s in (0, 1)]
     for seed in (0, 1):
-        pool.open(str(seed), SessionOptions(seed=seed))
+        pool.open(str(seed), ConversationOptions(seed=seed))
     emitted = 0
     for index in range(len(audio[0]) // frame):
         result = pool.step({str(s): audio[s][index * frame : (index + 1) * frame]

@@ -25,7 +25,7 @@ from mlx_voicechat_plugin.runtime.events import (
     ToolsWarning,
     UserTranscriptDelta,
 )
-from mlx_voicechat_plugin.runtime.options import SessionOptions
+from mlx_voicechat_plugin.runtime.options import ConversationOptions
 from mlx_voicechat_plugin.runtime.tools import RECOMMENDED_MAX_TOOLS
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
@@ -113,7 +113,7 @@ def test_options_are_validated_once_for_both_paths(session):
     for bad in (dict(seed=-1), dict(max_tools=0), dict(max_tool_calls_per_turn=True),
                 dict(max_streaming_seconds=float("nan")), dict(max_prompt_tokens=0)):
         with pytest.raises(ValueError, match=next(iter(bad))):
-            SessionOptions(**bad)
+            ConversationOptions(**bad)
         with pytest.raises(ValueError, match=next(iter(bad))):
             session.create_streaming_session(**bad)
     with pytest.raises(ValueError, match="seed"):
@@ -270,7 +270,7 @@ def test_models_import_no_runtime_and_create_session_names_the_runtime():
     import importlib
 
     from mlx_voicechat_plugin.models import model
-    from mlx_voicechat_plugin.runtime.session import VoiceChat
+    from mlx_voicechat_plugin.runtime.voicechat import VoiceChat
 
     module, name = model.RUNTIME  # model.create_session(processor) makes one, found by name
     assert getattr(importlib.import_module(module, model.__package__), name) is VoiceChat

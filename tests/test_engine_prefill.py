@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 from tool_support import WEATHER
 
-from mlx_voicechat_plugin.runtime.options import SessionOptions
+from mlx_voicechat_plugin.runtime.options import ConversationOptions
 from mlx_voicechat_plugin.server.engine import Engine
 from mlx_voicechat_plugin.server.engine.channel import Reply
 
@@ -27,10 +27,10 @@ def test_frames_of_open_sessions_run_while_a_new_session_prefills(tiny_ckpt):
                     entry.resolve()
 
     async def scenario() -> tuple[int, int]:
-        await engine.open("a", SessionOptions(), Sink())
+        await engine.open("a", ConversationOptions(), Sink())
         frame = np.zeros(engine.config.frame_samples, np.float32)
         # The rendered tool block is hundreds of prefill positions.
-        opening = engine.open("b", SessionOptions(tools=[WEATHER]), Sink())
+        opening = engine.open("b", ConversationOptions(tools=[WEATHER]), Sink())
         during = 0
         while not opening.done():
             await engine.push("a", frame)

@@ -18,7 +18,7 @@ import time
 import pytest
 from test_session_transport import engine  # noqa: F401  (the module's engine, tiny)
 
-from mlx_voicechat_plugin.runtime.pool import SessionPool
+from mlx_voicechat_plugin.runtime.pool import StreamPool
 from mlx_voicechat_plugin.runtime.streaming import StreamingShell
 from mlx_voicechat_plugin.server.connection import connect
 from mlx_voicechat_plugin.server.dialects import GA
@@ -52,14 +52,14 @@ def plant(monkeypatch):
 def steps(monkeypatch):
     """The wall time of every pool step, as the engine measured it."""
     seconds: list[float] = []
-    step = SessionPool.step
+    step = StreamPool.step
 
     def timed(self, frames):
         result = step(self, frames)
         seconds.append(result.seconds)
         return result
 
-    monkeypatch.setattr(SessionPool, "step", timed)
+    monkeypatch.setattr(StreamPool, "step", timed)
     return seconds
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlx_voicechat_plugin.runtime.framing import Chunk, Framer
-from mlx_voicechat_plugin.server.engine.channel import SessionChannel
+from mlx_voicechat_plugin.server.engine.channel import StreamChannel
 
 FRAME = 4
 
@@ -34,5 +34,5 @@ def test_counted_samples_are_reported_as_they_leave():
 
 
 def test_the_server_channel_frames_with_the_framer():
-    channel = SessionChannel(FRAME)
+    channel = StreamChannel(FRAME)
     assert isinstance(channel.framer, Framer) and channel.framer.frame_samples == FRAME

@@ -15,7 +15,7 @@ import pytest
 
 from mlx_voicechat_plugin.models.cache_state import copy_arrays
 from mlx_voicechat_plugin.models.context import ContextCache, ContextWindow, bound
-from mlx_voicechat_plugin.runtime.reservation import SessionShape, kv_bytes
+from mlx_voicechat_plugin.runtime.reservation import ConversationShape, kv_bytes
 from mlx_voicechat_plugin.runtime.timeline import Timeline
 
 PROMPT = [5, 9, 3, 7, 11, 2]  # system-prompt token ids: six LLM positions
@@ -36,8 +36,8 @@ def _audio(model, position: int, rows: int = 1) -> mx.array:
     return mx.random.normal((rows, 1, hidden), key=mx.random.key(100 + position)) * 0.5
 
 
-def _shape(start, recent: int | None, prompt=PROMPT) -> SessionShape:
-    return SessionShape(len(prompt), start.positions, recent)
+def _shape(start, recent: int | None, prompt=PROMPT) -> ConversationShape:
+    return ConversationShape(len(prompt), start.positions, recent)
 
 
 def _timeline(model, start, recent: int | None, seed: int = 0, prompt=PROMPT) -> Timeline:

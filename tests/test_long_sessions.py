@@ -27,8 +27,8 @@ from server_support import (
     until_closed,
 )
 
-from mlx_voicechat_plugin.runtime.options import SessionOptions
-from mlx_voicechat_plugin.runtime.pool import PoolFull, SessionPool
+from mlx_voicechat_plugin.runtime.options import ConversationOptions
+from mlx_voicechat_plugin.runtime.pool import PoolFull, StreamPool
 from mlx_voicechat_plugin.runtime.reservation import Reservations
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
@@ -74,7 +74,7 @@ def test_a_bounded_session_from_the_prompt_cache_runs_as_one_that_prefilled(voic
 
 def test_bounded_sessions_at_different_wrap_points_step_as_each_alone(voicechat):
     signal = question_signal(2.0, seed=3)
-    pool = SessionPool(voicechat, max_sessions=3)
+    pool = StreamPool(voicechat, max_sessions=3)
     windows = {"a": WINDOW, "b": 0.4, "c": 0.0}  # c: unbounded
     alone = {}
     for key, window in windows.items():
@@ -82,7 +82,7 @@ def test_bounded_sessions_at_different_wrap_points_step_as_each_alone(voicechat)
         alone[key] = _frames(solo, signal, 30)
         solo.cancel()
     for key, window in windows.items():
-        pool.open(key, SessionOptions(seed=1, context_seconds=window))
+        pool.open(key, ConversationOptions(seed=1, context_seconds=window))
     got = {key: [] for key in windows}
 
     def chunk(key: str) -> np.ndarray:
@@ -103,8 +103,8 @@ def test_bounded_sessions_at_different_wrap_points_step_as_each_alone(voicechat)
 
 def test_measured_state_stays_within_the_reservation_and_is_constant_past_the_window(voicechat):
     reservations = Reservations(voicechat)
-    pool = SessionPool(voicechat, max_sessions=2, max_state_bytes=10**9)
-    options = SessionOptions(system_prompt="Hi.", context_seconds=WINDOW)
+    pool = StreamPool(voicechat, max_sessions=2, max_state_bytes=10**9)
+    options = ConversationOptions(system_prompt="Hi.", context_seconds=WINDOW)
     stream = pool.open("one", options)
     reserved = pool.reserved["one"]
     assert reserved == reservations.of(options, stream.core.shape.prompt)
@@ -125,10 +125,10 @@ def test_measured_bytes_are_the_bytes_of_the_state_while_rings_share_an_arena(vo
     """A pool sizes its sessions after every step without reading their state (a ring
     in an arena would be sliced to be read); the figure is the state's bytes all the
     same, before the rings fill, while they fill and once they turn."""
-    pool = SessionPool(voicechat, max_sessions=2)
+    pool = StreamPool(voicechat, max_sessions=2)
     keys = ("one", "two")
     for key in keys:
-        pool.open(key, SessionOptions(context_seconds=WINDOW))
+        pool.open(key, ConversationOptions(context_seconds=WINDOW))
     signal = question_signal(2.0)
     for i in range(30):
         start = (i * FRAME) % (len(signal) - FRAME)
@@ -154,13 +154,13 @@ def test_admission_and_the_pool_keep_one_ledger(voicechat):
         def inc(self) -> None:
             self.count += 1
 
-    options = SessionOptions(context_seconds=WINDOW)
+    options = ConversationOptions(context_seconds=WINDOW)
     ledger = ReservationLedger()
-    pool = SessionPool(voicechat, max_sessions=2, max_state_bytes=10**9,
+    pool = StreamPool(voicechat, max_sessions=2, max_state_bytes=10**9,
                        default_options=options, ledger=ledger)
     admission, least = Admission(2, 10**9, ledger, Refused()), pool.least_reservation()
     assert admission.try_reserve("a") and ledger.committed_bytes() == least  # not open yet
-    pool.open("a", SessionOptions(context_seconds=WINDOW, system_prompt="Hi."))
+    pool.open("a", ConversationOptions(context_seconds=WINDOW, system_prompt="Hi."))
     assert ledger.committed_bytes() == pool.reserved["a"] > least  # its own reservation
     pool.close("a")
     assert ledger.committed_bytes() == least  # the slot is still held
@@ -170,28 +170,28 @@ def test_admission_and_the_pool_keep_one_ledger(voicechat):
 
 def test_an_unbounded_session_reserves_its_max_streaming_seconds(voicechat):
     reservations = Reservations(voicechat)
-    short = reservations.of(SessionOptions(context_seconds=0, max_streaming_seconds=10), 0)
-    long = reservations.of(SessionOptions(context_seconds=0, max_streaming_seconds=20), 0)
+    short = reservations.of(ConversationOptions(context_seconds=0, max_streaming_seconds=10), 0)
+    long = reservations.of(ConversationOptions(context_seconds=0, max_streaming_seconds=20), 0)
     per_frame = (long - short) / (10 / voicechat.config.frame_duration)
     assert per_frame == 2 * 2 * 16 * 4 + 2 * 4 * 16 * 4 * 2  # 1 LLM + 1 global TTS layer (tiny)
     with pytest.raises(ValueError, match="max_streaming_seconds"):
-        reservations.of(SessionOptions(context_seconds=0), 0)
+        reservations.of(ConversationOptions(context_seconds=0), 0)
 
 
 def test_the_pool_refuses_what_its_reservations_do_not_fit(voicechat):
-    one = Reservations(voicechat).of(SessionOptions(context_seconds=WINDOW), 0)
-    pool = SessionPool(voicechat, max_sessions=8, max_state_bytes=2 * one,
-                       default_options=SessionOptions(context_seconds=WINDOW))
+    one = Reservations(voicechat).of(ConversationOptions(context_seconds=WINDOW), 0)
+    pool = StreamPool(voicechat, max_sessions=8, max_state_bytes=2 * one,
+                       default_options=ConversationOptions(context_seconds=WINDOW))
     assert pool.least_reservation() == one
-    pool.open("a", SessionOptions(context_seconds=WINDOW))
+    pool.open("a", ConversationOptions(context_seconds=WINDOW))
     with pytest.raises(PoolFull, match="--max-state-bytes"):  # its prompt needs more
-        pool.open("big", SessionOptions(context_seconds=WINDOW, system_prompt="A longer prompt."))
+        pool.open("big", ConversationOptions(context_seconds=WINDOW, system_prompt="A longer prompt."))
     assert "big" not in pool and pool.reserved_bytes == one
-    pool.open("b", SessionOptions(context_seconds=WINDOW))
+    pool.open("b", ConversationOptions(context_seconds=WINDOW))
     with pytest.raises(PoolFull, match="--max-state-bytes"):
-        pool.open("c", SessionOptions(context_seconds=WINDOW))
+        pool.open("c", ConversationOptions(context_seconds=WINDOW))
     pool.close("a")
-    pool.open("c", SessionOptions(context_seconds=WINDOW))
+    pool.open("c", ConversationOptions(context_seconds=WINDOW))
     pool.close_all()
 
 

@@ -143,8 +143,8 @@ def test_any_rate_and_channel_count_is_resampled_to_16k_mono(tiny_ckpt, tmp_path
 
 
 def test_streaming_entry_point_of_the_model_s_runtime(tiny_ckpt):
-    from mlx_voicechat_plugin.runtime.options import SessionOptions
+    from mlx_voicechat_plugin.runtime.options import ConversationOptions
 
     (model, processor), _ = loaded(tiny_ckpt)
-    stream = model.create_session(processor).create_streaming_session(SessionOptions(seed=2))
+    stream = model.create_session(processor).create_streaming_session(ConversationOptions(seed=2))
     assert stream.options.seed == 2 and not stream.closed

@@ -12,8 +12,8 @@ from conformance.diff import run_pair
 from mlx_voicechat_plugin import load
 from mlx_voicechat_plugin.profiles import PROFILES
 from mlx_voicechat_plugin.runtime.events import AssistantTextDelta, Audio, FunctionDelta
-from mlx_voicechat_plugin.runtime.options import SessionOptions
-from mlx_voicechat_plugin.runtime.pool import SessionPool
+from mlx_voicechat_plugin.runtime.options import ConversationOptions
+from mlx_voicechat_plugin.runtime.pool import StreamPool
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.testing.fixtures import cached_checkpoint, question_signal
 
@@ -74,7 +74,7 @@ def test_the_pools_batched_rows_equal_each_session_alone(profiled):
     _, _, voicechat = profiled
     sessions = {"a": (0, _signal(1.2, 1), dict(seed=1)),
                 "b": (3, _signal(0.8, 2), dict(seed=2, system_prompt="Be brief."))}
-    pool = SessionPool(voicechat, max_sessions=len(sessions))
+    pool = StreamPool(voicechat, max_sessions=len(sessions))
     events: dict[str, list] = {k: [] for k in sessions}
     cursor = dict.fromkeys(sessions, 0)
     step = 0
@@ -82,7 +82,7 @@ def test_the_pools_batched_rows_equal_each_session_alone(profiled):
         frames = {}
         for k, (first, audio, options) in sessions.items():
             if step == first:
-                pool.open(k, SessionOptions(**options))
+                pool.open(k, ConversationOptions(**options))
             if k in pool and cursor[k] + FRAME <= len(audio):
                 frames[k] = audio[cursor[k] : cursor[k] + FRAME]
                 cursor[k] += FRAME

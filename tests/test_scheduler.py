@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlx_voicechat_plugin.server.engine.channel import Chunk, SessionChannel
+from mlx_voicechat_plugin.server.engine.channel import Chunk, StreamChannel
 from mlx_voicechat_plugin.server.engine.scheduler import (
     EXPECT_FRAMES,
     FILL_LOAD,
@@ -18,8 +18,8 @@ FRAME = 4
 FRAME_SECONDS = 0.08
 
 
-def _queue(*chunks: np.ndarray, now: float = 0.0, tag: object = "a") -> SessionChannel:
-    queue = SessionChannel(FRAME)
+def _queue(*chunks: np.ndarray, now: float = 0.0, tag: object = "a") -> StreamChannel:
+    queue = StreamChannel(FRAME)
     for samples in chunks:
         queue.add_chunk(Chunk(np.asarray(samples, np.float32), tag), now)
     return queue
@@ -40,7 +40,7 @@ def test_frames_are_cut_from_any_chunk_sizes_in_order():
 
 def test_a_frame_belongs_to_the_chunk_that_completes_it():
     first, second = Chunk(np.zeros(3, np.float32), "x"), Chunk(np.ones(3, np.float32), "y")
-    queue = SessionChannel(FRAME)
+    queue = StreamChannel(FRAME)
     queue.add_chunk(first, 0.0)
     assert not queue.frame_ready()
     queue.add_chunk(second, 0.0)
@@ -122,7 +122,7 @@ def test_a_partial_frame_left_behind_does_not_hold_the_others():
     assert scheduler.wait(inputs, 2.0) == 0.0
 
 
-def _staggered(sessions: int, ready: int, now: float) -> dict[str, SessionChannel]:
+def _staggered(sessions: int, ready: int, now: float) -> dict[str, StreamChannel]:
     """``sessions`` streaming clients, the first ``ready`` of them with a frame queued."""
     return {str(i): _queue(np.zeros(FRAME if i < ready else 1), now=now)
             for i in range(sessions)}

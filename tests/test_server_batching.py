@@ -134,16 +134,16 @@ def test_metrics_report_the_collection_wait_of_every_step(server):
 
 
 def test_the_warm_up_steps_every_batch_size_up_to_max_sessions(tiny_ckpt, monkeypatch, caplog):
-    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.runtime.pool import StreamPool
 
     sizes: set[int] = set()
-    step = SessionPool.step
+    step = StreamPool.step
 
     def counting(self, frames):
         sizes.add(len(frames))
         return step(self, frames)
 
-    monkeypatch.setattr(SessionPool, "step", counting)
+    monkeypatch.setattr(StreamPool, "step", counting)
     engine = Engine(str(tiny_ckpt), warm_up=True, max_sessions=3)
     with caplog.at_level(logging.INFO, logger="mlx_voicechat_plugin.server.engine.warm_up"):
         engine.start()

@@ -36,7 +36,7 @@ from mlx_voicechat_plugin.server.dialects.ga.playback import Playback
 from mlx_voicechat_plugin.server.dialects.ga.responses import GAResponses, outgoing
 from mlx_voicechat_plugin.server.dialects.ga.config import GAConfig, error_event, session_event
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.messages import AudioMark, AudioOut, Event
+from mlx_voicechat_plugin.server.messages import AudioMark, AudioOut, JsonOut
 from mlx_voicechat_plugin.server.transport.ice import ICEConfig
 from mlx_voicechat_plugin.server.transport.websocket import serialize
 from mlx_voicechat_plugin.server.wire import ProtocolError
@@ -49,8 +49,8 @@ SEEN: set[str] = set()  # the event types the tests below validated
 
 def wire(messages: list) -> list[dict]:
     """Messages as a WebSocket client reads them (``event_id``, audio as base64)."""
-    return [json.loads(serialize(m if not isinstance(m, dict) else Event(m)))
-            for m in messages if isinstance(m, (dict, Event, AudioOut))]
+    return [json.loads(serialize(m if not isinstance(m, dict) else JsonOut(m)))
+            for m in messages if isinstance(m, (dict, JsonOut, AudioOut))]
 
 
 def checked(events: list[dict]) -> list[dict]:

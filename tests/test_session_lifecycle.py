@@ -17,7 +17,7 @@ import pytest
 
 from test_session_transport import engine  # noqa: F401  (the fixture: a real engine)
 
-from mlx_voicechat_plugin.runtime.options import SessionOptions
+from mlx_voicechat_plugin.runtime.options import ConversationOptions
 from mlx_voicechat_plugin.server.connection import Connection, connect
 from mlx_voicechat_plugin.server.dialects import VLM
 from mlx_voicechat_plugin.server.engine import Engine
@@ -95,7 +95,7 @@ def test_open_session_goes_through_opening_to_open_and_release_through_closing(e
         session = session_of(engine)
         session.attach(Link())
         seen = []
-        task = asyncio.ensure_future(session.open_session(SessionOptions()))
+        task = asyncio.ensure_future(session.open_session(ConversationOptions()))
         await asyncio.sleep(0)
         seen.append(session.life.stage)
         await task
@@ -112,7 +112,7 @@ def test_a_session_let_go_while_it_opens_is_not_opened_and_leaves_nothing(engine
     async def scenario():
         session = session_of(engine)
         session.attach(Link())
-        opening = asyncio.ensure_future(session.open_session(SessionOptions()))
+        opening = asyncio.ensure_future(session.open_session(ConversationOptions()))
         await asyncio.sleep(0)
         session.let_go()  # e.g. a detached session's slot taken while it re-opens
         with pytest.raises(ProtocolError):
@@ -130,7 +130,7 @@ def test_a_session_whose_client_left_is_not_opened_again(engine):
         session.let_go()
         await session.release()
         with pytest.raises(ProtocolError, match="closing"):
-            await session.open_session(SessionOptions())
+            await session.open_session(ConversationOptions())
     asyncio.run(scenario())
 
 

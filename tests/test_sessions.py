@@ -25,8 +25,8 @@ from mlx_voicechat_plugin.runtime.events import (
     FunctionDelta,
     UserTranscriptDelta,
 )
-from mlx_voicechat_plugin.runtime.options import SessionOptions
-from mlx_voicechat_plugin.runtime.pool import PoolFull, SessionPool
+from mlx_voicechat_plugin.runtime.options import ConversationOptions
+from mlx_voicechat_plugin.runtime.pool import PoolFull, StreamPool
 from mlx_voicechat_plugin.runtime.reservation import Reservations
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
@@ -77,14 +77,14 @@ SCENARIOS = {  # id -> (first step, seconds of audio, options)
 def test_each_session_of_a_shared_run_equals_that_session_alone(voicechat, scenario):
     SESSIONS = SCENARIOS[scenario]
     audio = {k: question_signal(s, seed=i) for i, (k, (_, s, _)) in enumerate(SESSIONS.items())}
-    pool = SessionPool(voicechat, max_sessions=len(SESSIONS))
+    pool = StreamPool(voicechat, max_sessions=len(SESSIONS))
     events: dict[str, list] = {k: [] for k in SESSIONS}
     cursor = dict.fromkeys(SESSIONS, 0)
     step = 0
     while any(cursor[k] < len(audio[k]) for k in SESSIONS) or len(pool):
         for k, (first, _, options) in SESSIONS.items():
             if step == first:
-                pool.open(k, SessionOptions(**options))
+                pool.open(k, ConversationOptions(**options))
         frames = {}
         for k in SESSIONS:
             if k in pool and cursor[k] + FRAME <= len(audio[k]):
@@ -104,7 +104,7 @@ def test_each_session_of_a_shared_run_equals_that_session_alone(voicechat, scena
 
 
 def test_a_step_runs_at_most_the_one_frame_each_session_was_given(voicechat):
-    pool = SessionPool(voicechat, max_sessions=2)
+    pool = StreamPool(voicechat, max_sessions=2)
     pool.open("fast")
     pool.open("idle")
     result = pool.step({"fast": np.zeros(FRAME, np.float32)})
@@ -114,7 +114,7 @@ def test_a_step_runs_at_most_the_one_frame_each_session_was_given(voicechat):
 
 
 def test_one_sessions_bad_input_fails_only_that_session(voicechat):
-    pool = SessionPool(voicechat, max_sessions=2)
+    pool = StreamPool(voicechat, max_sessions=2)
     pool.open("good")
     pool.open("bad")
     result = pool.step({"good": question_signal(0.08),
@@ -127,7 +127,7 @@ def test_one_sessions_bad_input_fails_only_that_session(voicechat):
 
 
 def test_slots_and_state_budget_refuse_clearly_and_free_on_close(voicechat):
-    pool = SessionPool(voicechat, max_sessions=2)
+    pool = StreamPool(voicechat, max_sessions=2)
     pool.open("one")
     one = pool.state_bytes
     assert one == pool.get("one").nbytes > 0  # measured from the session's arrays
@@ -141,9 +141,9 @@ def test_slots_and_state_budget_refuse_clearly_and_free_on_close(voicechat):
     assert pool.state_bytes == 0 and not len(pool)
 
     # Admission counts each session's reservation, its worst-case state (issue 34).
-    reserved = Reservations(voicechat).of(SessionOptions(), 0)
+    reserved = Reservations(voicechat).of(ConversationOptions(), 0)
     assert reserved > one
-    budget = SessionPool(voicechat, max_sessions=8, max_state_bytes=reserved + reserved // 2)
+    budget = StreamPool(voicechat, max_sessions=8, max_state_bytes=reserved + reserved // 2)
     budget.open("first")
     with pytest.raises(PoolFull, match="--max-state-bytes"):
         budget.open("second")
@@ -155,7 +155,7 @@ def test_slots_and_state_budget_refuse_clearly_and_free_on_close(voicechat):
                                  dict(max_state_bytes=0)])
 def test_pool_budgets_are_validated(voicechat, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
-        SessionPool(voicechat, **bad)
+        StreamPool(voicechat, **bad)
 
 
 # --- the server ------------------------------------------------------------------
@@ -250,9 +250,9 @@ def test_two_pools_and_an_offline_turn_on_one_model_each_run_as_alone(voicechat)
     options = {k: dict(o, context_seconds=1.0) for k, o in options.items()}
     audio = {k: question_signal(0.8 + 0.16 * i, seed=i) for i, k in enumerate(options)}
     turn = question_signal(0.4, seed=9)
-    pools = {"a": SessionPool(voicechat, max_sessions=2), "b": SessionPool(voicechat, max_sessions=2)}
+    pools = {"a": StreamPool(voicechat, max_sessions=2), "b": StreamPool(voicechat, max_sessions=2)}
     for k, o in options.items():
-        pools[k[0]].open(k, SessionOptions(**o))
+        pools[k[0]].open(k, ConversationOptions(**o))
     events: dict[str, list] = {k: [] for k in options}
     offline = voicechat.stream_generate(turn, seed=5, extra_decoding_seconds=0.0)
     offline_events: list = []

@@ -18,7 +18,7 @@ from mlx_voicechat_plugin.runtime.events import (
     FunctionDelta,
     UserTranscriptDelta,
 )
-from mlx_voicechat_plugin.runtime.streaming import ContextLimit, SessionClosed
+from mlx_voicechat_plugin.runtime.streaming import ContextLimit, StreamClosed
 from mlx_voicechat_plugin.testing.fixtures import question_signal
 
 PROMPT = "You are a helpful assistant."
@@ -181,7 +181,7 @@ def test_closed_session_rejects_audio(pair):
     ours, _ = pair
     stream = ours.create_streaming_session()
     stream.flush()
-    with pytest.raises(SessionClosed):
+    with pytest.raises(StreamClosed):
         stream.push_audio(np.zeros(10, np.float32))
 
 

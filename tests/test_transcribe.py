@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mlx_voicechat_plugin.runtime.events import Cancelled, Done, UserTranscriptDelta
-from mlx_voicechat_plugin.runtime.streaming import ContextLimit, SessionClosed
+from mlx_voicechat_plugin.runtime.streaming import ContextLimit, StreamClosed
 from mlx_voicechat_plugin.runtime.transcribe import (
     TranscriptDone,
     Transcriber,
@@ -205,9 +205,9 @@ def test_flush_runs_the_partial_frame(transcriber):
 def test_audio_after_the_end_of_input_is_rejected(transcriber):
     stream = transcriber.create_stream()
     stream.flush()
-    with pytest.raises(SessionClosed, match="after the end of input"):
+    with pytest.raises(StreamClosed, match="after the end of input"):
         stream.push_audio(np.zeros(1280, np.float32))
-    with pytest.raises(SessionClosed):
+    with pytest.raises(StreamClosed):
         stream.flush()
 
 
@@ -289,8 +289,8 @@ def test_only_perception_and_the_rnnt_run(transcriber, wav, monkeypatch):
 
 def test_text_only_streams_share_a_pool_step_with_full_sessions(session, transcriber):
     """In one pool, each kind's transcript equals that stream run alone."""
-    from mlx_voicechat_plugin.runtime.options import SessionOptions, TranscriptionOptions
-    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.runtime.options import ConversationOptions, TranscriptionOptions
+    from mlx_voicechat_plugin.runtime.pool import StreamPool
 
     audio = {"full": question_signal(1.2, seed=1), "text": question_signal(1.6, seed=2)}
     alone = transcriber.create_stream()
@@ -298,8 +298,8 @@ def test_text_only_streams_share_a_pool_step_with_full_sessions(session, transcr
     solo_full = session.create_streaming_session(seed=1)
     _stream_events(solo_full, audio["full"], 1280)
 
-    pool = SessionPool(session, max_sessions=2)
-    pool.open("full", SessionOptions(seed=1))
+    pool = StreamPool(session, max_sessions=2)
+    pool.open("full", ConversationOptions(seed=1))
     stream = pool.open("text", TranscriptionOptions())
     for start in range(0, 1280 * 20, 1280):
         frames = {k: a[start : start + 1280] for k, a in audio.items() if start < len(a)}
@@ -318,10 +318,10 @@ def test_a_text_only_stream_joins_the_full_sessions_listening_batch(session, tra
                                                                    monkeypatch):
     """Stepped with two full sessions, a text-only stream's perception and RNNT rows run in
     the same batches as theirs (counted), and every session's outputs equal its own run alone."""
-    from mlx_voicechat_plugin.runtime import frame
+    from mlx_voicechat_plugin.runtime import compute
     from mlx_voicechat_plugin.runtime.events import AssistantTextDelta, Audio
-    from mlx_voicechat_plugin.runtime.options import SessionOptions, TranscriptionOptions
-    from mlx_voicechat_plugin.runtime.pool import SessionPool
+    from mlx_voicechat_plugin.runtime.options import ConversationOptions, TranscriptionOptions
+    from mlx_voicechat_plugin.runtime.pool import StreamPool
 
     def outputs(events):
         return ([e.token_id for e in events if isinstance(e, AssistantTextDelta)],
@@ -335,7 +335,7 @@ def test_a_text_only_stream_joins_the_full_sessions_listening_batch(session, tra
     solo = {k: _stream_events(alone[k], a, 1280) for k, a in audio.items()}
 
     perceived, decoded = [], []
-    push_frames, tries = frame.push_frames, frame.RNNTFrame
+    push_frames, tries = compute.push_frames, compute.RNNTFrame
 
     def counting_push_frames(streams, frames, clock=None):
         perceived.append(len(streams))
@@ -346,11 +346,11 @@ def test_a_text_only_stream_joins_the_full_sessions_listening_batch(session, tra
             decoded.append(len(states))
             super().__init__(states, encoded)
 
-    monkeypatch.setattr(frame, "push_frames", counting_push_frames)
-    monkeypatch.setattr(frame, "RNNTFrame", CountingTries)
-    pool = SessionPool(session, max_sessions=3)
+    monkeypatch.setattr(compute, "push_frames", counting_push_frames)
+    monkeypatch.setattr(compute, "RNNTFrame", CountingTries)
+    pool = StreamPool(session, max_sessions=3)
     for k, seed in seeds.items():
-        pool.open(k, SessionOptions(seed=seed))
+        pool.open(k, ConversationOptions(seed=seed))
     pool.open("text", TranscriptionOptions())
     events = {k: [] for k in audio}
     sizes = []

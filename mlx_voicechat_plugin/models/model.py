@@ -46,7 +46,7 @@ def _to_channels_last(value: mx.array, expected: tuple[int, ...]) -> mx.array:
 # What create_session makes, found by name when it is called: the runtime builds its
 # sessions from a model, and model code imports no runtime (nor does the runtime set
 # anything here when it is imported).
-RUNTIME = ("..runtime.session", "VoiceChat")
+RUNTIME = ("..runtime.voicechat", "VoiceChat")
 
 
 class Model(nn.Module):
@@ -122,7 +122,7 @@ class Model(nn.Module):
 
     def create_session(self, processor: Any):
         """The offline / streaming runtime for this model and its tokenizer (mlx-vlm's
-        ``model.create_session(processor)``): ``runtime.session.VoiceChat(model, processor)``.
+        ``model.create_session(processor)``): ``runtime.voicechat.VoiceChat(model, processor)``.
 
         The runtime's own state lives there, not on the model: the EAR-TTS warm
         start (computed when it is made) and the prompt cache. Make one and

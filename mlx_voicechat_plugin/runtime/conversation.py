@@ -4,12 +4,12 @@ A :class:`Conversation` owns what is per conversation but not compute: the
 prompt it started from, the visible text of the text and function channels,
 the tool channel (calls, per-turn budget, result injection), the warnings,
 the user transcript and the per-frame audio framing. Each :meth:`frame`
-advances the compute by one frame (:func:`~.frame.advance`, a function of the
-model, the conversation's :class:`~.frame.ConversationState` and the frame's
-input) and turns the :class:`~.frame.FrameOutput` into events.
+advances the compute by one frame (:func:`~.compute.advance`, a function of the
+model, the conversation's :class:`~.compute.ConversationState` and the frame's
+input) and turns the :class:`~.compute.FrameOutput` into events.
 
-Offline :meth:`~.session.VoiceChat.generate` and
-:class:`~.streaming.StreamingSession` (the streaming shell over this core)
+Offline :meth:`~.voicechat.VoiceChat.generate` and
+:class:`~.streaming.ConversationStream` (the streaming shell over this core)
 differ only in where a frame's input comes from (a slice of the whole-signal
 perception, or PCM through the streaming encoder) and in how they hand the
 events out.
@@ -31,17 +31,17 @@ from .events import (
     TurnEnded,
     UserTranscriptDelta,
 )
-from .frame import ConversationState, FrameOutput, PerceptionSource, advance, finish_audio
-from .options import SessionOptions
+from .compute import ConversationState, FrameOutput, PerceptionSource, advance, finish_audio
+from .options import ConversationOptions
 from .profile import FrameClock, Profile, profile_env
 from .prompt import session_prompt
-from .reservation import SessionShape, context_frames
+from .reservation import ConversationShape, context_frames
 from .timeline import TimelineStep
 from .tool_calls import ToolChannel
 from .tools import ToolError
 
 if TYPE_CHECKING:
-    from .session import VoiceChat
+    from .voicechat import VoiceChat
 
 # A conversation's cumulative texts (the events' ``text``: assistant text, function
 # channel, user transcript) keep their last 16 K characters once past 32 K.
@@ -49,7 +49,7 @@ TEXT_KEEP_CHARS = 16 * 1024
 
 
 class Conversation:
-    def __init__(self, parent: "VoiceChat", options: SessionOptions,
+    def __init__(self, parent: "VoiceChat", options: ConversationOptions,
                  perception: PerceptionSource, defer_start: bool = False):
         model, config = parent.model, parent.config
         self.model = model
@@ -58,7 +58,7 @@ class Conversation:
         prompt, toolset = session_prompt(parent.tokenizer, model, options)
         start = parent.warm_start
         # The attention caches' shape: the prompt's positions and the bounded context.
-        self.shape = SessionShape(len(prompt), start.positions,
+        self.shape = ConversationShape(len(prompt), start.positions,
                                   context_frames(options.context_seconds, config.frame_duration))
         self.compute = ConversationState(
             model, perception, parent.new_rnnt_state(), start=start,

@@ -122,7 +122,7 @@ class TranscriptDone:
 class TurnEnded:
     """The text channel's end-of-turn token (EOS): the model ended its utterance.
 
-    Only for sessions opened with ``SessionOptions.turn_events``; the mlx-vlm
+    Only for sessions opened with ``ConversationOptions.turn_events``; the mlx-vlm
     events have no counterpart (the reference does not emit one).
     """
 

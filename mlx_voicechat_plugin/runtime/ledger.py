@@ -1,6 +1,6 @@
 """The one record of who holds a session slot and what state each open session reserves.
 
-:class:`~.pool.SessionPool` writes the open sessions' reservations into it
+:class:`~.pool.StreamPool` writes the open sessions' reservations into it
 (:mod:`.reservation`: each one's worst case, fixed when it opens) and their
 measured state; a server's admission (:mod:`..server.engine.admission`)
 holds a slot in it for each connection it accepts, before the connection's

@@ -94,7 +94,7 @@ class StreamLimits:
 
 
 @dataclass
-class SessionOptions(StreamLimits):
+class ConversationOptions(StreamLimits):
     """Options of one conversation (``VoiceChat.generate`` and streaming sessions).
 
     The :class:`StreamLimits` fields only concern the streaming front end;

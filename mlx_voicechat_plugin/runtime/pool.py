@@ -1,6 +1,6 @@
 """Many conversations on one loaded model: sessions leased from a bounded pool, stepped together.
 
-:class:`SessionPool` is the in-process API (the server's engine thread, the
+:class:`StreamPool` is the in-process API (the server's engine thread, the
 tests and the benchmarks use it): ``open`` a session under an id, ``step``
 every session that has a frame ready by one frame, ``flush`` / ``cancel`` /
 ``close`` it. Admission is bounded by the number of open sessions and by
@@ -19,7 +19,7 @@ isolation: a session whose frame raises is reported (its exception in the
 step's result) and the others' frames still run.
 
 A session is a streaming shell over a full conversation (opened with
-:class:`~.options.SessionOptions`) or over perception and the RNNT only (a
+:class:`~.options.ConversationOptions`) or over perception and the RNNT only (a
 transcript-only stream, :class:`~.options.TranscriptionOptions`). A step runs
 its sessions' frames as one batched frame (:func:`~.streaming.step_cores`:
 every session's listening half, perception and the RNNT, in one batch, the
@@ -39,9 +39,9 @@ from typing import Any, Generator
 import numpy as np
 
 from .events import Event
-from .frame import TimelineBatch
+from .compute import TimelineBatch
 from .ledger import ReservationLedger
-from .options import SessionOptions, TranscriptionOptions, check_positive_int
+from .options import ConversationOptions, TranscriptionOptions, check_positive_int
 from .reservation import Reservations
 from .streaming import StreamingShell, step_cores
 from .timeline import PrefillCancelled
@@ -81,7 +81,7 @@ def admission_error(in_use: int, max_sessions: int, state_bytes: int,
 
 @dataclass
 class StepResult:
-    """One :meth:`SessionPool.step`: each session's events or its exception, and timing."""
+    """One :meth:`StreamPool.step`: each session's events or its exception, and timing."""
 
     events: dict[str, list[Event]] = field(default_factory=dict)
     errors: dict[str, BaseException] = field(default_factory=dict)
@@ -93,18 +93,18 @@ class StepResult:
         return len(self.events) + len(self.errors)
 
 
-class SessionPool:
-    """Streaming sessions of one :class:`~.session.VoiceChat`, by id, within budgets."""
+class StreamPool:
+    """Streaming sessions of one :class:`~.voicechat.VoiceChat`, by id, within budgets."""
 
     def __init__(self, voicechat: Any, max_sessions: int = 1,
                  max_state_bytes: int | None = None,
-                 default_options: SessionOptions | None = None,
+                 default_options: ConversationOptions | None = None,
                  ledger: ReservationLedger | None = None):
         """``default_options``: what a session gets when its client asks for nothing (the
         server's bounds), the least a new session reserves at admission. ``ledger``: where
         the reservations are kept (a server's admission reads the same one)."""
         check_budgets(max_sessions, max_state_bytes)
-        self.default_options = default_options or SessionOptions()
+        self.default_options = default_options or ConversationOptions()
         self.voicechat = voicechat
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
@@ -160,10 +160,10 @@ class SessionPool:
     # --- lifecycle ----------------------------------------------------------
 
     def open(self, session_id: str,
-             options: SessionOptions | TranscriptionOptions | None = None) -> StreamingShell:
+             options: ConversationOptions | TranscriptionOptions | None = None) -> StreamingShell:
         """A new session under ``session_id`` (its prompt prefilled); :class:`PoolFull` if none fits.
 
-        ``options``: :class:`SessionOptions` (the default) opens a full
+        ``options``: :class:`ConversationOptions` (the default) opens a full
         conversation, :class:`TranscriptionOptions` a transcript-only stream.
         """
         steps = self.open_steps(session_id, options)
@@ -174,23 +174,23 @@ class SessionPool:
                 return opened.value
 
     def open_steps(self, session_id: str,
-                   options: SessionOptions | TranscriptionOptions | None = None
+                   options: ConversationOptions | TranscriptionOptions | None = None
                    ) -> Generator[int, None, StreamingShell]:
         """:meth:`open` with the prompt prefill one position per step (yields the
         positions left; returns the session), so a caller can run other sessions'
         frames between the positions. The slot is held from the first step; a
         prefill that fails or is stopped frees it."""
         if options is None:
-            options = SessionOptions()
-        if not isinstance(options, (SessionOptions, TranscriptionOptions)):
-            raise TypeError(f"options must be SessionOptions or TranscriptionOptions, "
+            options = ConversationOptions()
+        if not isinstance(options, (ConversationOptions, TranscriptionOptions)):
+            raise TypeError(f"options must be ConversationOptions or TranscriptionOptions, "
                             f"got {type(options).__name__}")
         if session_id in self.sessions:
             raise ValueError(f"session {session_id!r} is already open")
         reason = self.admission_error()
         if reason is not None:
             raise PoolFull(reason)
-        if isinstance(options, SessionOptions):
+        if isinstance(options, ConversationOptions):
             stream = self.voicechat.create_streaming_session(options=options, defer_start=True)
         else:
             stream = self.voicechat.create_transcription_stream(options=options)
@@ -209,12 +209,12 @@ class SessionPool:
         return stream
 
     def _reserve(self, session_id: str, stream: StreamingShell,
-                 options: SessionOptions | TranscriptionOptions) -> None:
+                 options: ConversationOptions | TranscriptionOptions) -> None:
         """Reserve the new session's worst-case state (its prompt is known now, before
         its prefill); :class:`PoolFull` when it does not fit the budget."""
         if self.max_state_bytes is None:
             return
-        if isinstance(options, SessionOptions):
+        if isinstance(options, ConversationOptions):
             need = self.reservations.of(options, stream.core.shape.prompt)
         else:  # perception and the RNNT: a part of a conversation's fixed state
             need = self.reservations.fixed_bytes()

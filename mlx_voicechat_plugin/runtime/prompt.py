@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .options import SessionOptions
+from .options import ConversationOptions
 from .tools import DEFAULT_MAX_TOOLS, ToolSet, render_system_prompt
 
 
@@ -31,7 +31,7 @@ def tool_prompt(
 
 
 def session_prompt(
-    tokenizer: Any, model: Any, options: SessionOptions
+    tokenizer: Any, model: Any, options: ConversationOptions
 ) -> tuple[list[int], ToolSet | None]:
     """The options' prompt ids and tools, checked against ``max_prompt_tokens``."""
     prompt, toolset = tool_prompt(

@@ -18,7 +18,7 @@ session's worst case is known when it opens, from the config:
   model on a short probe stream and grown to the encoder's full window
   (:meth:`Reservations.fixed_bytes`), plus the PCM a session may buffer.
 
-:class:`~.pool.SessionPool` reserves :func:`session_reservation` of a
+:class:`~.pool.StreamPool` reserves :func:`session_reservation` of a
 session before its prefill and admits it only if the reservations of the
 open sessions and its own fit ``--max-state-bytes``, so growth never takes
 the measured state past the budget.
@@ -34,7 +34,7 @@ import numpy as np
 
 from ..models.context import ContextWindow, window_capacity
 from ..models.ear_tts import GUIDED_ROWS
-from .options import SessionOptions
+from .options import ConversationOptions
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def context_frames(context_seconds: float | None, frame_duration: float) -> int 
 
 
 @dataclass(frozen=True)
-class SessionShape:
+class ConversationShape:
     """What fixes a conversation's attention caches: its prompt's LLM positions, the
     backbone positions of the warm start, and the bounded context's frames (or ``None``)."""
 
@@ -97,7 +97,7 @@ def sliding_windows(config: Any) -> list[int | None]:
             for i in range(tts.num_hidden_layers)]
 
 
-def kv_bytes(config: Any, shape: SessionShape, frames: int | None) -> int:
+def kv_bytes(config: Any, shape: ConversationShape, frames: int | None) -> int:
     """Bytes the attention caches hold after ``frames`` frames (``None``: ever, which
     needs a bounded context)."""
     if frames is None and shape.recent is None:
@@ -121,12 +121,12 @@ def minute_bytes(config: Any, minute: int = 1, warm: int = 0, prompt: int = 0) -
     """What minute ``minute`` (1: the first) of an unbounded conversation adds to its
     caches: every layer's position while the layer grows (the release's sliding layers
     for their first 7500 frames, 10 minutes; its global layers always)."""
-    shape = SessionShape(prompt, warm, None)
+    shape = ConversationShape(prompt, warm, None)
     frames = round(60 / config.frame_duration)
     return kv_bytes(config, shape, minute * frames) - kv_bytes(config, shape, (minute - 1) * frames)
 
 
-def session_reservation(config: Any, shape: SessionShape, fixed: int,
+def session_reservation(config: Any, shape: ConversationShape, fixed: int,
                         max_frames: int | None, buffered_samples: int | None = None) -> int:
     """A session's worst-case state bytes: the fixed part, the KV caches at their
     largest (a full ring, or ``max_frames`` frames), and its PCM buffer."""
@@ -139,11 +139,11 @@ def fixed_state_sizes(voicechat: Any, frames: int) -> list[int]:
     """A probe stream's non-KV state bytes (no prompt, unbounded context) after each of
     its first ``frames`` frames of silence."""
     config = voicechat.config
-    stream = voicechat.create_streaming_session(options=SessionOptions(context_seconds=0))
+    stream = voicechat.create_streaming_session(options=ConversationOptions(context_seconds=0))
     silence = np.zeros((config.frame_samples,), np.float32)
     sizes = []
     try:
-        shape = SessionShape(0, voicechat.warm_start.positions, None)
+        shape = ConversationShape(0, voicechat.warm_start.positions, None)
         for frame in range(frames):
             stream.push_audio(silence)
             sizes.append(stream.core.compute.nbytes - kv_bytes(config, shape, frame + 1))
@@ -178,9 +178,9 @@ class Reservations:
                         "to the encoder's %d-frame window", fixed, len(sizes), window)
         return self._fixed
 
-    def shape(self, prompt: int, context_seconds: float | None) -> SessionShape:
+    def shape(self, prompt: int, context_seconds: float | None) -> ConversationShape:
         vc = self.voicechat
-        return SessionShape(prompt, vc.warm_start.positions,
+        return ConversationShape(prompt, vc.warm_start.positions,
                             context_frames(context_seconds, vc.config.frame_duration))
 
     def of(self, options: Any, prompt: int) -> int:

@@ -10,13 +10,13 @@ path. A frame is computed by its core, one of:
 
 - :class:`~.conversation.Conversation`: the full duplex conversation (every
   network advances one frame from persistent state,
-  :class:`~.frame.ConversationState`; the per-frame compute and books are the
-  ones offline generation runs): :class:`StreamingSession`;
+  :class:`~.compute.ConversationState`; the per-frame compute and books are the
+  ones offline generation runs): :class:`ConversationStream`;
 - :class:`~.transcribe.TranscriptCore`: perception and the RNNT only, the user
   transcript: :class:`~.transcribe.TranscriptionStream`.
 
 :func:`step_cores` runs one frame of many cores of one model as one batched
-frame (:func:`~.frame.advance_batch`): every core's listening half together,
+frame (:func:`~.compute.advance_batch`): every core's listening half together,
 the speaking half for the conversations. A stream is driven from one thread.
 """
 
@@ -30,15 +30,15 @@ from .audio import as_pcm_chunk
 from .conversation import Conversation
 from .events import Cancelled, Done, Event
 from .framing import Chunk, Framer
-from .frame import TimelineBatch, advance_batch
-from .options import SessionOptions, StreamLimits
+from .compute import TimelineBatch, advance_batch
+from .options import ConversationOptions, StreamLimits
 from .profile import Profile
 from .timeline import Timeline
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
     from ..models.perception_stream import PerceptionStream
-    from .session import VoiceChat
+    from .voicechat import VoiceChat
 
 
 class ContextLimit(RuntimeError):
@@ -57,7 +57,7 @@ class TranscriptLimit(ContextLimit):
     """The stream's transcript reached ``max_transcript_bytes``; flush or cancel it."""
 
 
-class SessionClosed(RuntimeError):
+class StreamClosed(RuntimeError):
     """The stream has ended (flushed, cancelled or failed)."""
 
 
@@ -138,7 +138,7 @@ class StreamingShell:
         return None
 
     def check_frame(self) -> None:
-        """Whether a frame may run now: :class:`SessionClosed` once the stream has ended,
+        """Whether a frame may run now: :class:`StreamClosed` once the stream has ended,
         :class:`ContextLimit` once the frame would pass a limit."""
         self._check_open()
         reached = self.limit_reached()
@@ -149,7 +149,7 @@ class StreamingShell:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise SessionClosed("the stream has ended (flushed, cancelled or failed); audio "
+            raise StreamClosed("the stream has ended (flushed, cancelled or failed); audio "
                                 "after the end of input is rejected")
 
     def take_frames(self, samples: Any, sample_rate: int | None = None) -> list[np.ndarray]:
@@ -242,12 +242,12 @@ class StreamingShell:
             self.core.close()
 
 
-class StreamingSession(StreamingShell):
+class ConversationStream(StreamingShell):
     """One full conversation fed PCM as it arrives (the shell over a
     :class:`~.conversation.Conversation`): every frame goes through the
     streaming encoder and the same conversation an offline turn runs."""
 
-    def __init__(self, parent: "VoiceChat", options: SessionOptions, defer_start: bool = False):
+    def __init__(self, parent: "VoiceChat", options: ConversationOptions, defer_start: bool = False):
         perception = parent.new_perception_stream(options.use_perception_cache)
         conversation = Conversation(parent, options, perception, defer_start)
         super().__init__(conversation, options, parent.config)
@@ -305,7 +305,7 @@ def step_cores(cores: list[Core], inputs: list[np.ndarray],
     or the exception its own bookkeeping raised (the others' frames are
     unaffected); each equals that core's ``frame`` run alone. Not profiled.
     ``batch``: the caller's (a pool's), where the conversations' timelines stay
-    merged while the same ones step (:class:`~.frame.TimelineBatch`).
+    merged while the same ones step (:class:`~.compute.TimelineBatch`).
     """
     outs = advance_batch(cores[0].model, [c.compute for c in cores], inputs,
                          [c.next_forced() for c in cores],

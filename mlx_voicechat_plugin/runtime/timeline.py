@@ -11,9 +11,9 @@ One position of the timeline is one 80 ms frame:
 
 The first position has no TTS step; its codes are the codec's silence codes.
 A :class:`Timeline` carries this recurrence for ``B`` conversations at once
-(one conversation is ``B = 1``): :func:`~.frame.advance_batch` runs one
+(one conversation is ``B = 1``): :func:`~.compute.advance_batch` runs one
 position of the stepping conversations' merged timeline, which a
-:class:`~.frame.TimelineBatch` keeps while the same conversations step and
+:class:`~.compute.TimelineBatch` keeps while the same conversations step and
 hands back row by row when they change, for offline and streaming
 conversations alike.
 """

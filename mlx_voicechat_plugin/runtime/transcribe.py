@@ -20,7 +20,7 @@ Here they run alone, from the same loaded weights:
   shell (:class:`~.streaming.StreamingShell`) over a :class:`TranscriptCore`.
   Per 80 ms frame the core runs the streaming mel frontend, the encoder step
   and the RNNT frame only, through the same batched frame as a full
-  conversation's listening half (:func:`~.frame.advance_batch`), so its
+  conversation's listening half (:func:`~.compute.advance_batch`), so its
   transcript equals a full session's on the same input, and in a session pool
   its rows join the other sessions' perception and RNNT batches. It emits
   runtime events (:class:`UserTranscriptDelta`, one :class:`TranscriptDone` at
@@ -41,12 +41,12 @@ from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from .audio import AudioInput, load_waveform
 from .events import Event, TranscriptDone, UserTranscriptDelta
-from .frame import Heard, advance
+from .compute import Heard, advance
 from .options import TranscriptionOptions, check_positive_int
 from .streaming import StreamingShell, TranscriptLimit
 
 if TYPE_CHECKING:
-    from .session import VoiceChat
+    from .voicechat import VoiceChat
 
 __all__ = ["Transcriber", "TranscriptionOptions", "TranscriptionStream", "TranscriptCore",
            "TranscriptDone", "TranscriptLimit", "Transcription", "checkpoint_language"]
@@ -164,7 +164,7 @@ class Transcriber:
 
 class ListeningState:
     """A transcript-only stream's carried state: its perception stream and RNNT state
-    (the rows of the listening half, as in a :class:`~.frame.ConversationState`)."""
+    (the rows of the listening half, as in a :class:`~.compute.ConversationState`)."""
 
     def __init__(self, perception: PerceptionStream, rnnt: RNNTState):
         self.perception: PerceptionStream | None = perception
@@ -233,7 +233,7 @@ class TranscriptCore:
 class TranscriptionStream(StreamingShell):
     """A text-only realtime session: PCM in, the user transcript out (the streaming
     shell over a :class:`TranscriptCore`). ``flush`` ends with one
-    :class:`TranscriptDone`, then ``Done``; audio after it raises ``SessionClosed``."""
+    :class:`TranscriptDone`, then ``Done``; audio after it raises ``StreamClosed``."""
 
     text_only = True
 

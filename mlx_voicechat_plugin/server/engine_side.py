@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.options import SessionOptions
+from ..runtime.options import ConversationOptions
 from ..runtime.pool import PoolFull
 from .engine.commands import OpenOptions, SessionDetails
 from .engine.feed import InputFeed
@@ -91,7 +91,7 @@ class EngineSide:
         if self.life.stage is not Stage.OPENING:  # let go meanwhile: its close is queued
             raise init_failed("the session was closed while it opened")
         self.life.move_engine(Stage.OPEN)
-        self.tools_set = isinstance(options, SessionOptions) and options.tools is not None
+        self.tools_set = isinstance(options, ConversationOptions) and options.tools is not None
         self.details = details
         return details
 

@@ -4,7 +4,7 @@ The dialects (:mod:`.dialects`) make these; the transports
 (:mod:`.transport`) carry them; the session (:mod:`.session`) and the
 connection (:mod:`.connection`) pass them on. None of them is JSON text:
 
-- :class:`Event` is one control event, the dialect's object (a dict);
+- :class:`JsonOut` is one control event, the dialect's object (a dict);
 - :class:`AudioOut` is audio for the client with the event that carries it in
   the dialect's own wire (its :attr:`~AudioOut.field` holds the audio there).
   A WebSocket transport writes the audio into that field (base64); a media
@@ -34,7 +34,7 @@ NOT_READING = "client is not reading"
 
 
 @dataclass(frozen=True)
-class Event:
+class JsonOut:
     """One control event for the client: the dialect's object, as it goes out."""
 
     payload: dict[str, Any]
@@ -80,7 +80,7 @@ class AudioMark:
 
 
 PLAYBACK = (ClearAudio, AudioMark)  # messages about a transport's own playback
-Outgoing = Union[Event, AudioOut, ClearAudio, AudioMark]
+Outgoing = Union[JsonOut, AudioOut, ClearAudio, AudioMark]
 
 
 class Ending(enum.Enum):

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import replace
 from typing import NamedTuple
 
-from .messages import PLAYBACK, AudioOut, Event, Outgoing
+from .messages import PLAYBACK, AudioOut, JsonOut, Outgoing
 from .wire import new_id
 
 # Events kept per frame of the bound (a frame makes a handful), plus this many more.
@@ -36,7 +36,7 @@ def with_seq(message: Outgoing, seq: int) -> Outgoing:
     stamped = {"event_id": event.get("event_id") or new_id("event"), **event, "seq": seq}
     if isinstance(message, AudioOut):
         return replace(message, event=stamped)
-    return Event(stamped)
+    return JsonOut(stamped)
 
 
 class Kept(NamedTuple):

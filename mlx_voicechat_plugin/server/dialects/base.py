@@ -9,7 +9,7 @@ runs on the event loop.
 It reads a client message (text or binary, :meth:`~Dialect.parse`), acts on
 the session (:meth:`~Dialect.dispatch`: open it, feed it audio, answer), and
 translates runtime events into typed messages (:meth:`~Dialect.translate`):
-:class:`~..messages.Event` objects, and :class:`~..messages.AudioOut` for
+:class:`~..messages.JsonOut` objects, and :class:`~..messages.AudioOut` for
 audio, which a transport carries inside the event or on a track of its own.
 It makes no JSON text, knows no transport and ends a conversation by raising
 :class:`~..messages.Finished` with the :class:`~..messages.Ending` (why, not
@@ -25,7 +25,7 @@ import logging
 from typing import Any, ClassVar
 
 from ..engine.pace import FramePace
-from ..messages import AudioIn, AudioMark, Ending, Event, Finished, Outgoing
+from ..messages import AudioIn, AudioMark, Ending, Finished, JsonOut, Outgoing
 from ..session import Session, stream_full
 from ..wire import ErrorCode, ProtocolError, invalid
 
@@ -58,18 +58,18 @@ class Dialect:
 
     # --- the hooks ------------------------------------------------------------------
 
-    def greeting(self) -> Event:
+    def greeting(self) -> JsonOut:
         """The first event, sent once the session is admitted."""
         raise NotImplementedError
 
-    def greet(self) -> Event:
+    def greet(self) -> JsonOut:
         """:meth:`greeting`, its session object carrying ``resume_token`` when the
         session is resumable (the same field in every dialect)."""
         greeting = self.greeting()
         token, inner = self.session.resume_token, greeting.payload.get("session")
         if token is None or not isinstance(inner, dict):
             return greeting
-        return Event({**greeting.payload, "session": {**inner, "resume_token": token}})
+        return JsonOut({**greeting.payload, "session": {**inner, "resume_token": token}})
 
     def refused(self, error: ProtocolError) -> None:
         """A client message was refused with ``error`` (its error event is out). By
@@ -84,7 +84,7 @@ class Dialect:
             self.session.send(self.error(ErrorCode.INVALID_REQUEST, message))
             raise Finished(Ending.VIOLATION)
 
-    def error(self, code: str, message: str) -> Event:
+    def error(self, code: str, message: str) -> JsonOut:
         """The dialect's error event for ``code`` (an :class:`~..wire.ErrorCode`)."""
         raise NotImplementedError
 
@@ -95,18 +95,18 @@ class Dialect:
         {"code", "message"}}``."""
         return {"type": "error", "error": {"code": code, "message": message}}
 
-    def timed_out(self, reason: str) -> Event:
+    def timed_out(self, reason: str) -> JsonOut:
         """The error event when a session deadline passes (no update, idle, the wall
         clock; ``reason`` says which); by default ``invalid_request``."""
         return self.error(ErrorCode.INVALID_REQUEST, reason)
 
-    def resumed(self, last_seq: int, replayed: int) -> Event:
+    def resumed(self, last_seq: int, replayed: int) -> JsonOut:
         """The first event on a resumed session's new transport (it carries no ``seq``:
         it is the transport's, never replayed): how much of the client's audio the
         server holds (:meth:`received_audio`), so the client resends from there, and how
         many events follow as the replay, those after ``last_seq``."""
         samples, rate = self.received_audio()
-        return Event({"type": "session.resumed",
+        return JsonOut({"type": "session.resumed",
                       "session": {"id": self.session_id,
                                   "resume_token": self.session.resume_token},
                       "last_seq": last_seq, "replayed": replayed,
@@ -177,7 +177,7 @@ class Dialect:
 
     def send(self, payload: dict[str, Any]) -> None:
         """One control event to the client (through the session, in order)."""
-        self.session.send(Event(payload))
+        self.session.send(JsonOut(payload))
 
     def send_all(self, payloads: list[dict[str, Any]]) -> None:
         for payload in payloads:

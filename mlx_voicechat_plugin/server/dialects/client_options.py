@@ -2,7 +2,7 @@
 the server's bounds (on the event loop).
 
 A dialect reads its ``session.update`` into values; :func:`session_options`
-builds the runtime's :class:`SessionOptions` from them (its checks are the
+builds the runtime's :class:`ConversationOptions` from them (its checks are the
 only ones the values get) and the engine's open carries that object. A bad
 value is the client's ``session_initialization_failed``, its message naming
 the client's field and the limit. The server's bounds apply here:
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from ...runtime.options import SessionOptions, TranscriptionOptions
+from ...runtime.options import ConversationOptions, TranscriptionOptions
 from ..limits import ServerLimits
 from ..wire import init_failed
 
@@ -31,11 +31,11 @@ def client_fields(message: str, fields: Mapping[str, str]) -> str:
 
 
 def session_options(limits: ServerLimits, fields: Mapping[str, str],
-                    **values: Any) -> SessionOptions:
+                    **values: Any) -> ConversationOptions:
     """The session's options from the client's ``values`` (``fields`` names them)."""
     values.setdefault("context_seconds", None)
     try:
-        options = SessionOptions(max_prompt_tokens=limits.max_prompt_tokens, **values)
+        options = ConversationOptions(max_prompt_tokens=limits.max_prompt_tokens, **values)
     except (TypeError, ValueError) as exc:
         raise init_failed(client_fields(str(exc), fields)) from None
     return replace(options, max_streaming_seconds=streaming_seconds(
@@ -59,7 +59,7 @@ def streaming_seconds(limits: ServerLimits, requested: float | None) -> float:
 
 
 def transcription_options(limits: ServerLimits,
-                          options: SessionOptions) -> TranscriptionOptions:
+                          options: ConversationOptions) -> TranscriptionOptions:
     """A text-only session's options: the bound of ``options``, the server's transcript cap."""
     return TranscriptionOptions(max_streaming_seconds=options.max_streaming_seconds,
                                 max_transcript_bytes=limits.max_transcript_bytes)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from ...quoting import brief
-from ..messages import Ending, Event, Finished, Outgoing
+from ..messages import Ending, Finished, JsonOut, Outgoing
 from .client_options import session_options, transcription_options
 from ..wire import (
     ErrorCode, ProtocolError, ToolOutput, decode_base64, init_failed, invalid,
@@ -157,12 +157,12 @@ class VLMDialect(Dialect):
     name = "mlx-vlm"
     paths = (REALTIME_PATH,)
 
-    def greeting(self) -> Event:
-        return Event(events.session_created(self.session_id, INPUT_SAMPLE_RATE,
+    def greeting(self) -> JsonOut:
+        return JsonOut(events.session_created(self.session_id, INPUT_SAMPLE_RATE,
                                             OUTPUT_SAMPLE_RATE))
 
-    def error(self, code: str, message: str) -> Event:
-        return Event(events.error_event(code, message))
+    def error(self, code: str, message: str) -> JsonOut:
+        return JsonOut(events.error_event(code, message))
 
     def parse(self, message: str | bytes) -> ClientMessage:
         return parse_message(self.text(message))

@@ -30,7 +30,7 @@ from ...runtime.events import (
     UserTranscriptDelta,
 )
 from ..engine.commands import SessionDetails
-from ..messages import AudioOut, Event as Message, Outgoing
+from ..messages import AudioOut, JsonOut, Outgoing
 from ..wire import ErrorCode, bounded, pcm16_bytes
 
 
@@ -113,7 +113,7 @@ def message(event: Event) -> Outgoing:
     if isinstance(event, Audio):
         return AudioOut(payload, "delta", pcm16_bytes(event.samples), "pcm16",
                         int(event.sample_rate))
-    return Message(payload)
+    return JsonOut(payload)
 
 
 def translate(events: list[Event]) -> list[Outgoing]:
@@ -129,5 +129,5 @@ def committed(events: list[Event], first_frame: int) -> list[Outgoing]:
     while lead < len(events) and events[lead].frame_index < first_frame \
             and isinstance(events[lead], Audio):
         lead += 1
-    return [*translate(events[:lead]), Message({"type": "input_audio_buffer.committed"}),
+    return [*translate(events[:lead]), JsonOut({"type": "input_audio_buffer.committed"}),
             *translate(events[lead:])]

@@ -7,7 +7,7 @@ result, a barrier) in arrival order, cut into native frames there, so a
 client's chunk sizes never change which samples make a frame. A marker runs
 once no whole frame can be cut before it; the partial frame before it stays
 in the inbox (the samples sent after the marker complete it), and a commit
-takes it explicitly (:meth:`SessionChannel.take_partial`). The channel adds
+takes it explicitly (:meth:`StreamChannel.take_partial`). The channel adds
 when a frame became ready and when audio last arrived (the scheduler's
 inputs).
 
@@ -30,7 +30,7 @@ from ...runtime.framing import Chunk, Framer
 from .pace import FramePace
 
 __all__ = ["Chunk", "Entry", "FrameError", "FrameEvents", "Handoff", "Reply",
-           "SessionChannel", "Sink", "hand_off"]
+           "StreamChannel", "Sink", "hand_off"]
 
 
 class Sink(Protocol):
@@ -105,7 +105,7 @@ def hand_off(sink: Sink | None, handoff: Handoff) -> None:
         pass
 
 
-class SessionChannel:
+class StreamChannel:
     """One open session's inbox (engine thread only)."""
 
     def __init__(self, frame_samples: int, sink: Sink | None = None):

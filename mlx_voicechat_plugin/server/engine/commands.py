@@ -24,12 +24,12 @@ from typing import Any, Callable, ClassVar, Union
 
 import numpy as np
 
-from ...runtime.options import SessionOptions
+from ...runtime.options import ConversationOptions
 from ...runtime.options import TranscriptionOptions
 
 DeltaSink = Callable[[list], None]  # a file transcription's deltas (engine thread)
 # What a session is opened with: a full conversation, or a text-only transcription.
-OpenOptions = Union[SessionOptions, TranscriptionOptions]
+OpenOptions = Union[ConversationOptions, TranscriptionOptions]
 
 
 @dataclass(frozen=True)

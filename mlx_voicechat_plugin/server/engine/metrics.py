@@ -2,7 +2,7 @@
 thread, read on the event loop at each scrape.
 
 Every figure is counted where it happens: frames are the frames the sessions
-ran (``SessionPool.step``), steps are timed around the step, state bytes are
+ran (``StreamPool.step``), steps are timed around the step, state bytes are
 the measured ``nbytes`` of the open sessions. Each engine has its own
 registry, so several servers in one process (the tests) do not share counts.
 """

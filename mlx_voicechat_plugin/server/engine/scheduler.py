@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 
-from .channel import SessionChannel
+from .channel import StreamChannel
 
 # A session that sent nothing for this many frames is not waited for.
 EXPECT_FRAMES = 2
@@ -67,10 +67,10 @@ class BatchScheduler:
         self.costs = costs if costs is not None else StepCosts()
         self.free_since = time.perf_counter()  # when the engine last finished work
 
-    def ready(self, channels: dict[str, SessionChannel]) -> list[str]:
+    def ready(self, channels: dict[str, StreamChannel]) -> list[str]:
         return [k for k, v in channels.items() if v.frame_ready()]
 
-    def collection_start(self, channels: dict[str, SessionChannel], ready: list[str]) -> float:
+    def collection_start(self, channels: dict[str, StreamChannel], ready: list[str]) -> float:
         """Since when ready frames have waited with the engine free to run them."""
         oldest = min(channels[k].ready_since or self.free_since for k in ready)
         return max(oldest, self.free_since)
@@ -81,7 +81,7 @@ class BatchScheduler:
         return self.fill and solo is not None \
             and sessions * solo > FILL_LOAD * self.frame_seconds
 
-    def wait(self, channels: dict[str, SessionChannel], now: float) -> float | None:
+    def wait(self, channels: dict[str, StreamChannel], now: float) -> float | None:
         """Seconds until the next step is due (0: now), ``None`` when no frame is ready."""
         ready = self.ready(channels)
         if not ready:

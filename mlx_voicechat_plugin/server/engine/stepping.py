@@ -1,13 +1,13 @@
 """The open sessions' channels on the engine thread: markers run, batched pool steps, hand-offs.
 
-Each open session has a :class:`~.channel.SessionChannel`, made when its
+Each open session has a :class:`~.channel.StreamChannel`, made when its
 open (a job: :meth:`Stepper.open_steps`) ends. In every engine
 cycle :meth:`Stepper.run_markers` runs the markers that reached the head of
 their channel (commit, cancel, a tool result, a barrier; the partial frame
 before a marker stays in its channel, a commit takes it along);
 :meth:`Stepper.step` cuts one native frame of every session that has one
 ready, when :class:`~.scheduler.BatchScheduler` says so, and runs them as one
-:meth:`~..runtime.pool.SessionPool.step`; :meth:`Stepper.send` hands each
+:meth:`~..runtime.pool.StreamPool.step`; :meth:`Stepper.send` hands each
 session's runtime events, errors and marker replies to its sink, once per
 cycle. No JSON is made here: a session's connection translates its events on
 its own event loop.
@@ -22,9 +22,9 @@ from typing import Any, Generator
 
 from ...runtime.events import Cancelled
 from ...runtime.options import TranscriptionOptions
-from ...runtime.pool import SessionPool
+from ...runtime.pool import StreamPool
 from ...runtime.timeline import PrefillCancelled
-from .channel import FrameError, FrameEvents, Reply, SessionChannel
+from .channel import FrameError, FrameEvents, Reply, StreamChannel
 from .commands import Cancel, Command, Flush, Open, SessionDetails, Sync, ToolResult
 from .metrics import EngineMetrics
 from .scheduler import BatchScheduler
@@ -43,13 +43,13 @@ STATE_GAUGE_SECONDS = 1.0
 class Stepper:
     """Every open session's channel (engine thread only)."""
 
-    def __init__(self, metrics: EngineMetrics, pool: SessionPool | None,
+    def __init__(self, metrics: EngineMetrics, pool: StreamPool | None,
                  scheduler: BatchScheduler):
         """``pool``: the loaded model's (``None`` when it failed to load: no session opens)."""
         self.metrics = metrics
         self.pool = pool
         self.scheduler = scheduler
-        self.channels: dict[str, SessionChannel] = {}
+        self.channels: dict[str, StreamChannel] = {}
         self._gauged = 0.0  # when the state gauge was last read after a step
 
     # --- what is due --------------------------------------------------------------
@@ -97,7 +97,7 @@ class Stepper:
             raise
         finally:
             self.metrics.sessions(len(pool), pool.state_bytes)
-        self.channels[session_id] = SessionChannel(stream.frame_samples, command.sink)
+        self.channels[session_id] = StreamChannel(stream.frame_samples, command.sink)
         return SessionDetails(stream.sample_rate, pool.voicechat.config.output_sample_rate,
                               stream.frame_samples, stream.options.max_streaming_seconds,
                               isinstance(options, TranscriptionOptions))
@@ -119,7 +119,7 @@ class Stepper:
                 else:
                     channel.emit(Reply(command, value))
 
-    def _marker(self, session_id: str, channel: SessionChannel, command: Command) -> Any:
+    def _marker(self, session_id: str, channel: StreamChannel, command: Command) -> Any:
         pool = self.pool
         if isinstance(command, Sync):  # every frame queued before it has run
             return None

@@ -9,7 +9,7 @@ consumed (:mod:`.channel`). The connection translates them into its dialect
 there; the engine speaks no dialect, makes no JSON and encodes no audio.
 
 Up to ``max_sessions`` streaming sessions share a
-:class:`~..runtime.pool.SessionPool`; a connection reserves a slot when it is
+:class:`~..runtime.pool.StreamPool`; a connection reserves a slot when it is
 accepted (refused at once by :mod:`.admission`: draining, ``max_sessions``, or
 ``max_state_bytes`` of reserved worst-case state),
 released on every exit path. Audio does not wait for its reply: a connection
@@ -39,7 +39,7 @@ import numpy as np
 
 from ...runtime.framing import Chunk
 from ...runtime.ledger import ReservationLedger
-from ...runtime.pool import PoolFull, SessionPool
+from ...runtime.pool import PoolFull, StreamPool
 from ...runtime.prompt_cache import PromptCache
 from .admission import Admission
 from .channel import FrameError, Handoff, Sink, hand_off
@@ -78,14 +78,14 @@ class Engine:
         default); the default loader plans against it and, once loaded,
         ``max_sessions`` and ``max_state_bytes`` are fitted to what it leaves
         (:func:`~...budget.fit_sessions`)."""
-        # The bounds are checked once, by ServerLimits (the server) or SessionPool.
+        # The bounds are checked once, by ServerLimits (the server) or StreamPool.
         self.batch_wait = float(batch_wait)  # the collection deadline of a step
         self.batch_fill = batch_fill  # stretch it to fill batches once sessions need batching
         self.step_costs = StepCosts()  # measured step seconds by batch size (warm-up and live)
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
         self.session_defaults = session_defaults  # a session's options when its client sets none
-        self.pool: SessionPool | None = None
+        self.pool: StreamPool | None = None
         self.metrics = EngineMetrics(max_sessions)
         self.model_path = model_path
         self.loader = loader or functools.partial(load_voicechat, memory_budget=memory_budget)
@@ -223,7 +223,7 @@ class Engine:
             logger.info("loading %s", self.model_path)
             self.voicechat = self.loader(self.model_path)
             self._fit_to_memory()
-            self.pool = SessionPool(self.voicechat, self.max_sessions, self.max_state_bytes,
+            self.pool = StreamPool(self.voicechat, self.max_sessions, self.max_state_bytes,
                                     self.session_defaults, self.ledger)
             self.metrics.watch_reserved(lambda: self.admission.reserved_bytes)
             if self.prompt_cache_bytes is not None:
@@ -360,7 +360,7 @@ class Engine:
 
     # --- session commands --------------------------------------------------
 
-    def _loaded(self) -> SessionPool:
+    def _loaded(self) -> StreamPool:
         """The session pool; ``RuntimeError`` naming the load error when the model failed."""
         if self.pool is None:
             raise RuntimeError(f"model failed to load: {self.load_error}")

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...runtime.options import SessionOptions
-from ...runtime.pool import SessionPool
+from ...runtime.options import ConversationOptions
+from ...runtime.pool import StreamPool
 from .scheduler import StepCosts
 
 logger = logging.getLogger(__name__)
@@ -68,12 +68,12 @@ def _warm_up_transcript(voicechat: Any, stream: Any, max_sessions: int) -> None:
 
 
 def _warm_up_batches(voicechat: Any, max_sessions: int, costs: StepCosts, frames: int) -> None:
-    pool = SessionPool(voicechat, max_sessions)
+    pool = StreamPool(voicechat, max_sessions)
     silence = np.zeros(voicechat.config.frame_samples, np.float32)
     ids = [f"warm-up-{i}" for i in range(max_sessions)]
     try:
         for seed, session_id in enumerate(ids):
-            pool.open(session_id, SessionOptions(seed=seed))
+            pool.open(session_id, ConversationOptions(seed=seed))
         for _ in range(frames):
             result = pool.step({k: silence for k in ids})
         costs.record(len(ids), result.seconds)

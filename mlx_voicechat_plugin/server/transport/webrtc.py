@@ -11,7 +11,7 @@ the client's SDP offer and makes the answer (candidates gathered as
   handed over joined; audio the connection has not taken past
   :data:`MAX_AUDIO_BACKLOG` frames is dropped (media cannot wait), and more
   than ``max_pending`` unread messages end the call;
-- out: each :class:`~..messages.Event` as JSON text on the data channel
+- out: each :class:`~..messages.JsonOut` as JSON text on the data channel
   (queued, bounded, until the channel opens); an
   :class:`~..messages.AudioOut`'s audio on the call's audio track
   (:class:`~.rtc_media.SpeechTrack`), and its event, which only carries it,

@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from ....runtime.options import SessionOptions
+from ....runtime.options import ConversationOptions
 from ....quoting import brief
 from ...engine.pace import FramePace
-from ...messages import AudioIn, AudioMark, Ending, Event, Finished, Outgoing
+from ...messages import AudioIn, AudioMark, Ending, Finished, JsonOut, Outgoing
 from ...session import Session, stream_full
 from ..client_options import session_options, transcription_options
 from ...wire import (ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id,
@@ -100,7 +100,7 @@ class GADialect(Dialect):
         self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
         self.media = MediaInput(MODEL_INPUT_RATE)
         self.requested = self.options_of(self.config)  # the session options it asks for
-        self.opened_with: SessionOptions | None = None  # the options of the open session
+        self.opened_with: ConversationOptions | None = None  # the options of the open session
         self.event_id: str | None = None  # of the client event being handled
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
         self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
@@ -111,12 +111,12 @@ class GADialect(Dialect):
 
     # --- the dialect -----------------------------------------------------------
 
-    def greeting(self) -> Event:
-        return Event(session_event("session.created", self.session_id, self.model_id,
+    def greeting(self) -> JsonOut:
+        return JsonOut(session_event("session.created", self.session_id, self.model_id,
                                    self.config))
 
-    def error(self, code: str, message: str) -> Event:
-        return Event(error_event(code, message, self.event_id))
+    def error(self, code: str, message: str) -> JsonOut:
+        return JsonOut(error_event(code, message, self.event_id))
 
     @classmethod
     def refusal(cls, code: str, message: str) -> dict[str, Any]:
@@ -242,7 +242,7 @@ class GADialect(Dialect):
 
     # --- session ----------------------------------------------------------
 
-    def options_of(self, config: GAConfig) -> SessionOptions:
+    def options_of(self, config: GAConfig) -> ConversationOptions:
         """The engine session's options ``config`` asks for (built, and so checked, here)."""
         return session_options(self.limits, FIELDS, system_prompt=config.system_prompt,
                                seed=config.seed, tools=config.engine_tools(),
@@ -268,7 +268,7 @@ class GADialect(Dialect):
         self.responses.configure(config)
         self.send(session_event("session.updated", self.session_id, self.model_id, config))
 
-    async def open_engine(self, config: GAConfig, options: SessionOptions) -> None:
+    async def open_engine(self, config: GAConfig, options: ConversationOptions) -> None:
         """Open (or reopen) the engine session for ``config`` with its ``options``."""
         text_only = config.output_modalities == ("text",)
         if text_only and options.tools is not None:

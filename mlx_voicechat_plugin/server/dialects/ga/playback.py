@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...messages import AudioMark, AudioOut, ClearAudio, Event, Outgoing
+from ...messages import AudioMark, AudioOut, ClearAudio, JsonOut, Outgoing
 
 
 class Playback:
@@ -53,10 +53,10 @@ class Playback:
                 if response not in self.queued:
                     self.queued[response] = message.event.get("item_id")
                     self.last = response
-                    out.append(Event({"type": "output_audio_buffer.started",
+                    out.append(JsonOut({"type": "output_audio_buffer.started",
                                       "response_id": response}))
             out.append(message)
-            if isinstance(message, Event) and message.payload.get("type") == "response.done":
+            if isinstance(message, JsonOut) and message.payload.get("type") == "response.done":
                 response = message.payload.get("response", {}).get("id")
                 self.cut.discard(response)  # no audio of it follows its done
                 if response in self.queued:
@@ -67,7 +67,7 @@ class Playback:
         """The track has sent the audio of ``mark``'s response: ``stopped``."""
         if self.queued.pop(mark.name, False) is False:
             return []
-        return [Event({"type": "output_audio_buffer.stopped", "response_id": mark.name})]
+        return [JsonOut({"type": "output_audio_buffer.stopped", "response_id": mark.name})]
 
     def holds(self, item_id: str) -> bool:
         """Whether the audio of the response with item ``item_id`` is still queued."""
@@ -84,7 +84,7 @@ class Playback:
         # Asked with nothing queued: the latest response that played is named (GA's
         # ``cleared`` requires a ``response_id``; before any, nothing is said).
         held = list(self.queued) or ([self.last] if asked and self.last is not None else [])
-        out += [Event({"type": "output_audio_buffer.cleared", "response_id": response})
+        out += [JsonOut({"type": "output_audio_buffer.cleared", "response_id": response})
                 for response in held]
         self.cut.update(self.queued)
         self.queued.clear()

@@ -76,7 +76,7 @@ from ....runtime.events import (
     UserTranscriptDelta,
 )
 from ...engine.pace import FramePace
-from ...messages import AudioOut, Event as Message, Outgoing
+from ...messages import AudioOut, JsonOut, Outgoing
 from ...wire import ProtocolError, invalid, new_id
 from . import items as ga_items
 from .config import error_event
@@ -93,7 +93,7 @@ MAX_CALL_ID_CHARS = 32  # GA's cap on call_id (clients shorten longer ones by ha
 
 def outgoing(out: Out) -> list[Outgoing]:
     """A step's output as the messages sent: each event typed, audio already apart."""
-    return [item if isinstance(item, AudioOut) else Message(item) for item in out]
+    return [item if isinstance(item, AudioOut) else JsonOut(item) for item in out]
 
 
 class GAResponses(ResponseBook):

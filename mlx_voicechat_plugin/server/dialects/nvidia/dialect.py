@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...messages import Ending, Event, Finished, Outgoing
+from ...messages import Ending, Finished, JsonOut, Outgoing
 from ...session import Session
 from ...wire import (
     ErrorCode, ProtocolError, ToolOutput, bounded, decode_base64, invalid, pcm16_samples,
@@ -73,14 +73,14 @@ class NvidiaDialect(Dialect):
 
     # --- the hooks --------------------------------------------------------------------
 
-    def greeting(self) -> Event:
-        return Event({"type": "session.created",
+    def greeting(self) -> JsonOut:
+        return JsonOut({"type": "session.created",
                       "session": self.config.describe(self.session_id, self.model_id)})
 
-    def error(self, code: str, message: str) -> Event:
+    def error(self, code: str, message: str) -> JsonOut:
         code = CODES.get(code, code)
         kind = "invalid_request_error" if code in CLIENT_ERRORS else "server_error"
-        return Event(error_event(kind, code, bounded(message)))
+        return JsonOut(error_event(kind, code, bounded(message)))
 
     @classmethod
     def refusal(cls, code: str, message: str) -> dict[str, Any]:
@@ -89,7 +89,7 @@ class NvidiaDialect(Dialect):
     def received_audio(self) -> tuple[int, int]:
         return self.session.samples_received, self.counters.input_rate
 
-    def timed_out(self, reason: str) -> Event:
+    def timed_out(self, reason: str) -> JsonOut:
         return self.error(SESSION_TIMEOUT, reason)
 
     def parse(self, message: str | bytes) -> ClientMessage:

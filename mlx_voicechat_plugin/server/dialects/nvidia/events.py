@@ -23,7 +23,7 @@ import numpy as np
 from ....runtime.events import (
     AssistantTextDelta, Audio, ToolCall, ToolCallInvalid, TurnEnded, UserTranscriptDelta,
 )
-from ...messages import AudioOut, Event, Outgoing
+from ...messages import AudioOut, JsonOut, Outgoing
 from ...wire import new_id, pcm16_bytes
 from ..ga.audio import Resampler
 
@@ -126,10 +126,10 @@ class Conversation:
         if self.announced:
             return
         self.announced = True
-        out.append(Event({"type": "response.created", "response": self._response("in_progress")}))
-        out.append(Event({"type": "response.output_item.added", "response_id": self.response_id,
+        out.append(JsonOut({"type": "response.created", "response": self._response("in_progress")}))
+        out.append(JsonOut({"type": "response.output_item.added", "response_id": self.response_id,
                           "output_index": 0, "item": self._item("in_progress")}))
-        out.append(Event({"type": "response.content_part.added", **self._ids(),
+        out.append(JsonOut({"type": "response.content_part.added", **self._ids(),
                           "part": {"type": "output_audio", "transcript": ""}}))
 
     def packets(self, out: list[Outgoing], last: bool = False) -> None:
@@ -151,23 +151,23 @@ class Conversation:
     def user_delta(self, event: UserTranscriptDelta, out: list[Outgoing]) -> None:
         if self.user_item is None:
             self.user_item, self.user_text = new_id("item"), ""
-            out.append(Event({"type": "input_audio_buffer.speech_started",
+            out.append(JsonOut({"type": "input_audio_buffer.speech_started",
                               "item_id": self.user_item,
                               "audio_start_ms": int(event.frame_index) * 80}))
         self.user_quiet = 0
         self.user_spoke_at, self.awaiting = time.monotonic(), None
         self.user_text += event.delta
-        out.append(Event({"type": "conversation.item.input_audio_transcription.delta",
+        out.append(JsonOut({"type": "conversation.item.input_audio_transcription.delta",
                           "item_id": self.user_item, "content_index": 0,
                           "delta": event.delta}))
 
     def end_user_turn(self, out: list[Outgoing]) -> None:
         if self.user_item is None:
             return
-        out.append(Event({"type": "conversation.item.input_audio_transcription.completed",
+        out.append(JsonOut({"type": "conversation.item.input_audio_transcription.completed",
                           "item_id": self.user_item, "content_index": 0,
                           "transcript": self.user_text}))
-        out.append(Event({"type": "input_audio_buffer.speech_stopped",
+        out.append(JsonOut({"type": "input_audio_buffer.speech_stopped",
                           "item_id": self.user_item, "audio_end_ms": self.frames * 80}))
         self.user_item, self.user_text = None, ""
         self.awaiting = self.user_spoke_at
@@ -184,14 +184,14 @@ class Conversation:
         self.end_user_turn(out)
         self.announce(out)
         self.agent_text += event.delta
-        out.append(Event({"type": "response.output_audio_transcript.delta", **self._ids(),
+        out.append(JsonOut({"type": "response.output_audio_transcript.delta", **self._ids(),
                           "delta": event.delta}))
 
     def end_agent_turn(self, out: list[Outgoing]) -> None:
         if not self.agent_text:
             return
         self.announce(out)
-        out.append(Event({"type": "response.output_audio_transcript.done", **self._ids(),
+        out.append(JsonOut({"type": "response.output_audio_transcript.done", **self._ids(),
                           "transcript": self.agent_text}))
         self.agent_text = ""
 
@@ -216,7 +216,7 @@ class Conversation:
             elif isinstance(event, UserTranscriptDelta):
                 self.user_delta(event, out)
             elif isinstance(event, ToolCall):
-                out.append(Event({"type": "response.function_call_arguments.done",
+                out.append(JsonOut({"type": "response.function_call_arguments.done",
                                   "response_id": self.response_id, "item_id": new_id("item"),
                                   "call_id": event.call_id, "name": event.name,
                                   "arguments": event.arguments}))
@@ -236,10 +236,10 @@ class Conversation:
         text = self.agent_text
         self.end_agent_turn(out)
         self.agent_text = text
-        out.append(Event({"type": "response.output_audio.done", **self._ids()}))
-        out.append(Event({"type": "response.content_part.done", **self._ids(),
+        out.append(JsonOut({"type": "response.output_audio.done", **self._ids()}))
+        out.append(JsonOut({"type": "response.content_part.done", **self._ids(),
                           "part": {"type": "output_audio", "transcript": text}}))
-        out.append(Event({"type": "response.output_item.done", "response_id": self.response_id,
+        out.append(JsonOut({"type": "response.output_item.done", "response_id": self.response_id,
                           "output_index": 0, "item": self._item("completed")}))
-        out.append(Event({"type": "response.done", "response": self._response("completed")}))
+        out.append(JsonOut({"type": "response.done", "response": self._response("completed")}))
         return out

@@ -28,10 +28,10 @@ from ..models.rnnt import GreedyRNNT, RNNTState
 from .audio import AudioInput, load_waveform
 from .conversation import Conversation, joined_audio
 from .events import Done, Event, FunctionDelta, ToolCall, ToolCallInvalid, UserTranscriptDelta
-from .frame import FrameOutput, WholeSignal
+from .compute import FrameOutput, WholeSignal
 from .options import (
     MAX_INPUT_SECONDS,
-    SessionOptions,
+    ConversationOptions,
     TranscriptionOptions,
     check_extra_decoding_seconds,
 )
@@ -74,11 +74,11 @@ def _tokenizer_of(processor: Any) -> Any:
     return tokenizer
 
 
-def _options(options: SessionOptions | None, kwargs: dict[str, Any]) -> SessionOptions:
+def _options(options: ConversationOptions | None, kwargs: dict[str, Any]) -> ConversationOptions:
     if options is None:
-        return SessionOptions(**kwargs)
+        return ConversationOptions(**kwargs)
     if kwargs:
-        raise TypeError("pass either SessionOptions or keyword options, not both")
+        raise TypeError("pass either ConversationOptions or keyword options, not both")
     return options
 
 
@@ -143,13 +143,13 @@ class VoiceChat:
         return PerceptionStream(self.model.stt_model.perception, self.config, use_cache,
                                 self._encoder)
 
-    def create_streaming_session(self, options: SessionOptions | None = None,
+    def create_streaming_session(self, options: ConversationOptions | None = None,
                                  defer_start: bool = False, **kwargs: Any):
         """A streaming session; ``defer_start``: its prompt prefill is left to
         :meth:`~.streaming.StreamingShell.start_steps`."""
-        from .streaming import StreamingSession
+        from .streaming import ConversationStream
 
-        return StreamingSession(self, _options(options, kwargs), defer_start)
+        return ConversationStream(self, _options(options, kwargs), defer_start)
 
     def create_transcription_stream(self, options: TranscriptionOptions | None = None,
                                     **kwargs: Any):
@@ -184,7 +184,7 @@ class VoiceChat:
     def stream_generate(
         self,
         audio: AudioInput,
-        options: SessionOptions | None = None,
+        options: ConversationOptions | None = None,
         *,
         extra_decoding_seconds: float = 3.0,
         sample_rate: int | None = None,
@@ -192,7 +192,7 @@ class VoiceChat:
         **kwargs: Any,
     ) -> Iterator[FrameResult]:
         """Answer one user turn frame by frame: one :class:`FrameResult` per frame, then
-        the closing one. Keyword options are :class:`SessionOptions` fields.
+        the closing one. Keyword options are :class:`ConversationOptions` fields.
 
         ``tool_response`` is the second pass of the offline flow: rerun the
         same turn (same seed) and each result, in order, is injected right
@@ -215,7 +215,7 @@ class VoiceChat:
         finally:
             conversation.close()
 
-    def generate(self, audio: AudioInput, options: SessionOptions | None = None,
+    def generate(self, audio: AudioInput, options: ConversationOptions | None = None,
                  **kwargs: Any) -> VoiceChatResult:
         """Answer one user turn. The same inputs and seed give identical output.
 
