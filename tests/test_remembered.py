@@ -132,3 +132,24 @@ def test_a_second_session_reads_the_symbol_probe_and_the_window_positions_back(
     assert len(first_full) == len(second_full)
     assert all(a.dtype == b.dtype and mx.array_equal(a, b).item()
                for a, b in zip(first_full, second_full))
+
+
+def test_weights_replaced_through_the_model_drop_what_was_derived_from_them(tmp_path):
+    """``Model.update`` sets its children's parameters without calling their own
+    ``update``: the encoder's window positions (remembered per checkpoint) and the
+    EAR-TTS codebook tables must still be recomputed from the new weights."""
+    from mlx_voicechat_plugin import load
+
+    path = make_checkpoint(tmp_path / "tiny", "tiny")
+    model, _ = load(path)
+    perception = model.stt_model.perception
+    before = [np.asarray(a) for a in perception.window_positions(model.checkpoint_path).full]
+    tts = model.tts_model.tts_model
+    tables = tts._codebook_tables()
+    weight = perception.encoder.layers[0].self_attn.linear_pos.weight
+    model.update({"stt_model": {"perception": {"encoder": {"layers": [
+        {"self_attn": {"linear_pos": {"weight": weight * 2}}}]}}}}, strict=False)
+    assert getattr(model, "checkpoint_path", None) is None  # nothing remembered applies
+    after = [np.asarray(a) for a in perception.window_positions(None).full]
+    assert not np.array_equal(after[0], before[0])
+    assert tts._codebook_tables() is not tables

@@ -273,8 +273,12 @@ class EarTTS(nn.Module):
         self._codebooks = CodebookTables(self.rvq_embs, self.hold_f32)
         self.gemma_step()
 
+    def forget_derived(self) -> None:
+        """Drop what was computed from the weights (they are being replaced)."""
+        self._codebooks = None
+
     def update(self, parameters: dict, strict: bool = True) -> "EarTTS":
-        self._codebooks = None  # derived from the weights being replaced
+        self.forget_derived()
         return super().update(parameters, strict=strict)
 
     @property

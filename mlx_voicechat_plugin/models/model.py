@@ -118,6 +118,11 @@ class Model(nn.Module):
         unfuse(self._projection_blocks())  # the stacks hold the weights being replaced
         # Its weights are no longer the checkpoint's: nothing remembered of it applies.
         self.__dict__.pop("checkpoint_path", None)
+        # nn.Module.update sets the children's parameters without calling their
+        # update: the tables derived from replaced weights are dropped here.
+        for _, module in self.named_modules():
+            if hasattr(module, "forget_derived"):
+                module.forget_derived()
         return super().update(parameters, strict=strict)
 
     def create_session(self, processor: Any):

@@ -55,8 +55,12 @@ class Perception(nn.Module):
                 save_arrays(WINDOW_POSITIONS_DIR, key, self._window_positions.full, {})
         return self._window_positions
 
+    def forget_derived(self) -> None:
+        """Drop what was computed from the weights (they are being replaced)."""
+        self._window_positions = None
+
     def update(self, parameters: dict, strict: bool = True) -> "Perception":
-        self._window_positions = None  # derived from the weights being replaced
+        self.forget_derived()
         return super().update(parameters, strict=strict)
 
     @property
