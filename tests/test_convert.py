@@ -61,27 +61,28 @@ def _profile_record(path: Path):
     return json.loads((path / "config.json").read_text()).get("voicechat_profile")
 
 
-@pytest.mark.parametrize("profile", list(PROFILES))
-def test_the_release_layout_round_trips_to_the_factory_s_profile(release, tmp_path, profile):
-    out = convert(release.source, tmp_path / "out", profile, tokenizer=str(release.tokenizer),
-                  progress=False).out
+def _is_the_factory_s(out: Path, tmp_path: Path, profile: str) -> None:
+    """A converted checkpoint is the one the fixture factory writes for ``profile``:
+    the same tensors, quantization, recorded profile and ids."""
     direct = make_checkpoint(tmp_path / "direct", "tiny", profile=profile)
     _same_tensors(out, direct)
     assert _quantization(out) == _quantization(direct)
     assert _profile_record(out) == _profile_record(direct) == {
         "name": profile, "memory_first": PROFILES[profile].memory_first}
     assert _ids(out) == _ids(direct)
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_the_release_layout_round_trips_to_the_factory_s_profile(release, tmp_path, profile):
+    out = convert(release.source, tmp_path / "out", profile, tokenizer=str(release.tokenizer),
+                  progress=False).out
+    _is_the_factory_s(out, tmp_path, profile)
 
 
 @pytest.mark.parametrize("profile", ["lean", "bf16"])
 def test_an_mlx_conversion_round_trips_to_the_factory_s_profile(mlx_bf16, tmp_path, profile):
     out = convert(mlx_bf16, tmp_path / "out", profile, progress=False).out
-    direct = make_checkpoint(tmp_path / "direct", "tiny", profile=profile)
-    _same_tensors(out, direct)
-    assert _quantization(out) == _quantization(direct)
-    assert _profile_record(out) == _profile_record(direct) == {
-        "name": profile, "memory_first": PROFILES[profile].memory_first}
-    assert _ids(out) == _ids(direct)
+    _is_the_factory_s(out, tmp_path, profile)
 
 
 def test_layers_already_quantized_are_kept(tmp_path):
