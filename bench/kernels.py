@@ -14,7 +14,13 @@ threads; a GPU frame has this as a floor) and ``--frames`` more counted with
 the MLX primitives evaluated per step (views excluded, a compiled fused chain
 counting once per call; at small batch a GPU launches about one kernel each)
 and the evaluations (graph-evaluating calls: ``mx.eval``, ``async_eval``,
-``item``, ``tolist``, numpy conversion) per step. One more steady step per N runs
+``item``, ``tolist``, numpy conversion) per step. Between the two, ``--frames``
+steps are timed again with
+:class:`~mlx_voicechat_plugin.instruments.kernels.EvaluationTime`, which splits
+the host ms into the part inside those calls (MLX's graph walk, allocations,
+dispatch and, on the CPU backend, its throttle's wake-ups: what grows with the
+compute thread's work) and the part outside them (Python, graph building, the
+books: what this package's bookkeeping decides). One more steady step per N runs
 with ``mx.compile`` off under
 :class:`~mlx_voicechat_plugin.instruments.matmuls.MatmulShapes`: the matrix
 products it issues, how many of them are float products with more than one
@@ -49,14 +55,15 @@ SIZES = ("tiny", "small", "medium", "full")
 def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> dict[str, Any]:
     """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps."""
     from mlx_voicechat_plugin.runtime import compile_policy
-    from mlx_voicechat_plugin.instruments.kernels import VIEWS, KernelCounter, host_work
+    from mlx_voicechat_plugin.instruments.kernels import (VIEWS, EvaluationTime, KernelCounter,
+                                                          host_ms, host_work)
     from mlx_voicechat_plugin.instruments.matmuls import MatmulShapes
     from mlx_voicechat_plugin.runtime.options import ConversationOptions
     from mlx_voicechat_plugin.runtime.pool import StreamPool
     from mlx_voicechat_plugin.testing.fixtures import question_signal
 
     frame = voicechat.config.frame_samples
-    total = warm_frames + 2 * frames + 1  # the last step: products by shape
+    total = warm_frames + 3 * frames + 1  # the last step: products by shape
     seconds = (total + 1) * voicechat.config.frame_duration
     audios = [question_signal(seconds, seed=i) for i in range(batch)]
     pool = StreamPool(voicechat, max_sessions=batch)
@@ -66,6 +73,7 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
     steps: list[dict[str, Any]] = []
     host: list[float] = []
     waits: list[int] = []
+    split: list[tuple[float, float, int]] = []  # (host ms, of it in evaluations, waits there)
     outcome: list[Any] = []
     products: dict[str, Any] = {}
     try:
@@ -79,7 +87,12 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
                 if blocked is not None:
                     waits.append(blocked)
                 result = outcome.pop()
-            elif index < warm_frames + 2 * frames:
+            elif index < warm_frames + 2 * frames:  # timed again, split at the evaluations
+                with EvaluationTime() as clock:
+                    ms = host_ms(lambda: outcome.append(pool.step(chunk)))
+                split.append((ms, clock.ms, clock.waits))
+                result = outcome.pop()
+            elif index < warm_frames + 3 * frames:
                 with KernelCounter() as counter:
                     result = pool.step(chunk)
                 steps.append(counter.snapshot())
@@ -101,6 +114,9 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
         return summary([s[key] for s in steps])
 
     return {"batch": batch, "steps": len(steps), "kernels": counts("kernels"),
+            "evaluation_ms": summary([e for _, e, _ in split]),
+            "outside_ms": summary([h - e for h, e, _ in split]),
+            "evaluation_waits": summary([w for _, _, w in split]),
             "nodes": counts("nodes"), "evaluations": counts("evaluations"),
             "matmuls": counts("matmuls"),
             "host_ms": summary(host), "waits": summary(waits) if waits else None,
@@ -165,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['evaluations']['median']:10.0f} "
               f"{host:8.1f} {host / host_base:6.2f} "
               f"{row['waits']['median'] if row['waits'] else float('nan'):6.0f}", flush=True)
+        outside, outside_base = row["outside_ms"]["median"], rows[0]["outside_ms"]["median"]
+        print(f"    host ms split: {row['evaluation_ms']['median']:.1f} in evaluations "
+              f"({row['evaluation_waits']['median']:.0f} waits), {outside:.1f} outside "
+              f"(x N=1 {outside / outside_base:.2f})", flush=True)
         callers = ", ".join(f"{caller} {count}"
                             for caller, count in list(row["wide_callers"].items())[:3])
         print(f"    wide float products by caller: {callers or 'none'}", flush=True)

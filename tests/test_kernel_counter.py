@@ -187,3 +187,29 @@ def test_the_host_bench_reports_waits_per_frame(tiny_ckpt):
         assert report["waits"] == {"plugin": None, "reference": None}
     else:
         assert all(report["waits"][side] >= 0 for side in ("plugin", "reference"))
+
+
+def test_evaluation_time_counts_only_what_runs_inside_an_evaluation():
+    """Host work planted inside an evaluating call (a large graph evaluated) lands in the
+    clock; the same work done in Python outside any evaluation does not, and neither do
+    other threads' evaluations."""
+    from mlx_voicechat_plugin.instruments.kernels import EvaluationTime
+
+    def big_graph():
+        x = mx.ones((64,))
+        for _ in range(3000):  # many small nodes: the evaluation's own host work
+            x = x * 1.0001 + 0.5
+        return x
+
+    with EvaluationTime() as clock:
+        sum(i * i for i in range(400_000))  # outside: Python only
+        outside_only = clock.ms
+        graph = big_graph()
+        mx.eval(graph)
+        np.array(mx.ones((3,)) + 1)  # a host read evaluates too
+        other = threading.Thread(target=lambda: mx.eval(big_graph()))
+        other.start()
+        other.join()
+    assert outside_only == 0.0 and clock.calls == 2, (outside_only, clock.calls)
+    assert clock.ms > 1.0, clock.ms
+    assert mx.eval is not None and not hasattr(mx.eval, "__wrapped__")  # put back on leaving

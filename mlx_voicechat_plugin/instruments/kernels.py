@@ -188,3 +188,56 @@ class KernelCounter(EvalPatch):
             return counted
 
         return make
+
+
+class EvaluationTime(EvalPatch):
+    """Context manager: the entering thread's CPU time and blocks inside the entry points
+    that evaluate a graph (``mx.eval``, ``mx.async_eval``, the host reads), so a step's
+    :func:`host_ms` splits into evaluation (MLX's graph walk, its allocations, its
+    dispatch and, on the CPU backend, the throttle's wake-ups: work that grows with what
+    the compute thread has to do) and the rest (Python, building the graph, the books).
+    ``ms`` and ``waits`` accumulate until :meth:`reset`; ``calls`` counts the entries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reset()
+
+    def reset(self) -> None:
+        self.ms, self.waits, self.calls = 0.0, 0, 0
+
+    def _timed(self, original: Callable) -> Callable:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self._mine():
+                return original(*args, **kwargs)
+            blocked, began = thread_waits(), time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.ms += (time.thread_time() - began) * 1e3
+                if blocked is not None:
+                    self.waits += thread_waits() - blocked
+                self.calls += 1
+
+        return timed
+
+    def _wrap_eval(self, original: Callable) -> Callable:
+        return self._timed(original)
+
+    def _wrap_async_eval(self, original: Callable) -> Callable:
+        return self._timed(original)
+
+    def _wrap_method(self, name: str) -> Callable[[Callable], Callable]:
+        return self._timed
+
+    def _wrap_numpy(self, name: str) -> Callable[[Callable], Callable]:
+        def make(original: Callable) -> Callable:
+            timed = self._timed(original)
+
+            def read(value: Any = None, *args: Any, **kwargs: Any) -> Any:
+                if isinstance(value, mx.array):
+                    return timed(value, *args, **kwargs)
+                return original(value, *args, **kwargs)
+
+            return read
+
+        return make
