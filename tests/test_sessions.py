@@ -154,6 +154,10 @@ def test_a_steady_pool_step_keeps_the_codec_stack_and_a_change_hands_each_row_it
     for frame in (3, 4):  # steady: the same objects, stepped in place, nothing moved
         assert step("abc", frame) == []
         assert pool.batch.codec is held and held.groups[0][1] is stacked
+    # No member keeps a copy of its own meanwhile; its bytes are read from its row.
+    assert all(pool.sessions[k].core.compute._codec is None for k in joins)
+    assert [pool.sessions[k].core.compute.nbytes for k in joins] == [
+        alone[k].core.compute.nbytes for k in joins]
     solo = alone["a"].core.compute._codec  # a conversation alone: its own state, in place
     step("ac", 5)  # b pauses: every row goes back to its conversation
     assert pool.batch.codec is not held and alone["a"].core.compute._codec is solo

@@ -186,7 +186,7 @@ class ConversationState:
 
     @property
     def state(self) -> list[mx.array]:
-        if self._codec is None:  # released
+        if self.released:
             return []
         return [a for part in self._parts() for a in part.state]
 
@@ -216,15 +216,22 @@ class ConversationState:
     def nbytes(self) -> int:
         """The bytes of ``state`` (the timeline's sized from shapes where it can), read
         from its rows where a batch holds them."""
-        if self._codec is None:  # released
+        if self.released:
             return 0
         if self.batch is None:
+            assert self._codec is not None
             held = self._timeline.nbytes + sum(a.nbytes for a in self._codec.state)
         else:
             held = self.batch.row_nbytes(self.row)
         return (sum(getattr(part, "nbytes", None) or sum(a.nbytes for a in part.state)
                     for part in (self.perception, self.rnnt))
                 + held)
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` dropped the state (a batch's member holds its codec
+        state in the batch's rows, not its own)."""
+        return self._codec is None and self.batch is None
 
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
@@ -272,8 +279,8 @@ class TimelineBatch:
         codec = CodecRows.merge(codecs)  # type: ignore[arg-type]
         if len(states) > 1:
             self.members, self.timeline, self.codec = list(states), timeline, codec
-            for row, state in enumerate(states):
-                state.batch, state.row = self, row
+            for row, state in enumerate(states):  # its codec state is the batch's row now
+                state.batch, state.row, state._codec = self, row, None
         return timeline, codec
 
     def row_nbytes(self, row: int) -> int:
