@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from server_support import (
@@ -101,6 +102,68 @@ def test_each_session_of_a_shared_run_equals_that_session_alone(voicechat, scena
         step += 1
     for k, (_, _, options) in SESSIONS.items():
         assert _outputs(events[k]) == _alone(voicechat, audio[k], **options), k
+
+
+def _same_codec_state(got, want) -> bool:
+    return got.meta_state == want.meta_state and all(
+        x.dtype == y.dtype and mx.array_equal(x, y).item() for x, y in zip(got.state, want.state))
+
+
+def test_a_steady_pool_step_keeps_the_codec_stack_and_a_change_hands_each_row_its_own(
+        voicechat, monkeypatch):
+    """The codec state of the conversations that step together is stacked once, when the
+    batch forms (a late joiner's phase is its own group until it meets the others'), then
+    stepped in place: a steady step merges and extracts nothing. A membership change hands
+    each row back its own state, equal to that conversation's stepped alone."""
+    from mlx_voicechat_plugin.models.codec_stream import CodecRows, CodecState
+
+    joins = {"a": 0, "b": 0, "c": 1}  # c joins a step late: a fresh stream, another phase
+    audio = {k: question_signal(0.8, seed=i) for i, k in enumerate(joins)}
+    pool = StreamPool(voicechat, max_sessions=3)
+    alone = {k: voicechat.create_streaming_session(seed=i) for i, k in enumerate(joins)}
+    moves: list[str] = []
+    for owner, name in ((CodecRows, "merge"), (CodecState, "merge"), (CodecState, "extract")):
+        method = getattr(owner, name)
+        wrap = ((lambda m, n: classmethod(lambda cls, *a: (moves.append(n), m(*a))[1]))
+                if name == "merge" else
+                (lambda m, n: lambda self, *a: (moves.append(n), m(self, *a))[1]))
+        monkeypatch.setattr(owner, name, wrap(method, f"{owner.__name__}.{name}"))
+
+    def step(keys, frame) -> list[str]:
+        """The pool's step, then each one's alone; what the pool's merged or extracted."""
+        chunk = slice(frame * FRAME, (frame + 1) * FRAME)
+        moves.clear()
+        result = pool.step({k: audio[k][chunk] for k in keys})
+        assert not result.errors and result.size == len(keys)
+        pooled = list(moves)
+        for k in keys:
+            alone[k].push_audio(audio[k][chunk])
+        return pooled
+
+    for k, i in joins.items():
+        if i == 0:
+            pool.open(k, ConversationOptions(seed=list(joins).index(k)))
+    step("ab", 0)
+    pool.open("c", ConversationOptions(seed=2))
+    step("abc", 1)  # the batch forms: a and b in one phase, c in its own
+    assert pool.batch.members and len(pool.batch.codec.groups) == 2
+    step("abc", 2)  # c's phase met the others': stacked once more, as one
+    held = pool.batch.codec
+    (rows, stacked), = held.groups
+    assert rows == [0, 1, 2]
+    for frame in (3, 4):  # steady: the same objects, stepped in place, nothing moved
+        assert step("abc", frame) == []
+        assert pool.batch.codec is held and held.groups[0][1] is stacked
+    # No member keeps a copy of its own meanwhile; its bytes are read from its row.
+    assert all(pool.sessions[k].core.compute._codec is None for k in joins)
+    assert [pool.sessions[k].core.compute.nbytes for k in joins] == [
+        alone[k].core.compute.nbytes for k in joins]
+    solo = alone["a"].core.compute._codec  # a conversation alone: its own state, in place
+    step("ac", 5)  # b pauses: every row goes back to its conversation
+    assert pool.batch.codec is not held and alone["a"].core.compute._codec is solo
+    for k in joins:
+        assert _same_codec_state(pool.sessions[k].core.compute.codec,
+                                 alone[k].core.compute.codec), k
 
 
 def test_a_step_runs_at_most_the_one_frame_each_session_was_given(voicechat):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mlx_voicechat_plugin.models.cache_state import copy_arrays
-from mlx_voicechat_plugin.models.codec_stream import CodecState
+from mlx_voicechat_plugin.models.codec_stream import CodecRows, CodecState
 from mlx_voicechat_plugin.runtime.rng import RandomStream
 from mlx_voicechat_plugin.runtime.timeline import Timeline
 
@@ -118,14 +118,19 @@ def test_codec_streams_in_different_phases_decode_as_each_alone(model):
             for state in (streams[b], twins[b]):
                 codec.decode_step(codes(frame, b), state)
     assert len({s.meta_state for s in streams}) == 2
+    rows = CodecRows.merge(streams)  # stacked once, by phase; stepped as one from here
+    assert len(rows.groups) == 2
     for frame in range(2, 6):
-        got = codec.decode_streams([codes(frame, b) for b in range(4)], streams)
-        mx.eval(got, [s.state for s in streams])
+        got = codec.decode_streams([codes(frame, b) for b in range(4)], rows)
+        mx.eval(got, rows.state)
         for b in range(4):
             want = codec.decode_step(codes(frame, b), twins[b])
             assert _equal(got[b], want)
-            assert streams[b].meta_state == twins[b].meta_state
-            assert all(_equal(x, y) for x, y in zip(streams[b].state, twins[b].state))
+            own = rows.extract(b)
+            assert own.meta_state == twins[b].meta_state
+            assert all(_equal(x, y) for x, y in zip(own.state, twins[b].state))
+            assert rows.row_nbytes(b) == sum(a.nbytes for a in own.state)
+    assert len(rows.groups) == 1  # the late streams' phase met the others': one stack
 
 
 def test_codec_states_merge_only_in_the_same_phase(model):

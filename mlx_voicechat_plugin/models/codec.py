@@ -22,7 +22,7 @@ from mlx_audio.dsp import hanning
 
 from ..config import CodecConfig
 from .codec_rvq import ProbabilisticRVQ
-from .codec_stream import CodecState, SpectralSynthesis
+from .codec_stream import CodecRows, CodecState, SpectralSynthesis
 from .rows import Rows, stack_rows
 from .fast_forms import fast_ops_expand, mean_var_norm
 
@@ -238,35 +238,25 @@ class Codec(nn.Module):
             mx.eval(waveform, *state.state)
         return waveform
 
-    def decode_streams(self, codes: list[mx.array], states: list[CodecState],
-                       carried: list[mx.array] | None = None) -> Rows:
-        """:meth:`decode_step` of many one-row streams, lazily (``evaluate=False``).
+    def decode_streams(self, codes: list[mx.array], streams: CodecRows) -> Rows:
+        """:meth:`decode_step` of many one-row streams held as one, lazily (``evaluate=False``).
 
         ``codes[b]`` (``[1, Q, T_new]``, the same ``T_new`` for all) continues
-        ``states[b]``. Streams in the same phase (equal ``meta_state``) are
-        merged into one state (:meth:`CodecState.merge`), decoded as one batch
-        (every decoder op is row-independent) and each row's state is
-        handed back into its own object (:meth:`CodecState.split_into`); each returned ``[1, 1, n]``
-        waveform and each state equal that stream's own ``decode_step``.
-        ``codes`` given as :class:`~.rows.Rows` of one array, every row in order, are
-        that array (no concatenation). ``carried``, if given,
-        receives the batches' state arrays: evaluating them evaluates every
-        row's state without a slice of each. The waveforms come back as
-        :class:`~.rows.Rows`, each naming its batch's array and row.
+        row ``b`` of ``streams``. Each group of rows in the same phase decodes
+        as one batch (every decoder op is row-independent) and stays stacked
+        (:class:`CodecRows`; groups whose phases have met are stacked first);
+        each returned ``[1, 1, n]`` waveform and each row's state equal that
+        stream's own ``decode_step``. ``codes`` given as :class:`~.rows.Rows`
+        of one array, every row in order, are that array (no concatenation).
+        The caller evaluates ``streams.state`` with the waveforms, which come
+        back as :class:`~.rows.Rows`, each naming its batch's array and row.
         """
-        groups: dict[tuple, list[int]] = {}
-        for b, state in enumerate(states):
-            groups.setdefault(state.meta_state, []).append(b)
+        streams.regroup()
         out = Rows(list(codes))
-        for members in groups.values():
-            merged = CodecState.merge([states[b] for b in members])
+        for members, state in streams.groups:
             batch = (codes.stack(members) if isinstance(codes, Rows)
                      else stack_rows([codes[b] for b in members]))
-            waveform = self.decode_step(batch, merged, evaluate=False)
-            if carried is not None:
-                carried += merged.state
-            if len(members) > 1 or merged is not states[members[0]]:
-                merged.split_into([states[b] for b in members])
+            waveform = self.decode_step(batch, state, evaluate=False)
             for j, b in enumerate(members):
                 out.put(b, waveform, j)
         return out

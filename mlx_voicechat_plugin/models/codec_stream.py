@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning
 
-from .rows import LinkedRow, SharedRows, link_row, shared_arrays, stack_rows, take_row
+from .rows import stack_rows, take_row
 
 # The decoder's magnitude head saturates softly at this value (fixed by the
 # trained codec, not a config field).
@@ -38,7 +38,7 @@ _NORM_FLOOR = 1e-10
 
 
 @dataclass
-class CodecState(LinkedRow):
+class CodecState:
     """Decoder state of ``B`` streams in the same phase; build one with ``Codec.make_state``.
 
     ``block_context``: the last ``kernel_size - 1`` inputs of each decoder
@@ -54,9 +54,7 @@ class CodecState(LinkedRow):
     (``skip``, ``spectra``, ``closed``) with setters and :meth:`from_state`.
     Streams whose ``meta_state`` is equal are in the same phase (the same
     weights and front trim): :meth:`merge` stacks their rows into one state
-    for one decode step, and :meth:`split_into` hands the rows back (each linked to
-    the batch while it holds the slices it was handed: a decode of its own replaces
-    them, and the link with them).
+    for one decode step, and :meth:`extract` takes one row back out.
     """
 
     block_context: list[mx.array]
@@ -92,6 +90,12 @@ class CodecState(LinkedRow):
     def batch_size(self) -> int:
         return self.frames.shape[0]
 
+    @property
+    def row_nbytes(self) -> int:
+        """The bytes of one row's own state (its slices and the shared ``weights``)."""
+        stacked = sum(c.nbytes for c in self.block_context) + self.frames.nbytes
+        return stacked // self.batch_size + self.weights.nbytes
+
     @classmethod
     def merge(cls, rows: list["CodecState"]) -> "CodecState":
         """One state of the rows' streams, stacked in order (one row: that row itself)."""
@@ -100,26 +104,10 @@ class CodecState(LinkedRow):
         meta = rows[0].meta_state
         if any(r.meta_state != meta for r in rows):
             raise ValueError("codec streams merge only in the same phase (equal meta_state)")
-        shared = shared_arrays(rows, lambda r: r.frames)
-        if shared is not None:  # every row of one batch, as it handed them back: its arrays
-            *contexts, frames = shared
-            return cls(list(contexts), frames, rows[0].weights, *meta)
         contexts = [stack_rows([r.block_context[i] for r in rows])
                     for i in range(len(rows[0].block_context))]
         frames = stack_rows([r.frames for r in rows])
         return cls(contexts, frames, rows[0].weights, *meta)
-
-    def split_into(self, rows: list["CodecState"]) -> None:
-        """Hand each row of this state back into ``rows`` (one-row states, in order): its
-        slices, linked to this batch so that merging them again stacks nothing."""
-        if len(rows) == 1:
-            rows[0].state, rows[0].meta_state = self.state, self.meta_state
-            return
-        shared = SharedRows([*self.block_context, self.frames], len(rows))
-        for index, row in enumerate(rows):
-            *contexts, frames = shared.row(index)
-            row.state, row.meta_state = [*contexts, frames, self.weights], self.meta_state
-            link_row(row, shared, index, frames)
 
     def extract(self, index: int) -> "CodecState":
         """Row ``index`` as a one-row state (a one-row state: itself)."""
@@ -131,6 +119,61 @@ class CodecState(LinkedRow):
     def check_open(self) -> None:
         if self.closed:
             raise ValueError("codec stream was flushed; start a new one with make_state()")
+
+
+class CodecRows:
+    """Decoder states of ``B`` streams, kept stacked between steps, in any phases.
+
+    mlx-lm's cache convention for a batch: :meth:`merge` the streams' own
+    states once, step them together (``Codec.decode_streams``) for as long
+    as the same streams step, and :meth:`extract` a stream's own state back.
+    Streams in the same phase are one :class:`CodecState` (``groups``: the
+    rows it holds, ascending, and that state); a stream that started later
+    is a group of its own until its phase meets the others', when
+    :meth:`regroup` stacks them once. One stream is its own state.
+    """
+
+    def __init__(self, groups: list[tuple[list[int], CodecState]]):
+        self.groups = groups
+
+    @classmethod
+    def merge(cls, states: list[CodecState]) -> "CodecRows":
+        """The streams ``states`` as rows ``0..B-1``, stacked by phase."""
+        phases: dict[tuple, list[int]] = {}
+        for b, state in enumerate(states):
+            phases.setdefault(state.meta_state, []).append(b)
+        return cls([(rows, CodecState.merge([states[b] for b in rows]))
+                    for rows in phases.values()])
+
+    def _find(self, index: int) -> tuple[int, CodecState]:
+        for rows, state in self.groups:
+            if index in rows:
+                return rows.index(index), state
+        raise IndexError(f"codec row {index} out of range ({self.size} rows)")
+
+    @property
+    def size(self) -> int:
+        return sum(len(rows) for rows, _ in self.groups)
+
+    def extract(self, index: int) -> CodecState:
+        """Row ``index``'s own one-row state (of one stream: the state it was merged from)."""
+        row, state = self._find(index)
+        return state.extract(row)
+
+    def row_nbytes(self, index: int) -> int:
+        """The bytes of row ``index``'s own state, without taking it out."""
+        return self._find(index)[1].row_nbytes
+
+    def regroup(self) -> None:
+        """Stack the groups whose phases have met (after a later stream caught up)."""
+        if len({state.meta_state for _, state in self.groups}) < len(self.groups):
+            merged = CodecRows.merge([self.extract(b) for b in range(self.size)])
+            self.groups = merged.groups
+
+    @property
+    def state(self) -> list[mx.array]:
+        """Every group's arrays (evaluating them evaluates every row's state)."""
+        return [a for _, state in self.groups for a in state.state]
 
 
 class SpectralSynthesis:

@@ -30,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..models.cache_state import split_state
-from ..models.codec_stream import CodecState
+from ..models.codec_stream import CodecRows, CodecState
 from ..models.context import ContextWindow
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream, push_frames
@@ -147,12 +147,12 @@ class ConversationState:
                  *, start: WarmStart, seed: int, use_language_cache: bool,
                  context: tuple[ContextWindow, ContextWindow] | None = None):
         self.perception = perception
-        self.batch: TimelineBatch | None = None  # the batch holding its timeline's row, if one does
+        self.batch: TimelineBatch | None = None  # the batch holding its rows, if one does
         self.row = 0  # its row there
         self._timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
                                   context=context)
         self.rnnt = rnnt
-        self.codec: CodecState | None = model.tts_model.audio_codec.make_state()
+        self._codec: CodecState | None = model.tts_model.audio_codec.make_state()
 
     @property
     def timeline(self) -> Timeline:
@@ -167,12 +167,26 @@ class ConversationState:
             self.batch.dissolve()
         self._timeline = timeline
 
+    @property
+    def codec(self) -> CodecState | None:
+        """Its own one-row codec state (a batch holding its row gives every row back first);
+        ``None`` once released."""
+        if self.batch is not None:
+            self.batch.dissolve()
+        return self._codec
+
+    @codec.setter
+    def codec(self, codec: CodecState | None) -> None:
+        if self.batch is not None:
+            self.batch.dissolve()
+        self._codec = codec
+
     def _parts(self) -> tuple[Any, ...]:
         return (self.perception, self.timeline, self.rnnt, self.codec)
 
     @property
     def state(self) -> list[mx.array]:
-        if self.codec is None:  # released
+        if self.released:
             return []
         return [a for part in self._parts() for a in part.state]
 
@@ -183,9 +197,10 @@ class ConversationState:
     @property
     def meta_state(self) -> tuple:
         """Each part's array count, then the timeline's and the codec's meta states."""
-        assert self.codec is not None, "the state was released"
+        codec = self.codec
+        assert codec is not None, "the state was released"
         return (tuple(len(part.state) for part in self._parts()),
-                self.timeline.meta_state, self.codec.meta_state)
+                self.timeline.meta_state, codec.meta_state)
 
     def restore(self, state: list[mx.array], meta_state: tuple) -> None:
         """Continue from a ``(state, meta_state)`` snapshot (mlx-lm's ``from_state``, in
@@ -199,70 +214,89 @@ class ConversationState:
 
     @property
     def nbytes(self) -> int:
-        """The bytes of ``state`` (the timeline's sized from shapes where it can)."""
-        if self.codec is None:  # released
+        """The bytes of ``state`` (the timeline's sized from shapes where it can), read
+        from its rows where a batch holds them."""
+        if self.released:
             return 0
-        timeline = (self._timeline.nbytes if self.batch is None
-                    else self.batch.row_nbytes(self.row))
+        if self.batch is None:
+            assert self._codec is not None
+            held = self._timeline.nbytes + sum(a.nbytes for a in self._codec.state)
+        else:
+            held = self.batch.row_nbytes(self.row)
         return (sum(getattr(part, "nbytes", None) or sum(a.nbytes for a in part.state)
-                    for part in (self.perception, self.rnnt, self.codec))
-                + timeline)
+                    for part in (self.perception, self.rnnt))
+                + held)
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` dropped the state (a batch's member holds its codec
+        state in the batch's rows, not its own)."""
+        return self._codec is None and self.batch is None
 
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
         self.perception = WholeSignal(mx.zeros((1, 0, 1)), mx.zeros((1, 0, 1)))
         self.timeline.release()
         self.rnnt.release()
-        self.codec = None
+        self._codec = None
 
 
 class TimelineBatch:
-    """The timelines of the conversations that step together, kept as one between frames.
+    """The timelines and codec streams of the conversations that step together, kept as
+    one between frames.
 
     While the same conversations step in the same order (a pool's steady
-    state), their frames run on one merged :class:`Timeline` and no row is
-    taken back out. The batch changes only when its membership does
-    (:meth:`join` with other conversations: a session joins, leaves, pauses or
-    is starved), or when one member's timeline is read on its own (its
-    ``timeline``: a snapshot, a prefill, a release): then every row goes back
-    to its conversation (:meth:`dissolve`). A member's ``nbytes`` is read
-    from its row without taking it out. One conversation is a batch of none:
-    its own timeline steps.
+    state), their frames run on one merged :class:`Timeline` and one stacked
+    :class:`~..models.codec_stream.CodecRows`, and no row is taken back out.
+    The batch changes only when its membership does (:meth:`join` with other
+    conversations: a session joins, leaves, pauses or is starved), or when one
+    member's timeline or codec state is read on its own (its ``timeline`` or
+    ``codec``: a snapshot, a prefill, the audio's flush, a release): then
+    every row goes back to its conversation (:meth:`dissolve`). A member's
+    ``nbytes`` is read from its rows without taking them out. One
+    conversation is a batch of none: its own timeline and codec state step.
     """
 
     def __init__(self) -> None:
         self.members: list[ConversationState] = []
         self.timeline: Timeline | None = None
+        self.codec: CodecRows | None = None
 
-    def join(self, states: list[ConversationState]) -> Timeline:
-        """The merged timeline of ``states`` (the held one while they are its members)."""
-        if self.timeline is not None and len(states) == len(self.members) and all(
-                a is b for a, b in zip(states, self.members)):
-            return self.timeline
+    def join(self, states: list[ConversationState]) -> tuple[Timeline, CodecRows]:
+        """The merged timeline and codec streams of ``states`` (the held ones while they
+        are its members)."""
+        if self.timeline is not None and self.codec is not None and len(states) == len(
+                self.members) and all(a is b for a, b in zip(states, self.members)):
+            return self.timeline, self.codec
         self.dissolve()
         for state in states:  # rows another batch holds go back to their conversations
             if state.batch is not None:
                 state.batch.dissolve()
         timeline = Timeline.merge([s._timeline for s in states])
+        codecs = [s._codec for s in states]
+        if any(c is None for c in codecs):
+            raise ValueError("a released conversation cannot step")
+        codec = CodecRows.merge(codecs)  # type: ignore[arg-type]
         if len(states) > 1:
-            self.members, self.timeline = list(states), timeline
-            for row, state in enumerate(states):
-                state.batch, state.row = self, row
-        return timeline
+            self.members, self.timeline, self.codec = list(states), timeline, codec
+            for row, state in enumerate(states):  # its codec state is the batch's row now
+                state.batch, state.row, state._codec = self, row, None
+        return timeline, codec
 
     def row_nbytes(self, row: int) -> int:
-        """The bytes of a member's timeline, read from its row."""
-        assert self.timeline is not None
-        return self.timeline.row_nbytes(row)
+        """The bytes of a member's timeline and codec state, read from its rows."""
+        assert self.timeline is not None and self.codec is not None
+        return self.timeline.row_nbytes(row) + self.codec.row_nbytes(row)
 
     def dissolve(self) -> None:
-        """Every member takes its row back as its own timeline."""
-        timeline, members = self.timeline, self.members
-        self.timeline, self.members = None, []
+        """Every member takes its rows back as its own timeline and codec state."""
+        timeline, codec, members = self.timeline, self.codec, self.members
+        self.timeline, self.codec, self.members = None, None, []
         for row, state in enumerate(members):
             state.batch = None
-            assert timeline is not None
+            assert timeline is not None and codec is not None
             state._timeline = timeline.extract(row)
+            state._codec = codec.extract(row)
 
 
 def advance(
@@ -302,14 +336,15 @@ def advance_batch(
     conversations. Each row's outputs equal :func:`advance` on it alone (the
     language model's attention-free runs and heads take all rows at once; every
     row keeps its own caches). ``advance`` is this with one row. ``batch``: where
-    the conversations' merged timeline is kept between frames (a pool's); without
-    one, a batch of this frame's (its rows go back when one is read alone).
+    the conversations' merged timeline and codec streams are kept between frames
+    (a pool's); without one, a batch of this frame's (its rows go back when one is
+    read alone).
     """
     hearing = Hearing(states, frames, clock)
     talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
     talkers = [states[b] for b in talking]
     batch = TimelineBatch() if batch is None else batch
-    timeline = batch.join(talkers) if talkers else None
+    timeline, codec_rows = batch.join(talkers) if talkers else (None, None)
     ids = []
     if timeline is not None:
         tokens = timeline.listen(take_rows(hearing.projected, talking),
@@ -329,13 +364,13 @@ def advance_batch(
         # Control codes replaced once over every row's codes.
         codes = speech.replace_control_codes(timeline.codes)
         # The codec reads [B, Q, 1]: one transpose, whose rows stack back as itself.
-        carried: list[mx.array] = []  # the codec batches' states: every row's, evaluated
-        waveforms = speech.audio_codec.decode_streams(
-            Rows.of(codes.transpose(0, 2, 1)), [s.codec for s in talkers], carried)
+        assert codec_rows is not None
+        waveforms = speech.audio_codec.decode_streams(Rows.of(codes.transpose(0, 2, 1)),
+                                                      codec_rows)
         heard_codes = codes[:, 0].astype(mx.int32)
         # Whole arrays evaluated and read to the host once, each row a view of them.
         batches = list({id(a): a for a, _ in waveforms.sources}.values())
-        speaking += [timeline.codes, heard_codes, *carried, *batches]
+        speaking += [timeline.codes, heard_codes, *codec_rows.state, *batches]
         mx.async_eval(*speaking)
         for b, step in zip(talking, steps):
             if on_tokens is not None and on_tokens[b] is not None:

@@ -109,7 +109,8 @@ class StreamPool:
         self.max_sessions = max_sessions
         self.max_state_bytes = max_state_bytes
         self.sessions: dict[str, StreamingShell] = {}
-        # The stepping conversations' timelines, merged while the same ones step.
+        # The stepping conversations' timelines and codec states, merged while the same
+        # ones step.
         self.batch = TimelineBatch()
         # Measured at every change of membership; a step only marks it stale (it changes
         # every stepped session's state, and sizing them all is host work per row).

@@ -304,8 +304,8 @@ def step_cores(cores: list[Core], inputs: list[np.ndarray],
     speaking half for the conversations among them. Each core gets its events,
     or the exception its own bookkeeping raised (the others' frames are
     unaffected); each equals that core's ``frame`` run alone. Not profiled.
-    ``batch``: the caller's (a pool's), where the conversations' timelines stay
-    merged while the same ones step (:class:`~.compute.TimelineBatch`).
+    ``batch``: the caller's (a pool's), where the conversations' timelines and codec
+    states stay merged while the same ones step (:class:`~.compute.TimelineBatch`).
     """
     outs = advance_batch(cores[0].model, [c.compute for c in cores], inputs,
                          [c.next_forced() for c in cores],
