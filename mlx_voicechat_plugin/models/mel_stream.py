@@ -31,7 +31,7 @@ import numpy as np
 from mlx_audio.dsp import STR_TO_WINDOW_FN, hanning, mel_filters
 from mlx_audio.stt.models.nemotron_asr.audio import PreprocessArgs
 
-from .rows import Rows
+from .rows import take_row
 
 def _constants(args: PreprocessArgs) -> tuple[np.ndarray, mx.array]:
     """The centre-padded analysis window (host) and the Slaney mel filterbank (device),
@@ -163,19 +163,33 @@ class MelStream:
         return log_mel_many([self], [samples])[0]
 
 
-def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> Rows:
-    """Each stream's :meth:`MelStream.push` of its chunk, as ``(1, n_b, features)`` each:
-    streams whose frames have the same shape share one device graph (rows of it, that
-    the next stage stacks back for free: :class:`~.rows.Rows`)."""
+def log_mel_groups(streams: list[MelStream], chunks: list[np.ndarray]
+                   ) -> list[tuple[list[int], mx.array]]:
+    """Each stream's :meth:`MelStream.push` of its chunk, by groups of streams whose frames
+    have the same shape: ``(rows, (G, n, features) log-mel)``, one device graph a group
+    (streams that complete no frame: one group of ``n = 0``)."""
     frames = [stream.take(chunk) for stream, chunk in zip(streams, chunks)]
     groups: dict[tuple, list[int]] = {}
     for b, block in enumerate(frames):
-        if block is not None:
-            groups.setdefault(block.shape, []).append(b)
-    features = streams[0].args.features if streams else 0
-    mels = Rows([mx.zeros((1, 0, features), dtype=mx.float32) for _ in frames])
-    for members in groups.values():
-        out = device_log_mel(mx.array(np.stack([frames[b] for b in members])), streams[members[0]].args)
+        groups.setdefault(None if block is None else block.shape, []).append(b)
+    out = []
+    for shape, members in groups.items():
+        if shape is None:
+            features = streams[members[0]].args.features
+            out.append((members, mx.zeros((len(members), 0, features), dtype=mx.float32)))
+        else:
+            block = np.stack([frames[b] for b in members]) if len(members) > 1 \
+                else frames[members[0]][None]
+            out.append((members, device_log_mel(mx.array(block), streams[members[0]].args)))
+    return out
+
+
+def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> list[mx.array]:
+    """Each stream's :meth:`MelStream.push` of its chunk, as ``(1, n_b, features)`` each:
+    streams whose frames have the same shape share one device graph
+    (:func:`log_mel_groups`)."""
+    rows: list[mx.array] = [mx.array(0)] * len(streams)
+    for members, mel in log_mel_groups(streams, chunks):
         for j, b in enumerate(members):
-            mels.put(b, out, j)
-    return mels
+            rows[b] = take_row(mel, j)
+    return rows
