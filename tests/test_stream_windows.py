@@ -122,9 +122,9 @@ def test_one_querys_relative_shift_is_its_row_as_it_was(small):
 
 
 def test_steady_streams_frame_and_subsample_with_the_kernels_of_one(small):
-    """The mel frontend and the subsampling window (kept frames + new frames) of streams
-    with equal shapes are one graph: a step of four costs the kernels of one."""
-    from mlx_voicechat_plugin.models.mel_stream import log_mel_groups
+    """The mel frontend, the subsampling window (kept frames + new frames) and the encoder
+    of streams with equal shapes, held stacked, are one graph: a step of four costs the
+    kernels of one."""
     from mlx_voicechat_plugin.models.perception_stream import PerceptionRows
     from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 
@@ -138,10 +138,8 @@ def test_steady_streams_frame_and_subsample_with_the_kernels_of_one(small):
         for index in range(4):  # past the streams' first frames
             outs = rows.push([s[index * frame : (index + 1) * frame] for s in signals])
             mx.eval(*outs, *rows.state)
-        ((members, mel),) = log_mel_groups([s.mel for s in streams],
-                                           [s[4 * frame : 5 * frame] for s in signals])
-        ((_, cache),) = rows.groups
-        frames = streams[0].encoder.subsample(cache, mel)
-        return kernel_count(graph_primitives(frames))
+        assert len(rows.groups) == 1 and len(rows.mels) == 1  # one batch, one mel tail block
+        outs = rows.push([s[4 * frame : 5 * frame] for s in signals])
+        return kernel_count(graph_primitives(*outs))
 
     assert kernels(4) == kernels(1)

@@ -15,10 +15,10 @@ A :class:`PerceptionStream` is one stream's state: its host-side mel tail
 (:class:`~.mel_stream.MelStream`, numpy, trimmed without an evaluation) and
 its :class:`EncoderCache`. :class:`PerceptionRows` is ``B`` streams' state
 stacked (mlx-lm's ``merge`` / ``extract``), which a caller stepping the same
-streams keeps between frames: a frame of it frames each stream's samples on
-the host and runs the device half of the log-mel once for the streams whose
-frames have equal shapes (:func:`~.mel_stream.log_mel_groups`), then each
-batch of equal cache shapes runs the subsampling and the encoder in place.
+streams keeps between frames: a frame of it frames the streams' samples on
+the host, the tails of one layout as one array (:class:`~.mel_stream.MelRows`),
+runs the device half of the log-mel once per shape of frames, then each batch
+of equal cache shapes runs the subsampling and the encoder in place.
 :func:`push_frames` is one frame of one-stream states (merged, pushed, split
 back); one stream is ``B = 1`` of the same code.
 """
@@ -33,7 +33,7 @@ import numpy as np
 from ..config import ModelConfig
 from .encoder_cache import EncoderCache
 from .encoder_stream import EncoderStream
-from .mel_stream import MelStream, log_mel_groups
+from .mel_stream import MelRows, MelStream, device_groups
 from .perception import Perception
 from .rows import stack_rows, take_row
 
@@ -95,12 +95,13 @@ class PerceptionRows:
     into batches (one :class:`EncoderCache` of stacked rows per cache shape;
     streams that started on different frames differ until their windows fill),
     :meth:`push` advances every row by a chunk in place, :meth:`split` gives
-    each stream its row back. The streams keep their host mel books
-    (:class:`~.mel_stream.MelStream`) throughout. Whoever steps the same streams
+    each stream its row back. Whoever steps the same streams
     frame after frame keeps one of these between frames, so a steady frame
     stacks and slices nothing; one stream is ``B = 1`` of the same code, where
     merging and splitting move no data. Streams without the cache
-    (diagnostics) rerun their windows row by row.
+    (diagnostics) rerun their windows row by row. The streams' mel sample tails
+    are held stacked too (:class:`~.mel_stream.MelRows`, host arrays, one per
+    layout), so a steady frame frames every row in one host computation.
     """
 
     def __init__(self, streams: list[PerceptionStream]):
@@ -108,6 +109,7 @@ class PerceptionRows:
         self.streams = list(streams)
         self.cached = [b for b, s in enumerate(streams) if s.use_cache]
         self.groups: list[tuple[list[int], EncoderCache]] = []  # (rows, their stacked cache)
+        self.mels: list[tuple[list[int], MelRows]] = []  # (rows, their stacked mel tails)
 
     @classmethod
     def merge(cls, streams: list[PerceptionStream]) -> "PerceptionRows":
@@ -117,7 +119,35 @@ class PerceptionRows:
                       [(None, s.cache) for s in rows._cached_streams()])
         for stream in rows._cached_streams():
             stream.cache = None  # type: ignore[assignment]  # the row is held here
+        rows._group_mels()
         return rows
+
+    def _group_mels(self, lengths: dict[int, int] | None = None) -> None:
+        """Stack the cached rows' mel tails by layout (and chunk length, ``lengths``)."""
+        self._split_mels()
+        wanted: dict = {}
+        for b in self.cached:
+            layout = self.streams[b].mel.layout()
+            wanted.setdefault(layout if lengths is None else (layout, lengths[b]), []).append(b)
+        self.mels = [(members, MelRows.merge([self.streams[b].mel for b in members]))
+                     for members in wanted.values()]
+
+    def _split_mels(self) -> None:
+        for _, rows in self.mels:
+            rows.split()
+        self.mels = []
+
+    def _frame(self, frames: list[np.ndarray]) -> list[tuple[list[int], mx.array]]:
+        """The cached rows' log-mel of their chunks: ``(rows, (G, n, features))`` groups."""
+        if any(len({frames[b].shape[0] for b in members}) > 1 for members, _ in self.mels):
+            # Chunks of unequal lengths (not whole frames): tails frame by equal lengths.
+            self._group_mels({b: frames[b].shape[0] for b in self.cached})
+        blocks = [(members, rows.take(frames[members[0]][None] if len(members) == 1
+                                      else np.stack([frames[b] for b in members])))
+                  for members, rows in self.mels]
+        if len({rows.layout() for _, rows in self.mels}) < len(self.mels):
+            self._group_mels()  # tails whose layouts became equal frame as one from now on
+        return device_groups(blocks, self.streams[self.cached[0]].mel.args)
 
     def _cached_streams(self) -> list[PerceptionStream]:
         return [self.streams[b] for b in self.cached]
@@ -167,13 +197,14 @@ class PerceptionRows:
         for b, (j, cache) in zip(self.cached, self._rows()):
             self.streams[b].cache = cache if j is None else cache.extract(j)
         self.groups = []
+        self._split_mels()
         return self.streams
 
     def push(self, frames: list[np.ndarray], clock: Any = None) -> tuple[mx.array, mx.array]:
         """One ``(frame_samples,)`` frame of each row -> lazy ``(projected, encoded)``,
         each ``(B, 1, D)``, row ``b`` stream ``b``'s own.
 
-        The mel frontends frame per stream (host work) and run their device half
+        The mel tails frame once per layout (host work) and run their device half
         once per shape of frames; each batch of rows runs the encoder stack
         (:meth:`EncoderStream.step`) and the projection takes every row at once.
         Evaluate the results with :attr:`state` (the carried caches), or every
@@ -183,23 +214,23 @@ class PerceptionRows:
         streams, cached = self.streams, self.cached
         encoded = projected = None
         if cached:
-            mels = log_mel_groups([streams[b].mel for b in cached], [frames[b] for b in cached])
+            mels = self._frame(frames)
             if clock is not None:
                 clock.sub_stage("perception.mel", *(m for _, m in mels))
-            counts = {cached[j]: m.shape[1] for members, m in mels for j in members}
+            counts = {b: m.shape[1] for members, m in mels for b in members}
             if any(len({counts[b] for b in members}) > 1 for members, _ in self.groups):
                 # Rows of one batch brought different numbers of mel frames (chunks that
                 # are not whole frames): they step in batches of equal counts from now on.
                 keys = {b: (key, counts[b]) for members, cache in self.groups
                         for key in (cache.key(),) for b in members}
                 self._regroup([keys[b] for b in cached])
-            by_rows = {tuple(cached[j] for j in members): m for members, m in mels}
+            by_rows = {tuple(members): m for members, m in mels}
             outs = []
             for members, cache in self.groups:
                 mel = by_rows.get(tuple(members))
                 if mel is None:
-                    rows = {cached[j]: take_row(m, i) for members_, m in mels
-                            for i, j in enumerate(members_)}
+                    rows = {b: take_row(m, i) for members_, m in mels
+                            for i, b in enumerate(members_)}
                     mel = stack_rows([rows[b] for b in members])
                 outs.append(self.encoder().step(cache, mel))
             if any(out.shape[1] != 1 for out in outs):
