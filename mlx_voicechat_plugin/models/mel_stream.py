@@ -5,12 +5,14 @@ evaluation) and emits a centred mel frame once it trails the input edge by
 ``lookahead`` samples, as mlx-audio's ``StreamingLogMelSpectrogram`` does over
 its ``log_mel_spectrogram_frames``.
 
-The work splits where the data lives. On the host, per stream (cheap, its
-samples are host data already): preemphasis, the centred STFT's edge padding,
-framing and the analysis window. On the device, once for every stream whose
-frames have the same shape (:func:`log_mel_many`; at steady state every stream
-pushes one frame's worth, so one group): FFT, power, the mel filterbank and
-the log. A pool step of ``N`` streams then costs the kernels of one.
+The work splits where the data lives. On the host (cheap, the samples are
+host data already): preemphasis, the centred STFT's edge padding, framing and
+the analysis window, per stream, or once for streams whose tails have one
+layout, held stacked (:class:`MelRows`: a pool's streams past their first
+frames). On the device, once for every stream whose frames have the same
+shape (:func:`device_groups`; at steady state every stream pushes one frame's
+worth, so one group): FFT, power, the mel filterbank and the log. A pool step
+of ``N`` streams then costs the kernels of one.
 
 Exactness: row by row the result is bit-identical to mlx-audio's
 ``log_mel_spectrogram_frames`` of that stream alone. The host part does the
