@@ -67,9 +67,8 @@ class HearingBatch:
     """The listening state of the rows that step together, kept stacked between frames.
 
     While the same rows step in the same order (a pool's steady state), their
-    encoder caches stay one stacked :class:`~mlx_voicechat_plugin.models.perception_stream.PerceptionRows`
-    and their RNNT carries one :class:`~mlx_voicechat_plugin.models.rnnt.RNNTCarry`: a frame stacks
-    and slices nothing. The batch changes only when its membership does
+    encoder caches and mel tails stay stacked (one ``PerceptionRows``) and
+    their RNNT carries one ``RNNTCarry``: a frame stacks and slices nothing. The batch changes only when its membership does
     (:meth:`join` with other rows: a session joins, leaves, pauses or is starved),
     or when one member's state is read on its own (its ``perception``: a
     snapshot, a release): then every row goes back to its owner
