@@ -52,7 +52,7 @@ def _open(pool: StreamPool, key: str) -> None:
 
 
 def _alone(voicechat, key: str):
-    if key == "text":
+    if key in ("text", "early", "late"):
         return voicechat.create_transcription_stream(options=TranscriptionOptions())
     return voicechat.create_streaming_session(options=ConversationOptions(seed=ord(key[0])))
 
@@ -129,6 +129,37 @@ def test_rows_leaving_and_joining_go_on_exactly_as_alone(voicechat, moves):
         for n in range(pushed[key]):
             alone += solo.push_audio(audio[key][n * FRAME : (n + 1) * FRAME])
         assert _plain(events[key]) == _plain(alone), key
+        assert _arrays_equal(pool.get(key).core.compute.state, solo.core.compute.state), key
+        solo.cancel()
+    pool.close_all()
+
+
+def test_rows_that_started_apart_batch_apart_until_their_windows_fill_then_as_one(voicechat):
+    """A stream that joins later has shorter encoder windows: its row is stacked in a batch
+    of its own shape while the windows fill, and once every window is full the rows are
+    one batch; each stream's transcript and state equal the stream's alone."""
+    pool = StreamPool(voicechat, max_sessions=2)
+    pool.open("early", TranscriptionOptions())
+    audio = {"early": question_signal(7.2, seed=11), "late": question_signal(7.2, seed=12)}
+    late_from = 3
+    window = voicechat.model.stt_model.perception.att_context[0]
+    groups = []
+    for index in range(len(audio["early"]) // FRAME):
+        if index == late_from:
+            pool.open("late", TranscriptionOptions())
+        step = {"early": audio["early"][index * FRAME : (index + 1) * FRAME]}
+        if index >= late_from:
+            n = index - late_from
+            step["late"] = audio["late"][n * FRAME : (n + 1) * FRAME]
+        assert not pool.step(step).errors
+        groups.append(len(pool.listening.perception.groups))
+    assert groups[late_from] == 2 and groups[late_from + window - 2] == 2
+    assert groups[-1] == 1 and len(groups) > late_from + window + 1, groups
+    for key, skip in (("early", 0), ("late", late_from)):
+        solo = _alone(voicechat, key)
+        for n in range(len(groups) - skip):
+            solo.push_audio(audio[key][n * FRAME : (n + 1) * FRAME])
+        assert pool.get(key).transcript == solo.transcript and solo.transcript, key
         assert _arrays_equal(pool.get(key).core.compute.state, solo.core.compute.state), key
         solo.cancel()
     pool.close_all()
