@@ -159,8 +159,8 @@ class PerceptionRows:
 
     def _regroup(self, keys: list, rows: list[tuple[int | None, EncoderCache]] | None = None
                  ) -> None:
-        """Batch the cached rows by ``keys`` (one per cached row); groups whose rows do not
-        change stay as they are (``rows``: where each row is now, default the groups)."""
+        """Batch the cached rows by ``keys`` (one per cached row); a batch whose rows do not
+        change stays as it is (``rows``: where each row is now, default the batches)."""
         wanted: dict = {}
         for b, key in zip(self.cached, keys):
             wanted.setdefault(key, []).append(b)
@@ -174,7 +174,9 @@ class PerceptionRows:
             j, cache = rows[position[b]]
             return cache if j is None else cache.extract(j)
 
-        self.groups = [(members, EncoderCache.merge([own(b) for b in members]))
+        kept = {tuple(m): cache for m, cache in self.groups}  # batches of the same rows stay
+        self.groups = [(members, kept[tuple(members)] if tuple(members) in kept
+                        else EncoderCache.merge([own(b) for b in members]))
                        for members in wanted.values()]
 
     @property
