@@ -17,7 +17,7 @@ from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram_frames
 
 from mlx_voicechat_plugin.config import ModelConfig
 from mlx_voicechat_plugin.models.mel_stream import (
-    MelStream, device_log_mel, host_frames, log_mel_many)
+    MelRows, MelStream, device_log_mel, host_frames, log_mel_many)
 from mlx_voicechat_plugin.runtime import compile_policy
 from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 from mlx_voicechat_plugin.testing.configs import fixture_config
@@ -78,6 +78,43 @@ def test_streams_at_different_points_of_odd_chunks_equal_each_alone(config):
     # 700-sample chunks straddle frames: the streams emit 4 or 5 frames, or none, per push.
     shapes = _solo_and_batched(config, starts=[0, 1, 2, 5], chunk=700, frames=14)
     assert any(0 in s for s in shapes) and any(len(set(s) - {0}) > 1 for s in shapes)
+
+
+@pytest.mark.parametrize("chunk", [1280, 700])
+def test_stacked_tails_frame_as_each_stream_alone_and_go_on_alone_after(config, chunk):
+    """Streams of one layout held as one ``(B, L)`` tail (:class:`MelRows`) frame every
+    row in one host computation, each row its stream's frames alone, bit for bit; split,
+    each stream goes on alone from where the batch left it."""
+    args = config.audio_config.preprocessor
+    lookahead = config.frame_samples
+    signals = [question_signal(3.0, seed=b) for b in range(3)]
+    held = [MelStream(args, lookahead) for _ in signals]
+    alone = [MelStream(args, lookahead) for _ in signals]
+
+    def piece(b: int, step: int) -> np.ndarray:
+        return signals[b][step * chunk:(step + 1) * chunk]
+
+    def same(a, e) -> bool:
+        return (a is None and e is None) or np.array_equal(a, e)
+
+    for step in range(2):  # the same layout from the start (and past it, below)
+        for b in range(3):
+            assert same(held[b].take(piece(b, step)), alone[b].take(piece(b, step)))
+    rows = MelRows.merge(held)
+    for step in range(2, 12):
+        got = rows.take(np.stack([piece(b, step) for b in range(3)]))
+        expected = [alone[b].take(piece(b, step)) for b in range(3)]
+        if got is None:
+            assert all(e is None for e in expected)
+            continue
+        for b in range(3):
+            assert np.array_equal(got[b], expected[b]), (step, b)
+    rows.split()
+    for step in range(12, 16):
+        for b in range(3):
+            assert same(held[b].take(piece(b, step)), alone[b].take(piece(b, step))), (step, b)
+    with pytest.raises(ValueError, match="layouts"):
+        MelRows.merge([held[0], MelStream(args, lookahead)])
 
 
 def test_steady_streams_cost_the_kernels_of_one(config):

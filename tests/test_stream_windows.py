@@ -122,9 +122,10 @@ def test_one_querys_relative_shift_is_its_row_as_it_was(small):
 
 
 def test_steady_streams_frame_and_subsample_with_the_kernels_of_one(small):
-    """The mel frontend and the subsampling window (kept frames + new frames) of streams
-    with equal shapes are one graph: a step of four costs the kernels of one."""
-    from mlx_voicechat_plugin.models.mel_stream import log_mel_many
+    """The mel frontend, the subsampling window (kept frames + new frames) and the encoder
+    of streams with equal shapes, held stacked, are one graph: a step of four costs the
+    kernels of one."""
+    from mlx_voicechat_plugin.models.perception_stream import PerceptionRows
     from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 
     model = small[0]
@@ -133,11 +134,12 @@ def test_steady_streams_frame_and_subsample_with_the_kernels_of_one(small):
     def kernels(n: int) -> int:
         streams = [PerceptionStream(model.stt_model.perception, model.config) for _ in range(n)]
         signals = [question_signal(1.0, seed=seed) for seed in range(n)]
+        rows = PerceptionRows.merge(streams)  # held stacked, as a pool's batch holds them
         for index in range(4):  # past the streams' first frames
-            outs = push_frames(streams, [s[index * frame : (index + 1) * frame] for s in signals])
-            mx.eval(*outs, *[a for s in streams for a in s.state])
-        mels = log_mel_many([s.mel for s in streams], [s[4 * frame : 5 * frame] for s in signals])
-        frames = streams[0].encoder.subsample_many([s.cache.tails[0] for s in streams], mels)
-        return kernel_count(graph_primitives(*frames))
+            outs = rows.push([s[index * frame : (index + 1) * frame] for s in signals])
+            mx.eval(*outs, *rows.state)
+        assert len(rows.groups) == 1 and len(rows.mels) == 1  # one batch, one mel tail block
+        outs = rows.push([s[4 * frame : 5 * frame] for s in signals])
+        return kernel_count(graph_primitives(*outs))
 
     assert kernels(4) == kernels(1)

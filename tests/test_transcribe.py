@@ -318,7 +318,7 @@ def test_a_text_only_stream_joins_the_full_sessions_listening_batch(session, tra
                                                                    monkeypatch):
     """Stepped with two full sessions, a text-only stream's perception and RNNT rows run in
     the same batches as theirs (counted), and every session's outputs equal its own run alone."""
-    from mlx_voicechat_plugin.runtime import compute
+    from mlx_voicechat_plugin.runtime import hearing
     from mlx_voicechat_plugin.runtime.events import AssistantTextDelta, Audio
     from mlx_voicechat_plugin.runtime.options import ConversationOptions, TranscriptionOptions
     from mlx_voicechat_plugin.runtime.pool import StreamPool
@@ -335,19 +335,19 @@ def test_a_text_only_stream_joins_the_full_sessions_listening_batch(session, tra
     solo = {k: _stream_events(alone[k], a, 1280) for k, a in audio.items()}
 
     perceived, decoded = [], []
-    push_frames, tries = compute.push_frames, compute.RNNTFrame
+    push, tries = hearing.PerceptionRows.push, hearing.RNNTFrame
 
-    def counting_push_frames(streams, frames, clock=None):
-        perceived.append(len(streams))
-        return push_frames(streams, frames, clock)
+    def counting_push(rows, frames, clock=None):
+        perceived.append(len(rows.streams))
+        return push(rows, frames, clock)
 
     class CountingTries(tries):
-        def __init__(self, states, encoded):
-            decoded.append(len(states))
-            super().__init__(states, encoded)
+        def __init__(self, greedy, carry, encoded):
+            decoded.append(encoded.shape[0])
+            super().__init__(greedy, carry, encoded)
 
-    monkeypatch.setattr(compute, "push_frames", counting_push_frames)
-    monkeypatch.setattr(compute, "RNNTFrame", CountingTries)
+    monkeypatch.setattr(hearing.PerceptionRows, "push", counting_push)
+    monkeypatch.setattr(hearing, "RNNTFrame", CountingTries)
     pool = StreamPool(session, max_sessions=3)
     for k, seed in seeds.items():
         pool.open(k, ConversationOptions(seed=seed))

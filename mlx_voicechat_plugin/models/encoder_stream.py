@@ -1,25 +1,24 @@
 """Cache-aware FastConformer streaming, one chunk of mel frames at a time.
 
-The causal 8x depthwise-striding subsampling streams per stream
-(:meth:`EncoderStream.subsample`): it keeps the last 16 mel frames (the
-stack's causal receptive field, kept aligned to the 8-frame grid), reruns the
-stack over ``cache + new`` only, and returns the encoder frames it has not
-returned yet, up to the input's right edge. The conformer blocks then run on
-those frames with, per layer, the last ``left_context`` (70) attention inputs
-and the last ``kernel - 1`` (8) depthwise-conv inputs. Work and memory per
-chunk are bounded by these windows; once they are full, a one-frame chunk
-runs the whole stack as one compiled graph.
+The causal 8x depthwise-striding subsampling streams (:meth:`EncoderStream.subsample`):
+it keeps the last 16 mel frames (the stack's causal receptive field, kept
+aligned to the 8-frame grid), reruns the stack over ``kept + new`` only, and
+returns the encoder frames it has not returned yet, up to the input's right
+edge. The conformer blocks then run on those frames with, per layer, the last
+``left_context`` (70) attention inputs and the last ``kernel - 1`` (8)
+depthwise-conv inputs. Work and memory per chunk are bounded by these
+windows; once they are full, a one-frame chunk runs the whole stack as one
+compiled graph.
 
 State follows mlx-lm's cache convention: :class:`~.encoder_cache.EncoderCache`
-holds ``B`` streams' windows and each stream's own subsampling tail
-(:mod:`.encoder_cache`).
+holds ``B`` streams' windows and kept mel frames stacked, and their counters.
 :class:`EncoderStream` is the computation, one per model, so its graphs
-compile once: :meth:`EncoderStream.__call__` runs the blocks on a merged
-cache's rows, and :meth:`EncoderStream.push` is a chunk of many streams:
-merge the caches of equal shapes (caches are never padded: padding would
-change a row's reductions), run, extract each row back to its stream. One
-stream is ``B = 1`` of the same code, where merging and extracting move no
-data.
+compile once: :meth:`EncoderStream.step` runs a chunk of a merged cache's
+rows in place (its caller keeps the merged cache between chunks), and
+:meth:`EncoderStream.push` is a chunk of one-stream caches: merge the caches
+of equal shapes (caches are never padded: padding would change a row's
+reductions), step, extract each row back. One stream is ``B = 1`` of the same
+code, where merging and extracting move no data.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
 
 from .encoder_cache import EncoderCache, SubsamplingTail
 from .fast_forms import attention_prescaled, fast_ops_expand
-from .rows import Rows, SharedRows, link_row, shared_arrays, stack_rows, take_row
+from .rows import stack_rows, take_row
 
 MEL_CONTEXT = 16  # >= causal receptive field of three stride-2, kernel-3 convs
 
@@ -165,49 +164,23 @@ class EncoderStream:
         # for an array would be a host round trip per stream and frame uncompiled.
         return pre_encode(window, [window.shape[1]] * window.shape[0])[0]
 
-    def subsample(self, tail: SubsamplingTail, mel: mx.array) -> mx.array:
-        """A stream's ``(1, n, F)`` new mel frames -> ``(1, k, D)`` new encoder-rate frames."""
-        return self.subsample_many([tail], [mel])[0]
-
-    def subsample_many(self, tails: list[SubsamplingTail], mels: list[mx.array]
-                       ) -> list[mx.array]:
-        """:meth:`subsample` of many streams: streams whose kept mel and new mel have equal
-        shapes (every stream past its first frames) join them and run the subsampling
-        stack as one batch (concatenation copies; the stack's convolutions and
-        projection are row-independent, like the encoder's blocks). Each stream keeps
-        its own tail, a row of the batch's kept frames, so the next frame's batch of
-        the same streams stacks nothing (:func:`~.rows.shared_arrays`)."""
-        groups: dict[tuple, list[int]] = {}
-        for b, (tail, mel) in enumerate(zip(tails, mels)):
-            kept = None if tail.cache is None else tuple(tail.cache.shape)
-            groups.setdefault((kept, tuple(mel.shape)), []).append(b)
-        outputs: list[mx.array] = list(mels)
-        for (kept, _), members in groups.items():
-            mel = (mels.stack(members) if isinstance(mels, Rows)
-                   else stack_rows([mels[b] for b in members]))
-            window = mel if kept is None else mx.concatenate(
-                [self._kept([tails[b] for b in members]), mel], axis=1)
-            out = self._run_subsampling(window)
-            keeps = [self._advance_tail(tails[b], mel.shape[1], window.shape[1]) for b in members]
-            if len(set(keeps)) == 1:
-                cache = window[:, -keeps[0]:]
-                shared = SharedRows([cache], len(members))
-                for j, b in enumerate(members):
-                    tails[b].cache = take_row(cache, j)
-                    link_row(tails[b], shared, j, tails[b].cache)
-            else:
-                for j, (b, keep) in enumerate(zip(members, keeps)):
-                    tails[b].cache = take_row(window, j)[:, -keep:]
-            for j, b in enumerate(members):
-                outputs[b] = self._new_frames(tails[b], take_row(out, j))
-        return outputs
-
-    @staticmethod
-    def _kept(tails: list[SubsamplingTail]) -> mx.array:
-        """The tails' kept mel frames stacked (the rows of one batch's, as they were
-        handed back: that batch's array)."""
-        shared = shared_arrays(tails, lambda t: t.cache)
-        return shared[0] if shared is not None else stack_rows([t.cache for t in tails])
+    def subsample(self, cache: EncoderCache, mel: mx.array) -> mx.array:
+        """``cache``'s ``B`` streams' ``(B, n, F)`` new mel frames -> their ``(B, k, D)`` new
+        encoder-rate frames (lazy; ``cache.kept`` updated). The kept and new frames run
+        the subsampling stack as one batch (its convolutions and projection are
+        row-independent, like the encoder's blocks): rows of one :meth:`EncoderCache.key`
+        keep as many frames and return the same window positions."""
+        kept = cache.kept
+        window = mel if kept is None else mx.concatenate([kept, mel], axis=1)
+        out = self._run_subsampling(window)
+        keeps = {self._advance_tail(t, mel.shape[1], window.shape[1]) for t in cache.tails}
+        spans = {self._new_span(t, out.shape[1]) for t in cache.tails}
+        if len(keeps) != 1 or len(spans) != 1:
+            raise ValueError(f"streams of one batch keep {sorted(keeps)} mel frames and "
+                             f"return encoder frames {sorted(spans)}; a batch takes equal ones")
+        cache.kept = window[:, -keeps.pop():]
+        start, stop = spans.pop()
+        return out[:, start:stop] if stop > start else out[:, :0]
 
     def _advance_tail(self, tail: SubsamplingTail, new: int, width: int) -> int:
         """A stream's counters after its window of ``width`` mel frames, ``new`` of them new,
@@ -218,12 +191,12 @@ class EncoderStream:
         tail.consumed += new
         return MEL_CONTEXT + (tail.consumed - MEL_CONTEXT) % self.factor
 
-    def _new_frames(self, tail: SubsamplingTail, frames: mx.array) -> mx.array:
-        """The window's output frames the stream has not returned yet."""
+    @staticmethod
+    def _new_span(tail: SubsamplingTail, stop: int) -> tuple[int, int]:
+        """Which of the window's ``stop`` output frames the stream has not returned yet."""
         start = tail.emitted - tail.first
-        stop = frames.shape[1]
         tail.emitted = tail.first + max(start, stop)
-        return frames[:, start:stop] if stop > start else frames[:, :0]
+        return start, stop
 
     # --- the conformer blocks, B rows ----------------------------------------
 
@@ -326,32 +299,32 @@ class EncoderStream:
             )
         return x
 
+    def step(self, cache: EncoderCache, mel: mx.array) -> mx.array:
+        """A chunk of ``cache``'s ``B`` streams (one :meth:`EncoderCache.key`): ``(B, n, F)``
+        new mel frames -> the ``(B, k, d_model)`` encoded frames (lazy; ``cache`` updated
+        in place). Full windows run the compiled stack, filling ones the per-layer
+        blocks; every row equals its stream run alone."""
+        return self(cache, self.subsample(cache, mel))
+
     def push(self, caches: list[EncoderCache], mels: list[mx.array]
              ) -> tuple[mx.array, list[EncoderCache]]:
         """A chunk of each of ``B`` one-stream caches: ``(1, n_b, F)`` mel each -> the
         ``(B, k, d_model)`` encoded frames (lazy; every stream must bring ``k``) and
-        each stream's cache after them.
-
-        Each stream subsamples its own mel; streams whose caches have equal
-        shapes run the blocks as one batch (merge, run, extract): those with
-        full windows the compiled stack, those still filling theirs (streams
-        that started on the same frame) the per-layer blocks. Every row equals
-        its stream run alone.
-        """
-        xs = self.subsample_many([c.tails[0] for c in caches], mels)
-        if any(x.shape[1] != xs[0].shape[1] for x in xs):
-            raise ValueError(f"streams brought {[x.shape[1] for x in xs]} encoder frames; "
-                             "a batch takes as many from each")
+        each stream's cache after them: the caches of equal :meth:`EncoderCache.key`
+        merge, step (:meth:`step`) and are extracted again."""
         groups: dict[tuple, list[int]] = {}
-        for b, cache in enumerate(caches):
-            groups.setdefault(cache.key(), []).append(b)
+        for b, (cache, mel) in enumerate(zip(caches, mels)):
+            groups.setdefault((cache.key(), mel.shape[1]), []).append(b)
         rows = list(caches)
-        encoded: list[mx.array] = list(xs)
+        encoded: list[mx.array] = [mx.array(0)] * len(caches)
         for members in groups.values():
             batch = EncoderCache.merge([caches[b] for b in members])
-            out = self(batch, stack_rows([xs[b] for b in members]))
+            out = self.step(batch, stack_rows([mels[b] for b in members]))
             if len(members) == len(caches):  # one batch of every stream: its rows in order
-                return out, batch.split()
-            for j, (b, row) in enumerate(zip(members, batch.split())):
-                encoded[b], rows[b] = take_row(out, j), row
+                return out, [batch.extract(j) for j in range(len(members))]
+            for j, b in enumerate(members):
+                encoded[b], rows[b] = take_row(out, j), batch.extract(j)
+        if any(x.shape[1] != encoded[0].shape[1] for x in encoded):
+            raise ValueError(f"streams brought {[x.shape[1] for x in encoded]} encoder frames; "
+                             "a batch takes as many from each")
         return stack_rows(encoded), rows

@@ -5,12 +5,14 @@ evaluation) and emits a centred mel frame once it trails the input edge by
 ``lookahead`` samples, as mlx-audio's ``StreamingLogMelSpectrogram`` does over
 its ``log_mel_spectrogram_frames``.
 
-The work splits where the data lives. On the host, per stream (cheap, its
-samples are host data already): preemphasis, the centred STFT's edge padding,
-framing and the analysis window. On the device, once for every stream whose
-frames have the same shape (:func:`log_mel_many`; at steady state every stream
-pushes one frame's worth, so one group): FFT, power, the mel filterbank and
-the log. A pool step of ``N`` streams then costs the kernels of one.
+The work splits where the data lives. On the host (cheap, the samples are
+host data already): preemphasis, the centred STFT's edge padding, framing and
+the analysis window, per stream, or once for streams whose tails have one
+layout, held stacked (:class:`MelRows`: a pool's streams past their first
+frames). On the device, once for every stream whose frames have the same
+shape (:func:`device_groups`; at steady state every stream pushes one frame's
+worth, so one group): FFT, power, the mel filterbank and the log. A pool step
+of ``N`` streams then costs the kernels of one.
 
 Exactness: row by row the result is bit-identical to mlx-audio's
 ``log_mel_spectrogram_frames`` of that stream alone. The host part does the
@@ -31,7 +33,7 @@ import numpy as np
 from mlx_audio.dsp import STR_TO_WINDOW_FN, hanning, mel_filters
 from mlx_audio.stt.models.nemotron_asr.audio import PreprocessArgs
 
-from .rows import Rows
+from .rows import take_row
 
 def _constants(args: PreprocessArgs) -> tuple[np.ndarray, mx.array]:
     """The centre-padded analysis window (host) and the Slaney mel filterbank (device),
@@ -57,40 +59,45 @@ def _made_constants(window_name: str, win_length: int, n_fft: int, sample_rate: 
 
 
 def host_frames(x: np.ndarray, args: PreprocessArgs, start: int, end: int) -> np.ndarray:
-    """Windowed STFT frames ``[start, end)`` of float32 samples ``x``: ``(end - start, n_fft)``.
+    """Windowed STFT frames ``[start, end)`` of float32 samples ``x`` (``(L,)``, or
+    ``(B, L)``: every row's, at once): ``(..., end - start, n_fft)``.
 
     The host half of mlx-audio's ``log_mel_spectrogram_frames``, the same
-    float32 operations: preemphasis with the previous sample's state,
-    the centred STFT's edge padding, zero padding to whole frames, the window.
+    float32 operations element by element: preemphasis with the previous
+    sample's state, the centred STFT's edge padding, zero padding to whole
+    frames, the window.
     """
     hop, n_fft = args.hop_length, args.n_fft
     count = end - start
+    width = x.shape[-1]
     sample_start = start * hop - n_fft // 2
     sample_end = (end - 1) * hop - n_fft // 2 + n_fft
-    raw_start, raw_end = max(sample_start, 0), min(sample_end, x.shape[0])
-    raw = x[raw_start:raw_end]
-    if args.preemph and args.preemph > 0 and raw.shape[0] > 0:
+    raw_start, raw_end = max(sample_start, 0), min(sample_end, width)
+    raw = x[..., raw_start:raw_end]
+    if args.preemph and args.preemph > 0 and raw.shape[-1] > 0:
         alpha = np.float32(args.preemph)
         if raw_start > 0:  # y[n] = x[n] - alpha * x[n - 1], x[n - 1] from before the range
-            raw = raw - alpha * x[raw_start - 1 : raw_end - 1]
+            raw = raw - alpha * x[..., raw_start - 1 : raw_end - 1]
         else:
-            raw = np.concatenate([raw[:1], raw[1:] - alpha * raw[:-1]])
+            raw = np.concatenate([raw[..., :1], raw[..., 1:] - alpha * raw[..., :-1]], axis=-1)
     pieces = []
-    for pad, edge in ((max(-sample_start, 0), "left"), (max(sample_end - x.shape[0], 0), "right")):
+    for pad, edge in ((max(-sample_start, 0), "left"), (max(sample_end - width, 0), "right")):
         if not pad:
             pieces.append(None)
         elif args.pad_mode == "reflect":
-            pieces.append(raw[1 : pad + 1][::-1] if edge == "left" else raw[-(pad + 1) : -1][::-1])
+            pieces.append(raw[..., 1 : pad + 1][..., ::-1] if edge == "left"
+                          else raw[..., -(pad + 1) : -1][..., ::-1])
         elif args.pad_mode == "constant":
-            pieces.append(np.zeros((pad,), dtype=np.float32))
+            pieces.append(np.zeros((*raw.shape[:-1], pad), dtype=np.float32))
         else:
             raise ValueError(f"unsupported log-mel pad_mode {args.pad_mode!r}")
-    segment = np.concatenate([p for p in (pieces[0], raw, pieces[1]) if p is not None])
+    parts = [p for p in (pieces[0], raw, pieces[1]) if p is not None]
+    segment = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
     length = (count - 1) * hop + n_fft
-    if segment.shape[0] < length:
-        segment = np.pad(segment, (0, length - segment.shape[0]))
-    frames = np.lib.stride_tricks.sliding_window_view(segment, n_fft)[::hop][:count]
-    return frames * _constants(args)[0]
+    if segment.shape[-1] < length:
+        segment = np.pad(segment, [(0, 0)] * (segment.ndim - 1) + [(0, length - segment.shape[-1])])
+    frames = np.lib.stride_tricks.sliding_window_view(segment, n_fft, axis=-1)[..., ::hop, :]
+    return frames[..., :count, :] * _constants(args)[0]
 
 
 def _power(spectrum: mx.array) -> mx.array:
@@ -158,24 +165,120 @@ class MelStream:
             self._start = keep
         return frames
 
+    def layout(self) -> tuple:
+        """What streams must share to frame as one (:class:`MelRows`): their tails' length,
+        where their next frame starts in it, and whether the tail is the stream's start."""
+        return (self._total - self._start, self._next_frame - self._start // self.args.hop_length,
+                self._start == 0)
+
     def push(self, samples: np.ndarray) -> mx.array:
         """Mono float32 samples -> the ``(1, n, features)`` frames now complete (lazy)."""
         return log_mel_many([self], [samples])[0]
 
 
-def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> Rows:
+class MelRows:
+    """``B`` streams' mel frontends framing together, stacked (mlx-lm's ``merge`` /
+    ``split``): their sample tails one ``(B, L)`` host array, their counters one set,
+    relative to the tails, which streams of one :meth:`MelStream.layout` share (the
+    same arithmetic as :meth:`MelStream.take` on each, the sample start of every tail
+    being a whole hop). A chunk of every row is framed in one host computation
+    (:func:`host_frames` of ``(B, L)``). While merged, the streams' own counters are
+    stale: :meth:`split` writes them back.
+    """
+
+    def __init__(self, streams: list[MelStream]):
+        """Use :meth:`merge`."""
+        lead = streams[0]
+        self.streams = list(streams)
+        self.args, self.lookahead = lead.args, lead.lookahead
+        self._lookbehind_frames = lead._lookbehind_frames
+        self._samples = (lead._samples[None] if len(streams) == 1
+                         else np.stack([s._samples for s in streams]))
+        self._starts = [s._start for s in streams]  # each tail's stream index at the merge
+        self._moved = 0  # samples every tail dropped since
+        self._total, self._next, self._fresh = lead.layout()
+
+    @classmethod
+    def merge(cls, streams: list[MelStream]) -> "MelRows":
+        layouts = {s.layout() for s in streams}
+        if len(layouts) != 1:
+            raise ValueError(f"mel streams of layouts {sorted(layouts)} do not frame as one")
+        return cls(streams)
+
+    def layout(self) -> tuple:
+        """Its rows' :meth:`MelStream.layout`."""
+        return self._total, self._next, self._fresh
+
+    def take(self, chunks: np.ndarray) -> np.ndarray | None:
+        """``(B, n)`` mono samples in -> every row's windowed frames now complete
+        (``(B, count, n_fft)``, host), or ``None`` when none is."""
+        hop = self.args.hop_length
+        self._samples = np.concatenate([self._samples, chunks.astype(np.float32, copy=False)],
+                                       axis=1)
+        self._total += chunks.shape[1]
+        centre = self._total - self.lookahead
+        # A tail past its stream's start begins at a whole hop after a frame centre that
+        # was complete: its centre is never before the stream's start.
+        end = centre // hop + 1 if centre >= 0 or not self._fresh else 0
+        if end <= self._next:
+            return None
+        frames = host_frames(self._samples, self.args, self._next, end)
+        self._next = end
+        keep = max(end - self._lookbehind_frames, 0) * hop
+        if keep > 0:
+            self._samples = self._samples[:, keep:]
+            self._moved += keep
+            self._total -= keep
+            self._next -= keep // hop
+            self._fresh = False
+        return frames
+
+    def split(self) -> list[MelStream]:
+        """Every stream with its tail and counters back."""
+        hop = self.args.hop_length
+        for j, stream in enumerate(self.streams):
+            stream._samples = self._samples[j]
+            stream._start = self._starts[j] + self._moved
+            stream._total = stream._start + self._total
+            stream._next_frame = self._next + stream._start // hop
+        return self.streams
+
+
+def device_groups(blocks: list[tuple[list[int], np.ndarray | None]], args: PreprocessArgs
+                  ) -> list[tuple[list[int], mx.array]]:
+    """Host frame blocks of rows (``(rows, (G, n, n_fft))``, ``None``: no frame) -> their
+    log-mel, the blocks of one shape stacked into one device graph: ``(rows, (G', n,
+    features))`` per shape (rows that completed no frame: one group of ``n = 0``)."""
+    shapes: dict[tuple | None, list[tuple[list[int], np.ndarray | None]]] = {}
+    for rows, block in blocks:
+        shapes.setdefault(None if block is None else block.shape[1:], []).append((rows, block))
+    out = []
+    for shape, parts in shapes.items():
+        rows = [b for members, _ in parts for b in members]
+        if shape is None:
+            out.append((rows, mx.zeros((len(rows), 0, args.features), dtype=mx.float32)))
+        else:
+            block = parts[0][1] if len(parts) == 1 else np.concatenate([p for _, p in parts])
+            out.append((rows, device_log_mel(mx.array(block), args)))
+    return out
+
+
+def log_mel_groups(streams: list[MelStream], chunks: list[np.ndarray]
+                   ) -> list[tuple[list[int], mx.array]]:
+    """Each stream's :meth:`MelStream.push` of its chunk, by groups of streams whose frames
+    have the same shape: ``(rows, (G, n, features) log-mel)``, one device graph a group
+    (:func:`device_groups`)."""
+    blocks = [([b], None if frames is None else frames[None])
+              for b, frames in enumerate(s.take(c) for s, c in zip(streams, chunks))]
+    return device_groups(blocks, streams[0].args) if streams else []
+
+
+def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> list[mx.array]:
     """Each stream's :meth:`MelStream.push` of its chunk, as ``(1, n_b, features)`` each:
-    streams whose frames have the same shape share one device graph (rows of it, that
-    the next stage stacks back for free: :class:`~.rows.Rows`)."""
-    frames = [stream.take(chunk) for stream, chunk in zip(streams, chunks)]
-    groups: dict[tuple, list[int]] = {}
-    for b, block in enumerate(frames):
-        if block is not None:
-            groups.setdefault(block.shape, []).append(b)
-    features = streams[0].args.features if streams else 0
-    mels = Rows([mx.zeros((1, 0, features), dtype=mx.float32) for _ in frames])
-    for members in groups.values():
-        out = device_log_mel(mx.array(np.stack([frames[b] for b in members])), streams[members[0]].args)
+    streams whose frames have the same shape share one device graph
+    (:func:`log_mel_groups`)."""
+    rows: list[mx.array] = [mx.array(0)] * len(streams)
+    for members, mel in log_mel_groups(streams, chunks):
         for j, b in enumerate(members):
-            mels.put(b, out, j)
-    return mels
+            rows[b] = take_row(mel, j)
+    return rows

@@ -13,12 +13,14 @@ last one sees the frontend's right-edge padding).
 
 A :class:`PerceptionStream` is one stream's state: its host-side mel tail
 (:class:`~.mel_stream.MelStream`, numpy, trimmed without an evaluation) and
-its :class:`EncoderCache`. A frame of many streams (:func:`push_frames`, one
-stream being ``B = 1``) frames each stream's samples on the host and runs the
-device half of the log-mel once for the streams whose frames have equal
-shapes (:func:`~.mel_stream.log_mel_many`), subsamples windows of equal shape
-as one batch, merges the encoder caches of equal shapes into one batch, runs
-it, and writes each row's cache back into its stream.
+its :class:`EncoderCache`. :class:`PerceptionRows` is ``B`` streams' state
+stacked (mlx-lm's ``merge`` / ``extract``), which a caller stepping the same
+streams keeps between frames: a frame of it frames the streams' samples on
+the host, the tails of one layout as one array (:class:`~.mel_stream.MelRows`),
+runs the device half of the log-mel once per shape of frames, then each batch
+of equal cache shapes runs the subsampling and the encoder in place.
+:func:`push_frames` is one frame of one-stream states (merged, pushed, split
+back); one stream is ``B = 1`` of the same code.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 from ..config import ModelConfig
 from .encoder_cache import EncoderCache
 from .encoder_stream import EncoderStream
-from .mel_stream import MelStream, log_mel_many
+from .mel_stream import MelRows, MelStream, device_groups
 from .perception import Perception
 from .rows import stack_rows, take_row
 
@@ -77,14 +79,6 @@ class PerceptionStream:
         """The bytes of ``state`` (sized without taking a batch's rows apart)."""
         return self.cache.nbytes if self.use_cache else self.window.nbytes
 
-    @staticmethod
-    def carried(streams: list["PerceptionStream"]) -> list[mx.array]:
-        """The arrays the streams carry, each once: ``state`` of each, with the windows a
-        batch's rows share once for all of them (:meth:`~.encoder_cache.EncoderCache.carried`)."""
-        if all(s.use_cache for s in streams):
-            return EncoderCache.carried([s.cache for s in streams])
-        return [a for s in streams for a in s.state]
-
     def rerun(self, frame: np.ndarray) -> tuple[mx.array, mx.array]:
         """Without the cache: the whole-signal perception of the last window (diagnostics)."""
         self.window = mx.concatenate([self.window, mx.array(frame)])[-self._window_samples :]
@@ -94,38 +88,188 @@ class PerceptionStream:
         return projected[:, -2:-1], encoded[:, -2:-1]
 
 
+class PerceptionRows:
+    """The perception state of ``B`` streams of one model stepping together, stacked.
+
+    mlx-lm's cache convention: :meth:`merge` takes the streams' encoder caches
+    into batches (one :class:`EncoderCache` of stacked rows per cache shape;
+    streams that started on different frames differ until their windows fill),
+    :meth:`push` advances every row by a chunk in place, :meth:`split` gives
+    each stream its row back. Whoever steps the same streams
+    frame after frame keeps one of these between frames, so a steady frame
+    stacks and slices nothing; one stream is ``B = 1`` of the same code, where
+    merging and splitting move no data. Streams without the cache
+    (diagnostics) rerun their windows row by row. The streams' mel sample tails
+    are held stacked too (:class:`~.mel_stream.MelRows`, host arrays, one per
+    layout), so a steady frame frames every row in one host computation.
+    """
+
+    def __init__(self, streams: list[PerceptionStream]):
+        """Use :meth:`merge`."""
+        self.streams = list(streams)
+        self.cached = [b for b, s in enumerate(streams) if s.use_cache]
+        self.groups: list[tuple[list[int], EncoderCache]] = []  # (rows, their stacked cache)
+        self.mels: list[tuple[list[int], MelRows]] = []  # (rows, their stacked mel tails)
+
+    @classmethod
+    def merge(cls, streams: list[PerceptionStream]) -> "PerceptionRows":
+        """The streams' rows, in order; their caches are held here until :meth:`split`."""
+        rows = cls(streams)
+        rows._regroup([s.cache.key() for s in rows._cached_streams()],
+                      [(None, s.cache) for s in rows._cached_streams()])
+        for stream in rows._cached_streams():
+            stream.cache = None  # type: ignore[assignment]  # the row is held here
+        rows._group_mels()
+        return rows
+
+    def _group_mels(self, lengths: dict[int, int] | None = None) -> None:
+        """Stack the cached rows' mel tails by layout (and chunk length, ``lengths``)."""
+        self._split_mels()
+        wanted: dict = {}
+        for b in self.cached:
+            layout = self.streams[b].mel.layout()
+            wanted.setdefault(layout if lengths is None else (layout, lengths[b]), []).append(b)
+        self.mels = [(members, MelRows.merge([self.streams[b].mel for b in members]))
+                     for members in wanted.values()]
+
+    def _split_mels(self) -> None:
+        for _, rows in self.mels:
+            rows.split()
+        self.mels = []
+
+    def _frame(self, frames: list[np.ndarray]) -> list[tuple[list[int], mx.array]]:
+        """The cached rows' log-mel of their chunks: ``(rows, (G, n, features))`` groups."""
+        if any(len({frames[b].shape[0] for b in members}) > 1 for members, _ in self.mels):
+            # Chunks of unequal lengths (not whole frames): tails frame by equal lengths.
+            self._group_mels({b: frames[b].shape[0] for b in self.cached})
+        blocks = [(members, rows.take(frames[members[0]][None] if len(members) == 1
+                                      else np.stack([frames[b] for b in members])))
+                  for members, rows in self.mels]
+        if len({rows.layout() for _, rows in self.mels}) < len(self.mels):
+            self._group_mels()  # tails whose layouts became equal frame as one from now on
+        return device_groups(blocks, self.streams[self.cached[0]].mel.args)
+
+    def _cached_streams(self) -> list[PerceptionStream]:
+        return [self.streams[b] for b in self.cached]
+
+    def _rows(self) -> list[tuple[int | None, EncoderCache]]:
+        """Each cached row's ``(row in its group, group cache)``, in order."""
+        where = {b: (j, cache) for members, cache in self.groups for j, b in enumerate(members)}
+        return [where[b] for b in self.cached]
+
+    def _regroup(self, keys: list, rows: list[tuple[int | None, EncoderCache]] | None = None
+                 ) -> None:
+        """Batch the cached rows by ``keys`` (one per cached row); a batch whose rows do not
+        change stays as it is (``rows``: where each row is now, default the batches)."""
+        wanted: dict = {}
+        for b, key in zip(self.cached, keys):
+            wanted.setdefault(key, []).append(b)
+        if rows is None:
+            if sorted(map(tuple, wanted.values())) == sorted(tuple(m) for m, _ in self.groups):
+                return
+            rows = self._rows()
+        position = {b: j for j, b in enumerate(self.cached)}
+
+        def own(b: int) -> EncoderCache:
+            j, cache = rows[position[b]]
+            return cache if j is None else cache.extract(j)
+
+        kept = {tuple(m): cache for m, cache in self.groups}  # batches of the same rows stay
+        self.groups = [(members, kept[tuple(members)] if tuple(members) in kept
+                        else EncoderCache.merge([own(b) for b in members]))
+                       for members in wanted.values()]
+
+    @property
+    def state(self) -> list[mx.array]:
+        """Every array the rows carry (each batch's once), to evaluate with a frame."""
+        return [*(a for _, cache in self.groups for a in cache.state),
+                *(a for b, s in enumerate(self.streams) if b not in self.cached
+                  for a in s.state)]
+
+    def row_nbytes(self, row: int) -> int:
+        """The bytes of row ``row``'s state (its share of its batch's, rows of one batch
+        having equal shapes)."""
+        for members, cache in self.groups:
+            if row in members:
+                return cache.nbytes // len(members)
+        return self.streams[row].nbytes
+
+    def split(self) -> list[PerceptionStream]:
+        """Every stream with its row back as its own cache."""
+        for b, (j, cache) in zip(self.cached, self._rows()):
+            self.streams[b].cache = cache if j is None else cache.extract(j)
+        self.groups = []
+        self._split_mels()
+        return self.streams
+
+    def push(self, frames: list[np.ndarray], clock: Any = None) -> tuple[mx.array, mx.array]:
+        """One ``(frame_samples,)`` frame of each row -> lazy ``(projected, encoded)``,
+        each ``(B, 1, D)``, row ``b`` stream ``b``'s own.
+
+        The mel tails frame once per layout (host work) and run their device half
+        once per shape of frames; each batch of rows runs the encoder stack
+        (:meth:`EncoderStream.step`) and the projection takes every row at once.
+        Evaluate the results with :attr:`state` (the carried caches), or every
+        frame's graph would hang off the previous one. ``clock`` (a profiling
+        ``FrameClock``) times the sub-stages when given.
+        """
+        streams, cached = self.streams, self.cached
+        encoded = projected = None
+        if cached:
+            mels = self._frame(frames)
+            if clock is not None:
+                clock.sub_stage("perception.mel", *(m for _, m in mels))
+            counts = {b: m.shape[1] for members, m in mels for b in members}
+            if any(len({counts[b] for b in members}) > 1 for members, _ in self.groups):
+                # Rows of one batch brought different numbers of mel frames (chunks that
+                # are not whole frames): they step in batches of equal counts from now on.
+                keys = {b: (key, counts[b]) for members, cache in self.groups
+                        for key in (cache.key(),) for b in members}
+                self._regroup([keys[b] for b in cached])
+            by_rows = {tuple(members): m for members, m in mels}
+            outs = []
+            for members, cache in self.groups:
+                mel = by_rows.get(tuple(members))
+                if mel is None:
+                    rows = {b: take_row(m, i) for members_, m in mels
+                            for i, b in enumerate(members_)}
+                    mel = stack_rows([rows[b] for b in members])
+                outs.append(self.encoder().step(cache, mel))
+            if any(out.shape[1] != 1 for out in outs):
+                raise RuntimeError(f"streaming encoder emitted {[o.shape[1] for o in outs]} "
+                                   "frames for one frame")
+            if len(self.groups) == 1:
+                encoded = outs[0]
+            else:
+                row = {b: take_row(out, j) for (members, _), out in zip(self.groups, outs)
+                       for j, b in enumerate(members)}
+                encoded = stack_rows([row[b] for b in cached])
+                # Batches whose rows now have equal shapes (their windows filled) join.
+                keys = {b: cache.key() for members, cache in self.groups for b in members}
+                self._regroup([keys[b] for b in cached])
+            projected = streams[cached[0]].perception.proj(encoded)
+            if clock is not None:
+                clock.sub_stage("perception.layers", projected, encoded)
+            if len(cached) == len(streams):
+                return projected, encoded
+        # Streams without the cache (diagnostics) rerun their windows, row by row.
+        rows_out = [None if s.use_cache else s.rerun(f) for s, f in zip(streams, frames)]
+        for j, b in enumerate(cached):
+            rows_out[b] = (take_row(projected, j), take_row(encoded, j))
+        return stack_rows([p for p, _ in rows_out]), stack_rows([e for _, e in rows_out])
+
+    def encoder(self) -> EncoderStream:
+        return self.streams[self.cached[0]].encoder
+
+
 def push_frames(streams: list[PerceptionStream], frames: list[np.ndarray],
                 clock: Any = None) -> tuple[mx.array, mx.array]:
-    """One ``(frame_samples,)`` frame of each stream of one perception -> lazy
-    ``(projected, encoded)``, each ``(B, 1, D)``, row ``b`` stream ``b``'s own.
-
-    The mel frontends frame per stream (host work) and run their device half
-    once per shape of frames; the encoder stack takes the streams with equal
-    cache shapes as one batch (:meth:`EncoderStream.push`)
-    and the projection takes every row at once. Evaluate the results with
-    each stream's :attr:`~PerceptionStream.state` (the carried caches), or
-    every frame's graph would hang off the previous one. ``clock`` (a
-    profiling ``FrameClock``) times the sub-stages when given.
-    """
-    cached = [b for b, s in enumerate(streams) if s.use_cache]
-    encoded = projected = None
-    if cached:
-        mels = log_mel_many([streams[b].mel for b in cached], [frames[b] for b in cached])
-        if clock is not None:
-            clock.sub_stage("perception.mel", *mels)
-        lead = streams[cached[0]]
-        encoded, caches = lead.encoder.push([streams[b].cache for b in cached], mels)
-        if encoded.shape[1] != 1:
-            raise RuntimeError(f"streaming encoder emitted {encoded.shape[1]} frames for one frame")
-        for b, cache in zip(cached, caches):
-            streams[b].cache = cache
-        projected = lead.perception.proj(encoded)
-        if clock is not None:
-            clock.sub_stage("perception.layers", projected, encoded)
-        if len(cached) == len(streams):
-            return projected, encoded
-    # Streams without the cache (diagnostics) rerun their windows, row by row.
-    rows = [None if s.use_cache else s.rerun(f) for s, f in zip(streams, frames)]
-    for j, b in enumerate(cached):
-        rows[b] = (take_row(projected, j), take_row(encoded, j))
-    return stack_rows([p for p, _ in rows]), stack_rows([e for _, e in rows])
+    """One ``(frame_samples,)`` frame of each stream -> lazy ``(projected, encoded)``, each
+    ``(B, 1, D)``: the streams' rows merged for this frame only (:class:`PerceptionRows`),
+    pushed and split back. Evaluate the results with each stream's
+    :attr:`~PerceptionStream.state`."""
+    rows = PerceptionRows.merge(streams)
+    try:
+        return rows.push(frames, clock)
+    finally:
+        rows.split()

@@ -14,12 +14,12 @@ transcript is identical; one stream is ``B = 1``.
 
 State follows mlx-lm's cache convention. :class:`RNNTCarry` is the device
 carry of ``B`` streams (``state`` lists its arrays; ``merge`` stacks streams'
-carries, ``split`` hands the rows back). :class:`RNNTState` is one stream: its
+carries, ``extract`` hands a row back). :class:`RNNTState` is one stream: its
 carry and its host transcript. A frame of many streams (:class:`RNNTFrame`)
-merges their carries, runs the tries and writes each row back into its
-stream: the streams keep their identity because their transcripts are host
-books that do not stack. One stream is the same code with ``B = 1``, where
-merging and extracting move no data.
+runs the tries on their stacked carry in place (its caller keeps it stacked
+between frames); the streams keep their transcripts, host books that do not
+stack. One stream is the same code with ``B = 1``, where merging and
+extracting move no data.
 """
 
 from __future__ import annotations
@@ -35,33 +35,16 @@ from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
 from .prediction_step import lstm_step, shared_held_lstm, shared_symbol_inputs
 from .remembered import ProbeVerdicts
-from .rows import SharedRows, shared_arrays, stack_rows, take_rows
+from .rows import stack_rows, take_row
 
 
 class RNNTCarry:
     """The prediction network's carry of ``B`` streams: ``[prediction, h_1.., c_1..]``, each
-    ``[B, H]``. A stream's carry handed back by :meth:`split` is a row of the batch's
-    (:class:`~.rows.SharedRows`), sliced only when read on its own; merging every row
-    of one batch, in order, is that batch's arrays again."""
-
-    _shared: SharedRows | None = None
-    _row = 0
+    ``[B, H]``. ``merge`` stacks streams' carries, ``extract(i)`` hands row ``i`` back (one
+    stream is ``B = 1``: both move no data)."""
 
     def __init__(self, arrays: list[mx.array]):
-        self._arrays = list(arrays)
-
-    @property
-    def arrays(self) -> list[mx.array]:
-        shared = self._shared
-        if shared is not None:
-            self._shared = None
-            self._arrays = shared.row(self._row)
-        return self._arrays
-
-    @arrays.setter
-    def arrays(self, arrays: list[mx.array]) -> None:
-        self._shared = None
-        self._arrays = list(arrays)
+        self.arrays = list(arrays)
 
     @property
     def state(self) -> list[mx.array]:
@@ -73,35 +56,24 @@ class RNNTCarry:
 
     @property
     def batch_size(self) -> int:
-        return 1 if self._shared is not None else self._arrays[0].shape[0]
+        return self.arrays[0].shape[0]
 
     @property
     def nbytes(self) -> int:
-        """The bytes of ``state`` (a row of a batch as its share, without slicing it)."""
-        if self._shared is not None:
-            return self._shared.row_nbytes
-        return sum(a.nbytes for a in self._arrays)
+        return sum(a.nbytes for a in self.arrays)
 
     @classmethod
     def merge(cls, carries: list["RNNTCarry"]) -> "RNNTCarry":
-        """One carry whose rows are ``carries``' rows, in order."""
-        shared = shared_arrays(carries)
-        if shared is not None:  # every row of one batch, in order: its arrays
-            return cls(list(shared))
+        """One carry whose rows are ``carries``' rows, in order (one carry: itself)."""
+        if len(carries) == 1:
+            return carries[0]
         return cls([stack_rows(parts) for parts in zip(*(c.arrays for c in carries))])
 
-    def split(self) -> list["RNNTCarry"]:
-        """Every row as a one-stream carry, sharing this carry's arrays until read."""
-        rows = self.batch_size
-        if rows == 1:
-            return [RNNTCarry(self.arrays)]
-        shared = SharedRows(self.arrays, rows)
-        out = []
-        for row in range(rows):
-            carry = RNNTCarry([])
-            carry._shared, carry._row = shared, row
-            out.append(carry)
-        return out
+    def extract(self, index: int) -> "RNNTCarry":
+        """Row ``index`` as a one-stream carry (a one-row carry: itself)."""
+        if self.batch_size == 1:
+            return self
+        return RNNTCarry([take_row(a, index) for a in self.arrays])
 
 
 class GreedyRNNT:
@@ -306,39 +278,32 @@ class RNNTState:
 class RNNTFrame:
     """One frame of ``B`` streams' greedy decoding, split at the first try.
 
-    Construction merges the enabled streams' carries and queues every first
-    try as one graph; evaluate :attr:`arrays` (with the frame's other
+    ``carry`` is the ``B`` streams' stacked carry (:meth:`RNNTCarry.merge`;
+    a stream's own for ``B = 1``), updated in place. Construction queues every
+    first try as one graph; evaluate :attr:`arrays` (with the frame's other
     first-evaluation work), then :meth:`rest` queues the other tries of the
-    streams whose first try emitted, as one graph, and writes every carry
-    back; evaluate what it returns, then :meth:`symbols` reads each stream's
-    symbols from the evaluated arrays (no wait). A blank first try (most
-    frames of real speech) ends its stream's frame there.
+    streams whose first try emitted, as one graph; evaluate what it returns,
+    then :meth:`symbols` reads each stream's symbols from the evaluated arrays
+    (no wait). A blank first try (most frames of real speech) ends its
+    stream's frame there. The streams' transcripts are host books that stay
+    with them (:meth:`RNNTState.commit`).
     """
 
-    def __init__(self, states: list[RNNTState], encoded: mx.array):
-        self.states = states
-        self.rows = [b for b, s in enumerate(states) if s.enabled]  # the streams decoded
-        self.first: mx.array | None = None
+    def __init__(self, greedy: GreedyRNNT, carry: RNNTCarry, encoded: mx.array):
+        self.greedy, self.carry, self.encoded = greedy, carry, encoded
         self.more: mx.array | None = None
-        self.emitted: list[int] = []  # positions in ``rows`` whose first try emitted
+        self.emitted: list[int] = []  # rows whose first try emitted
         self.heard: list[list[int]] = []  # the first tries, read on the host
-        if not self.rows:
-            return
-        self.greedy = states[self.rows[0]].greedy
-        self.encoded = take_rows(encoded, self.rows)
-        self.carry = RNNTCarry.merge([states[b].begin(encoded.dtype) for b in self.rows])
-        self.first = self.greedy(self.encoded, self.carry, 1)
+        self.first = greedy(encoded, carry, 1)
 
     @property
     def arrays(self) -> list[mx.array]:
         """The first tries and the carry after them."""
-        return [] if self.first is None else [self.first, *self.carry.state]
+        return [self.first, *self.carry.arrays]
 
     def rest(self) -> list[mx.array]:
         """After :attr:`arrays` were evaluated: queue the tries after an emission; the
         arrays to evaluate (none when no first try emitted)."""
-        if self.first is None:
-            return []
         greedy, carry = self.greedy, self.carry
         self.heard = self.first.tolist()  # evaluated: no wait
         if greedy.max_symbols > 1:
@@ -348,19 +313,14 @@ class RNNTFrame:
             # False): no regrouping, and one compiled graph per batch size.
             emitted = set(self.emitted)
             self.more = greedy(self.encoded, carry, greedy.max_symbols - 1,
-                               [j in emitted for j in range(len(self.rows))])
-        for b, row in zip(self.rows, carry.split()):
-            self.states[b].carry = row
-        return [] if self.more is None else [self.more, *carry.state]
+                               [j in emitted for j in range(len(self.heard))])
+        return [] if self.more is None else [self.more, *carry.arrays]
 
-    def symbols(self) -> list[list[int] | None]:
-        """After :meth:`rest`'s arrays were evaluated: each stream's symbols of the frame
-        (``None`` for a stream without an RNNT)."""
-        out: list[list[int] | None] = [None] * len(self.states)
-        if self.first is None:
-            return out
-        more = [] if self.more is None else self.more.tolist()
-        rest = {j: more[j] for j in self.emitted}
-        for j, b in enumerate(self.rows):
-            out[b] = self.heard[j] + rest.get(j, [])
+    def symbols(self) -> list[list[int]]:
+        """After :meth:`rest`'s arrays were evaluated: each row's symbols of the frame."""
+        out = [list(first) for first in self.heard]
+        if self.more is not None:
+            more = self.more.tolist()
+            for j in self.emitted:
+                out[j] += more[j]
         return out

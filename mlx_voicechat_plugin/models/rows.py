@@ -9,8 +9,9 @@ A batch that steps again with the same rows in the same order stacks nothing:
 a state object hands its rows back unsliced (:class:`SharedRows`: each row
 names its batch and its index, and slices only when read on its own), and a
 merge of every row of one batch, in order, is that batch's arrays again
-(:func:`shared_arrays`: the RNNT carry, the codec state, the encoder's
-tails). The rows know their batch; nothing is kept anywhere else.
+(:func:`shared_arrays`: the codec state; the listening half's states are
+held stacked by their batch instead). The rows know their batch; nothing is
+kept anywhere else.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ graph is built (``async_eval``), so MLX computes one part while this thread
 builds the next and ``on_tokens`` decodes the token texts.
 
 A batch of rows (:func:`advance_batch`) runs every row's listening half
-(:class:`Hearing`: perception and the RNNT's tries, one batch for all rows),
+(:class:`~.hearing.Hearing`: perception and the RNNT's tries, one batch for all rows),
 and the speaking half for the rows that are conversations; a transcript-only
 stream's row stops after the listening half (:class:`Heard`).
 """
@@ -33,9 +33,10 @@ from ..models.cache_state import split_state
 from ..models.codec_stream import CodecRows, CodecState
 from ..models.context import ContextWindow
 from ..models.model import Model
-from ..models.perception_stream import PerceptionStream, push_frames
-from ..models.rnnt import RNNTFrame, RNNTState
+from ..models.perception_stream import PerceptionStream
+from ..models.rnnt import RNNTState
 from ..models.rows import Rows, stack_rows, take_rows
+from .hearing import Hearing, HearingBatch, ListeningRow
 from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep
 from .warm_start import WarmStart
@@ -66,51 +67,6 @@ class WholeSignal:
 PerceptionSource = Union[PerceptionStream, WholeSignal]
 
 
-class Hearing:
-    """The listening half of one frame of ``B`` rows, in flight.
-
-    Each row is a state with a ``perception`` source and an ``rnnt``
-    (a :class:`ConversationState`, or a transcript-only stream's state): the
-    perception of every row, then the RNNT's first try of every row, queued
-    for the frame's first evaluation (:attr:`arrays`); after it, :meth:`rest`
-    queues the RNNT's other tries (after an emission) for the second, and
-    :meth:`symbols` reads each row's symbols after that. One row is ``B = 1``.
-    """
-
-    def __init__(self, states: list[Any], frames: list[Any], clock: FrameClock):
-        sources = [s.perception for s in states]
-        if all(isinstance(s, PerceptionStream) for s in sources):
-            self.projected, self.encoded = push_frames(sources, frames, clock)
-        else:  # offline: slices of the whole-signal perception
-            pairs = [source.push(frame) for source, frame in zip(sources, frames)]
-            self.projected = stack_rows([p for p, _ in pairs])
-            self.encoded = stack_rows([e for _, e in pairs])
-        self.arrays = [self.projected, self.encoded]
-        if all(isinstance(s, PerceptionStream) for s in sources):
-            self.arrays += PerceptionStream.carried(sources)
-        else:
-            for source in sources:
-                self.arrays += source.state
-        clock.stage("perception", *self.arrays)
-        mx.async_eval(*self.arrays)
-        # The RNNT's first try joins the first evaluation; a blank (most frames
-        # of real speech) ends the frame's transcript work there.
-        self.rnnt = RNNTFrame([s.rnnt for s in states], self.encoded)
-        self.arrays += self.rnnt.arrays
-
-    def rest(self, clock: FrameClock) -> list[mx.array]:
-        """After the first evaluation: the RNNT's other tries, queued (they start with the
-        speaking half's evaluation, so a frame's evaluations do not depend on whether a
-        row emitted); arrays to evaluate."""
-        arrays = self.rnnt.rest()
-        clock.stage("rnnt", *arrays)
-        return arrays
-
-    def symbols(self) -> list[list[int] | None]:
-        """After the second evaluation: each row's RNNT symbols (host ints), or ``None``."""
-        return self.rnnt.symbols()
-
-
 @dataclass
 class FrameOutput:
     """What one frame produced, on the host."""
@@ -130,7 +86,7 @@ class Heard:
     symbols: list[int] | None
 
 
-class ConversationState:
+class ConversationState(ListeningRow):
     """Everything one conversation carries between frames, as one list of arrays.
 
     Perception source, Nemotron-H and EAR-TTS caches (in the :class:`Timeline`),
@@ -146,7 +102,7 @@ class ConversationState:
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
                  *, start: WarmStart, seed: int, use_language_cache: bool,
                  context: tuple[ContextWindow, ContextWindow] | None = None):
-        self.perception = perception
+        self._perception = perception
         self.batch: TimelineBatch | None = None  # the batch holding its rows, if one does
         self.row = 0  # its row there
         self._timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
@@ -223,9 +179,7 @@ class ConversationState:
             held = self._timeline.nbytes + sum(a.nbytes for a in self._codec.state)
         else:
             held = self.batch.row_nbytes(self.row)
-        return (sum(getattr(part, "nbytes", None) or sum(a.nbytes for a in part.state)
-                    for part in (self.perception, self.rnnt))
-                + held)
+        return self.listening_nbytes() + held
 
     @property
     def released(self) -> bool:
@@ -326,6 +280,7 @@ def advance_batch(
     clock: FrameClock = NO_CLOCK,
     on_tokens: list[Callable[[TimelineStep], None] | None] | None = None,
     batch: TimelineBatch | None = None,
+    listening: HearingBatch | None = None,
 ) -> list[FrameOutput | Heard]:
     """Advance many rows by one frame each, in one compute per stage where it batches.
 
@@ -338,9 +293,12 @@ def advance_batch(
     row keeps its own caches). ``advance`` is this with one row. ``batch``: where
     the conversations' merged timeline and codec streams are kept between frames
     (a pool's); without one, a batch of this frame's (its rows go back when one is
-    read alone).
+    read alone). ``listening``: where every row's listening state is kept between
+    frames (a pool's); without one, a batch of this frame's, whose rows go back
+    after it.
     """
-    hearing = Hearing(states, frames, clock)
+    held = HearingBatch() if listening is None else listening
+    hearing = Hearing(held.join(states), frames, clock)
     talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
     talkers = [states[b] for b in talking]
     batch = TimelineBatch() if batch is None else batch
@@ -388,6 +346,8 @@ def advance_batch(
     for b, step, (heard, samples) in zip(talking, steps, outputs):
         results[b] = FrameOutput(step.text_id, step.function_id, step.function_forced,
                                  heard, samples, symbols[b])
+    if listening is None:  # this frame's batch: its rows go back (a row alone moves no data)
+        held.dissolve()
     return results
 
 

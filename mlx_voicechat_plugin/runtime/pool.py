@@ -40,6 +40,7 @@ import numpy as np
 
 from .events import Event
 from .compute import TimelineBatch
+from .hearing import HearingBatch
 from .ledger import ReservationLedger
 from .options import ConversationOptions, TranscriptionOptions, check_positive_int
 from .reservation import Reservations
@@ -112,6 +113,8 @@ class StreamPool:
         # The stepping conversations' timelines and codec states, merged while the same
         # ones step.
         self.batch = TimelineBatch()
+        # Every stepping session's listening state, stacked while the same ones step.
+        self.listening = HearingBatch()
         # Measured at every change of membership; a step only marks it stale (it changes
         # every stepped session's state, and sizing them all is host work per row).
         self._state_bytes = 0
@@ -271,7 +274,8 @@ class StreamPool:
                 ready.append(session_id)
         if ready:
             outcomes = step_cores([self.sessions[k].core for k in ready],
-                                  [frames[k] for k in ready], self.batch)
+                                  [frames[k] for k in ready], self.batch,
+                                  self.listening)
             result.frames = len(ready)
             for session_id, outcome in zip(ready, outcomes):
                 if isinstance(outcome, Exception):

@@ -31,6 +31,7 @@ from .conversation import Conversation
 from .events import Cancelled, Done, Event
 from .framing import Chunk, Framer
 from .compute import TimelineBatch, advance_batch
+from .hearing import HearingBatch
 from .options import ConversationOptions, StreamLimits
 from .profile import Profile
 from .timeline import Timeline
@@ -297,7 +298,8 @@ class ConversationStream(StreamingShell):
 
 
 def step_cores(cores: list[Core], inputs: list[np.ndarray],
-               batch: TimelineBatch | None = None) -> list[list[Event] | Exception]:
+               batch: TimelineBatch | None = None,
+               listening: HearingBatch | None = None) -> list[list[Event] | Exception]:
     """One frame of many cores of one model: one batched compute, then each one's books.
 
     Every core's listening half (perception, RNNT) runs in one batch, the
@@ -305,11 +307,14 @@ def step_cores(cores: list[Core], inputs: list[np.ndarray],
     or the exception its own bookkeeping raised (the others' frames are
     unaffected); each equals that core's ``frame`` run alone. Not profiled.
     ``batch``: the caller's (a pool's), where the conversations' timelines and codec
-    states stay merged while the same ones step (:class:`~.compute.TimelineBatch`).
+    states stay merged while the same ones step (:class:`~.compute.TimelineBatch`);
+    ``listening``: the caller's, where every core's listening state stays stacked
+    while the same ones step (:class:`~.hearing.HearingBatch`).
     """
     outs = advance_batch(cores[0].model, [c.compute for c in cores], inputs,
                          [c.next_forced() for c in cores],
-                         on_tokens=[c.decode_tokens for c in cores], batch=batch)
+                         on_tokens=[c.decode_tokens for c in cores], batch=batch,
+                         listening=listening)
     results: list[list[Event] | Exception] = []
     for core, out in zip(cores, outs):
         try:

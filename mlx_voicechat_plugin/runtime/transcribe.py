@@ -42,6 +42,7 @@ from ..models.rnnt import RNNTState
 from .audio import AudioInput, load_waveform
 from .events import Event, TranscriptDone, UserTranscriptDelta
 from .compute import Heard, advance
+from .hearing import ListeningRow
 from .options import TranscriptionOptions, check_positive_int
 from .streaming import StreamingShell, TranscriptLimit
 
@@ -162,21 +163,22 @@ class Transcriber:
         return TranscriptionStream(self.voicechat, options)
 
 
-class ListeningState:
+class ListeningState(ListeningRow):
     """A transcript-only stream's carried state: its perception stream and RNNT state
     (the rows of the listening half, as in a :class:`~.compute.ConversationState`)."""
 
     def __init__(self, perception: PerceptionStream, rnnt: RNNTState):
-        self.perception: PerceptionStream | None = perception
+        self._perception: PerceptionStream | None = perception
         self.rnnt = rnnt
 
     @property
     def state(self) -> list[mx.array]:
-        return [] if self.perception is None else [*self.perception.state, *self.rnnt.state]
+        perception = self.perception  # its own rows first
+        return [] if perception is None else [*perception.state, *self.rnnt.state]
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.state)
+        return self.listening_nbytes()
 
     def release(self) -> None:
         """Drop every array reference (the transcript stays readable)."""
