@@ -13,9 +13,6 @@ import mlx.core as mx
 
 from mlx_voicechat_plugin.models.rows import (
     Rows,
-    SharedRows,
-    link_row,
-    shared_arrays,
     stack_rows,
     take_row,
     take_rows,
@@ -42,27 +39,6 @@ def test_other_sets_of_rows_are_concatenated_with_the_same_values():
     assert mx.array_equal(rows.stack([0, 1, 2]), batch)
     assert take_rows(batch, [0, 1, 2]) is batch
     assert mx.array_equal(take_rows(batch, [0, 2]), batch[mx.array([0, 2])])
-
-
-class _Holder:
-    _shared = None
-    _row = 0
-    _linked = None
-
-    def __init__(self, value: mx.array):
-        self.value = value
-
-
-def test_held_rows_stack_as_their_batch_while_they_hold_what_they_were_handed():
-    batch = mx.arange(12).reshape(3, 4)
-    shared = SharedRows([batch], 3)
-    holders = [_Holder(take_row(batch, j)) for j in range(3)]
-    for j, holder in enumerate(holders):
-        link_row(holder, shared, j, holder.value)
-    assert shared_arrays(holders, lambda h: h.value)[0] is batch
-    assert shared_arrays(holders[::-1], lambda h: h.value) is None
-    holders[1].value = holders[1].value + 0  # replaced: the link no longer holds
-    assert shared_arrays(holders, lambda h: h.value) is None
 
 
 def test_one_row_and_one_part_move_nothing():

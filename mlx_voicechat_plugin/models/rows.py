@@ -5,18 +5,18 @@ stacks its streams' arrays on the first axis and hands each row back. One
 stream is the ``B = 1`` case of the same code, where both move no data: a
 single part is used as it is and a one-row array is its own row.
 
-A batch that steps again with the same rows in the same order stacks nothing:
-a state object hands its rows back unsliced (:class:`SharedRows`: each row
-names its batch and its index, and slices only when read on its own), and a
-merge of every row of one batch, in order, is that batch's arrays again
-(:func:`shared_arrays`: the codec state; the listening half's states are
-held stacked by their batch instead). The rows know their batch; nothing is
-kept anywhere else.
+A pool's batch holds its members' states stacked between frames (the
+timeline's language rows, the codec's ``CodecRows``, the listening half's
+``PerceptionRows`` and ``RNNTCarry``), so a steady frame stacks and slices
+nothing; these helpers run when the batch forms or changes. A frame's code
+rows travel from one stage to the next as :class:`Rows`, which remember the
+batch array they came from, so the next stage's batch of the same rows, in
+order, is that array again.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import mlx.core as mx
 
@@ -40,59 +40,6 @@ def take_rows(array: mx.array, indices: Sequence[int]) -> mx.array:
     if len(indices) == array.shape[0]:
         return array
     return stack_rows([take_row(array, i) for i in indices])
-
-
-class SharedRows:
-    """The ``[B, ...]`` arrays of one batched step, shared by its ``B`` rows until one is
-    read on its own (no slice per row and array in the steady case)."""
-
-    __slots__ = ("arrays", "rows", "row_nbytes")
-
-    def __init__(self, arrays: Sequence[mx.array | None], rows: int):
-        self.arrays, self.rows = tuple(arrays), rows
-        # One row's share of the arrays' bytes, sized once for all of its rows.
-        self.row_nbytes = sum(a.nbytes for a in self.arrays if a is not None) // rows
-
-    def row(self, index: int) -> list[mx.array | None]:
-        """Row ``index``'s slices of every array."""
-        return [None if a is None else take_row(a, index) for a in self.arrays]
-
-
-def shared_arrays(caches: Sequence[Any], current: Callable[[Any], Any] | None = None
-                  ) -> tuple[mx.array | None, ...] | None:
-    """The batch arrays when ``caches`` (objects holding row ``_row`` of ``_shared``) are
-    every row of one :class:`SharedRows`, in order. ``current``: for objects that keep
-    their row's slices too (:func:`link_row`), what they hold now, which must still be
-    what they were handed (``_linked``)."""
-    first = getattr(caches[0], "_shared", None)
-    if first is None or first.rows != len(caches):
-        return None
-    for row, cache in enumerate(caches):
-        if cache._shared is not first or cache._row != row or (
-                current is not None and cache._linked is not current(cache)):
-            return None
-    return first.arrays
-
-
-class LinkedRow:
-    """What an object that keeps its row's slices remembers of the batch they came from
-    (:func:`link_row`): the batch, its row, and the slices it was handed."""
-
-    _shared: SharedRows | None = None
-    _row = 0
-    _linked: Any = None
-
-    def whole(self, current: Any) -> Any:
-        """The batch's first array while ``current`` is still the slice it was handed."""
-        return current if self._shared is None or self._linked is not current \
-            else self._shared.arrays[0]
-
-
-def link_row(holder: LinkedRow, shared: SharedRows, row: int, current: Any) -> None:
-    """``holder`` (which keeps ``current``, its slices of row ``row``) remembers that they
-    are row ``row`` of ``shared``, for :func:`shared_arrays` to stack them for free while
-    it still holds them."""
-    holder._shared, holder._row, holder._linked = shared, row, current
 
 
 class Rows(list):
