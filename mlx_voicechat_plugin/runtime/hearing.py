@@ -68,8 +68,9 @@ class HearingBatch:
 
     While the same rows step in the same order (a pool's steady state), their
     encoder caches and mel tails stay stacked (one ``PerceptionRows``) and
-    their RNNT carries one ``RNNTCarry``: a frame stacks and slices nothing. The batch changes only when its membership does
-    (:meth:`join` with other rows: a session joins, leaves, pauses or is starved),
+    their RNNT carries one ``RNNTCarry``: a frame stacks and slices nothing.
+    The batch changes only when its membership does (:meth:`join` with other
+    rows: a session joins, leaves, pauses or is starved),
     or when one member's state is read on its own (its ``perception``: a
     snapshot, a release): then every row goes back to its owner
     (:meth:`dissolve`). A member's bytes are read from its row without taking it
