@@ -36,7 +36,7 @@ from ..models.model import Model
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from ..models.rows import Rows, stack_rows, take_rows
-from .hearing import Hearing, HearingBatch, ListeningRow
+from .hearing import Hearing, HearingBatch, HeldPart, ListeningRow
 from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep
 from .warm_start import WarmStart
@@ -110,32 +110,10 @@ class ConversationState(ListeningRow):
         self.rnnt = rnnt
         self._codec: CodecState | None = model.tts_model.audio_codec.make_state()
 
-    @property
-    def timeline(self) -> Timeline:
-        """Its own one-row timeline (a batch holding its row gives every row back first)."""
-        if self.batch is not None:
-            self.batch.dissolve()
-        return self._timeline
-
-    @timeline.setter
-    def timeline(self, timeline: Timeline) -> None:
-        if self.batch is not None:
-            self.batch.dissolve()
-        self._timeline = timeline
-
-    @property
-    def codec(self) -> CodecState | None:
-        """Its own one-row codec state (a batch holding its row gives every row back first);
-        ``None`` once released."""
-        if self.batch is not None:
-            self.batch.dissolve()
-        return self._codec
-
-    @codec.setter
-    def codec(self, codec: CodecState | None) -> None:
-        if self.batch is not None:
-            self.batch.dissolve()
-        self._codec = codec
+    timeline = HeldPart("batch", "Its own one-row timeline (a batch holding its row gives "
+                        "every row back first).")
+    codec = HeldPart("batch", "Its own one-row codec state (a batch holding its row gives "
+                     "every row back first); ``None`` once released.")
 
     def _parts(self) -> tuple[Any, ...]:
         return (self.perception, self.timeline, self.rnnt, self.codec)

@@ -23,6 +23,32 @@ from ..models.rows import stack_rows, take_rows
 from .profile import FrameClock
 
 
+class HeldPart:
+    """A member's own part of its state (``_<name>``) that a batch may hold as a row
+    (the batch named by ``batch``): reading or replacing it gives every row of that
+    batch back first, so what is read is the member's own, current state."""
+
+    def __init__(self, batch: str, doc: str = ""):
+        self.batch, self.__doc__ = batch, doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.own = "_" + name
+
+    def __get__(self, member: Any, owner: type | None = None) -> Any:
+        if member is None:
+            return self
+        held = getattr(member, self.batch)
+        if held is not None:
+            held.dissolve()
+        return getattr(member, self.own)
+
+    def __set__(self, member: Any, value: Any) -> None:
+        held = getattr(member, self.batch)
+        if held is not None:
+            held.dissolve()
+        setattr(member, self.own, value)
+
+
 class ListeningRow:
     """A row of the listening half: a ``perception`` source and an ``rnnt`` state (a
     :class:`ConversationState`, or a transcript-only stream's state).
@@ -39,18 +65,8 @@ class ListeningRow:
     _perception: Any = None
     rnnt: RNNTState
 
-    @property
-    def perception(self) -> Any:
-        """Its own perception source (a batch holding its row gives every row back first)."""
-        if self.hearing is not None:
-            self.hearing.dissolve()
-        return self._perception
-
-    @perception.setter
-    def perception(self, source: Any) -> None:
-        if self.hearing is not None:
-            self.hearing.dissolve()
-        self._perception = source
+    perception = HeldPart("hearing", "Its own perception source (a batch holding its row "
+                          "gives every row back first).")
 
     def listening_nbytes(self) -> int:
         """The bytes of its perception state and RNNT carry (a held row's read from its
