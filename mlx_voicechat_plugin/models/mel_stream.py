@@ -148,22 +148,12 @@ class MelStream:
 
     def take(self, samples: np.ndarray) -> np.ndarray | None:
         """Mono samples in -> the windowed frames now complete (host, ``(n, n_fft)``),
-        or ``None`` when none is."""
-        hop = self.args.hop_length
-        self._samples = np.concatenate([self._samples, samples.astype(np.float32, copy=False)])
-        self._total += samples.shape[0]
-        centre = self._total - self.lookahead
-        end = centre // hop + 1 if centre >= 0 else 0
-        if end <= self._next_frame:
-            return None
-        first = self._start // hop
-        frames = host_frames(self._samples, self.args, self._next_frame - first, end - first)
-        self._next_frame = end
-        keep = max(end - self._lookbehind_frames, 0) * hop
-        if keep > self._start:
-            self._samples = self._samples[keep - self._start :]
-            self._start = keep
-        return frames
+        or ``None`` when none is: this stream as a :class:`MelRows` of one, whose
+        arithmetic every pool step runs."""
+        rows = MelRows([self])
+        frames = rows.take(samples[None])
+        rows.split()
+        return None if frames is None else frames[0]
 
     def layout(self) -> tuple:
         """What streams must share to frame as one (:class:`MelRows`): their tails' length,
