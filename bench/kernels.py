@@ -1,7 +1,8 @@
 """Kernel primitives and evaluations per pool step, per batch size: the GPU's cost, counted on a CPU.
 
     python -m bench.kernels --size medium --batch 1,16 [--compile/--no-compile]
-        [--warm-frames 72] [--frames 6] [--per-row-attention] [--json out.json]
+        [--warm-frames 72] [--frames 6] [--per-row-attention] [--same-speech]
+        [--json out.json]
 
 For each N, N sessions (seeds 0..N-1, each its own speech signal) are opened
 in one :class:`~mlx_voicechat_plugin.runtime.pool.StreamPool` and stepped
@@ -35,6 +36,15 @@ waits per step (how often it blocked: on MLX's CPU backend mostly the
 evaluation's throttle, see ``instruments.kernels.thread_waits``). Counts do not
 depend on the machine's load; host milliseconds do, so compare them as ratios
 in one run.
+
+Each N also reports in how many of its timed and counted steps the RNNT ran
+its later tries (:class:`~mlx_voicechat_plugin.instruments.rnnt_tries.RNNTTries`):
+a graph of ``max_symbols - 1`` masked tries of every row, queued when any
+row's first try emitted, a few hundred kernels at any N. With each session
+hearing its own speech, N=16's steps run it when any of sixteen rows emits and
+N=1's only when its one row does, so their ratio mixes the batch's growth with
+more transcript work; ``--same-speech`` gives every session session 0's
+signal, so each row's work is N=1's and the ratios are the batch's own.
 """
 
 from __future__ import annotations
@@ -52,12 +62,16 @@ import numpy as np
 SIZES = ("tiny", "small", "medium", "full")
 
 
-def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> dict[str, Any]:
-    """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps."""
+def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int,
+                same_speech: bool = False) -> dict[str, Any]:
+    """Counts per pool step of ``batch`` sessions, after ``warm_frames`` untimed steps
+    (``same_speech``: every session hears session 0's signal, so each row's work is
+    the one session's)."""
     from mlx_voicechat_plugin.runtime import compile_policy
     from mlx_voicechat_plugin.instruments.kernels import (VIEWS, EvaluationTime, KernelCounter,
                                                           host_ms, host_work)
     from mlx_voicechat_plugin.instruments.matmuls import MatmulShapes
+    from mlx_voicechat_plugin.instruments.rnnt_tries import RNNTTries
     from mlx_voicechat_plugin.runtime.options import ConversationOptions
     from mlx_voicechat_plugin.runtime.pool import StreamPool
     from mlx_voicechat_plugin.testing.fixtures import question_signal
@@ -65,7 +79,7 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
     frame = voicechat.config.frame_samples
     total = warm_frames + 3 * frames + 1  # the last step: products by shape
     seconds = (total + 1) * voicechat.config.frame_duration
-    audios = [question_signal(seconds, seed=i) for i in range(batch)]
+    audios = [question_signal(seconds, seed=0 if same_speech else i) for i in range(batch)]
     pool = StreamPool(voicechat, max_sessions=batch)
     ids = [str(i) for i in range(batch)]
     for i in ids:
@@ -75,25 +89,28 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
     waits: list[int] = []
     split: list[tuple[float, float, int]] = []  # (host ms, of it in evaluations, waits there)
     outcome: list[Any] = []
+    later_tries = 0  # timed and counted steps that ran the RNNT's later tries
     products: dict[str, Any] = {}
     try:
         for index in range(total):
             chunk = {k: audios[int(k)][index * frame : (index + 1) * frame] for k in ids}
+            tries = RNNTTries()
             if index < warm_frames:
                 result = pool.step(chunk)
             elif index < warm_frames + frames:  # timed, never counted (the count costs host time)
-                ms, blocked = host_work(lambda: outcome.append(pool.step(chunk)))
+                with tries:
+                    ms, blocked = host_work(lambda: outcome.append(pool.step(chunk)))
                 host.append(ms)
                 if blocked is not None:
                     waits.append(blocked)
                 result = outcome.pop()
             elif index < warm_frames + 2 * frames:  # timed again, split at the evaluations
-                with EvaluationTime() as clock:
+                with EvaluationTime() as clock, tries:
                     ms = host_ms(lambda: outcome.append(pool.step(chunk)))
                 split.append((ms, clock.ms, clock.waits))
                 result = outcome.pop()
             elif index < warm_frames + 3 * frames:
-                with KernelCounter() as counter:
+                with KernelCounter() as counter, tries:
                     result = pool.step(chunk)
                 steps.append(counter.snapshot())
                 steps[-1]["primitives"] = {k: v for k, v in counter.primitives.items()
@@ -102,6 +119,7 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
                 with compile_policy.suspended(), MatmulShapes() as shapes:
                     result = pool.step(chunk)
                 products = shapes.summary()
+            later_tries += tries.later > 0
             if result.errors:
                 raise RuntimeError(f"step {index}: {result.errors}")
     finally:
@@ -119,6 +137,7 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int) -> di
             "evaluation_waits": summary([w for _, _, w in split]),
             "nodes": counts("nodes"), "evaluations": counts("evaluations"),
             "matmuls": counts("matmuls"),
+            "later_tries": later_tries,
             "host_ms": summary(host), "waits": summary(waits) if waits else None,
             "products": products.get("products", 0), "wide_float": products.get("wide_float", 0),
             "wide_quantized": products.get("wide_quantized", 0),
@@ -149,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-row-attention", action="store_true",
                         help="each session's attention core on its own ring (the exact path "
                              "kept for GPUs; default: one core for all sessions)")
+    parser.add_argument("--same-speech", action="store_true",
+                        help="every session hears session 0's signal: each row's work (the "
+                             "RNNT's tries above all) is N=1's, so the ratios show the batch's "
+                             "own growth")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batch.split(",") if b.strip()]
@@ -165,13 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     voicechat = model.create_session(processor)
     rows = []
     print(f"{args.size} fixture, compile {'on' if args.compile else 'off'}, "
-          f"{mx.default_device()}, counted after {args.warm_frames} frames", flush=True)
+          f"{mx.default_device()}, counted after {args.warm_frames} frames"
+          f"{', every session hearing the same speech' if args.same_speech else ''}", flush=True)
     print(f"{'N':>3s} {'kernels/step':>13s} {'(min-max)':>13s} {'x N=1':>6s} "
           f"{'nodes':>6s} {'matmuls':>8s} {'wide':>5s} {'evals/step':>10s} {'host ms':>8s} "
           f"{'x N=1':>6s} {'waits':>6s}",
           flush=True)
     for n in batches:
-        row = count_steps(voicechat, n, args.warm_frames, args.frames)
+        row = count_steps(voicechat, n, args.warm_frames, args.frames, args.same_speech)
         rows.append(row)
         base, host_base = rows[0]["kernels"]["median"], rows[0]["host_ms"]["median"]
         k, host = row["kernels"], row["host_ms"]["median"]
@@ -184,14 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         outside, outside_base = row["outside_ms"]["median"], rows[0]["outside_ms"]["median"]
         print(f"    host ms split: {row['evaluation_ms']['median']:.1f} in evaluations "
               f"({row['evaluation_waits']['median']:.0f} waits), {outside:.1f} outside "
-              f"(x N=1 {outside / outside_base:.2f})", flush=True)
+              f"(x N=1 {outside / outside_base:.2f}); the RNNT's later tries ran in "
+              f"{row['later_tries']} of {3 * args.frames} steps", flush=True)
         callers = ", ".join(f"{caller} {count}"
                             for caller, count in list(row["wide_callers"].items())[:3])
         print(f"    wide float products by caller: {callers or 'none'}", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(
-            {"size": args.size, "compile": args.compile, "device": str(mx.default_device()),
+            {"size": args.size, "compile": args.compile, "same_speech": args.same_speech, "device": str(mx.default_device()),
              "warm_frames": args.warm_frames, "rows": rows}, indent=1))
     return 0
 

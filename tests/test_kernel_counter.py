@@ -213,3 +213,35 @@ def test_evaluation_time_counts_only_what_runs_inside_an_evaluation():
     assert outside_only == 0.0 and clock.calls == 2, (outside_only, clock.calls)
     assert clock.ms > 1.0, clock.ms
     assert mx.eval is not None and not hasattr(mx.eval, "__wrapped__")  # put back on leaving
+
+
+def test_rnnt_tries_counts_the_graphs_queued_by_tries_on_its_thread(tiny_ckpt):
+    """The later tries count once per frame that queued them (a first try emitted, read
+    from the frame's own symbols), the first tries once per frame; another thread's
+    tries are not counted, and leaving puts the greedy's call back."""
+    import threading
+
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.instruments.rnnt_tries import RNNTTries
+    from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTCarry, RNNTFrame
+
+    model, processor = load(tiny_ckpt)
+    greedy = model.create_session(processor).new_rnnt_state().greedy
+    width = model.config.audio_config.encoder.d_model
+    original = GreedyRNNT.__call__
+    emitted = 0
+    with RNNTTries() as tries:
+        for scale in (0.0, 1.0, -3.0, 7.0):
+            carry = RNNTCarry.merge([greedy.initial(mx.float32) for _ in range(2)])
+            frame = RNNTFrame(greedy, carry, mx.full((2, 1, width), scale))
+            mx.eval(frame.arrays)
+            mx.eval(frame.rest())
+            emitted += any(s[0] != greedy.blank_id for s in frame.symbols())
+        other = threading.Thread(target=lambda: mx.eval(greedy(
+            mx.ones((1, 1, width)), RNNTCarry.merge([greedy.initial(mx.float32)]), 1)))
+        other.start()
+        other.join()
+    assert GreedyRNNT.__call__ is original
+    assert 0 < emitted < 4, emitted  # both kinds of frame were seen
+    assert tries.first == 4 and tries.later == emitted
+    assert tries.by_tries == ({1: 4, greedy.max_symbols - 1: emitted} if emitted else {1: 4})
