@@ -24,6 +24,7 @@ from mlx_voicechat_plugin.runtime.events import (
     ToolResultInjected,
     ToolsWarning,
     UserTranscriptDelta,
+    ids_decoder,
 )
 from mlx_voicechat_plugin.runtime.options import ConversationOptions
 from mlx_voicechat_plugin.runtime.tools import RECOMMENDED_MAX_TOOLS
@@ -210,6 +211,30 @@ def test_streaming_detokenizer_equals_full_decode_over_a_long_stream(session, ki
     assert [text.append(i) for i in ids] == _reference_rule(tokenizer, ids)
     # Linear: a bounded window per token, not the whole channel (~n^2 / 2 tokens).
     assert counting.decoded <= 4 * (TokenText.CONTEXT_TOKENS + 2) * len(ids)
+
+
+def test_a_transformers_tokenizer_is_decoded_directly_with_decodes_text(session, monkeypatch):
+    """The books skip ``decode``'s input conversion for a transformers tokenizer (its
+    ``_decode`` of the same ids), and give ``decode``'s text: window by window over a
+    long multilingual stream, and as one channel's deltas (the reference's rule)."""
+    tokenizer = session.tokenizer
+    ids = tokenizer.encode("Grüße, señor! It's 21 °C in Zürich; 東京は晴れ. " * 10,
+                           add_special_tokens=False) + sorted(session.config.special_text_ids)
+    direct = ids_decoder(tokenizer)
+    for start in range(0, len(ids), 7):
+        for end in (start + 1, start + 9, len(ids)):
+            assert direct(ids[start:end]) == tokenizer.decode(ids[start:end],
+                                                              skip_special_tokens=False)
+    expected = _reference_rule(tokenizer, ids)
+    text = TokenText(tokenizer, frozenset())
+    monkeypatch.setattr(type(tokenizer), "decode", None)  # the books must not call it
+    assert [text.append(i) for i in ids] == expected
+
+
+def test_a_tokenizer_with_its_own_decode_is_called_through_it(session):
+    counting = CountingTokenizer(session.tokenizer)
+    assert ids_decoder(counting)([1, 2, 3]) == session.tokenizer.decode([1, 2, 3])
+    assert counting.decoded > 0
 
 
 def test_hidden_tokens_are_not_decoded(session):

@@ -19,8 +19,9 @@ frame later than its text.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -186,6 +187,23 @@ Event = Union[
 ]
 
 
+def ids_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """``tokenizer.decode(ids, skip_special_tokens=False)`` of a list of Python ints.
+
+    A transformers tokenizer whose ``decode`` is the base class's first converts
+    its input to Python objects (``to_py_obj``: a type check per id, most of a
+    short decode's host time), then calls ``_decode``; a list of Python ints is
+    such an object already, so its decode is that ``_decode`` call, made
+    directly. Any other tokenizer (one that overrides ``decode``, or not a
+    transformers one) is called as it is.
+    """
+    base = sys.modules.get("transformers.tokenization_utils_base")
+    if (base is not None and type(tokenizer).decode is base.PreTrainedTokenizerBase.decode
+            and callable(getattr(tokenizer, "_decode", None))):
+        return lambda ids: tokenizer._decode(ids, skip_special_tokens=False)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+
+
 class TokenText:
     """Cumulative detokenization of one channel's visible tokens, in time linear in its length
     (and, with ``keep_chars``, in memory bounded: ``text`` is then the channel's last
@@ -213,6 +231,7 @@ class TokenText:
     def __init__(self, tokenizer: Any, hidden_ids: frozenset[int],
                  keep_chars: int | None = None):
         self.tokenizer = tokenizer
+        self._decode = ids_decoder(tokenizer)
         self.hidden_ids = hidden_ids
         self.tokens: list[int] = []
         self.text = ""
@@ -227,9 +246,6 @@ class TokenText:
         self.keep_chars = keep_chars
         self.dropped = 0
         self._head = ""
-
-    def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
     def append(self, token_id: int) -> tuple[str, str] | None:
         """Add a token; ``(delta, text)`` if it is visible, else ``None``."""
