@@ -257,3 +257,34 @@ def test_many_key_streams_take_their_keys_in_one_computation_exactly():
         assert all(np.array_equal(np.array(a.key), np.array(b.key))
                    for a, b in zip(together, alone))
     assert RandomStream.take_many(together[:1], 3).shape == (1, 3, 2)
+
+
+def test_streams_drawing_together_keep_their_keys_stacked_until_one_draws_otherwise():
+    """While the same streams draw together their keys stay one stacked array (no
+    stack, no slice a draw); one stream drawing alone, or a different set drawing,
+    ends that, and every stream's keys and draws stay its own throughout."""
+    import numpy as np
+
+    seeds = (0, 5, 2**64 - 1)
+    together = [RandomStream(seed) for seed in seeds]
+    alone = [RandomStream(seed) for seed in seeds]
+
+    def check(many, members, count):
+        one = mx.stack([alone[b].take(count) for b in members])
+        assert np.array_equal(np.array(many), np.array(one))
+        assert all(np.array_equal(np.array(a.key), np.array(b.key))
+                   for a, b in zip(together, alone))
+
+    check(RandomStream.take_many(together, 4), [0, 1, 2], 4)
+    held = together[0]._held[0]
+    for _ in range(3):  # steady: the same holder, its keys replaced in place
+        check(RandomStream.take_many(together, 6), [0, 1, 2], 6)
+        assert all(s._held == (held, b) for b, s in enumerate(together))
+    assert np.array_equal(np.array(together[1].take(2)), np.array(alone[1].take(2)))
+    assert together[1]._held is None and not held.holds(together)
+    check(RandomStream.take_many(together, 4), [0, 1, 2], 4)  # stacked again
+    assert together[0]._held[0] is not held
+    check(RandomStream.take_many(together[1:], 3), [1, 2], 3)  # another set
+    check(RandomStream.take_many(together, 5), [0, 1, 2], 5)
+    together[2].state = []  # released
+    assert together[2].key is None and together[2].state == []

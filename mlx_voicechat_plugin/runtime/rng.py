@@ -51,6 +51,24 @@ def check_seed(seed: object, what: str = "seed") -> int:
     return seed
 
 
+class HeldKeys:
+    """The keys of streams advanced together (:meth:`RandomStream.take_many`), kept
+    stacked ``[B, 2]`` between draws: while the same streams draw together, each draw
+    reads and replaces this one array, and a stream's ``key`` is its row of it."""
+
+    def __init__(self, streams: list["RandomStream"]):
+        self.streams = streams
+        self.keys = mx.stack([s.key for s in streams])
+        for row, stream in enumerate(streams):
+            stream._held = (self, row)
+
+    def holds(self, streams: list["RandomStream"]) -> bool:
+        """Exactly these streams, in this order, none advanced on its own since."""
+        return len(streams) == len(self.streams) and all(
+            s is t and s._held is not None and s._held[0] is self
+            for s, t in zip(streams, self.streams))
+
+
 class RandomStream:
     """One session's key, advanced by every draw; ``state`` is ``[key]`` (mlx-lm's convention)."""
 
@@ -58,8 +76,21 @@ class RandomStream:
         self.key: mx.array | None = mx.random.key(check_seed(seed))
 
     @property
+    def key(self) -> mx.array | None:
+        """Its key: its own, or its row of the keys it draws with others (:class:`HeldKeys`)."""
+        if self._held is not None:
+            held, row = self._held
+            return held.keys[row]
+        return self._key
+
+    @key.setter
+    def key(self, value: mx.array | None) -> None:
+        self._key, self._held = value, None
+
+    @property
     def state(self) -> list[mx.array]:
-        return [] if self.key is None else [self.key]
+        key = self.key
+        return [] if key is None else [key]
 
     @state.setter
     def state(self, value: list[mx.array]) -> None:
@@ -84,10 +115,11 @@ class RandomStream:
     @staticmethod
     def take_many(streams: list["RandomStream"], count: int) -> mx.array:
         """:meth:`take` of every stream, ``[B, count, 2]``, as one computation for all of
-        them (each stream's keys and its next key equal its own :meth:`take`)."""
+        them (each stream's keys and its next key equal its own :meth:`take`). The
+        streams' keys stay stacked until one of them draws alone or with others."""
         if len(streams) == 1:
             return streams[0].take(count)[None]
-        keys, subs = _chains(count)(mx.stack([s.key for s in streams]))
-        for b, stream in enumerate(streams):
-            stream.key = keys[b]
+        first = streams[0]._held
+        held = first[0] if first is not None and first[0].holds(streams) else HeldKeys(streams)
+        held.keys, subs = _chains(count)(held.keys)
         return subs
