@@ -1,10 +1,9 @@
-"""Rows remember their batch: re-stacking a batch's rows in order is free and exact.
+"""Rows of a batch: taking every row in order is the array itself, free and exact.
 
-A pool steps the same sessions frame after frame; each stage stacks their
-state rows and hands each row back. The rows themselves name their batch
-(nothing is kept elsewhere): stacking every row of one batch, in order,
-returns its array (no concatenation kernel, the same values); any other set
-of rows is concatenated, with the same values.
+A pool's batches hold their rows stacked and hand a stage whole arrays; a
+stage that runs some of the rows takes them (any set is concatenated, with
+the same values), and one that runs all of them takes the array as it is
+(no concatenation kernel).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mlx_voicechat_plugin.models.rows import (
-    Rows,
     stack_rows,
     take_row,
     take_rows,
@@ -20,25 +18,13 @@ from mlx_voicechat_plugin.models.rows import (
 from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 
 
-def test_all_rows_in_order_stack_as_their_array():
-    batch = mx.arange(12).reshape(3, 4) * 2
-    rows = Rows.of(batch)
-    assert rows.stack([0, 1, 2]) is batch
-    assert "Concatenate" not in graph_primitives(rows.stack([0, 1, 2]))
-
-
-def test_other_sets_of_rows_are_concatenated_with_the_same_values():
+def test_rows_of_a_batch_are_taken_with_their_values():
     batch = mx.arange(12).reshape(3, 4)
-    rows = Rows.of(batch)
-    for members in ([1, 0, 2], [0, 1], [0, 1, 1]):
-        stacked = rows.stack(members)
-        assert stacked is not batch
-        assert mx.array_equal(stacked, mx.concatenate([rows[b] for b in members]))
-    rows.put(2, mx.array(batch), 2)  # another array's row
-    assert rows.stack([0, 1, 2]) is not batch
-    assert mx.array_equal(rows.stack([0, 1, 2]), batch)
-    assert take_rows(batch, [0, 1, 2]) is batch
-    assert mx.array_equal(take_rows(batch, [0, 2]), batch[mx.array([0, 2])])
+    assert take_rows(batch, [0, 1, 2]) is batch  # every row, in order: the array itself
+    assert "Concatenate" not in graph_primitives(take_rows(batch, [0, 1, 2]))
+    for members in ([0, 2], [1], [0, 1]):
+        assert mx.array_equal(take_rows(batch, members), batch[mx.array(members)])
+    assert mx.array_equal(stack_rows([batch[1:2], batch[:1]]), batch[mx.array([1, 0])])
 
 
 def test_one_row_and_one_part_move_nothing():

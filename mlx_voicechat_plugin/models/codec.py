@@ -23,7 +23,7 @@ from mlx_audio.dsp import hanning
 from ..config import CodecConfig
 from .codec_rvq import ProbabilisticRVQ
 from .codec_stream import CodecRows, CodecState, SpectralSynthesis
-from .rows import Rows, stack_rows
+from .rows import take_rows
 from .fast_forms import fast_ops_expand, mean_var_norm
 
 
@@ -238,28 +238,25 @@ class Codec(nn.Module):
             mx.eval(waveform, *state.state)
         return waveform
 
-    def decode_streams(self, codes: list[mx.array], streams: CodecRows) -> Rows:
+    def decode_streams(self, codes: mx.array, streams: CodecRows) -> list[tuple[mx.array, int]]:
         """:meth:`decode_step` of many one-row streams held as one, lazily (``evaluate=False``).
 
-        ``codes[b]`` (``[1, Q, T_new]``, the same ``T_new`` for all) continues
-        row ``b`` of ``streams``. Each group of rows in the same phase decodes
-        as one batch (every decoder op is row-independent) and stays stacked
+        Row ``b`` of ``codes`` (``[B, Q, T_new]``) continues row ``b`` of
+        ``streams``. Each group of rows in the same phase decodes as one batch
+        (every decoder op is row-independent) and stays stacked
         (:class:`CodecRows`; groups whose phases have met are stacked first);
-        each returned ``[1, 1, n]`` waveform and each row's state equal that
-        stream's own ``decode_step``. ``codes`` given as :class:`~.rows.Rows`
-        of one array, every row in order, are that array (no concatenation).
-        The caller evaluates ``streams.state`` with the waveforms, which come
-        back as :class:`~.rows.Rows`, each naming its batch's array and row.
+        when one group holds every row, in order, ``codes`` is its batch as it
+        is. Returns each row's waveform as ``(its group's [G, 1, n] waveform,
+        its row there)``, equal to that stream's own ``decode_step``, and so is
+        each row's state; the caller evaluates those arrays with
+        ``streams.state``.
         """
         streams.regroup()
-        out = Rows(list(codes))
+        out: dict[int, tuple[mx.array, int]] = {}
         for members, state in streams.groups:
-            batch = (codes.stack(members) if isinstance(codes, Rows)
-                     else stack_rows([codes[b] for b in members]))
-            waveform = self.decode_step(batch, state, evaluate=False)
-            for j, b in enumerate(members):
-                out.put(b, waveform, j)
-        return out
+            waveform = self.decode_step(take_rows(codes, members), state, evaluate=False)
+            out.update((b, (waveform, j)) for j, b in enumerate(members))
+        return [out[b] for b in range(codes.shape[0])]
 
     def _stream_step(
         self, codes: mx.array, start: mx.array, frames: mx.array, weights: mx.array,

@@ -35,7 +35,7 @@ from ..models.context import ContextWindow
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
-from ..models.rows import Rows, stack_rows, take_rows
+from ..models.rows import take_rows
 from .hearing import Hearing, HearingBatch, HeldPart, ListeningRow
 from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep
@@ -299,13 +299,12 @@ def advance_batch(
         speech = model.tts_model
         # Control codes replaced once over every row's codes.
         codes = speech.replace_control_codes(timeline.codes)
-        # The codec reads [B, Q, 1]: one transpose, whose rows stack back as itself.
+        # The codec reads [B, Q, 1]: one transpose, every row's codes one batch.
         assert codec_rows is not None
-        waveforms = speech.audio_codec.decode_streams(Rows.of(codes.transpose(0, 2, 1)),
-                                                      codec_rows)
+        waveforms = speech.audio_codec.decode_streams(codes.transpose(0, 2, 1), codec_rows)
         heard_codes = codes[:, 0].astype(mx.int32)
         # Whole arrays evaluated and read to the host once, each row a view of them.
-        batches = list({id(a): a for a, _ in waveforms.sources}.values())
+        batches = list({id(a): a for a, _ in waveforms}.values())
         speaking += [timeline.codes, heard_codes, *codec_rows.state, *batches]
         mx.async_eval(*speaking)
         for b, step in zip(talking, steps):
@@ -318,7 +317,7 @@ def advance_batch(
         clock.stage("codec")
         host = {id(a): np.array(a) for a in (heard_codes, *batches)}
         outputs = [(host[id(heard_codes)][j], host[id(a)][row, 0])
-                   for j, (a, row) in enumerate(waveforms.sources)]
+                   for j, (a, row) in enumerate(waveforms)]
     symbols = hearing.symbols()
     results: list[FrameOutput | Heard] = [Heard(s) for s in symbols]
     for b, step, (heard, samples) in zip(talking, steps, outputs):
