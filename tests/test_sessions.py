@@ -66,6 +66,13 @@ SCENARIOS = {  # id -> (first step, seconds of audio, options)
         "b": (3, 0.8, dict(seed=2, system_prompt="Be brief.")),
         "c": (5, 1.6, dict(seed=3, system_prompt="You are a pirate.")),
     },
+    # A session without the perception cache pushes its frames on its own; the
+    # others stay one listening batch.
+    "one session without the perception cache": {
+        "a": (0, 1.2, dict(seed=6)),
+        "b": (1, 1.0, dict(seed=7, use_perception_cache=False)),
+        "c": (2, 1.2, dict(seed=8)),
+    },
     # Past 70 frames every encoder window is full: the steady stack runs batched.
     "past the encoder's full windows": {
         "a": (0, 6.4, dict(seed=4)),

@@ -13,7 +13,7 @@ last one sees the frontend's right-edge padding).
 
 A :class:`PerceptionStream` is one stream's state: its host-side mel tail
 (:class:`~.mel_stream.MelStream`, numpy, trimmed without an evaluation) and
-its :class:`EncoderCache`. :class:`PerceptionRows` is ``B`` streams' state
+its :class:`EncoderCache`; :meth:`PerceptionStream.push` is a frame of it alone. :class:`PerceptionRows` is ``B`` streams' state
 stacked (mlx-lm's ``merge`` / ``extract``), which a caller stepping the same
 streams keeps between frames: a frame of it frames the streams' samples on
 the host, the tails of one layout as one array (:class:`~.mel_stream.MelRows`),
@@ -79,7 +79,13 @@ class PerceptionStream:
         """The bytes of ``state`` (sized without taking a batch's rows apart)."""
         return self.cache.nbytes if self.use_cache else self.window.nbytes
 
-    def rerun(self, frame: np.ndarray) -> tuple[mx.array, mx.array]:
+    def push(self, frame: np.ndarray) -> tuple[mx.array, mx.array]:
+        """One ``(frame_samples,)`` frame of this stream alone -> lazy ``(projected, encoded)``,
+        each ``(1, 1, D)``: with the cache a batch of one (:func:`push_frames`), without it
+        its window rerun. Evaluate them with :attr:`state`."""
+        return push_frames([self], [frame]) if self.use_cache else self._rerun(frame)
+
+    def _rerun(self, frame: np.ndarray) -> tuple[mx.array, mx.array]:
         """Without the cache: the whole-signal perception of the last window (diagnostics)."""
         self.window = mx.concatenate([self.window, mx.array(frame)])[-self._window_samples :]
         projected, _, encoded = self.perception.encode_signal(self.window)
@@ -91,23 +97,24 @@ class PerceptionStream:
 class PerceptionRows:
     """The perception state of ``B`` streams of one model stepping together, stacked.
 
-    mlx-lm's cache convention: :meth:`merge` takes the streams' encoder caches
-    into batches (one :class:`EncoderCache` of stacked rows per cache shape;
+    mlx-lm's cache convention (streams with the cache; one without it pushes
+    on its own, :meth:`PerceptionStream.push`): :meth:`merge` takes the
+    streams' encoder caches into batches (one :class:`EncoderCache` of stacked rows per cache shape;
     streams that started on different frames differ until their windows fill),
     :meth:`push` advances every row by a chunk in place, :meth:`split` gives
     each stream its row back. Whoever steps the same streams
     frame after frame keeps one of these between frames, so a steady frame
     stacks and slices nothing; one stream is ``B = 1`` of the same code, where
-    merging and splitting move no data. Streams without the cache
-    (diagnostics) rerun their windows row by row. The streams' mel sample tails
+    merging and splitting move no data. The streams' mel sample tails
     are held stacked too (:class:`~.mel_stream.MelRows`, host arrays, one per
     layout), so a steady frame frames every row in one host computation.
     """
 
     def __init__(self, streams: list[PerceptionStream]):
         """Use :meth:`merge`."""
+        if not all(s.use_cache for s in streams):
+            raise ValueError("PerceptionRows holds streams with the cache; push the others alone")
         self.streams = list(streams)
-        self.cached = [b for b, s in enumerate(streams) if s.use_cache]
         self.groups: list[tuple[list[int], EncoderCache]] = []  # (rows, their stacked cache)
         self.mels: list[tuple[list[int], MelRows]] = []  # (rows, their stacked mel tails)
 
@@ -115,18 +122,17 @@ class PerceptionRows:
     def merge(cls, streams: list[PerceptionStream]) -> "PerceptionRows":
         """The streams' rows, in order; their caches are held here until :meth:`split`."""
         rows = cls(streams)
-        rows._regroup([s.cache.key() for s in rows._cached_streams()],
-                      [(None, s.cache) for s in rows._cached_streams()])
-        for stream in rows._cached_streams():
+        rows._regroup([s.cache.key() for s in streams], [(None, s.cache) for s in streams])
+        for stream in streams:
             stream.cache = None  # type: ignore[assignment]  # the row is held here
         rows._group_mels()
         return rows
 
     def _group_mels(self, lengths: dict[int, int] | None = None) -> None:
-        """Stack the cached rows' mel tails by layout (and chunk length, ``lengths``)."""
+        """Stack the rows' mel tails by layout (and chunk length, ``lengths``)."""
         self._split_mels()
         wanted: dict = {}
-        for b in self.cached:
+        for b in range(len(self.streams)):
             layout = self.streams[b].mel.layout()
             wanted.setdefault(layout if lengths is None else (layout, lengths[b]), []).append(b)
         self.mels = [(members, MelRows.merge([self.streams[b].mel for b in members]))
@@ -138,40 +144,36 @@ class PerceptionRows:
         self.mels = []
 
     def _frame(self, frames: list[np.ndarray]) -> list[tuple[list[int], mx.array]]:
-        """The cached rows' log-mel of their chunks: ``(rows, (G, n, features))`` groups."""
+        """The rows' log-mel of their chunks: ``(rows, (G, n, features))`` groups."""
         if any(len({frames[b].shape[0] for b in members}) > 1 for members, _ in self.mels):
             # Chunks of unequal lengths (not whole frames): tails frame by equal lengths.
-            self._group_mels({b: frames[b].shape[0] for b in self.cached})
+            self._group_mels({b: f.shape[0] for b, f in enumerate(frames)})
         blocks = [(members, rows.take(frames[members[0]][None] if len(members) == 1
                                       else np.stack([frames[b] for b in members])))
                   for members, rows in self.mels]
         if len({rows.layout() for _, rows in self.mels}) < len(self.mels):
             self._group_mels()  # tails whose layouts became equal frame as one from now on
-        return device_groups(blocks, self.streams[self.cached[0]].mel.args)
-
-    def _cached_streams(self) -> list[PerceptionStream]:
-        return [self.streams[b] for b in self.cached]
+        return device_groups(blocks, self.streams[0].mel.args)
 
     def _rows(self) -> list[tuple[int | None, EncoderCache]]:
-        """Each cached row's ``(row in its group, group cache)``, in order."""
+        """Each row's ``(row in its group, group cache)``, in order."""
         where = {b: (j, cache) for members, cache in self.groups for j, b in enumerate(members)}
-        return [where[b] for b in self.cached]
+        return [where[b] for b in range(len(self.streams))]
 
     def _regroup(self, keys: list, rows: list[tuple[int | None, EncoderCache]] | None = None
                  ) -> None:
-        """Batch the cached rows by ``keys`` (one per cached row); a batch whose rows do not
-        change stays as it is (``rows``: where each row is now, default the batches)."""
+        """Batch the rows by ``keys`` (one per row); a batch whose rows do not change stays
+        as it is (``rows``: where each row is now, default the batches)."""
         wanted: dict = {}
-        for b, key in zip(self.cached, keys):
+        for b, key in enumerate(keys):
             wanted.setdefault(key, []).append(b)
         if rows is None:
             if sorted(map(tuple, wanted.values())) == sorted(tuple(m) for m, _ in self.groups):
                 return
             rows = self._rows()
-        position = {b: j for j, b in enumerate(self.cached)}
 
         def own(b: int) -> EncoderCache:
-            j, cache = rows[position[b]]
+            j, cache = rows[b]
             return cache if j is None else cache.extract(j)
 
         kept = {tuple(m): cache for m, cache in self.groups}  # batches of the same rows stay
@@ -182,22 +184,18 @@ class PerceptionRows:
     @property
     def state(self) -> list[mx.array]:
         """Every array the rows carry (each batch's once), to evaluate with a frame."""
-        return [*(a for _, cache in self.groups for a in cache.state),
-                *(a for b, s in enumerate(self.streams) if b not in self.cached
-                  for a in s.state)]
+        return [a for _, cache in self.groups for a in cache.state]
 
     def row_nbytes(self, row: int) -> int:
         """The bytes of row ``row``'s state (its share of its batch's, rows of one batch
         having equal shapes)."""
-        for members, cache in self.groups:
-            if row in members:
-                return cache.nbytes // len(members)
-        return self.streams[row].nbytes
+        return next(cache.nbytes // len(members) for members, cache in self.groups
+                    if row in members)
 
     def split(self) -> list[PerceptionStream]:
         """Every stream with its row back as its own cache."""
-        for b, (j, cache) in zip(self.cached, self._rows()):
-            self.streams[b].cache = cache if j is None else cache.extract(j)
+        for stream, (j, cache) in zip(self.streams, self._rows()):
+            stream.cache = cache if j is None else cache.extract(j)
         self.groups = []
         self._split_mels()
         return self.streams
@@ -213,53 +211,40 @@ class PerceptionRows:
         frame's graph would hang off the previous one. ``clock`` (a profiling
         ``FrameClock``) times the sub-stages when given.
         """
-        streams, cached = self.streams, self.cached
-        encoded = projected = None
-        if cached:
-            mels = self._frame(frames)
-            if clock is not None:
-                clock.sub_stage("perception.mel", *(m for _, m in mels))
-            counts = {b: m.shape[1] for members, m in mels for b in members}
-            if any(len({counts[b] for b in members}) > 1 for members, _ in self.groups):
-                # Rows of one batch brought different numbers of mel frames (chunks that
-                # are not whole frames): they step in batches of equal counts from now on.
-                keys = {b: (key, counts[b]) for members, cache in self.groups
-                        for key in (cache.key(),) for b in members}
-                self._regroup([keys[b] for b in cached])
-            by_rows = {tuple(members): m for members, m in mels}
-            outs = []
-            for members, cache in self.groups:
-                mel = by_rows.get(tuple(members))
-                if mel is None:
-                    rows = {b: take_row(m, i) for members_, m in mels
-                            for i, b in enumerate(members_)}
-                    mel = stack_rows([rows[b] for b in members])
-                outs.append(self.encoder().step(cache, mel))
-            if any(out.shape[1] != 1 for out in outs):
-                raise RuntimeError(f"streaming encoder emitted {[o.shape[1] for o in outs]} "
-                                   "frames for one frame")
-            if len(self.groups) == 1:
-                encoded = outs[0]
-            else:
-                row = {b: take_row(out, j) for (members, _), out in zip(self.groups, outs)
-                       for j, b in enumerate(members)}
-                encoded = stack_rows([row[b] for b in cached])
-                # Batches whose rows now have equal shapes (their windows filled) join.
-                keys = {b: cache.key() for members, cache in self.groups for b in members}
-                self._regroup([keys[b] for b in cached])
-            projected = streams[cached[0]].perception.proj(encoded)
-            if clock is not None:
-                clock.sub_stage("perception.layers", projected, encoded)
-            if len(cached) == len(streams):
-                return projected, encoded
-        # Streams without the cache (diagnostics) rerun their windows, row by row.
-        rows_out = [None if s.use_cache else s.rerun(f) for s, f in zip(streams, frames)]
-        for j, b in enumerate(cached):
-            rows_out[b] = (take_row(projected, j), take_row(encoded, j))
-        return stack_rows([p for p, _ in rows_out]), stack_rows([e for _, e in rows_out])
-
-    def encoder(self) -> EncoderStream:
-        return self.streams[self.cached[0]].encoder
+        mels = self._frame(frames)
+        if clock is not None:
+            clock.sub_stage("perception.mel", *(m for _, m in mels))
+        counts = {b: m.shape[1] for members, m in mels for b in members}
+        if any(len({counts[b] for b in members}) > 1 for members, _ in self.groups):
+            # Rows of one batch brought different numbers of mel frames (chunks that
+            # are not whole frames): they step in batches of equal counts from now on.
+            keys = {b: (cache.key(), counts[b]) for members, cache in self.groups
+                    for b in members}
+            self._regroup([keys[b] for b in range(len(self.streams))])
+        by_rows = {tuple(members): m for members, m in mels}
+        outs = []
+        for members, cache in self.groups:
+            mel = by_rows.get(tuple(members))
+            if mel is None:
+                rows = {b: take_row(m, i) for members_, m in mels for i, b in enumerate(members_)}
+                mel = stack_rows([rows[b] for b in members])
+            outs.append(self.streams[0].encoder.step(cache, mel))
+        if any(out.shape[1] != 1 for out in outs):
+            raise RuntimeError(f"streaming encoder emitted {[o.shape[1] for o in outs]} "
+                               "frames for one frame")
+        if len(self.groups) == 1:
+            encoded = outs[0]
+        else:
+            row = {b: take_row(out, j) for (members, _), out in zip(self.groups, outs)
+                   for j, b in enumerate(members)}
+            encoded = stack_rows([row[b] for b in range(len(self.streams))])
+            # Batches whose rows now have equal shapes (their windows filled) join.
+            keys = {b: cache.key() for members, cache in self.groups for b in members}
+            self._regroup([keys[b] for b in range(len(self.streams))])
+        projected = self.streams[0].perception.proj(encoded)
+        if clock is not None:
+            clock.sub_stage("perception.layers", projected, encoded)
+        return projected, encoded
 
 
 def push_frames(streams: list[PerceptionStream], frames: list[np.ndarray],

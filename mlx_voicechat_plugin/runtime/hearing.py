@@ -96,7 +96,8 @@ class HearingBatch:
 
     def __init__(self) -> None:
         self.members: list[ListeningRow] = []
-        self.perception: PerceptionRows | None = None  # None: whole-signal sources (offline)
+        # None: sources that push on their own (whole signals, streams without the cache)
+        self.perception: PerceptionRows | None = None
         self.decoded: list[int] = []  # the members whose RNNT runs: the carry's rows
         self.carry: RNNTCarry | None = None  # formed at the first frame (its dtype)
 
@@ -110,7 +111,7 @@ class HearingBatch:
             if state.hearing is not None:
                 state.hearing.dissolve()
         sources = [s._perception for s in states]
-        if all(isinstance(s, PerceptionStream) for s in sources):
+        if all(isinstance(s, PerceptionStream) and s.use_cache for s in sources):
             self.perception = PerceptionRows.merge(sources)
         self.decoded = [b for b, s in enumerate(states) if s.rnnt.enabled]
         self.members = list(states)
@@ -164,11 +165,12 @@ class Hearing:
         if batch.perception is not None:
             self.projected, self.encoded = batch.perception.push(frames, clock)
             self.arrays = [self.projected, self.encoded, *batch.perception.state]
-        else:  # offline: slices of the whole-signal perception (no carried arrays)
-            pairs = [s._perception.push(frame) for s, frame in zip(batch.members, frames)]
+        else:  # each source on its own: a whole signal's slice, a stream without the cache
+            sources = [s._perception for s in batch.members]
+            pairs = [source.push(frame) for source, frame in zip(sources, frames)]
             self.projected = stack_rows([p for p, _ in pairs])
             self.encoded = stack_rows([e for _, e in pairs])
-            self.arrays = [self.projected, self.encoded]
+            self.arrays = [self.projected, self.encoded, *(a for s in sources for a in s.state)]
         clock.stage("perception", *self.arrays)
         mx.async_eval(*self.arrays)
         # The RNNT's first try joins the first evaluation; a blank (most frames
