@@ -173,6 +173,43 @@ def test_a_steady_pool_step_keeps_the_codec_stack_and_a_change_hands_each_row_it
                                  alone[k].core.compute.codec), k
 
 
+def test_a_held_batch_is_the_only_copy_of_its_members_mamba2_states(voicechat):
+    """While the batch holds the conversations' Mamba2 states stacked, no member keeps
+    its own arrays of them (a second copy the pool's count would not see); when the
+    batch changes each member gets its own back, equal to that conversation alone."""
+    from mlx_vlm.models.cache import ArraysCache
+
+    from mlx_voicechat_plugin.models.duplex import LanguageRows
+
+    audio = {k: question_signal(0.6, seed=i) for i, k in enumerate("ab")}
+    pool = StreamPool(voicechat, max_sessions=2)
+    alone = {k: voicechat.create_streaming_session(seed=i) for i, k in enumerate("ab")}
+    for i, k in enumerate("ab"):
+        pool.open(k, ConversationOptions(seed=i))
+
+    def own_mamba(k: str) -> list:
+        timeline = pool.sessions[k].core.compute._timeline  # its own object, not read through
+        return [a for c in timeline.language[0].cache if isinstance(c, ArraysCache)
+                for a in c.cache]
+
+    for frame in range(4):
+        chunk = slice(frame * FRAME, (frame + 1) * FRAME)
+        assert not pool.step({k: audio[k][chunk] for k in "ab"}).errors
+        for k in "ab":
+            alone[k].push_audio(audio[k][chunk])
+    assert isinstance(pool.batch.timeline.language[0], LanguageRows)
+    assert all(a is None for k in "ab" for a in own_mamba(k))
+    chunk = slice(4 * FRAME, 5 * FRAME)
+    pool.step({"a": audio["a"][chunk]})  # b pauses: the batch gives every row back
+    alone["a"].push_audio(audio["a"][chunk])
+    for k in "ab":
+        mine = own_mamba(k)
+        theirs = [a for c in alone[k].core.compute.timeline.language[0].cache
+                  if isinstance(c, ArraysCache) for a in c.cache]
+        assert mine and all(x is not None and mx.array_equal(x, y).item()
+                            for x, y in zip(mine, theirs)), k
+
+
 def test_a_step_runs_at_most_the_one_frame_each_session_was_given(voicechat):
     pool = StreamPool(voicechat, max_sessions=2)
     pool.open("fast")

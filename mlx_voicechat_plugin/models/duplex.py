@@ -189,8 +189,9 @@ class LanguageState:
 class LanguageRows(LanguageState):
     """Ready rows' language states stepped as one (mlx-lm's merged batch cache): each
     Mamba2 layer's states stacked ``[B, ...]`` in one ``ArraysCache``, each attention
-    layer the list of the rows' own KV caches. Made when the batch forms; its rows
-    take their slices back (:meth:`extract`) when it changes."""
+    layer the list of the rows' own KV caches. Made when the batch forms, emptying the
+    rows' own Mamba2 caches (the stack is their only copy); its rows take their slices
+    back (:meth:`extract`) when it changes."""
 
     def __init__(self, rows: Sequence[LanguageState]):
         self.rows = list(rows)
@@ -203,6 +204,10 @@ class LanguageRows(LanguageState):
         # A row's share of the stacked states (their shapes do not change while stacked).
         self._mamba_bytes = sum(a.nbytes for c in stacked if isinstance(c, ArraysCache)
                                 for a in c.cache) // len(self.rows)
+        for row in self.rows:  # held here: a row keeps no second copy (extract writes it back)
+            for own in row.cache:
+                if isinstance(own, ArraysCache):
+                    own.cache = [None] * len(own.cache)
 
     def extract(self, index: int) -> LanguageState:
         """Row ``index``'s own state, its Mamba2 slices written back into its caches."""
