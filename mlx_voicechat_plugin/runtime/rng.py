@@ -60,7 +60,7 @@ class HeldKeys:
         self.streams = streams
         self.keys = mx.stack([s.key for s in streams])
         for row, stream in enumerate(streams):
-            stream._held = (self, row)
+            stream._key, stream._held = None, (self, row)  # the stack is its only copy
 
     def holds(self, streams: list["RandomStream"]) -> bool:
         """Exactly these streams, in this order, none advanced on its own since."""
