@@ -210,6 +210,43 @@ def test_a_held_batch_is_the_only_copy_of_its_members_mamba2_states(voicechat):
                             for x, y in zip(mine, theirs)), k
 
 
+def test_a_paused_session_keeps_none_of_the_batch_it_left_alive(voicechat):
+    """A session that pauses takes its rows back as its own copies: the batch the others
+    go on in, and the one they left, are not kept alive through it. MLX's active bytes
+    while one of four sessions is paused stay those of the four stepping (a slice of the
+    old batch would keep all four sessions' old state alive beside the new batch)."""
+    import gc
+
+    keys = "abcd"
+    audio = {k: question_signal(1.2, seed=i) for i, k in enumerate(keys)}
+
+    def active() -> int:
+        gc.collect()
+        mx.clear_cache()
+        return mx.get_active_memory()
+
+    def run(pool, stepping, frames):
+        for frame in frames:
+            chunk = slice(frame * FRAME, (frame + 1) * FRAME)
+            assert not pool.step({k: audio[k][chunk] for k in stepping}).errors
+
+    warm = StreamPool(voicechat, max_sessions=4)  # the batch sizes' graphs, traced once
+    for i, k in enumerate(keys):
+        warm.open(k, ConversationOptions(seed=i))
+    run(warm, keys, range(3))
+    run(warm, keys[1:], range(3, 6))
+    warm.close_all()
+    before = active()
+    pool = StreamPool(voicechat, max_sessions=4)
+    for i, k in enumerate(keys):
+        pool.open(k, ConversationOptions(seed=i))
+    run(pool, keys, range(6))
+    together = active() - before
+    run(pool, keys[1:], range(6, 12))  # a pauses: the batch forms again without it
+    paused = active() - before
+    assert together > 0 and paused <= together * 1.05, (together, paused)
+
+
 def test_a_step_runs_at_most_the_one_frame_each_session_was_given(voicechat):
     pool = StreamPool(voicechat, max_sessions=2)
     pool.open("fast")

@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning
 
-from .rows import stack_rows, take_row
+from .rows import own_row, stack_rows
 
 # The decoder's magnitude head saturates softly at this value (fixed by the
 # trained codec, not a config field).
@@ -113,8 +113,8 @@ class CodecState:
         """Row ``index`` as a one-row state (a one-row state: itself)."""
         if self.batch_size == 1:
             return self
-        return CodecState([take_row(c, index) for c in self.block_context],
-                          take_row(self.frames, index), self.weights, *self.meta_state)
+        return CodecState([own_row(c, index) for c in self.block_context],
+                          own_row(self.frames, index), self.weights, *self.meta_state)
 
     def check_open(self) -> None:
         if self.closed:

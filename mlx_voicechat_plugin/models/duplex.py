@@ -27,7 +27,7 @@ from .cache_state import (
 from .context import ContextWindow, ring
 from .kv_arena import AttentionCores, release
 from .perception import Perception
-from .rows import stack_rows, take_row
+from .rows import own_row, stack_rows
 from .segments import SegmentedStep
 
 
@@ -214,7 +214,7 @@ class LanguageRows(LanguageState):
         row = self.rows[index]
         for own, cache in zip(row.cache, self.cache):
             if isinstance(cache, ArraysCache):
-                own.cache = [take_row(a, index) for a in cache.cache]
+                own.cache = [own_row(a, index) for a in cache.cache]
         return row
 
     def row_nbytes(self, index: int) -> int:

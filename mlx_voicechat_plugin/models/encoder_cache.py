@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .rows import stack_rows, take_row
+from .rows import own_row, stack_rows
 
 
 @dataclass
@@ -36,7 +36,7 @@ def _stack(parts: tuple) -> mx.array | None:
 
 
 def _row(array: mx.array | None, index: int) -> mx.array | None:
-    return None if array is None else take_row(array, index)
+    return None if array is None else own_row(array, index)
 
 
 class EncoderCache:

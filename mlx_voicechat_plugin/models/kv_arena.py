@@ -169,14 +169,15 @@ class RingCache(RotatingKVCache):
             self._keys is not None and self._keys.shape[2] == self.max_size)
 
     def detach(self, keep: bool = True) -> None:
-        """Take its rows back from its arena (views of them; ``keep=False``: drop them)
-        and its write index and offset."""
+        """Take its rows back from its arena (copies of them, so they do not keep the
+        arena's buffer alive; ``keep=False``: drop them) and its write index and offset."""
         arena = self._arena
         if arena is not None:
             self._own_offset, self._own_idx = arena._offset[self._slot], arena._idx[self._slot]
             self._arena = None
             rows = arena.leave(self._slot)
-            self._keys, self._values = rows if keep else (None, None)
+            self._keys, self._values = (mx.contiguous(rows[0]), mx.contiguous(rows[1])) \
+                if keep else (None, None)
 
 
 def release(caches: Sequence[Any]) -> None:

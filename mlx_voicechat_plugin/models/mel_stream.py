@@ -227,7 +227,8 @@ class MelRows:
         """Every stream with its tail and counters back."""
         hop = self.args.hop_length
         for j, stream in enumerate(self.streams):
-            stream._samples = self._samples[j]
+            tail = self._samples[j]  # rows of several: a copy, not a view keeping all
+            stream._samples = tail.copy() if len(self.streams) > 1 else tail
             stream._start = self._starts[j] + self._moved
             stream._total = stream._start + self._total
             stream._next_frame = self._next + stream._start // hop

@@ -35,7 +35,7 @@ from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
 from .prediction_step import lstm_step, shared_held_lstm, shared_symbol_inputs
 from .remembered import ProbeVerdicts
-from .rows import stack_rows, take_row
+from .rows import own_row, stack_rows
 
 
 class RNNTCarry:
@@ -73,7 +73,7 @@ class RNNTCarry:
         """Row ``index`` as a one-stream carry (a one-row carry: itself)."""
         if self.batch_size == 1:
             return self
-        return RNNTCarry([take_row(a, index) for a in self.arrays])
+        return RNNTCarry([own_row(a, index) for a in self.arrays])
 
 
 class GreedyRNNT:

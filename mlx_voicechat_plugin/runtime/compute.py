@@ -32,6 +32,7 @@ import numpy as np
 from ..models.cache_state import split_state
 from ..models.codec_stream import CodecRows, CodecState
 from ..models.context import ContextWindow
+from ..models.kv_arena import dissolve as dissolve_arenas
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
@@ -229,6 +230,13 @@ class TimelineBatch:
             assert timeline is not None and codec is not None
             state._timeline = timeline.extract(row)
             state._codec = codec.extract(row)
+        # Each row is a copy of its own (models.rows.own_row); made now, the rings taken
+        # out of their arenas too, so a member that does not step again soon (paused,
+        # detached) keeps none of the batch's buffers alive.
+        for state in members:
+            own = state._timeline
+            dissolve_arenas([*own.tts_caches[0], *(own.language[0].cache or [])])
+        mx.eval([a for s in members for a in (*s._timeline.state, *s._codec.state)])
 
 
 def advance(

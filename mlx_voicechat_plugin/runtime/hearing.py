@@ -148,6 +148,11 @@ class HearingBatch:
         if carry is not None:
             for j, b in enumerate(self.decoded):
                 members[b].rnnt.carry = carry.extract(j)
+        # Each row is a copy of its own (models.rows.own_row), made now: a member that
+        # does not step again soon keeps none of the batch's buffers alive (one row is
+        # its own state already).
+        if len(members) > 1:
+            mx.eval([a for s in members for a in (*s._perception.state, *s.rnnt.state)])
 
 
 class Hearing:

@@ -37,7 +37,7 @@ from ..models.context import ContextWindow
 from ..models.duplex import LanguageRows, LanguageState
 from ..models.kv_arena import release as release_caches
 from ..models.model import Model
-from ..models.rows import stack_rows, take_row, take_rows
+from ..models.rows import own_row, stack_rows, take_rows
 from .profile import NO_CLOCK, FrameClock
 from .rng import RandomStream
 from .warm_start import WarmStart
@@ -149,7 +149,7 @@ class Timeline:
                else language[index])
         return self._with([self.positions[index]], [row],
                           [self.tts_caches[index]], [self.rngs[index]],
-                          [take_row(a, index)
+                          [own_row(a, index)
                            for a in (self.prev_text, self.prev_function, self.prev_codes)])
 
     # --- state ------------------------------------------------------------------
