@@ -194,6 +194,7 @@ class TimelineBatch:
         self.members: list[ConversationState] = []
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
+        self.returned: list[ConversationState] = []  # given back since it last formed
 
     def join(self, states: list[ConversationState]) -> tuple[Timeline, CodecRows]:
         """The merged timeline and codec streams of ``states`` (the held ones while they
@@ -201,10 +202,13 @@ class TimelineBatch:
         if self.timeline is not None and self.codec is not None and len(states) == len(
                 self.members) and all(a is b for a, b in zip(states, self.members)):
             return self.timeline, self.codec
+        left = [m for m in self.members or self.returned if all(m is not s for s in states)]
         self.dissolve()
         for state in states:  # rows another batch holds go back to their conversations
             if state.batch is not None:
                 state.batch.dissolve()
+        _settle(left)
+        self.returned = []
         timeline = Timeline.merge([s._timeline for s in states])
         codecs = [s._codec for s in states]
         if any(c is None for c in codecs):
@@ -225,18 +229,26 @@ class TimelineBatch:
         """Every member takes its rows back as its own timeline and codec state."""
         timeline, codec, members = self.timeline, self.codec, self.members
         self.timeline, self.codec, self.members = None, None, []
-        for row, state in enumerate(members):
+        self.returned = members or self.returned
+        for row, state in enumerate(members):  # each row a copy of its own (rows.own_row)
             state.batch = None
             assert timeline is not None and codec is not None
             state._timeline = timeline.extract(row)
             state._codec = codec.extract(row)
-        # Each row is a copy of its own (models.rows.own_row); made now, the rings taken
-        # out of their arenas too, so a member that does not step again soon (paused,
-        # detached) keeps none of the batch's buffers alive.
-        for state in members:
-            own = state._timeline
-            dissolve_arenas([*own.tts_caches[0], *(own.language[0].cache or [])])
-        mx.eval([a for s in members for a in (*s._timeline.state, *s._codec.state)])
+
+
+def _settle(left: list[ConversationState]) -> None:
+    """The conversations that left the batch (paused, detached, closed) make their rows'
+    copies now, their rings taken out of their arenas too, so none of them keeps the
+    batch's buffers alive while it does not step; those that step on make theirs
+    within their next frame."""
+    live = [s for s in left if not s.released and s.batch is None]
+    for state in live:
+        own = state._timeline
+        dissolve_arenas([*own.tts_caches[0], *(own.language[0].cache or [])])
+    arrays = [a for s in live for a in (*s._timeline.state, *s._codec.state)]
+    if arrays:
+        mx.eval(arrays)
 
 
 def advance(

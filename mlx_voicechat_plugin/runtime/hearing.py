@@ -100,16 +100,25 @@ class HearingBatch:
         self.perception: PerceptionRows | None = None
         self.decoded: list[int] = []  # the members whose RNNT runs: the carry's rows
         self.carry: RNNTCarry | None = None  # formed at the first frame (its dtype)
+        self.returned: list[ListeningRow] = []  # given back since it last formed
 
     def join(self, states: list[ListeningRow]) -> "HearingBatch":
         """This batch holding ``states``' rows, in order (as it is while they are its members)."""
         if self.members and len(states) == len(self.members) and all(
                 a is b for a, b in zip(states, self.members)):
             return self
+        left = [m for m in self.members or self.returned if all(m is not s for s in states)]
         self.dissolve()
         for state in states:  # rows another batch holds go back to their owners
             if state.hearing is not None:
                 state.hearing.dissolve()
+        # Rows that left make their copies (rows.own_row) now, so none keeps the batch's
+        # buffers alive while it does not step; those that step on, within their frame.
+        arrays = [a for s in left if s.hearing is None and s._perception is not None
+                  for a in (*s._perception.state, *s.rnnt.state)]
+        if arrays:
+            mx.eval(arrays)
+        self.returned = []
         sources = [s._perception for s in states]
         if all(isinstance(s, PerceptionStream) and s.use_cache for s in sources):
             self.perception = PerceptionRows.merge(sources)
@@ -141,6 +150,7 @@ class HearingBatch:
         """Every member takes its rows back as its own state."""
         members, perception, carry = self.members, self.perception, self.carry
         self.members, self.perception, self.carry = [], None, None
+        self.returned = members or self.returned
         for state in members:
             state.hearing = None
         if perception is not None:
@@ -148,11 +158,6 @@ class HearingBatch:
         if carry is not None:
             for j, b in enumerate(self.decoded):
                 members[b].rnnt.carry = carry.extract(j)
-        # Each row is a copy of its own (models.rows.own_row), made now: a member that
-        # does not step again soon keeps none of the batch's buffers alive (one row is
-        # its own state already).
-        if len(members) > 1:
-            mx.eval([a for s in members for a in (*s._perception.state, *s.rnnt.state)])
 
 
 class Hearing:
