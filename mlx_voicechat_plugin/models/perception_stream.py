@@ -13,9 +13,10 @@ last one sees the frontend's right-edge padding).
 
 A :class:`PerceptionStream` is one stream's state: its host-side mel tail
 (:class:`~.mel_stream.MelStream`, numpy, trimmed without an evaluation) and
-its :class:`EncoderCache`; :meth:`PerceptionStream.push` is a frame of it alone. :class:`PerceptionRows` is ``B`` streams' state
-stacked (mlx-lm's ``merge`` / ``extract``), which a caller stepping the same
-streams keeps between frames: a frame of it frames the streams' samples on
+its :class:`EncoderCache`; :meth:`PerceptionStream.push` is a frame of it
+alone. :class:`PerceptionRows` is ``B`` streams' state stacked (mlx-lm's
+``merge`` / ``extract``), which a caller stepping the same streams keeps
+between frames: a frame of it frames the streams' samples on
 the host, the tails of one layout as one array (:class:`~.mel_stream.MelRows`),
 runs the device half of the log-mel once per shape of frames, then each batch
 of equal cache shapes runs the subsampling and the encoder in place.
@@ -99,8 +100,9 @@ class PerceptionRows:
 
     mlx-lm's cache convention (streams with the cache; one without it pushes
     on its own, :meth:`PerceptionStream.push`): :meth:`merge` takes the
-    streams' encoder caches into batches (one :class:`EncoderCache` of stacked rows per cache shape;
-    streams that started on different frames differ until their windows fill),
+    streams' encoder caches into batches (one :class:`EncoderCache` of stacked
+    rows per cache shape; streams that started on different frames differ until
+    their windows fill),
     :meth:`push` advances every row by a chunk in place, :meth:`split` gives
     each stream its row back. Whoever steps the same streams
     frame after frame keeps one of these between frames, so a steady frame

@@ -39,9 +39,8 @@ def own_row(array: mx.array, index: int) -> mx.array:
     """Row ``index`` of ``[B, ...]`` ``array`` as ``[1, ...]`` in a buffer of its own (a
     copy, made when evaluated), for a row a batch gives back: a slice would keep the
     batch's whole buffer alive for as long as the row is kept; a one-row array as it is."""
-    if array.shape[0] == 1:
-        return array
-    return mx.contiguous(array[index : index + 1])
+    row = take_row(array, index)
+    return row if row is array else mx.contiguous(row)
 
 
 def take_rows(array: mx.array, indices: Sequence[int]) -> mx.array:
