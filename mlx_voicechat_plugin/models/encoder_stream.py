@@ -14,11 +14,9 @@ State follows mlx-lm's cache convention: :class:`~.encoder_cache.EncoderCache`
 holds ``B`` streams' windows and kept mel frames stacked, and their counters.
 :class:`EncoderStream` is the computation, one per model, so its graphs
 compile once: :meth:`EncoderStream.step` runs a chunk of a merged cache's
-rows in place (its caller keeps the merged cache between chunks), and
-:meth:`EncoderStream.push` is a chunk of one-stream caches: merge the caches
-of equal shapes (caches are never padded: padding would change a row's
-reductions), step, extract each row back. One stream is ``B = 1`` of the same
-code, where merging and extracting move no data.
+rows in place (its caller keeps the merged cache between chunks, merging
+only caches of equal shapes: padding would change a row's reductions). One
+stream is ``B = 1`` of the same code.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
 
 from .encoder_cache import EncoderCache, SubsamplingTail
 from .fast_forms import attention_prescaled, fast_ops_expand
-from .rows import stack_rows, take_row
 
 MEL_CONTEXT = 16  # >= causal receptive field of three stride-2, kernel-3 convs
 
@@ -305,26 +302,3 @@ class EncoderStream:
         in place). Full windows run the compiled stack, filling ones the per-layer
         blocks; every row equals its stream run alone."""
         return self(cache, self.subsample(cache, mel))
-
-    def push(self, caches: list[EncoderCache], mels: list[mx.array]
-             ) -> tuple[mx.array, list[EncoderCache]]:
-        """A chunk of each of ``B`` one-stream caches: ``(1, n_b, F)`` mel each -> the
-        ``(B, k, d_model)`` encoded frames (lazy; every stream must bring ``k``) and
-        each stream's cache after them: the caches of equal :meth:`EncoderCache.key`
-        merge, step (:meth:`step`) and are extracted again."""
-        groups: dict[tuple, list[int]] = {}
-        for b, (cache, mel) in enumerate(zip(caches, mels)):
-            groups.setdefault((cache.key(), mel.shape[1]), []).append(b)
-        rows = list(caches)
-        encoded: list[mx.array] = [mx.array(0)] * len(caches)
-        for members in groups.values():
-            batch = EncoderCache.merge([caches[b] for b in members])
-            out = self.step(batch, stack_rows([mels[b] for b in members]))
-            if len(members) == len(caches):  # one batch of every stream: its rows in order
-                return out, [batch.extract(j) for j in range(len(members))]
-            for j, b in enumerate(members):
-                encoded[b], rows[b] = take_row(out, j), batch.extract(j)
-        if any(x.shape[1] != encoded[0].shape[1] for x in encoded):
-            raise ValueError(f"streams brought {[x.shape[1] for x in encoded]} encoder frames; "
-                             "a batch takes as many from each")
-        return stack_rows(encoded), rows
