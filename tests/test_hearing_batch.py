@@ -37,9 +37,9 @@ def moves(monkeypatch):
             counted["merge"] += len(rows) > 1
             return merge(cls, rows)
 
-        def counting_extract(self, index, extract=extract):
+        def counting_extract(self, index, copy=True, extract=extract):
             counted["extract"] += self.batch_size > 1
-            return extract(self, index)
+            return extract(self, index, copy)
 
         monkeypatch.setattr(kind, "merge", classmethod(counting_merge))
         monkeypatch.setattr(kind, "extract", counting_extract)

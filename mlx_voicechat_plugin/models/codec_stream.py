@@ -109,12 +109,13 @@ class CodecState:
         frames = stack_rows([r.frames for r in rows])
         return cls(contexts, frames, rows[0].weights, *meta)
 
-    def extract(self, index: int) -> "CodecState":
-        """Row ``index`` as a one-row state (a one-row state: itself)."""
+    def extract(self, index: int, copy: bool = True) -> "CodecState":
+        """Row ``index`` as a one-row state (a one-row state: itself; ``copy=False``:
+        slices, for a row stacked again)."""
         if self.batch_size == 1:
             return self
-        return CodecState([own_row(c, index) for c in self.block_context],
-                          own_row(self.frames, index), self.weights, *self.meta_state)
+        return CodecState([own_row(c, index, copy) for c in self.block_context],
+                          own_row(self.frames, index, copy), self.weights, *self.meta_state)
 
     def check_open(self) -> None:
         if self.closed:
@@ -155,10 +156,10 @@ class CodecRows:
     def size(self) -> int:
         return sum(len(rows) for rows, _ in self.groups)
 
-    def extract(self, index: int) -> CodecState:
+    def extract(self, index: int, copy: bool = True) -> CodecState:
         """Row ``index``'s own one-row state (of one stream: the state it was merged from)."""
         row, state = self._find(index)
-        return state.extract(row)
+        return state.extract(row, copy)
 
     def row_nbytes(self, index: int) -> int:
         """The bytes of row ``index``'s own state, without taking it out."""
@@ -167,7 +168,7 @@ class CodecRows:
     def regroup(self) -> None:
         """Stack the groups whose phases have met (after a later stream caught up)."""
         if len({state.meta_state for _, state in self.groups}) < len(self.groups):
-            merged = CodecRows.merge([self.extract(b) for b in range(self.size)])
+            merged = CodecRows.merge([self.extract(b, copy=False) for b in range(self.size)])
             self.groups = merged.groups
 
     @property

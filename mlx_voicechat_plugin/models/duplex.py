@@ -209,12 +209,13 @@ class LanguageRows(LanguageState):
                 if isinstance(own, ArraysCache):
                     own.cache = [None] * len(own.cache)
 
-    def extract(self, index: int) -> LanguageState:
-        """Row ``index``'s own state, its Mamba2 slices written back into its caches."""
+    def extract(self, index: int, copy: bool = True) -> LanguageState:
+        """Row ``index``'s own state, its Mamba2 rows written back into its caches
+        (copies; ``copy=False``: slices, for a row stacked again)."""
         row = self.rows[index]
         for own, cache in zip(row.cache, self.cache):
             if isinstance(cache, ArraysCache):
-                own.cache = [own_row(a, index) for a in cache.cache]
+                own.cache = [own_row(a, index, copy) for a in cache.cache]
         return row
 
     def row_nbytes(self, index: int) -> int:

@@ -35,8 +35,8 @@ def _stack(parts: tuple) -> mx.array | None:
     return None if parts[0] is None else stack_rows(parts)
 
 
-def _row(array: mx.array | None, index: int) -> mx.array | None:
-    return None if array is None else own_row(array, index)
+def _row(array: mx.array | None, index: int, copy: bool) -> mx.array | None:
+    return None if array is None else own_row(array, index, copy)
 
 
 class EncoderCache:
@@ -93,12 +93,13 @@ class EncoderCache:
         merged.kept = _stack(tuple(c.kept for c in caches))
         return merged
 
-    def extract(self, index: int) -> "EncoderCache":
-        """Row ``index`` as a one-stream cache (a one-stream cache: itself)."""
+    def extract(self, index: int, copy: bool = True) -> "EncoderCache":
+        """Row ``index`` as a one-stream cache (a one-stream cache: itself; ``copy=False``:
+        slices, for a row stacked again)."""
         if self.batch_size == 1:
             return self
         row = EncoderCache(len(self.attention), [self.tails[index]])
-        row.attention = [_row(a, index) for a in self.attention]
-        row.conv = [_row(c, index) for c in self.conv]
-        row.kept = _row(self.kept, index)
+        row.attention = [_row(a, index, copy) for a in self.attention]
+        row.conv = [_row(c, index, copy) for c in self.conv]
+        row.kept = _row(self.kept, index, copy)
         return row

@@ -168,23 +168,26 @@ class RingCache(RotatingKVCache):
         return self._arena is not None or (
             self._keys is not None and self._keys.shape[2] == self.max_size)
 
-    def detach(self, keep: bool = True) -> None:
+    def detach(self, keep: bool = True, copy: bool = True) -> None:
         """Take its rows back from its arena (copies of them, so they do not keep the
-        arena's buffer alive; ``keep=False``: drop them) and its write index and offset."""
+        arena's buffer alive; ``copy=False``: views, for rows stacked again at once;
+        ``keep=False``: drop them) and its write index and offset."""
         arena = self._arena
         if arena is not None:
             self._own_offset, self._own_idx = arena._offset[self._slot], arena._idx[self._slot]
             self._arena = None
             rows = arena.leave(self._slot)
-            self._keys, self._values = (mx.contiguous(rows[0]), mx.contiguous(rows[1])) \
-                if keep else (None, None)
+            self._keys, self._values = (None, None) if not keep else rows if not copy else (
+                mx.contiguous(rows[0]), mx.contiguous(rows[1]))
 
 
-def release(caches: Sequence[Any]) -> None:
-    """A session's caches are being dropped: let the arenas that hold its rows know."""
+def release(caches: Sequence[Any], keep: bool = False) -> None:
+    """A session's caches leave the arenas that hold their rows: dropped (it is being
+    released), or with ``keep`` taken back as copies (it stops stepping with the others,
+    who keep their arena)."""
     for cache in caches:
         if isinstance(cache, RingCache):
-            cache.detach(keep=False)
+            cache.detach(keep=keep)
 
 
 class KVArena:
@@ -245,11 +248,12 @@ class KVArena:
             self.keys = self.values = None
         return rows
 
-    def dissolve(self) -> None:
-        """Every session still adopted takes its rows back."""
+    def dissolve(self, staying: Sequence[Any] = ()) -> None:
+        """Every session still adopted takes its rows back: views for the caches in
+        ``staying`` (stacked again at once), copies for the others."""
         for cache in self.caches:
             if cache is not None and cache.arena is self:
-                cache.detach()
+                cache.detach(copy=all(cache is not c for c in staying))
 
     def attend(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float,
                batched: bool, memo: StepArrays | None = None) -> mx.array:
@@ -334,7 +338,7 @@ class AttentionCores:
         # The steady case, every step while the same sessions step: the arena already
         # holds them (adopted rings, of its shape), so only the new rows are checked.
         if arena is None or not arena.holds(caches) or not arena.takes(keys):
-            dissolve(caches)
+            dissolve(caches, staying=caches)
             if not self._fits(caches, keys, group):
                 return alone()
             arena = KVArena(caches, group)
@@ -365,9 +369,10 @@ def ring_offsets(caches: list[Any]) -> tuple[int, ...]:
     return tuple(c.offset for c in caches)
 
 
-def dissolve(caches: Sequence[Any]) -> None:
-    """Every arena holding any of ``caches`` gives all its rows back (the batch changed)."""
+def dissolve(caches: Sequence[Any], staying: Sequence[Any] = ()) -> None:
+    """Every arena holding any of ``caches`` gives all its rows back (the batch changed):
+    views to those in ``staying``, copies to the others."""
     for cache in caches:
         arena = getattr(cache, "arena", None)
         if arena is not None:
-            arena.dissolve()
+            arena.dissolve(staying)

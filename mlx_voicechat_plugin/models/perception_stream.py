@@ -176,7 +176,7 @@ class PerceptionRows:
 
         def own(b: int) -> EncoderCache:
             j, cache = rows[b]
-            return cache if j is None else cache.extract(j)
+            return cache if j is None else cache.extract(j, copy=False)
 
         kept = {tuple(m): cache for m, cache in self.groups}  # batches of the same rows stay
         self.groups = [(members, kept[tuple(members)] if tuple(members) in kept
@@ -194,10 +194,11 @@ class PerceptionRows:
         return next(cache.nbytes // len(members) for members, cache in self.groups
                     if row in members)
 
-    def split(self) -> list[PerceptionStream]:
-        """Every stream with its row back as its own cache."""
-        for stream, (j, cache) in zip(self.streams, self._rows()):
-            stream.cache = cache if j is None else cache.extract(j)
+    def split(self, stays: list[bool] | None = None) -> list[PerceptionStream]:
+        """Every stream with its row back as its own cache: a copy, or (``stays[b]``) a
+        slice for a row stacked again at once."""
+        for b, (stream, (j, cache)) in enumerate(zip(self.streams, self._rows())):
+            stream.cache = cache if j is None else cache.extract(j, not (stays and stays[b]))
         self.groups = []
         self._split_mels()
         return self.streams

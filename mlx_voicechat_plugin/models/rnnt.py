@@ -69,11 +69,12 @@ class RNNTCarry:
             return carries[0]
         return cls([stack_rows(parts) for parts in zip(*(c.arrays for c in carries))])
 
-    def extract(self, index: int) -> "RNNTCarry":
-        """Row ``index`` as a one-stream carry (a one-row carry: itself)."""
+    def extract(self, index: int, copy: bool = True) -> "RNNTCarry":
+        """Row ``index`` as a one-stream carry (a one-row carry: itself; ``copy=False``:
+        slices, for a row stacked again)."""
         if self.batch_size == 1:
             return self
-        return RNNTCarry([own_row(a, index) for a in self.arrays])
+        return RNNTCarry([own_row(a, index, copy) for a in self.arrays])
 
 
 class GreedyRNNT:

@@ -35,12 +35,13 @@ def take_row(array: mx.array, index: int) -> mx.array:
     return array[index : index + 1]
 
 
-def own_row(array: mx.array, index: int) -> mx.array:
+def own_row(array: mx.array, index: int, copy: bool = True) -> mx.array:
     """Row ``index`` of ``[B, ...]`` ``array`` as ``[1, ...]`` in a buffer of its own (a
     copy, made when evaluated), for a row a batch gives back: a slice would keep the
-    batch's whole buffer alive for as long as the row is kept; a one-row array as it is."""
+    batch's whole buffer alive for as long as the row is kept; a one-row array as it is.
+    ``copy=False``: the slice, for a row stacked again at once."""
     row = take_row(array, index)
-    return row if row is array else mx.contiguous(row)
+    return row if row is array or not copy else mx.contiguous(row)
 
 
 def take_rows(array: mx.array, indices: Sequence[int]) -> mx.array:

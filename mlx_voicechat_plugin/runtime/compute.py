@@ -32,12 +32,13 @@ import numpy as np
 from ..models.cache_state import split_state
 from ..models.codec_stream import CodecRows, CodecState
 from ..models.context import ContextWindow
-from ..models.kv_arena import dissolve as dissolve_arenas
+from ..models.kv_arena import release as release_caches
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from ..models.rows import take_rows
-from .hearing import Hearing, HearingBatch, HeldPart, ListeningRow
+from .hearing import Hearing, HearingBatch, ListeningRow
+from .held import HeldBatch, HeldPart
 from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep
 from .warm_start import WarmStart
@@ -105,7 +106,7 @@ class ConversationState(ListeningRow):
                  context: tuple[ContextWindow, ContextWindow] | None = None):
         self._perception = perception
         self.batch: TimelineBatch | None = None  # the batch holding its rows, if one does
-        self.row = 0  # its row there
+        self.batch_row = 0  # its row there
         self._timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
                                   context=context)
         self.rnnt = rnnt
@@ -157,7 +158,7 @@ class ConversationState(ListeningRow):
             assert self._codec is not None
             held = self._timeline.nbytes + sum(a.nbytes for a in self._codec.state)
         else:
-            held = self.batch.row_nbytes(self.row)
+            held = self.batch.row_nbytes(self.batch_row)
         return self.listening_nbytes() + held
 
     @property
@@ -174,81 +175,62 @@ class ConversationState(ListeningRow):
         self._codec = None
 
 
-class TimelineBatch:
+class TimelineBatch(HeldBatch):
     """The timelines and codec streams of the conversations that step together, kept as
-    one between frames.
+    one between frames (:class:`~.held.HeldBatch`).
 
     While the same conversations step in the same order (a pool's steady
     state), their frames run on one merged :class:`Timeline` and one stacked
     :class:`~..models.codec_stream.CodecRows`, and no row is taken back out.
-    The batch changes only when its membership does (:meth:`join` with other
-    conversations: a session joins, leaves, pauses or is starved), or when one
-    member's timeline or codec state is read on its own (its ``timeline`` or
-    ``codec``: a snapshot, a prefill, the audio's flush, a release): then
-    every row goes back to its conversation (:meth:`dissolve`). A member's
-    ``nbytes`` is read from its rows without taking them out. One
-    conversation is a batch of none: its own timeline and codec state step.
+    The batch forms again only when its membership does (:meth:`join` with
+    other conversations), or after one member's timeline or codec state is read
+    on its own (its ``timeline`` or ``codec``: a snapshot, a prefill, the
+    audio's flush, a release). A member's ``nbytes`` is read from its rows
+    without taking them out. One conversation is a batch of one.
     """
 
     def __init__(self) -> None:
-        self.members: list[ConversationState] = []
+        super().__init__()
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
-        self.returned: list[ConversationState] = []  # given back since it last formed
 
-    def join(self, states: list[ConversationState]) -> tuple[Timeline, CodecRows]:
+    def join(self, states: list[ConversationState]) -> tuple[Timeline, CodecRows]:  # type: ignore[override]
         """The merged timeline and codec streams of ``states`` (the held ones while they
         are its members)."""
-        if self.timeline is not None and self.codec is not None and len(states) == len(
-                self.members) and all(a is b for a, b in zip(states, self.members)):
-            return self.timeline, self.codec
-        left = [m for m in self.members or self.returned if all(m is not s for s in states)]
-        self.dissolve()
-        for state in states:  # rows another batch holds go back to their conversations
-            if state.batch is not None:
-                state.batch.dissolve()
-        _settle(left)
-        self.returned = []
-        timeline = Timeline.merge([s._timeline for s in states])
+        super().join(states)
+        assert self.timeline is not None and self.codec is not None
+        return self.timeline, self.codec
+
+    def _form(self, states: list[ConversationState]) -> None:
         codecs = [s._codec for s in states]
         if any(c is None for c in codecs):
             raise ValueError("a released conversation cannot step")
-        codec = CodecRows.merge(codecs)  # type: ignore[arg-type]
-        if len(states) > 1:
-            self.members, self.timeline, self.codec = list(states), timeline, codec
-            for row, state in enumerate(states):  # its codec state is the batch's row now
-                state.batch, state.row, state._codec = self, row, None
-        return timeline, codec
+        self.timeline = Timeline.merge([s._timeline for s in states])
+        self.codec = CodecRows.merge(codecs)  # type: ignore[arg-type]
+        for state in states:  # its codec state is the batch's row now
+            state._codec = None
+
+    def _give_back(self, members: list[ConversationState], stays: list[bool]) -> None:
+        timeline, codec = self.timeline, self.codec
+        self.timeline, self.codec = None, None
+        assert timeline is not None and codec is not None
+        for row, (state, stay) in enumerate(zip(members, stays)):
+            state._timeline = timeline.extract(row, copy=not stay)
+            state._codec = codec.extract(row, copy=not stay)
+
+    def _own(self, state: ConversationState) -> list[mx.array]:
+        """A conversation that left: its rings leave their arenas (as copies) too."""
+        if state.released:
+            return []
+        own, codec = state._timeline, state._codec
+        assert codec is not None
+        release_caches([*own.tts_caches[0], *(own.language[0].cache or [])], keep=True)
+        return [*own.state, *codec.state]
 
     def row_nbytes(self, row: int) -> int:
         """The bytes of a member's timeline and codec state, read from its rows."""
         assert self.timeline is not None and self.codec is not None
         return self.timeline.row_nbytes(row) + self.codec.row_nbytes(row)
-
-    def dissolve(self) -> None:
-        """Every member takes its rows back as its own timeline and codec state."""
-        timeline, codec, members = self.timeline, self.codec, self.members
-        self.timeline, self.codec, self.members = None, None, []
-        self.returned = members or self.returned
-        for row, state in enumerate(members):  # each row a copy of its own (rows.own_row)
-            state.batch = None
-            assert timeline is not None and codec is not None
-            state._timeline = timeline.extract(row)
-            state._codec = codec.extract(row)
-
-
-def _settle(left: list[ConversationState]) -> None:
-    """The conversations that left the batch (paused, detached, closed) make their rows'
-    copies now, their rings taken out of their arenas too, so none of them keeps the
-    batch's buffers alive while it does not step; those that step on make theirs
-    within their next frame."""
-    live = [s for s in left if not s.released and s.batch is None]
-    for state in live:
-        own = state._timeline
-        dissolve_arenas([*own.tts_caches[0], *(own.language[0].cache or [])])
-    arrays = [a for s in live for a in (*s._timeline.state, *s._codec.state)]
-    if arrays:
-        mx.eval(arrays)
 
 
 def advance(

@@ -4,11 +4,9 @@ Rows are every stream that steps: conversations and transcript-only streams
 (:class:`ListeningRow`). Their listening state (the encoder caches and
 subsampling tails, the RNNT carries) is kept stacked between frames by a
 :class:`HearingBatch` (a pool owns one), the same way
-:class:`~.compute.TimelineBatch` keeps the conversations' timelines: while
-the same rows step in the same order nothing is stacked or sliced; a change
-of membership, or one row's state read on its own, gives every row its state
-back. :class:`Hearing` is one frame of the listening half in flight. One row
-is a batch of one through the same code.
+:class:`~.compute.TimelineBatch` keeps the conversations' timelines
+(:mod:`.held`). :class:`Hearing` is one frame of the listening half in
+flight. One row is a batch of one through the same code.
 """
 
 from __future__ import annotations
@@ -20,33 +18,8 @@ import mlx.core as mx
 from ..models.perception_stream import PerceptionRows, PerceptionStream
 from ..models.rnnt import RNNTCarry, RNNTFrame, RNNTState
 from ..models.rows import stack_rows, take_rows
+from .held import HeldBatch, HeldPart
 from .profile import FrameClock
-
-
-class HeldPart:
-    """A member's own part of its state (``_<name>``) that a batch may hold as a row
-    (the batch named by ``batch``): reading or replacing it gives every row of that
-    batch back first, so what is read is the member's own, current state."""
-
-    def __init__(self, batch: str, doc: str = ""):
-        self.batch, self.__doc__ = batch, doc
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.own = "_" + name
-
-    def __get__(self, member: Any, owner: type | None = None) -> Any:
-        if member is None:
-            return self
-        held = getattr(member, self.batch)
-        if held is not None:
-            held.dissolve()
-        return getattr(member, self.own)
-
-    def __set__(self, member: Any, value: Any) -> None:
-        held = getattr(member, self.batch)
-        if held is not None:
-            held.dissolve()
-        setattr(member, self.own, value)
 
 
 class ListeningRow:
@@ -79,54 +52,46 @@ class ListeningRow:
         return perception + self.rnnt.nbytes
 
 
-class HearingBatch:
-    """The listening state of the rows that step together, kept stacked between frames.
+class HearingBatch(HeldBatch):
+    """The listening state of the rows that step together, kept stacked between frames
+    (:class:`~.held.HeldBatch`).
 
     While the same rows step in the same order (a pool's steady state), their
     encoder caches and mel tails stay stacked (one ``PerceptionRows``) and
     their RNNT carries one ``RNNTCarry``: a frame stacks and slices nothing.
-    The batch changes only when its membership does (:meth:`join` with other
-    rows: a session joins, leaves, pauses or is starved),
-    or when one member's state is read on its own (its ``perception``: a
-    snapshot, a release): then every row goes back to its owner
-    (:meth:`dissolve`). A member's bytes are read from its row without taking it
-    out. One row is a batch of one through the same code (merging and giving
-    back one row move no data).
+    The batch forms again only when its membership does (:meth:`join` with
+    other rows), or after one member's state is read on its own (its
+    ``perception``: a snapshot, a release). A member's bytes are read from its
+    row without taking it out. One row is a batch of one through the same code.
     """
 
+    slot = "hearing"
+
     def __init__(self) -> None:
-        self.members: list[ListeningRow] = []
+        super().__init__()
         # None: sources that push on their own (whole signals, streams without the cache)
         self.perception: PerceptionRows | None = None
         self.decoded: list[int] = []  # the members whose RNNT runs: the carry's rows
         self.carry: RNNTCarry | None = None  # formed at the first frame (its dtype)
-        self.returned: list[ListeningRow] = []  # given back since it last formed
 
-    def join(self, states: list[ListeningRow]) -> "HearingBatch":
-        """This batch holding ``states``' rows, in order (as it is while they are its members)."""
-        if self.members and len(states) == len(self.members) and all(
-                a is b for a, b in zip(states, self.members)):
-            return self
-        left = [m for m in self.members or self.returned if all(m is not s for s in states)]
-        self.dissolve()
-        for state in states:  # rows another batch holds go back to their owners
-            if state.hearing is not None:
-                state.hearing.dissolve()
-        # Rows that left make their copies (rows.own_row) now, so none keeps the batch's
-        # buffers alive while it does not step; those that step on, within their frame.
-        arrays = [a for s in left if s.hearing is None and s._perception is not None
-                  for a in (*s._perception.state, *s.rnnt.state)]
-        if arrays:
-            mx.eval(arrays)
-        self.returned = []
+    def _form(self, states: list[ListeningRow]) -> None:
         sources = [s._perception for s in states]
-        if all(isinstance(s, PerceptionStream) and s.use_cache for s in sources):
-            self.perception = PerceptionRows.merge(sources)
+        cached = all(isinstance(s, PerceptionStream) and s.use_cache for s in sources)
+        self.perception = PerceptionRows.merge(sources) if cached else None
         self.decoded = [b for b, s in enumerate(states) if s.rnnt.enabled]
-        self.members = list(states)
-        for row, state in enumerate(states):
-            state.hearing, state.hearing_row = self, row
-        return self
+
+    def _give_back(self, members: list[ListeningRow], stays: list[bool]) -> None:
+        perception, carry = self.perception, self.carry
+        self.perception, self.carry = None, None
+        if perception is not None:
+            perception.split(stays)
+        if carry is not None:
+            for j, b in enumerate(self.decoded):
+                members[b].rnnt.carry = carry.extract(j, copy=not stays[b])
+
+    def _own(self, state: ListeningRow) -> list[mx.array]:
+        source = state._perception
+        return [] if source is None else [*source.state, *state.rnnt.state]
 
     def rnnt_carry(self, dtype: mx.Dtype) -> RNNTCarry:
         """The decoded rows' stacked carry (their own carries taken in at the first frame)."""
@@ -145,19 +110,6 @@ class HearingBatch:
         if self.carry is not None and row in self.decoded:
             return perception + self.carry.nbytes // len(self.decoded)
         return perception + state.rnnt.nbytes
-
-    def dissolve(self) -> None:
-        """Every member takes its rows back as its own state."""
-        members, perception, carry = self.members, self.perception, self.carry
-        self.members, self.perception, self.carry = [], None, None
-        self.returned = members or self.returned
-        for state in members:
-            state.hearing = None
-        if perception is not None:
-            perception.split()
-        if carry is not None:
-            for j, b in enumerate(self.decoded):
-                members[b].rnnt.carry = carry.extract(j)
 
 
 class Hearing:

@@ -140,16 +140,17 @@ class Timeline:
         if len(self.language) > 1 and all(map(self.model.stt_model.ready, self.language)):
             self.language = [LanguageRows(self.language)]
 
-    def extract(self, index: int) -> "Timeline":
-        """Row ``index`` as a one-row timeline (a one-row timeline: itself)."""
+    def extract(self, index: int, copy: bool = True) -> "Timeline":
+        """Row ``index`` as a one-row timeline (a one-row timeline: itself); its stacked
+        arrays copies of their own (``copy=False``: slices, for a row stacked again)."""
         if self.batch_size == 1:
             return self
         language = self.language
-        row = (language[0].extract(index) if isinstance(language[0], LanguageRows)
+        row = (language[0].extract(index, copy) if isinstance(language[0], LanguageRows)
                else language[index])
         return self._with([self.positions[index]], [row],
                           [self.tts_caches[index]], [self.rngs[index]],
-                          [own_row(a, index)
+                          [own_row(a, index, copy)
                            for a in (self.prev_text, self.prev_function, self.prev_codes)])
 
     # --- state ------------------------------------------------------------------
