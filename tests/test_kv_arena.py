@@ -228,3 +228,30 @@ def test_growing_rings_are_completed_when_an_arena_adopts_them(monkeypatch, batc
             expected = _alone(q[s:s + 1], reference, k[s:s + 1], v[s:s + 1])
             assert mx.array_equal(out[s:s + 1], expected)
     assert rings[0].arena is not None and all(r.whole for r in rings)
+
+
+def test_a_ring_that_leaves_its_arena_before_it_wraps_takes_back_only_what_it_wrote(
+        monkeypatch):
+    """A session that pauses early keeps the growth steps it wrote into, not the whole
+    ring the arena completed it to, and continues exactly as the reference cache."""
+    monkeypatch.setattr(RingCache, "growth", 4)
+    max_size, keep = 12, 3
+    pairs = [_pair(max_size, keep, n, 1, seed) for seed, n in enumerate([1, 5, 11])]
+    references, rings = [p[0] for p in pairs], [p[1] for p in pairs]
+    cores = AttentionCores()
+    for step in range(2):
+        mx.random.seed(300 + step)
+        q = mx.random.normal((len(rings), HEADS, 1, DIM))
+        k, v = mx.random.normal((2, len(rings), KV_HEADS, 1, DIM))
+        cores(q, k, v, rings, 1, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
+        for s, reference in enumerate(references):
+            reference.update_and_fetch(k[s : s + 1], v[s : s + 1])
+    assert all(r.arena is not None and r.keys.shape[2] == max_size for r in rings)
+    kv_arena.release(rings, keep=True)  # they stop stepping together (a pause)
+    assert [r.keys.shape[2] for r in rings] == [4, 8, 12]  # 3, 7 written; 13: wrapped
+    for step in range(12):  # each alone, across its growths and the wrap
+        mx.random.seed(400 + step)
+        q = mx.random.normal((1, HEADS, 1, DIM))
+        k, v = mx.random.normal((2, 1, KV_HEADS, 1, DIM))
+        for ring, reference in zip(rings, references):
+            assert mx.array_equal(_alone(q, ring, k, v), _alone(q, reference, k, v))

@@ -171,14 +171,21 @@ class RingCache(RotatingKVCache):
     def detach(self, keep: bool = True, copy: bool = True) -> None:
         """Take its rows back from its arena (copies of them, so they do not keep the
         arena's buffer alive; ``copy=False``: views, for rows stacked again at once;
-        ``keep=False``: drop them) and its write index and offset."""
+        ``keep=False``: drop them) and its write index and offset. A ring that has
+        not wrapped copies only the :attr:`growth` steps it wrote into, as it held
+        them before the arena completed it (the rest are the completion's zeros)."""
         arena = self._arena
         if arena is not None:
-            self._own_offset, self._own_idx = arena._offset[self._slot], arena._idx[self._slot]
+            offset = self._own_offset = arena._offset[self._slot]
+            self._own_idx = arena._idx[self._slot]
             self._arena = None
-            rows = arena.leave(self._slot)
-            self._keys, self._values = (None, None) if not keep else rows if not copy else (
-                mx.contiguous(rows[0]), mx.contiguous(rows[1]))
+            keys, values = arena.leave(self._slot)
+            if keep and copy:
+                if offset < self.max_size:
+                    size = min(self.max_size, max(1, -(-offset // self.step)) * self.step)
+                    keys, values = keys[:, :, :size], values[:, :, :size]
+                keys, values = mx.contiguous(keys), mx.contiguous(values)
+            self._keys, self._values = (keys, values) if keep else (None, None)
 
 
 def release(caches: Sequence[Any], keep: bool = False) -> None:
