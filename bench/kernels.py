@@ -45,6 +45,14 @@ hearing its own speech, N=16's steps run it when any of sixteen rows emits and
 N=1's only when its one row does, so their ratio mixes the batch's growth with
 more transcript work; ``--same-speech`` gives every session session 0's
 signal, so each row's work is N=1's and the ratios are the batch's own.
+
+Each N past the first also times one graph of N=1's node count at N rows and
+at one (:func:`backend_floor`: products at the LLM's width and elementwise
+ops, as many evaluations as a step): the graph is the same, so its ratio is
+what the backend itself charges the stepping thread for more rows, the floor
+under the step's host ratio that no bookkeeping removes (on MLX's CPU backend
+its throttle wakes this thread more often and allocates larger buffers; the
+compute runs on MLX's own thread either way).
 """
 
 from __future__ import annotations
@@ -146,6 +154,45 @@ def count_steps(voicechat: Any, batch: int, warm_frames: int, frames: int,
             "primitives_last_step": steps[-1]["primitives"] if steps else {}}
 
 
+def backend_floor(width: int, batch: int, nodes: int, evaluations: int = 4,
+                  reps: int = 7) -> dict[str, float]:
+    """The stepping thread's host ms for one graph of ``nodes`` nodes at 1 row and at
+    ``batch`` rows, medians of ``reps`` runs taken in turn: blocks of a ``[B, width]``
+    by ``[width, width]`` product and four elementwise ops, evaluated in ``evaluations``
+    calls. The graph is the same at both sizes, so its ratio is what the backend
+    itself charges this thread for more rows (on MLX's CPU backend: its throttle's
+    wake-ups and larger buffers), the floor under a pool step's host ratio."""
+    import mlx.core as mx
+
+    from mlx_voicechat_plugin.instruments.kernels import host_ms
+
+    weights = [mx.random.normal((width, width)) * width**-0.5 for _ in range(8)]
+    bias = mx.zeros((width,))
+    mx.eval(weights, bias)
+    blocks = max(1, nodes // 5)
+    per_eval = max(1, blocks // evaluations)
+
+    def run(rows: int) -> float:
+        x = mx.random.normal((rows, width))
+        mx.eval(x)
+
+        def graph() -> None:
+            y = x
+            for i in range(blocks):
+                y = mx.tanh(y @ weights[i % 8] + bias) * 0.5 + y
+                if (i + 1) % per_eval == 0 or i == blocks - 1:
+                    mx.eval(y)
+
+        return host_ms(graph)
+
+    times: dict[int, list[float]] = {1: [], batch: []}
+    for _ in range(reps):
+        for rows in times:
+            times[rows].append(run(rows))
+    one, many = statistics.median(times[1]), statistics.median(times[batch])
+    return {"one_ms": one, "batch_ms": many, "ratio": many / one}
+
+
 def load_fixture(size: str, seed: int = 0, tmp: str | None = None) -> tuple[Any, Any]:
     """The plugin's model and tokenizer of fixture ``size`` (``full``: built on the device)."""
     from mlx_voicechat_plugin import load
@@ -210,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
               f"({row['evaluation_waits']['median']:.0f} waits), {outside:.1f} outside "
               f"(x N=1 {outside / outside_base:.2f}); the RNNT's later tries ran in "
               f"{row['later_tries']} of {3 * args.frames} steps", flush=True)
+        if n != rows[0]["batch"]:
+            row["floor"] = backend_floor(voicechat.config.text_config.hidden_size, n,
+                                         int(rows[0]["nodes"]["median"]))
+            print(f"    the same graph at {n} rows and at 1 (the backend's own growth, "
+                  f"{rows[0]['nodes']['median']:.0f} nodes): {row['floor']['batch_ms']:.1f} "
+                  f"against {row['floor']['one_ms']:.1f} host ms (x {row['floor']['ratio']:.2f})",
+                  flush=True)
         callers = ", ".join(f"{caller} {count}"
                             for caller, count in list(row["wide_callers"].items())[:3])
         print(f"    wide float products by caller: {callers or 'none'}", flush=True)
