@@ -194,13 +194,6 @@ class TimelineBatch(HeldBatch):
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
 
-    def join(self, states: list[ConversationState]) -> tuple[Timeline, CodecRows]:  # type: ignore[override]
-        """The merged timeline and codec streams of ``states`` (the held ones while they
-        are its members)."""
-        super().join(states)
-        assert self.timeline is not None and self.codec is not None
-        return self.timeline, self.codec
-
     def _form(self, states: list[ConversationState]) -> None:
         codecs = [s._codec for s in states]
         if any(c is None for c in codecs):
@@ -282,7 +275,10 @@ def advance_batch(
     talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
     talkers = [states[b] for b in talking]
     batch = TimelineBatch() if batch is None else batch
-    timeline, codec_rows = batch.join(talkers) if talkers else (None, None)
+    timeline = codec_rows = None
+    if talkers:
+        batch.join(talkers)
+        timeline, codec_rows = batch.timeline, batch.codec
     ids = []
     if timeline is not None:
         tokens = timeline.listen(take_rows(hearing.projected, talking),
