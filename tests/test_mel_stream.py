@@ -17,7 +17,7 @@ from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram_frames
 
 from mlx_voicechat_plugin.config import ModelConfig
 from mlx_voicechat_plugin.models.mel_stream import (
-    MelRows, MelStream, device_log_mel, host_frames, log_mel_many)
+    MelRows, MelStream, device_groups, device_log_mel, host_frames)
 from mlx_voicechat_plugin.runtime import compile_policy
 from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 from mlx_voicechat_plugin.testing.configs import fixture_config
@@ -42,6 +42,19 @@ def test_host_frames_then_device_equal_mlx_audio_frames(config, pad_mode):
     for start, end in [(0, 8), (0, 1), (3, 11), (20, last), (last - 1, last), (7, 8)]:
         got = device_log_mel(mx.array(host_frames(x, args, start, end))[None], args)
         assert _equal(got, log_mel_spectrogram_frames(mx.array(x), args, start, end)), (start, end)
+
+
+def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> list[mx.array]:
+    """Each stream's chunk framed on its own, the device work of every stream whose frames
+    have one shape run as one graph (``device_groups``, as a pool step runs it):
+    ``(1, n_b, features)`` each."""
+    blocks = [([b], None if frames is None else frames[None])
+              for b, frames in enumerate(s.take(c) for s, c in zip(streams, chunks))]
+    rows: list[mx.array] = [mx.array(0)] * len(streams)
+    for members, mel in device_groups(blocks, streams[0].args):
+        for j, b in enumerate(members):
+            rows[b] = mel[j : j + 1]
+    return rows
 
 
 def _solo_and_batched(config, starts: list[int], chunk: int, frames: int):

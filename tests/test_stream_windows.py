@@ -143,3 +143,21 @@ def test_steady_streams_frame_and_subsample_with_the_kernels_of_one(small):
         return kernel_count(graph_primitives(*outs))
 
     assert kernels(4) == kernels(1)
+
+
+def test_a_perception_batch_takes_one_whole_frame_a_row_and_stays_usable(small):
+    """Streams framing together take whole frames (a stream cuts them; its flush pads the
+    last): a short one is refused with the length it wants, and the streams go on."""
+    model = small[0]
+    frame = model.config.frame_samples
+    signals = [question_signal(0.5, seed=seed) for seed in range(2)]
+    streams = [PerceptionStream(model.stt_model.perception, model.config) for _ in signals]
+    alone = [PerceptionStream(model.stt_model.perception, model.config) for _ in signals]
+    with pytest.raises(ValueError, match=f"one frame of {frame} samples a row, got \\[700, {frame}\\]"):
+        push_frames(streams, [signals[0][:frame], signals[1][:700]])
+    for index in range(3):
+        chunk = [s[index * frame : (index + 1) * frame] for s in signals]
+        projected, encoded = push_frames(streams, chunk)
+        for b, stream in enumerate(alone):
+            p, e = _step(stream, chunk[b])
+            assert _equal(projected[b : b + 1], p) and _equal(encoded[b : b + 1], e), index

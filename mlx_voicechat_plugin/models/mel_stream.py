@@ -33,7 +33,6 @@ import numpy as np
 from mlx_audio.dsp import STR_TO_WINDOW_FN, hanning, mel_filters
 from mlx_audio.stt.models.nemotron_asr.audio import PreprocessArgs
 
-from .rows import take_row
 
 def _constants(args: PreprocessArgs) -> tuple[np.ndarray, mx.array]:
     """The centre-padded analysis window (host) and the Slaney mel filterbank (device),
@@ -127,8 +126,8 @@ class MelStream:
     """Centred log-mel frames as audio arrives, from a bounded host-side sample tail.
 
     A frame is emitted once its centre trails the input edge by ``lookahead``
-    samples. :meth:`push` is one stream alone; :func:`log_mel_many` pushes many
-    and runs their device work together.
+    samples. :meth:`push` is one stream alone; streams framing together are a
+    :class:`MelRows`.
     """
 
     def __init__(self, args: PreprocessArgs, lookahead: int):
@@ -163,7 +162,8 @@ class MelStream:
 
     def push(self, samples: np.ndarray) -> mx.array:
         """Mono float32 samples -> the ``(1, n, features)`` frames now complete (lazy)."""
-        return log_mel_many([self], [samples])[0]
+        frames = self.take(samples)
+        return device_groups([([0], None if frames is None else frames[None])], self.args)[0][1]
 
 
 class MelRows:
@@ -252,24 +252,3 @@ def device_groups(blocks: list[tuple[list[int], np.ndarray | None]], args: Prepr
             block = parts[0][1] if len(parts) == 1 else np.concatenate([p for _, p in parts])
             out.append((rows, device_log_mel(mx.array(block), args)))
     return out
-
-
-def log_mel_groups(streams: list[MelStream], chunks: list[np.ndarray]
-                   ) -> list[tuple[list[int], mx.array]]:
-    """Each stream's :meth:`MelStream.push` of its chunk, by groups of streams whose frames
-    have the same shape: ``(rows, (G, n, features) log-mel)``, one device graph a group
-    (:func:`device_groups`)."""
-    blocks = [([b], None if frames is None else frames[None])
-              for b, frames in enumerate(s.take(c) for s, c in zip(streams, chunks))]
-    return device_groups(blocks, streams[0].args) if streams else []
-
-
-def log_mel_many(streams: list[MelStream], chunks: list[np.ndarray]) -> list[mx.array]:
-    """Each stream's :meth:`MelStream.push` of its chunk, as ``(1, n_b, features)`` each:
-    streams whose frames have the same shape share one device graph
-    (:func:`log_mel_groups`)."""
-    rows: list[mx.array] = [mx.array(0)] * len(streams)
-    for members, mel in log_mel_groups(streams, chunks):
-        for j, b in enumerate(members):
-            rows[b] = take_row(mel, j)
-    return rows

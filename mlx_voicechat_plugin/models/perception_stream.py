@@ -130,13 +130,12 @@ class PerceptionRows:
         rows._group_mels()
         return rows
 
-    def _group_mels(self, lengths: dict[int, int] | None = None) -> None:
-        """Stack the rows' mel tails by layout (and chunk length, ``lengths``)."""
+    def _group_mels(self) -> None:
+        """Stack the rows' mel tails by layout."""
         self._split_mels()
         wanted: dict = {}
         for b in range(len(self.streams)):
-            layout = self.streams[b].mel.layout()
-            wanted.setdefault(layout if lengths is None else (layout, lengths[b]), []).append(b)
+            wanted.setdefault(self.streams[b].mel.layout(), []).append(b)
         self.mels = [(members, MelRows.merge([self.streams[b].mel for b in members]))
                      for members in wanted.values()]
 
@@ -146,10 +145,7 @@ class PerceptionRows:
         self.mels = []
 
     def _frame(self, frames: list[np.ndarray]) -> list[tuple[list[int], mx.array]]:
-        """The rows' log-mel of their chunks: ``(rows, (G, n, features))`` groups."""
-        if any(len({frames[b].shape[0] for b in members}) > 1 for members, _ in self.mels):
-            # Chunks of unequal lengths (not whole frames): tails frame by equal lengths.
-            self._group_mels({b: f.shape[0] for b, f in enumerate(frames)})
+        """The rows' log-mel of their frames: ``(rows, (G, n, features))`` groups."""
         blocks = [(members, rows.take(frames[members[0]][None] if len(members) == 1
                                       else np.stack([frames[b] for b in members])))
                   for members, rows in self.mels]
@@ -214,16 +210,13 @@ class PerceptionRows:
         frame's graph would hang off the previous one. ``clock`` (a profiling
         ``FrameClock``) times the sub-stages when given.
         """
+        lengths = {f.shape[0] for f in frames}
+        if lengths != {self.streams[0].frame_samples}:
+            raise ValueError(f"PerceptionRows.push takes one frame of "
+                             f"{self.streams[0].frame_samples} samples a row, got {sorted(lengths)}")
         mels = self._frame(frames)
         if clock is not None:
             clock.sub_stage("perception.mel", *(m for _, m in mels))
-        counts = {b: m.shape[1] for members, m in mels for b in members}
-        if any(len({counts[b] for b in members}) > 1 for members, _ in self.groups):
-            # Rows of one batch brought different numbers of mel frames (chunks that
-            # are not whole frames): they step in batches of equal counts from now on.
-            keys = {b: (cache.key(), counts[b]) for members, cache in self.groups
-                    for b in members}
-            self._regroup([keys[b] for b in range(len(self.streams))])
         by_rows = {tuple(members): m for members, m in mels}
         outs = []
         for members, cache in self.groups:
