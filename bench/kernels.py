@@ -260,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         if n != rows[0]["batch"]:
             row["floor"] = backend_floor(voicechat.config.text_config.hidden_size, n,
                                          int(rows[0]["nodes"]["median"]))
+            floor = row["floor"]
             print(f"    the same graph at {n} rows and at 1 (the backend's own growth, "
-                  f"{rows[0]['nodes']['median']:.0f} nodes): {row['floor']['batch_ms']:.1f} "
-                  f"against {row['floor']['one_ms']:.1f} host ms (x {row['floor']['ratio']:.2f})",
+                  f"{rows[0]['nodes']['median']:.0f} nodes): {floor['batch_ms']:.1f} against "
+                  f"{floor['one_ms']:.1f} host ms (x {floor['ratio']:.2f}); the step's "
+                  f"x {host / host_base:.2f} is {host / host_base / floor['ratio']:.2f} of it",
                   flush=True)
         callers = ", ".join(f"{caller} {count}"
                             for caller, count in list(row["wide_callers"].items())[:3])
