@@ -103,7 +103,7 @@ class PerceptionRows:
     streams' encoder caches into batches (one :class:`EncoderCache` of stacked
     rows per cache shape; streams that started on different frames differ until
     their windows fill),
-    :meth:`push` advances every row by a chunk in place, :meth:`split` gives
+    :meth:`push` advances every row by one frame in place, :meth:`split` gives
     each stream its row back. Whoever steps the same streams
     frame after frame keeps one of these between frames, so a steady frame
     stacks and slices nothing; one stream is ``B = 1`` of the same code, where
