@@ -68,7 +68,7 @@ def test_a_steady_pool_step_stacks_and_slices_no_listening_state(voicechat, move
         result = pool.step({k: a[index * FRAME : (index + 1) * FRAME] for k, a in audio.items()})
         assert not result.errors
         batch = pool.listening
-        held.append((batch.perception, batch.carry, [id(c) for _, c in batch.perception.groups],
+        held.append((batch.perception, batch.carry, [id(c) for _, c in batch.perception.encoders.groups],
                      dict(moves)))
         pool.state_bytes  # sizing the sessions reads their rows in place
     first = held[0]
@@ -152,7 +152,7 @@ def test_rows_that_started_apart_batch_apart_until_their_windows_fill_then_as_on
             n = index - late_from
             step["late"] = audio["late"][n * FRAME : (n + 1) * FRAME]
         assert not pool.step(step).errors
-        groups.append(len(pool.listening.perception.groups))
+        groups.append(len(pool.listening.perception.encoders.groups))
     assert groups[late_from] == 2 and groups[late_from + window - 2] == 2
     assert groups[-1] == 1 and len(groups) > late_from + window + 1, groups
     for key, skip in (("early", 0), ("late", late_from)):

@@ -138,7 +138,7 @@ def test_steady_streams_frame_and_subsample_with_the_kernels_of_one(small):
         for index in range(4):  # past the streams' first frames
             outs = rows.push([s[index * frame : (index + 1) * frame] for s in signals])
             mx.eval(*outs, *rows.state)
-        assert len(rows.groups) == 1 and len(rows.mels) == 1  # one batch, one mel tail block
+        assert len(rows.encoders.groups) == 1 and len(rows.mels.groups) == 1  # one batch, one mel tail block
         outs = rows.push([s[4 * frame : 5 * frame] for s in signals])
         return kernel_count(graph_primitives(*outs))
 

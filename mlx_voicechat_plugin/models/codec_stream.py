@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning
 
-from .rows import own_row, stack_rows
+from .rows import RowGroups, own_row, stack_rows
 
 # The decoder's magnitude head saturates softly at this value (fixed by the
 # trained codec, not a config field).
@@ -81,6 +81,10 @@ class CodecState:
     def meta_state(self, value: tuple[int, int, bool]) -> None:
         self.skip, self.spectra, self.closed = value
 
+    def key(self) -> tuple[int, int, bool]:
+        """What streams must share to stack: their phase (:attr:`meta_state`)."""
+        return self.meta_state
+
     @classmethod
     def from_state(cls, state: list[mx.array], meta_state: tuple[int, int, bool]) -> "CodecState":
         *contexts, frames, weights = state
@@ -122,59 +126,15 @@ class CodecState:
             raise ValueError("codec stream was flushed; start a new one with make_state()")
 
 
-class CodecRows:
-    """Decoder states of ``B`` streams, kept stacked between steps, in any phases.
-
-    mlx-lm's cache convention for a batch: :meth:`merge` the streams' own
-    states once, step them together (``Codec.decode_streams``) for as long
-    as the same streams step, and :meth:`extract` a stream's own state back.
-    Streams in the same phase are one :class:`CodecState` (``groups``: the
-    rows it holds, ascending, and that state); a stream that started later
-    is a group of its own until its phase meets the others', when
-    :meth:`regroup` stacks them once. One stream is its own state.
+class CodecRows(RowGroups):
+    """Decoder states of ``B`` streams, kept stacked between steps, in any phases
+    (:class:`~.rows.RowGroups`): streams in the same phase are one
+    :class:`CodecState`; a stream that started later is a group of its own until
+    its phase meets the others' (``Codec.decode_streams`` regroups first). One
+    stream is its own state.
     """
 
-    def __init__(self, groups: list[tuple[list[int], CodecState]]):
-        self.groups = groups
-
-    @classmethod
-    def merge(cls, states: list[CodecState]) -> "CodecRows":
-        """The streams ``states`` as rows ``0..B-1``, stacked by phase."""
-        phases: dict[tuple, list[int]] = {}
-        for b, state in enumerate(states):
-            phases.setdefault(state.meta_state, []).append(b)
-        return cls([(rows, CodecState.merge([states[b] for b in rows]))
-                    for rows in phases.values()])
-
-    def _find(self, index: int) -> tuple[int, CodecState]:
-        for rows, state in self.groups:
-            if index in rows:
-                return rows.index(index), state
-        raise IndexError(f"codec row {index} out of range ({self.size} rows)")
-
-    @property
-    def size(self) -> int:
-        return sum(len(rows) for rows, _ in self.groups)
-
-    def extract(self, index: int, copy: bool = True) -> CodecState:
-        """Row ``index``'s own one-row state (of one stream: the state it was merged from)."""
-        row, state = self._find(index)
-        return state.extract(row, copy)
-
-    def row_nbytes(self, index: int) -> int:
-        """The bytes of row ``index``'s own state, without taking it out."""
-        return self._find(index)[1].row_nbytes
-
-    def regroup(self) -> None:
-        """Stack the groups whose phases have met (after a later stream caught up)."""
-        if len({state.meta_state for _, state in self.groups}) < len(self.groups):
-            merged = CodecRows.merge([self.extract(b, copy=False) for b in range(self.size)])
-            self.groups = merged.groups
-
-    @property
-    def state(self) -> list[mx.array]:
-        """Every group's arrays (evaluating them evaluates every row's state)."""
-        return [a for _, state in self.groups for a in state.state]
+    kind = CodecState
 
 
 class SpectralSynthesis:

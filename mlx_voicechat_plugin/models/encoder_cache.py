@@ -73,6 +73,11 @@ class EncoderCache:
         """The bytes of ``state``."""
         return sum(a.nbytes for a in self.state)
 
+    @property
+    def row_nbytes(self) -> int:
+        """The bytes of one row's state (rows of one cache having equal shapes)."""
+        return self.nbytes // self.batch_size
+
     def key(self) -> tuple:
         """What must be equal for caches to merge: each window's and the kept frames' shape."""
         return (tuple(None if a is None else a.shape[1:] for a in self.attention),

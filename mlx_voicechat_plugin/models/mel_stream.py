@@ -151,10 +151,10 @@ class MelStream:
         arithmetic every pool step runs."""
         rows = MelRows([self])
         frames = rows.take(samples[None])
-        rows.split()
+        rows.extract(0)
         return None if frames is None else frames[0]
 
-    def layout(self) -> tuple:
+    def key(self) -> tuple:
         """What streams must share to frame as one (:class:`MelRows`): their tails' length,
         where their next frame starts in it, and whether the tail is the stream's start."""
         return (self._total - self._start, self._next_frame - self._start // self.args.hop_length,
@@ -168,12 +168,12 @@ class MelStream:
 
 class MelRows:
     """``B`` streams' mel frontends framing together, stacked (mlx-lm's ``merge`` /
-    ``split``): their sample tails one ``(B, L)`` host array, their counters one set,
-    relative to the tails, which streams of one :meth:`MelStream.layout` share (the
+    ``extract``): their sample tails one ``(B, L)`` host array, their counters one set,
+    relative to the tails, which streams of one :meth:`MelStream.key` share (the
     same arithmetic as :meth:`MelStream.take` on each, the sample start of every tail
     being a whole hop). A chunk of every row is framed in one host computation
     (:func:`host_frames` of ``(B, L)``). While merged, the streams' own counters are
-    stale: :meth:`split` writes them back.
+    stale: :meth:`extract` writes one back.
     """
 
     def __init__(self, streams: list[MelStream]):
@@ -186,17 +186,17 @@ class MelRows:
                          else np.stack([s._samples for s in streams]))
         self._starts = [s._start for s in streams]  # each tail's stream index at the merge
         self._moved = 0  # samples every tail dropped since
-        self._total, self._next, self._fresh = lead.layout()
+        self._total, self._next, self._fresh = lead.key()
 
     @classmethod
     def merge(cls, streams: list[MelStream]) -> "MelRows":
-        layouts = {s.layout() for s in streams}
+        layouts = {s.key() for s in streams}
         if len(layouts) != 1:
             raise ValueError(f"mel streams of layouts {sorted(layouts)} do not frame as one")
         return cls(streams)
 
-    def layout(self) -> tuple:
-        """Its rows' :meth:`MelStream.layout`."""
+    def key(self) -> tuple:
+        """Its rows' :meth:`MelStream.key`."""
         return self._total, self._next, self._fresh
 
     def take(self, chunks: np.ndarray) -> np.ndarray | None:
@@ -223,16 +223,15 @@ class MelRows:
             self._fresh = False
         return frames
 
-    def split(self) -> list[MelStream]:
-        """Every stream with its tail and counters back."""
-        hop = self.args.hop_length
-        for j, stream in enumerate(self.streams):
-            tail = self._samples[j]  # rows of several: a copy, not a view keeping all
-            stream._samples = tail.copy() if len(self.streams) > 1 else tail
-            stream._start = self._starts[j] + self._moved
-            stream._total = stream._start + self._total
-            stream._next_frame = self._next + stream._start // hop
-        return self.streams
+    def extract(self, index: int, copy: bool = True) -> MelStream:
+        """Stream ``index`` with its tail and counters written back (``copy=False``: its
+        tail a view of the stacked one, for a stream stacked again at once)."""
+        stream, tail = self.streams[index], self._samples[index]
+        stream._samples = tail.copy() if copy and len(self.streams) > 1 else tail
+        stream._start = self._starts[index] + self._moved
+        stream._total = stream._start + self._total
+        stream._next_frame = self._next + stream._start // self.args.hop_length
+        return stream
 
 
 def device_groups(blocks: list[tuple[list[int], np.ndarray | None]], args: PreprocessArgs

@@ -36,7 +36,7 @@ from .encoder_cache import EncoderCache
 from .encoder_stream import EncoderStream
 from .mel_stream import MelRows, MelStream, device_groups
 from .perception import Perception
-from .rows import stack_rows, take_row
+from .rows import RowGroups, stack_rows, take_row
 
 
 class PerceptionStream:
@@ -100,16 +100,16 @@ class PerceptionRows:
 
     mlx-lm's cache convention (streams with the cache; one without it pushes
     on its own, :meth:`PerceptionStream.push`): :meth:`merge` takes the
-    streams' encoder caches into batches (one :class:`EncoderCache` of stacked
-    rows per cache shape; streams that started on different frames differ until
-    their windows fill),
-    :meth:`push` advances every row by one frame in place, :meth:`split` gives
-    each stream its row back. Whoever steps the same streams
-    frame after frame keeps one of these between frames, so a steady frame
-    stacks and slices nothing; one stream is ``B = 1`` of the same code, where
-    merging and splitting move no data. The streams' mel sample tails
-    are held stacked too (:class:`~.mel_stream.MelRows`, host arrays, one per
-    layout), so a steady frame frames every row in one host computation.
+    streams' encoder caches and mel tails into :class:`~.rows.RowGroups`
+    (``encoders``: one :class:`EncoderCache` of stacked rows per cache shape,
+    streams that started on different frames differing until their windows
+    fill; ``mels``: one :class:`~.mel_stream.MelRows` of host tails per
+    layout), :meth:`push` advances every row by one frame in place,
+    :meth:`split` gives each stream its row back. Whoever steps the same
+    streams frame after frame keeps one of these between frames, so a steady
+    frame stacks and slices nothing and frames every row in one host
+    computation; one stream is ``B = 1`` of the same code, where merging and
+    splitting move no data.
     """
 
     def __init__(self, streams: list[PerceptionStream]):
@@ -117,86 +117,31 @@ class PerceptionRows:
         if not all(s.use_cache for s in streams):
             raise ValueError("PerceptionRows holds streams with the cache; push the others alone")
         self.streams = list(streams)
-        self.groups: list[tuple[list[int], EncoderCache]] = []  # (rows, their stacked cache)
-        self.mels: list[tuple[list[int], MelRows]] = []  # (rows, their stacked mel tails)
+        self.encoders = RowGroups.merge([s.cache for s in streams], EncoderCache)
+        self.mels = RowGroups.merge([s.mel for s in streams], MelRows)
+        for stream in streams:
+            stream.cache = None  # type: ignore[assignment]  # the row is held here
 
     @classmethod
     def merge(cls, streams: list[PerceptionStream]) -> "PerceptionRows":
         """The streams' rows, in order; their caches are held here until :meth:`split`."""
-        rows = cls(streams)
-        rows._regroup([s.cache.key() for s in streams], [(None, s.cache) for s in streams])
-        for stream in streams:
-            stream.cache = None  # type: ignore[assignment]  # the row is held here
-        rows._group_mels()
-        return rows
-
-    def _group_mels(self) -> None:
-        """Stack the rows' mel tails by layout."""
-        self._split_mels()
-        wanted: dict = {}
-        for b in range(len(self.streams)):
-            wanted.setdefault(self.streams[b].mel.layout(), []).append(b)
-        self.mels = [(members, MelRows.merge([self.streams[b].mel for b in members]))
-                     for members in wanted.values()]
-
-    def _split_mels(self) -> None:
-        for _, rows in self.mels:
-            rows.split()
-        self.mels = []
-
-    def _frame(self, frames: list[np.ndarray]) -> list[tuple[list[int], mx.array]]:
-        """The rows' log-mel of their frames: ``(rows, (G, n, features))`` groups."""
-        blocks = [(members, rows.take(frames[members[0]][None] if len(members) == 1
-                                      else np.stack([frames[b] for b in members])))
-                  for members, rows in self.mels]
-        if len({rows.layout() for _, rows in self.mels}) < len(self.mels):
-            self._group_mels()  # tails whose layouts became equal frame as one from now on
-        return device_groups(blocks, self.streams[0].mel.args)
-
-    def _rows(self) -> list[tuple[int | None, EncoderCache]]:
-        """Each row's ``(row in its group, group cache)``, in order."""
-        where = {b: (j, cache) for members, cache in self.groups for j, b in enumerate(members)}
-        return [where[b] for b in range(len(self.streams))]
-
-    def _regroup(self, keys: list, rows: list[tuple[int | None, EncoderCache]] | None = None
-                 ) -> None:
-        """Batch the rows by ``keys`` (one per row); a batch whose rows do not change stays
-        as it is (``rows``: where each row is now, default the batches)."""
-        wanted: dict = {}
-        for b, key in enumerate(keys):
-            wanted.setdefault(key, []).append(b)
-        if rows is None:
-            if sorted(map(tuple, wanted.values())) == sorted(tuple(m) for m, _ in self.groups):
-                return
-            rows = self._rows()
-
-        def own(b: int) -> EncoderCache:
-            j, cache = rows[b]
-            return cache if j is None else cache.extract(j, copy=False)
-
-        kept = {tuple(m): cache for m, cache in self.groups}  # batches of the same rows stay
-        self.groups = [(members, kept[tuple(members)] if tuple(members) in kept
-                        else EncoderCache.merge([own(b) for b in members]))
-                       for members in wanted.values()]
+        return cls(streams)
 
     @property
     def state(self) -> list[mx.array]:
         """Every array the rows carry (each batch's once), to evaluate with a frame."""
-        return [a for _, cache in self.groups for a in cache.state]
+        return self.encoders.state
 
     def row_nbytes(self, row: int) -> int:
-        """The bytes of row ``row``'s state (its share of its batch's, rows of one batch
-        having equal shapes)."""
-        return next(cache.nbytes // len(members) for members, cache in self.groups
-                    if row in members)
+        """The bytes of row ``row``'s state."""
+        return self.encoders.row_nbytes(row)
 
     def split(self, stays: list[bool] | None = None) -> list[PerceptionStream]:
         """Every stream with its row back as its own cache: a copy, or (``stays[b]``) a
         slice for a row stacked again at once."""
-        for b, (stream, (j, cache)) in enumerate(zip(self.streams, self._rows())):
-            stream.cache = cache if j is None else cache.extract(j, not (stays and stays[b]))
-        self.groups = []
-        self._split_mels()
+        for stream, cache in zip(self.streams, self.encoders.split(stays)):
+            stream.cache = cache
+        self.mels.split(stays)  # the tails and counters go back to each stream's own
         return self.streams
 
     def push(self, frames: list[np.ndarray], clock: Any = None) -> tuple[mx.array, mx.array]:
@@ -214,12 +159,15 @@ class PerceptionRows:
         if lengths != {self.streams[0].frame_samples}:
             raise ValueError(f"PerceptionRows.push takes one frame of "
                              f"{self.streams[0].frame_samples} samples a row, got {sorted(lengths)}")
-        mels = self._frame(frames)
+        blocks = [(members, mel.take(np.stack([frames[b] for b in members])))
+                  for members, mel in self.mels.groups]
+        self.mels.regroup()  # tails whose layouts became equal frame as one from now on
+        mels = device_groups(blocks, self.streams[0].mel.args)
         if clock is not None:
             clock.sub_stage("perception.mel", *(m for _, m in mels))
         by_rows = {tuple(members): m for members, m in mels}
         outs = []
-        for members, cache in self.groups:
+        for members, cache in self.encoders.groups:
             mel = by_rows.get(tuple(members))
             if mel is None:
                 rows = {b: take_row(m, i) for members_, m in mels for i, b in enumerate(members_)}
@@ -228,15 +176,13 @@ class PerceptionRows:
         if any(out.shape[1] != 1 for out in outs):
             raise RuntimeError(f"streaming encoder emitted {[o.shape[1] for o in outs]} "
                                "frames for one frame")
-        if len(self.groups) == 1:
+        if len(outs) == 1:
             encoded = outs[0]
         else:
-            row = {b: take_row(out, j) for (members, _), out in zip(self.groups, outs)
+            row = {b: take_row(out, j) for (members, _), out in zip(self.encoders.groups, outs)
                    for j, b in enumerate(members)}
             encoded = stack_rows([row[b] for b in range(len(self.streams))])
-            # Batches whose rows now have equal shapes (their windows filled) join.
-            keys = {b: cache.key() for members, cache in self.groups for b in members}
-            self._regroup([keys[b] for b in range(len(self.streams))])
+            self.encoders.regroup()  # batches whose windows filled alike stack as one
         projected = self.streams[0].perception.proj(encoded)
         if clock is not None:
             clock.sub_stage("perception.layers", projected, encoded)

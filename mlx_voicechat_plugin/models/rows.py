@@ -16,7 +16,7 @@ it is).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 
@@ -49,3 +49,78 @@ def take_rows(array: mx.array, indices: Sequence[int]) -> mx.array:
     if len(indices) == array.shape[0]:
         return array
     return stack_rows([take_row(array, i) for i in indices])
+
+
+class RowGroups:
+    """``B`` rows of one stage's state held stacked between frames, one group per key.
+
+    Rows whose states have the same ``key()`` (the shapes or the phase that
+    must be equal to stack: an encoder window's length, a codec stream's
+    phase) are one state of the stage's ``kind``, stacked by ``kind.merge``;
+    a row that started later is a group of its own until its key meets the
+    others', when :meth:`regroup` stacks them once (a group whose rows do not
+    change stays as it is). ``groups`` is ``(rows, ascending; their state)``.
+    A state gives ``extract(index, copy)`` (``copy=False``: slices, for a row
+    stacked again at once), ``key()``, ``state`` and ``row_nbytes``.
+    """
+
+    kind: Any = None
+
+    def __init__(self, groups: list[tuple[list[int], Any]], kind: Any = None):
+        self.groups = groups
+        self.kind = kind or self.kind
+
+    @classmethod
+    def merge(cls, rows: Sequence[Any], kind: Any = None) -> "RowGroups":
+        """``rows`` (one-row states) as rows ``0..B-1``, stacked by key."""
+        kind = kind or cls.kind
+        keyed: dict = {}
+        for b, row in enumerate(rows):
+            keyed.setdefault(row.key(), []).append(b)
+        return cls([(members, kind.merge([rows[b] for b in members]))
+                    for members in keyed.values()], kind)
+
+    @property
+    def size(self) -> int:
+        return sum(len(members) for members, _ in self.groups)
+
+    def where(self, index: int) -> tuple[int, Any]:
+        """Row ``index``'s ``(row in its group, the group's state)``."""
+        for members, state in self.groups:
+            if index in members:
+                return members.index(index), state
+        raise IndexError(f"row {index} out of range ({self.size} rows)")
+
+    def extract(self, index: int, copy: bool = True) -> Any:
+        """Row ``index``'s own one-row state (a group of one: its state itself)."""
+        row, state = self.where(index)
+        return state.extract(row, copy)
+
+    def split(self, stays: Sequence[bool] | None = None) -> list[Any]:
+        """Every row's own state, in order: a copy, or (``stays[b]``) slices for a row
+        stacked again at once; the groups are given up."""
+        rows = [self.extract(b, not (stays and stays[b])) for b in range(self.size)]
+        self.groups = []
+        return rows
+
+    def regroup(self) -> None:
+        """Stack the groups whose keys have met (rows that started later caught up)."""
+        keys = [state.key() for _, state in self.groups]
+        if len(set(keys)) == len(keys):
+            return
+        keyed: dict = {}
+        for (members, _), key in zip(self.groups, keys):
+            keyed.setdefault(key, []).extend(members)
+        kept = {tuple(members): state for members, state in self.groups}
+        self.groups = [(rows, kept[tuple(rows)] if tuple(rows) in kept else
+                        self.kind.merge([self.extract(b, copy=False) for b in rows]))
+                       for rows in map(sorted, keyed.values())]
+
+    def row_nbytes(self, index: int) -> int:
+        """The bytes of row ``index``'s own state, without taking it out."""
+        return self.where(index)[1].row_nbytes
+
+    @property
+    def state(self) -> list[mx.array]:
+        """Every group's arrays (evaluating them evaluates every row's state)."""
+        return [a for _, state in self.groups for a in state.state]
