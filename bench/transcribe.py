@@ -17,6 +17,14 @@ On one fixture checkpoint and one input it times:
 - that the transcripts agree (text-only stream vs full stream; file vs
   ``generate``).
 Results go to ``<out>/transcribe.json``. Benchmark figures, never test assertions.
+
+    python -m bench.transcribe --memory --size tiny [--minutes 1 4 10] [--out build/bench]
+
+``--memory``: the MLX peak memory of :meth:`Transcriber.transcribe` on a WAV
+file of each length, each in its own process (:func:`memory_peak`: peak reset
+after the load, so it counts the weights held and the transcription's own
+arrays), and the spread of the peaks (largest / smallest - 1). Results go to
+``<out>/transcribe-memory-<size>.json``.
 """
 
 from __future__ import annotations
@@ -61,14 +69,91 @@ def _best_seconds(run: Callable[[], Any], rounds: int) -> tuple[float, Any]:
     return best, value
 
 
+def memory_peak(checkpoint: str, wav: str) -> dict[str, Any]:
+    """In this process: load ``checkpoint``, reset the peak, transcribe ``wav``; the peak."""
+    from mlx_voicechat_plugin import load
+    from mlx_voicechat_plugin.runtime.transcribe import Transcriber
+
+    model, processor = load(checkpoint)
+    transcriber = Transcriber(model.create_session(processor))
+    mx.synchronize()
+    loaded = mx.get_active_memory()
+    mx.reset_peak_memory()
+    began = time.perf_counter()
+    result = transcriber.transcribe(wav)
+    seconds = time.perf_counter() - began
+    peak = mx.get_peak_memory()
+    return {"audio_s": result.duration, "frames": result.frames, "wall_s": seconds,
+            "loaded_bytes": loaded, "peak_bytes": peak, "above_load_bytes": peak - loaded,
+            "tokens": len(result.tokens)}
+
+
+def measure_in_processes(checkpoint: str | Path, seconds: list[float], workdir: str | Path
+                         ) -> list[dict[str, Any]]:
+    """:func:`memory_peak` of a WAV file of each length, each in a fresh process."""
+    import subprocess
+
+    from mlx_voicechat_plugin.runtime.audio import write_wav
+    from mlx_voicechat_plugin.testing.fixtures import conversation_signal
+
+    rows = []
+    for length in seconds:
+        wav = Path(workdir) / f"speech-{length:g}s.wav"
+        write_wav(wav, conversation_signal(length), 16_000)
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.transcribe", "--memory-child", str(checkpoint),
+             str(wav)], capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        wav.unlink()
+    return rows
+
+
+def spread(rows: list[dict[str, Any]], key: str = "peak_bytes") -> float:
+    """Largest over smallest, less one."""
+    values = [row[key] for row in rows]
+    return max(values) / min(values) - 1.0
+
+
+def _memory(args: argparse.Namespace) -> int:
+    from mlx_voicechat_plugin.testing.fixtures import make_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = make_checkpoint(Path(tmp) / args.size, args.size)
+        rows = measure_in_processes(checkpoint, [m * 60 for m in args.minutes], tmp)
+    report = {"size": args.size, "backend": str(mx.default_device()),
+              "minutes": args.minutes, "runs": rows, "peak_spread": spread(rows),
+              "note": "random fixture weights; MLX peak after the load, each in its own process"}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"transcribe-memory-{args.size}.json"
+    path.write_text(json.dumps(report, indent=2))
+    for minutes, row in zip(args.minutes, rows):
+        print(f"[{args.size}] {minutes:g} min: peak {row['peak_bytes'] / 2**20:.1f} MiB "
+              f"({row['above_load_bytes'] / 2**20:.1f} MiB above the load), "
+              f"{row['wall_s']:.1f} s, {row['frames']} frames")
+    print(f"[{args.size}] peak spread {report['peak_spread']:.1%}")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--memory-child"]:
+        print(json.dumps(memory_peak(argv[1], argv[2])))
+        return 0
     parser = argparse.ArgumentParser(prog="python -m bench.transcribe")
     parser.add_argument("--size", default="small", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--frames", type=int, default=125, help="streaming frames per round")
     parser.add_argument("--seconds", type=float, default=10.0, help="file length")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="build/bench")
+    parser.add_argument("--memory", action="store_true",
+                        help="peak memory of file transcription at each of --minutes")
+    parser.add_argument("--minutes", type=float, nargs="+", default=[1.0, 4.0, 10.0])
     args = parser.parse_args(argv)
+    if args.memory:
+        return _memory(args)
 
     from mlx_voicechat_plugin import load
     from mlx_voicechat_plugin.runtime.transcribe import Transcriber

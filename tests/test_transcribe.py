@@ -77,33 +77,60 @@ def test_file_transcript_equals_the_reference_offline_transcript_with_no_extra_d
     assert transcriber.transcribe(question_signal(FILE_SECONDS)).text == reference_transcript
 
 
-def test_a_file_runs_no_frames_beyond_the_file_and_the_encoder_lookahead(transcriber,
-                                                                        monkeypatch):
-    """Counted: the samples perception reads and the RNNT frames run are the file's own."""
-    import mlx_voicechat_plugin.models.perception as module
+@pytest.mark.parametrize("seconds", [FILE_SECONDS, 2.0])
+@pytest.mark.parametrize("chunk", [1280, 3000, 16_000])
+def test_file_transcript_equals_the_streaming_path_exactly(transcriber, seconds, chunk):
+    """A whole file runs the stream's own frames: the same text and tokens, however the
+    stream was fed, the partial last frame zero-padded as ``flush`` pads it."""
+    audio = question_signal(seconds)
+    stream = transcriber.create_stream()
+    events = _stream_events(stream, audio, chunk)
+    result = transcriber.transcribe(audio)
+    assert result.text == stream.transcript == events[-2].text
+    assert result.tokens == stream.core.compute.rnnt.tokens
+    assert result.frames == stream.frame_index
+
+
+def test_a_file_runs_its_own_frames_through_the_streaming_encoder(transcriber, monkeypatch):
+    """Counted: no whole-signal perception; one streaming perception frame per 80 ms of
+    the file (the partial last one included), each committed to the RNNT."""
+    from mlx_voicechat_plugin.models.perception import Perception
+    from mlx_voicechat_plugin.models.perception_stream import PerceptionRows
     from mlx_voicechat_plugin.models.rnnt import RNNTState
 
-    perceived, advanced = [], [0]
-    log_mel, advance = module.log_mel, RNNTState.advance
+    whole, pushed, committed = [0], [0], [0]
+    encode_signal, push, commit = Perception.encode_signal, PerceptionRows.push, RNNTState.commit
 
-    def counting_log_mel(waveform, config):
-        perceived.append(int(waveform.shape[0]))
-        return log_mel(waveform, config)
+    def counting_encode_signal(self, *args, **kwargs):
+        whole[0] += 1
+        return encode_signal(self, *args, **kwargs)
 
-    def counting_advance(self, *args, **kwargs):
-        advanced[0] += 1
-        return advance(self, *args, **kwargs)
+    def counting_push(self, frames, clock=None):
+        pushed[0] += len(frames)
+        return push(self, frames, clock)
 
-    monkeypatch.setattr(module, "log_mel", counting_log_mel)
-    monkeypatch.setattr(RNNTState, "advance", counting_advance)
+    def counting_commit(self, symbols):
+        committed[0] += 1
+        return commit(self, symbols)
+
+    monkeypatch.setattr(Perception, "encode_signal", counting_encode_signal)
+    monkeypatch.setattr(PerceptionRows, "push", counting_push)
+    monkeypatch.setattr(RNNTState, "commit", counting_commit)
     audio = question_signal(FILE_SECONDS)
     result = transcriber.transcribe(audio)
-    frame = transcriber.config.frame_samples
-    assert perceived == [audio.shape[0]]  # nothing appended to the file
-    # The encoder frames of the file alone: its 80 ms frames, the partial last
-    # one included, and at most one more from the centred STFT's edge frame.
-    assert -(-audio.shape[0] // frame) <= result.frames <= -(-audio.shape[0] // frame) + 1
-    assert advanced[0] == result.frames
+    frames = -(-audio.shape[0] // transcriber.config.frame_samples)
+    assert whole[0] == 0
+    assert result.frames == pushed[0] == committed[0] == frames
+
+
+def test_progress_hears_each_step_up_to_the_files_frames(transcriber):
+    heard = []
+    result = transcriber.transcribe(question_signal(FILE_SECONDS),
+                                    on_progress=lambda done, total: heard.append((done, total)))
+    totals = {total for _, total in heard}
+    assert totals == {result.frames}
+    assert [done for done, _ in heard] == sorted(done for done, _ in heard)
+    assert heard[-1][0] == result.frames
 
 
 def test_the_duration_is_the_files_length(transcriber):

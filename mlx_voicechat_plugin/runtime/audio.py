@@ -33,8 +33,8 @@ def as_pcm_chunk(samples: object) -> np.ndarray:
     return as_mono_float32(samples, "audio chunk")
 
 
-def load_waveform(audio: AudioInput, sample_rate: int, input_rate: int | None = None) -> mx.array:
-    """Mono float32 at ``sample_rate``.
+def read_samples(audio: AudioInput, sample_rate: int, input_rate: int | None = None) -> np.ndarray:
+    """Mono float32 at ``sample_rate``, on the host (no device allocation).
 
     Paths go through the host's audio reader (WAV/FLAC/MP3, resampled and
     downmixed on read); arrays are taken to be at ``input_rate`` (default:
@@ -44,16 +44,22 @@ def load_waveform(audio: AudioInput, sample_rate: int, input_rate: int | None = 
         path = Path(audio)
         if not path.is_file():
             raise FileNotFoundError(f"audio file not found: {path}")
-        from mlx_audio.stt.utils import load_audio
+        from mlx_audio.audio_io import read
 
-        return load_audio(str(path), sr=sample_rate).astype(mx.float32).reshape(-1)
+        samples, _ = read(str(path), dtype="float32", sample_rate=sample_rate, nchannels=1)
+        return np.asarray(samples, dtype=np.float32).reshape(-1)
     array = as_mono_float32(np.asarray(audio, dtype=np.float32), "audio")
     rate = sample_rate if input_rate is None else input_rate
     if rate != sample_rate:
         from mlx_audio.utils import resample_audio
 
         array = np.asarray(resample_audio(array, rate, sample_rate), dtype=np.float32)
-    return mx.array(array)
+    return array
+
+
+def load_waveform(audio: AudioInput, sample_rate: int, input_rate: int | None = None) -> mx.array:
+    """:func:`read_samples` as a device array."""
+    return mx.array(read_samples(audio, sample_rate, input_rate))
 
 
 def to_pcm16(samples: np.ndarray | mx.array, scale: float = 32767.0) -> np.ndarray:

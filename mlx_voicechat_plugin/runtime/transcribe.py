@@ -5,17 +5,15 @@ user; in a conversation that transcript is a by-product of the full frame.
 Here they run alone, from the same loaded weights:
 
 - :meth:`Transcriber.steps` / :meth:`Transcriber.transcribe`: a whole file,
-  with no appended seconds: whole-signal perception over the file alone and
-  greedy RNNT over its frames, so the text equals the reference's offline
-  transcript with ``extra_decoding_seconds=0`` (and ours,
-  ``generate(..., extra_decoding_seconds=0).user_transcript``). The end of the
-  file is the end of input: the encoder runs over the whole file at once, so
-  its residual window is flushed by construction (the centred STFT's last
-  frame sits on the file's edge, the subsampling keeps a partial last frame;
-  the checkpoint's attention has no right context) and the last real frame's
-  output exists without padding; one :class:`Transcription` is the one final.
-  ``steps`` is a generator that yields each chunk's transcript deltas, so a
-  caller (the server's engine) can interleave other work and stream them.
+  run through the same streaming frame as a :class:`TranscriptionStream`
+  (the streaming mel frontend, the cache-aware encoder step and the RNNT, one
+  80 ms frame at a time from carried state, the partial last frame
+  zero-padded), so the text equals that stream's on the same samples, and
+  the device memory it holds is the encoder's bounded windows whatever the
+  file's length (the host holds the file's decoded PCM). ``steps`` is a
+  generator that yields each chunk's transcript deltas, so a caller (the
+  server's engine) can interleave other work and stream them; ``on_progress``
+  hears each chunk's frames done and the file's total.
 - :class:`TranscriptionStream`: the text-only realtime session, the streaming
   shell (:class:`~.streaming.StreamingShell`) over a :class:`TranscriptCore`.
   Per 80 ms frame the core runs the streaming mel frontend, the encoder step
@@ -31,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -39,7 +37,7 @@ from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
-from .audio import AudioInput, load_waveform
+from .audio import AudioInput, read_samples
 from .events import Event, TranscriptDone, UserTranscriptDelta
 from .compute import Heard, advance
 from .hearing import ListeningRow
@@ -54,7 +52,7 @@ __all__ = ["Transcriber", "TranscriptionOptions", "TranscriptionStream", "Transc
 
 logger = logging.getLogger(__name__)
 
-RNNT_CHUNK_FRAMES = 25  # a file's RNNT frames queued per evaluation
+CHUNK_FRAMES = 25  # a file's streaming frames per step (2 s of audio)
 DEFAULT_LANGUAGE = "en"  # the released checkpoint's language when config.json names none
 
 
@@ -69,7 +67,7 @@ class Transcription:
     text: str
     tokens: list[int]
     duration: float  # the file's seconds
-    frames: int  # encoder frames of the file (decoded unless ``truncated``)
+    frames: int  # 80 ms frames decoded: the file's (the last one partial) unless ``truncated``
     truncated: bool  # the output reached ``max_new_tokens``
 
 
@@ -111,39 +109,45 @@ class Transcriber:
         *,
         max_new_tokens: int | None = None,
         sample_rate: int | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> Generator[list[UserTranscriptDelta], None, Transcription]:
         """Transcribe ``audio`` step by step; yields each step's deltas, returns the result.
 
-        The first step runs perception over the whole file (nothing appended);
-        each later one decodes :data:`RNNT_CHUNK_FRAMES` encoder frames.
+        The first step reads the file; each later one runs :data:`CHUNK_FRAMES`
+        streaming frames (perception and the RNNT of each, evaluated with the
+        carried state), then calls ``on_progress(frames_done, frames_total)``.
         """
         if max_new_tokens is not None:
             check_positive_int(max_new_tokens, "max_new_tokens")
-        rate = self.sample_rate
-        waveform = load_waveform(audio, rate, sample_rate)
-        duration = waveform.shape[0] / rate
-        _, lengths, encoded = self.model.stt_model.perception.encode_signal(waveform)
-        mx.eval(encoded, lengths)  # the projection to the LLM is never evaluated
-        frames = int(lengths[0])
+        samples = read_samples(audio, self.sample_rate, sample_rate)
+        duration = samples.shape[0] / self.sample_rate
+        size = self.config.frame_samples
+        frames = -(-samples.shape[0] // size)
         logger.info("transcription: %.2f s input, %d frames", duration, frames)
-        state = self.voicechat.new_rnnt_state()
-        limited = _Limited(state, max_new_tokens)
-        yield []
-        t = 0
-        while t < frames and state.enabled and not limited.full:
-            stop = min(t + RNNT_CHUNK_FRAMES, frames)
-            pending = [state.advance(encoded[:, i : i + 1]) for i in range(t, stop)]
-            mx.eval(*pending, *state.state)
-            deltas = []
-            for offset, symbols in enumerate(pending):
-                delta = limited.commit(symbols)
-                if delta is not None:
-                    deltas.append(UserTranscriptDelta(t + offset, delta, state.text))
-                if limited.full:
-                    break
-            t = stop
-            yield deltas
-        return Transcription(state.text, list(state.tokens), duration, frames, limited.full)
+        core = TranscriptCore(self.voicechat, TranscriptionOptions())
+        limited = _Limited(core.compute.rnnt, max_new_tokens)
+        try:
+            yield []
+            while core.frame_index < frames and core.compute.rnnt.enabled and not limited.full:
+                deltas = []
+                for t in range(core.frame_index, min(core.frame_index + CHUNK_FRAMES, frames)):
+                    frame = samples[t * size : (t + 1) * size]
+                    if frame.shape[0] < size:  # the partial last frame, as a stream's flush
+                        frame = np.pad(frame, (0, size - frame.shape[0]))
+                    delta = limited.commit(advance(self.model, core.compute, frame).symbols)
+                    core.frame_index += 1
+                    if delta is not None:
+                        deltas.append(UserTranscriptDelta(t, delta, core.transcript))
+                    if limited.full:
+                        break
+                if on_progress is not None:
+                    on_progress(core.frame_index, frames)
+                yield deltas
+            rnnt = core.compute.rnnt
+            return Transcription(rnnt.text, list(rnnt.tokens), duration, core.frame_index,
+                                 limited.full)
+        finally:
+            core.close()
 
     def transcribe(self, audio: AudioInput, **options: Any) -> Transcription:
         """:meth:`steps` run to the end."""

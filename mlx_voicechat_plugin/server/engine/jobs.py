@@ -2,8 +2,8 @@
 
 A job is a generator the engine advances one step at a time, round robin,
 after every turn of commands and whenever none waits: a file transcription
-(:meth:`Transcriber.steps`: the file's perception, then 25 RNNT frames at a
-time) or a session open (its prompt prefill in slices). So realtime
+(:meth:`Transcriber.steps`: 25 streaming frames of the file, perception and
+RNNT, at a time) or a session open (its prompt prefill in slices). So realtime
 sessions' frames are never queued behind a whole file or prompt, and a job
 still advances while sessions keep the queue busy.
 A step's yielded items (a transcription's deltas) go to the job's
