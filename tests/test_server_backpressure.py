@@ -75,6 +75,30 @@ def test_a_client_that_stops_reading_is_closed_and_its_session_freed(server):
         client.close()
 
 
+CLOSED_WITHIN = 8.0  # seconds from the session's end: the close wait, the grace, slack
+TCP_ESTABLISHED = 1  # Linux's tcpi_state (the first byte of TCP_INFO)
+
+
+def _tcp_state(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="reads the socket's TCP state (Linux)")
+def test_a_client_that_never_reads_has_its_socket_closed_within_seconds(server):
+    """The close handshake cannot wait on a client that reads nothing: once the session
+    has ended, the server aborts the socket, and the client sees it without reading."""
+    server.wait_idle()
+    client = _stall(server)
+    try:
+        server.wait_idle()
+        deadline = time.monotonic() + CLOSED_WITHIN
+        while _tcp_state(client.sock) == TCP_ESTABLISHED:
+            assert time.monotonic() < deadline, "the server kept the socket open"
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
 def test_a_reading_client_is_never_closed_for_backpressure(server):
     server.wait_idle()
     with connect(server.ws()) as ws:

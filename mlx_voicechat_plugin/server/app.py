@@ -35,7 +35,7 @@ from .routes.browser import browser_router
 from .routes.calls import Calls
 from .routes.client_secrets import client_secrets_router
 from .routes.models import OPENAI_BASE, ServedModel, models_router, unsupported_router
-from .routes.realtime import Realtime
+from .routes.realtime import Realtime, unknown_path_router
 from .routes.status import status_router
 from .routes.transcriptions import transcriptions_router
 from .transport.ice import ICEConfig
@@ -146,4 +146,5 @@ def create_app(
                                     ice or ICEConfig(), prefix)
     app.include_router(calls.router())
     app.include_router(client_secrets_router(keys, access, prefix))
+    app.include_router(unknown_path_router([prefix + path for d in dialects for path in d.paths]))
     return app

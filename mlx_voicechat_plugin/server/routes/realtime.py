@@ -27,6 +27,7 @@ from fastapi import APIRouter, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from ...quoting import brief
 from ..connection import Connection, connect
 from ..dialects.base import Dialect
 from ..engine.thread import Engine
@@ -54,6 +55,19 @@ async def deny(websocket: WebSocket, status: int, message: str,
         await websocket.send_denial_response(JSONResponse(body, status))
     else:
         await websocket.close(code=CloseCode.POLICY_VIOLATION)
+
+
+def unknown_path_router(paths: Sequence[str]) -> APIRouter:
+    """A WebSocket to any other path: 404 naming the realtime paths (not the host's 403,
+    which reads as an authentication failure). Include it last."""
+    router = APIRouter()
+
+    async def unknown(websocket: WebSocket) -> None:
+        await deny(websocket, 404, f"no WebSocket endpoint at {brief(websocket.url.path)}; "
+                   f"the realtime endpoints are {', '.join(paths)}", "not_found")
+
+    router.add_api_websocket_route("/{path:path}", unknown, name="unknown WebSocket path")
+    return router
 
 
 class Realtime:

@@ -8,7 +8,10 @@ beyond ``max_connections`` in all or ``max_connections_per_client`` from one
 address is closed at once, and one whose first request's headers have not
 arrived within ``header_timeout`` seconds is closed. A WebSocket whose unsent
 bytes pass ``max_unsent_bytes`` (pongs to a ping flood from a client that
-never reads) is closed. Each refusal is logged.
+never reads) is closed. Once the application is done with a WebSocket, its
+socket is aborted if it is still open ``close_grace`` seconds later: a close
+handshake (and the flush before it) waits on a client that never reads for
+ever otherwise. Each refusal is logged.
 
 :func:`uvicorn_protocols` returns the ``http`` / ``ws`` protocol classes to
 hand to ``uvicorn.run`` / ``uvicorn.Config``.
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 import threading
 from collections import Counter
 from typing import Any
@@ -29,12 +34,17 @@ logger = logging.getLogger(__name__)
 # for the transport (its high-water mark is 64 KiB), so only the WebSocket
 # layer's own replies (a pong for every ping) can pile up this far.
 MAX_UNSENT_BYTES = 4 * 2**20
+# Seconds a WebSocket's close handshake may take once the application is done
+# with it; then the socket is aborted.
+CLOSE_GRACE_SECONDS = 2.0
 
 
 class ConnectionGuard:
     def __init__(self, max_connections: int, max_per_client: int, header_timeout: float,
-                 max_unsent_bytes: int = MAX_UNSENT_BYTES):
+                 max_unsent_bytes: int = MAX_UNSENT_BYTES,
+                 close_grace: float = CLOSE_GRACE_SECONDS):
         self.max_connections = max_connections
+        self.close_grace = close_grace
         self.max_per_client = max_per_client
         self.header_timeout = header_timeout
         self.max_unsent_bytes = max_unsent_bytes
@@ -67,6 +77,18 @@ class ConnectionGuard:
                 self.per_client[address] -= 1
                 if not self.per_client[address]:
                     del self.per_client[address]
+
+
+def reset(transport: asyncio.BaseTransport) -> None:
+    """Abort with a TCP reset: a plain close leaves the kernel sending what a client that
+    never reads will never take (its window stays shut), the connection open for minutes."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    transport.abort()
 
 
 def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
@@ -121,11 +143,25 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
                 # A ping flood from a client that never reads its pongs.
                 logger.warning("closed a WebSocket from %s: %d bytes unsent, the client is "
                                "not reading", getattr(self, "client", None), unsent)
-                self.transport.abort()
+                reset(self.transport)
 
         def connection_lost(self, exc: Exception | None) -> None:
             guard.release(self.transport)
             super().connection_lost(exc)
+
+        async def run_asgi(self) -> None:
+            """The application's life, then a bounded close: abort the socket if the
+            client has not completed the close ``close_grace`` seconds later."""
+            try:
+                await super().run_asgi()
+            finally:
+                self.loop.call_later(guard.close_grace, self._abort_if_open)
+
+        def _abort_if_open(self) -> None:
+            if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+                logger.info("aborted a WebSocket from %s: its close did not complete in %g s",
+                            getattr(self, "client", None), guard.close_grace)
+                reset(self.transport)
 
         async def receive(self) -> Any:  # uvicorn's websockets-sansio protocol
             """A connection lost with no close frame is 1006, abnormal closure (uvicorn's

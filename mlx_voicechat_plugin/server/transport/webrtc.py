@@ -39,7 +39,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from ..messages import (AudioIn, AudioMark, AudioOut, ClearAudio, ClientNotReading, Ending,
                         Hangup, Outgoing)
-from .ice import ICEConfig
+from .ice import ICEConfig, quick_consent
 from .rtc_media import RATE, SpeechTrack, read_track
 from .websocket import serialize
 
@@ -95,6 +95,7 @@ class WebRTCTransport:
     async def answer(self, offer: str, ice: ICEConfig) -> str:
         """The SDP answer to ``offer`` (:class:`OfferError` when it cannot be answered)."""
         check_offer(offer)
+        quick_consent()  # a peer that vanished (a killed tab) ends its call within seconds
         self.pc = pc = RTCPeerConnection(ice.rtc_configuration())
         pc.on("datachannel", self._on_channel)
         pc.on("track", self._on_track)

@@ -26,6 +26,9 @@ from .outbox import Outbox
 logger = logging.getLogger(__name__)
 
 Received = Union[str, bytes, Hangup]
+# Seconds the close frame may wait for the socket to take it (a client that reads
+# nothing never does; the socket is then aborted below, transport.guard).
+CLOSE_TIMEOUT_SECONDS = 2.0
 
 CLOSE_CODES = {
     Ending.DONE: CloseCode.NORMAL,
@@ -86,9 +89,10 @@ class WebSocketTransport:
         await self.outbox.stop()
 
     async def close(self, ending: Ending, reason: str = "") -> None:
-        """Best effort: a client that reads nothing never takes the close frame."""
+        """Best effort, bounded: a client that reads nothing never takes the close frame."""
         code = CLOSE_CODES[ending]
         try:
-            await asyncio.wait_for(self.ws.close(code=code, reason=reason), self.send_timeout)
+            await asyncio.wait_for(self.ws.close(code=code, reason=reason),
+                                   min(self.send_timeout, CLOSE_TIMEOUT_SECONDS))
         except (asyncio.TimeoutError, Exception) as exc:
             logger.info("close %d not delivered (%s)", code, type(exc).__name__)
