@@ -4,8 +4,14 @@
 
 The input is resampled to 16 kHz mono, followed by ``--extra-seconds`` of
 silence (time for the model to answer), sent in 80 ms appends, then committed.
+Events are read while the audio is sent (a thread), so a long file's answer
+never waits behind its own question, and the audio goes out at most
+``AHEAD_FRAMES`` ahead of the frames the server has answered; the client is
+done at ``response.done``.
 The transcript and the answer text are printed; the received audio is written
-as a 22.05 kHz mono PCM16 WAV. Needs ``websockets`` and ``numpy``.
+as a 22.05 kHz mono PCM16 WAV. An error, or a connection the server closed
+first, is one line on standard error and exit status 1. Needs ``websockets``
+and ``numpy``.
 """
 
 from __future__ import annotations
@@ -14,14 +20,21 @@ import argparse
 import base64
 import json
 import sys
+import threading
 import wave
 from math import gcd
 
 import numpy as np
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 INPUT_RATE = 16_000
 CHUNK_SAMPLES = 1280  # 80 ms at 16 kHz
+# Frames sent ahead of the last one the server answered (each frame's
+# response.audio.delta carries its frame_index): the server's default input
+# buffer, 2 s. Sending further ahead only queues audio in the sockets, where the
+# server's keepalive pings wait behind it.
+AHEAD_FRAMES = 25
 
 
 def read_wav(path: str) -> tuple[np.ndarray, int]:
@@ -93,39 +106,76 @@ def main(argv: list[str] | None = None) -> int:
     if args.system_prompt:
         session["system_prompt"] = args.system_prompt
 
-    transcript, answer, pieces, output_rate = "", "", [], 22_050
+    state = {"transcript": "", "answer": "", "rate": 22_050, "error": None, "done": False,
+             "answered": 0}
+    progress = threading.Condition()
+    pieces: list[np.ndarray] = []
     with connect(args.url, additional_headers=headers, max_size=None) as ws:
 
         def handle(event: dict) -> None:
-            nonlocal transcript, answer, output_rate
             kind = event["type"]
             if kind == "error":
-                raise RuntimeError(f"{event['error']['code']}: {event['error']['message']}")
-            if kind == "conversation.item.input_audio_transcription.delta":
-                transcript = event["transcript"]
+                state["error"] = f"{event['error']['code']}: {event['error']['message']}"
+            elif kind == "conversation.item.input_audio_transcription.delta":
+                state["transcript"] = event["transcript"]
             elif kind == "response.text.delta":
-                answer = event["text"]
+                state["answer"] = event["text"]
             elif kind == "response.audio.delta":
-                output_rate = event["sample_rate"]
+                state["rate"] = event["sample_rate"]
                 pieces.append(np.frombuffer(base64.b64decode(event["delta"]), "<i2"))
+                with progress:
+                    state["answered"] = event.get("frame_index", state["answered"]) + 1
+                    progress.notify()
+            elif kind == "response.done":
+                state["done"] = True
 
         def until(kind: str) -> None:
             while True:
                 event = json.loads(ws.recv())
                 handle(event)
-                if event["type"] == kind:
+                if event["type"] == kind or state["error"]:
                     return
+
+        def read_to_the_end() -> None:
+            try:
+                until("response.done")
+            except ConnectionClosed as closed:
+                if not state["error"]:
+                    reason = closed.rcvd.reason if closed.rcvd else "no close frame"
+                    state["error"] = f"the server closed the connection: {reason}"
+            finally:
+                with progress:
+                    progress.notify()
 
         until("session.created")
         ws.send(json.dumps({"type": "session.update", "session": session}))
         until("session.updated")
-        for start in range(0, len(audio), CHUNK_SAMPLES):
-            chunk = audio[start : start + CHUNK_SAMPLES]
-            ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                "audio": pcm16_base64(chunk), "sample_rate": INPUT_RATE}))
-        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-        until("response.done")
+        if state["error"]:
+            print(f"error: {state['error']}", file=sys.stderr)
+            return 1
+        reader = threading.Thread(target=read_to_the_end, daemon=True)
+        reader.start()
+        try:
+            for frame, start in enumerate(range(0, len(audio), CHUNK_SAMPLES)):
+                with progress:
+                    while frame - state["answered"] > AHEAD_FRAMES and reader.is_alive():
+                        progress.wait(1.0)
+                if not reader.is_alive():
+                    break  # an error, or the server closed
+                chunk = audio[start : start + CHUNK_SAMPLES]
+                ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                    "audio": pcm16_base64(chunk), "sample_rate": INPUT_RATE}))
+            else:
+                ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        except ConnectionClosed:
+            pass  # the reader says why
+        reader.join()
+    if state["error"] or not state["done"]:
+        print(f"error: {state['error'] or 'the session ended before the answer'}",
+              file=sys.stderr)
+        return 1
 
+    transcript, answer, output_rate = state["transcript"], state["answer"], state["rate"]
     pcm = write_pcm16_wav(args.output, pieces, output_rate)
     print(f"[user] {transcript}")
     print(f"[assistant] {answer}")

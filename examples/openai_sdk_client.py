@@ -4,11 +4,16 @@
     python examples/openai_sdk_client.py http://127.0.0.1:8080/openai/v1 question.wav answer.wav \
         --api-key local-key --model CKPT_DIR_NAME
 
-Nothing here is specific to this server but the base URL: the client streams
-the question as 24 kHz ``audio/pcm``, then silence (a full-duplex model answers
-while it listens, so audio must keep flowing), prints both transcripts,
-answers ``get_weather`` calls with a ``function_call_output`` and writes the
-``response.output_audio.delta`` audio to ``answer.wav`` (24 kHz).
+Nothing here is specific to this server but the base URL: the client turns
+turn detection off (push-to-talk), streams the question as 24 kHz
+``audio/pcm`` while it reads the events, commits it, and waits for the
+answer's ``response.done`` (the server runs the model on silence until the
+answer ends; no quiet-second guess). It prints both transcripts, answers
+``get_weather`` calls with a ``function_call_output`` and a
+``response.create`` (waiting for that answer's end too) and writes the
+``response.output_audio.delta`` audio to ``answer.wav`` (24 kHz). An
+``error`` event, or no answer within ``--timeout`` seconds, is one line on
+standard error and exit status 1.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ from openai import AsyncOpenAI
 
 GA_RATE = 24_000
 CHUNK_MS = 100
-QUIET_SECONDS = 1.0  # the conversation is over once all audio is sent and no event came for this
 WEATHER = {"paris": {"condition": "sunny", "temperature_c": 21}}
 TOOLS = [{
     "type": "function",
@@ -64,7 +68,8 @@ async def converse(args: argparse.Namespace) -> int:
     async with client.realtime.connect(**named) as connection:
         await connection.session.update(session={
             "type": "realtime", "instructions": args.instructions, "tools": TOOLS,
-            "audio": {"input": {"format": {"type": "audio/pcm", "rate": GA_RATE}},
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": GA_RATE},
+                                "turn_detection": None},
                       "output": {"format": {"type": "audio/pcm", "rate": GA_RATE}}},
         })
 
@@ -74,31 +79,44 @@ async def converse(args: argparse.Namespace) -> int:
                 await connection.input_audio_buffer.append(audio=chunk)
                 if args.realtime:
                     await asyncio.sleep(CHUNK_MS / 1000)
-            await connection.input_audio_buffer.commit()
+            await connection.input_audio_buffer.commit()  # the answer is owed from here
+
+        async def answered() -> str | None:
+            """Read until the owed answer is done: ``None``, or the error that ended it."""
+            waiting = 1  # answers owed: the question's, then one per tool result
+            async for event in connection:
+                if event.type == "response.output_audio.delta":
+                    answer.append(base64.b64decode(event.delta))
+                elif event.type == "response.output_audio_transcript.done":
+                    print(f"[assistant] {event.transcript}")
+                elif event.type == "conversation.item.input_audio_transcription.completed":
+                    print(f"[user] {event.transcript}")
+                elif event.type == "response.function_call_arguments.done":
+                    output = get_weather(event.arguments)
+                    print(f"[tool] {event.name}({event.arguments}) -> {output}")
+                    await connection.conversation.item.create(item={
+                        "type": "function_call_output", "call_id": event.call_id,
+                        "output": output})
+                    await connection.response.create()
+                    waiting += 1
+                elif event.type == "response.done" and sender.done():
+                    waiting -= 1
+                    if waiting == 0:
+                        return None
+                elif event.type == "error":
+                    return f"{event.error.code}: {event.error.message}"
+            return "the server closed the connection before the answer"
 
         sender = asyncio.ensure_future(stream())
-        while True:
-            try:
-                event = await asyncio.wait_for(connection.recv(), QUIET_SECONDS)
-            except asyncio.TimeoutError:
-                if sender.done():
-                    break  # everything was sent and the server has gone quiet
-                continue
-            if event.type == "response.output_audio.delta":
-                answer.append(base64.b64decode(event.delta))
-            elif event.type == "response.output_audio_transcript.done":
-                print(f"[assistant] {event.transcript}")
-            elif event.type == "conversation.item.input_audio_transcription.completed":
-                print(f"[user] {event.transcript}")
-            elif event.type == "response.function_call_arguments.done":
-                output = get_weather(event.arguments)
-                print(f"[tool] {event.name}({event.arguments}) -> {output}")
-                await connection.conversation.item.create(item={
-                    "type": "function_call_output", "call_id": event.call_id,
-                    "output": output})
-            elif event.type == "error":
-                print(f"[error] {event.error.code}: {event.error.message}", file=sys.stderr)
-        await sender
+        try:
+            error = await asyncio.wait_for(answered(), args.timeout)
+        except asyncio.TimeoutError:
+            error = f"no answer within {args.timeout:g} s (--timeout)"
+        finally:
+            sender.cancel()
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     with wave.open(args.answer, "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
@@ -117,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None,
                         help="the served model name (checked, never loaded); default: none sent")
     parser.add_argument("--instructions", default="You are a helpful assistant.")
-    parser.add_argument("--extra-seconds", type=float, default=4.0,
-                        help="silence streamed after the question, for the answer")
+    parser.add_argument("--extra-seconds", type=float, default=0.0,
+                        help="silence streamed after the question (the server runs the "
+                             "model on silence until the answer ends anyway)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds to wait for the answer's end")
     parser.add_argument("--realtime", action="store_true", help="pace the audio in real time")
     args = parser.parse_args(argv)
     if Path(args.question).suffix.lower() != ".wav":

@@ -8,7 +8,9 @@ beyond ``max_connections`` in all or ``max_connections_per_client`` from one
 address is closed at once, and one whose first request's headers have not
 arrived within ``header_timeout`` seconds is closed. A WebSocket whose unsent
 bytes pass ``max_unsent_bytes`` (pongs to a ping flood from a client that
-never reads) is closed. Once the application is done with a WebSocket, its
+never reads) is closed. A keepalive pong is not missed while the server has
+paused reading (a client sending faster than the engine takes its audio). Once
+the application is done with a WebSocket, its
 socket is aborted if it is still open ``close_grace`` seconds later: a close
 handshake (and the flush before it) waits on a client that never reads for
 ever otherwise. Each refusal is logged.
@@ -148,6 +150,14 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
         def connection_lost(self, exc: Exception | None) -> None:
             guard.release(self.transport)
             super().connection_lost(exc)
+
+        def keepalive_timeout(self) -> None:
+            """No pong yet while this server has paused reading (the application is behind
+            on what the client sent): the pong waits in the unread bytes, so wait again."""
+            if getattr(self, "read_paused", False) and not self.close_sent:
+                self.pong_timer = self.loop.call_later(self.ping_timeout, self.keepalive_timeout)
+                return
+            super().keepalive_timeout()
 
         async def run_asgi(self) -> None:
             """The application's life, then a bounded close: abort the socket if the
