@@ -8,6 +8,9 @@ a corrected call updates the booking instead of double-booking). While audio
 streams, each ``response.function_call_arguments.done`` runs the tool and
 answers with ``conversation.item.create`` (``function_call_output``); the
 server feeds the result into the running timeline and the model speaks on.
+Events are read between appends, and the audio goes out at most
+``AHEAD_FRAMES`` ahead of the frames the server has answered, so a long
+question never leaves the server's events unread.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from file_client import (  # noqa: E402
+    AHEAD_FRAMES,
     CHUNK_SAMPLES,
     INPUT_RATE,
     load_question,
@@ -111,17 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     audio = load_question(args.input, args.extra_seconds)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
     tools = LocalTools()
-    answer, pieces, output_rate = "", [], 22_050
+    answer, pieces, output_rate, answered = "", [], 22_050, 0
 
     with connect(args.url, additional_headers=headers, max_size=None) as ws:
 
         def handle(event: dict) -> None:
-            nonlocal answer, output_rate
+            nonlocal answer, output_rate, answered
             kind = event["type"]
             if kind == "response.text.delta":
                 answer = event["text"]
             elif kind == "response.audio.delta":
                 output_rate = event["sample_rate"]
+                answered = event.get("frame_index", answered - 1) + 1
                 pieces.append(np.frombuffer(base64.b64decode(event["delta"]), "<i2"))
             elif kind == "response.function_call_arguments.done":
                 output = tools.run(event["name"], event["arguments"])
@@ -145,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         ws.send(json.dumps({"type": "session.update", "session": {
             "system_prompt": args.system_prompt, "seed": args.seed, "tools": TOOLS}}))
         drain("session.updated", None)
-        for start in range(0, len(audio), CHUNK_SAMPLES):
+        for frame, start in enumerate(range(0, len(audio), CHUNK_SAMPLES)):
+            while frame - answered > AHEAD_FRAMES:
+                handle(json.loads(ws.recv()))  # the server is behind: read, then send on
             ws.send(json.dumps({"type": "input_audio_buffer.append",
                                 "audio": pcm16_base64(audio[start : start + CHUNK_SAMPLES]),
                                 "sample_rate": INPUT_RATE}))

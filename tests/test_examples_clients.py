@@ -65,7 +65,7 @@ def test_the_openai_sdk_client_waits_for_the_answer_on_a_fresh_server(tiny_ckpt,
         server.stop()
 
 
-def test_the_file_client_reads_while_it_sends_on_a_fresh_server(tiny_ckpt, wavs, tmp_path):
+def test_the_file_and_tool_clients_read_while_they_send_on_a_fresh_server(tiny_ckpt, wavs, tmp_path):
     question, long = wavs
     server = _fresh_server(tiny_ckpt, tmp_path)
     try:
@@ -74,6 +74,9 @@ def test_the_file_client_reads_while_it_sends_on_a_fresh_server(tiny_ckpt, wavs,
             assert done.returncode == 0, done.stderr + done.stdout
             assert "[user]" in done.stdout
             assert _answer_seconds(done.stderr) >= seconds  # an answer frame for each frame
+        done = _run("tool_client.py", server.ws(), str(long), str(tmp_path / "tools.wav"))
+        assert done.returncode == 0, done.stderr + done.stdout
+        assert "bookings:" in done.stdout
     finally:
         server.stop()
 
