@@ -44,8 +44,12 @@ SESSION = {
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt):
+    from mlx_voicechat_plugin.server.transport.ice import ICEConfig
+
     limits = ServerLimits(update_timeout=10, idle_timeout=10)
-    yield from running(LiveServer(create_app(tiny_ckpt, api_key=API_KEY, limits=limits)))
+    app = create_app(tiny_ckpt, api_key=API_KEY, limits=limits,
+                     ice=ICEConfig(hosts=("127.0.0.1",)))
+    yield from running(LiveServer(app))
 
 
 async def _until(connection, kind: str, events: list, timeout: float = 30.0, where=None):
@@ -353,6 +357,100 @@ def test_a_deadline_closes_the_session_as_expired(tiny_ckpt):
         with connect(live.ws(PATH), additional_headers=AUTH) as ws:
             _start(ws)
             assert _until_raw(ws, "session.closed")["reason"] == "expired"
+
+
+# --- over WebRTC: aiortc as the peer, the SDK's client.live.create to signal ------------
+
+
+async def _item_done(caller) -> dict:
+    """The delegated call's ``response.output_item.done``, once it came."""
+    while True:
+        for event in caller.events:
+            if event["type"] == "response.event" \
+                    and event["event"]["type"] == "response.output_item.done":
+                return event
+        caller.arrived.clear()
+        await caller.arrived.wait()
+
+
+def _webrtc_call(server, samples) -> dict:
+    pytest.importorskip("aiortc")
+    from aiortc import RTCSessionDescription
+    from rtc_support import TIMEOUT, Caller
+
+    class LiveCaller(Caller):
+        async def dial(self, session: dict | None = None, sdp: str | None = None) -> None:
+            created = await self.client.live.create(session=session, transport={
+                "type": "webrtc", "sdp": sdp or await self.offer()})
+            self.call_id = created.session.id
+            await self.pc.setRemoteDescription(
+                RTCSessionDescription(created.transport.sdp, "answer"))
+            await asyncio.wait_for(self.opened.wait(), TIMEOUT)
+
+        async def hang_up(self) -> None:
+            await self.client.live.sessions.hangup(self.call_id)
+
+    async def call() -> dict:
+        caller = LiveCaller(base_url(server), API_KEY, samples)
+        try:
+            media = {k: v for k, v in SESSION.items() if k != "audio"}
+            await caller.dial(session={**media, "audio": {"output": {"voice": "marin"}}})
+            started = await caller.until("session.started")
+            caller.microphone.go.set()
+            delegated = await caller.until("session.delegation.created", timeout=60)
+            call = await asyncio.wait_for(_item_done(caller), TIMEOUT)
+            caller.send({"type": "response.item.create", "item": {
+                "type": "function_call_output", "call_id": call["event"]["item"]["call_id"],
+                "output": RESULT}})
+            caller.send({"type": "session.input_audio.mute"})
+            await caller.until("session.input_audio.muted")
+            await asyncio.wait_for(caller.microphone.finished.wait(), 60)
+            caller.send({"type": "session.close"})
+            closed = await caller.until("session.closed", timeout=30)
+            return {"id": caller.call_id, "started": started, "delegated": delegated,
+                    "closed": closed, "events": caller.events, "heard": caller.audio()}
+        finally:
+            await caller.close()
+
+    return asyncio.run(call())
+
+
+def test_a_webrtc_session_runs_a_conversation(server, tmp_path):
+    import _pytest.monkeypatch
+    from rtc_support import question_48k
+
+    patch = _pytest.monkeypatch.MonkeyPatch()
+    try:
+        script = scripted_call(server, patch)
+        server.wait_idle()
+        got = _webrtc_call(server, question_48k(call_frames(script) * 0.08 + 0.5))
+    finally:
+        patch.undo()
+    for event in got["events"]:
+        check(event, SEEN)
+    assert got["started"]["session"]["id"] == got["id"]
+    assert got["delegated"]["delegation"]["target"] == "responses"
+    assert got["closed"]["reason"] == "close_requested"
+    kinds = {e["type"] for e in got["events"]}
+    assert "session.input_transcript.delta" in kinds and "error" not in kinds
+    assert "session.output_audio.delta" not in kinds  # the audio is on the track
+    assert got["heard"].shape[0] > 0
+
+
+def test_a_webrtc_session_refuses_a_websocket_audio_format(server):
+    async def create():
+        client = openai.AsyncOpenAI(api_key=API_KEY, base_url=base_url(server))
+        try:
+            await client.live.create(session={"model": MODEL, "audio": {"format": {
+                "type": "audio/pcm", "rate": 24000}}}, transport={"type": "webrtc",
+                                                                  "sdp": "v=0"})
+        finally:
+            await client.close()
+
+    pytest.importorskip("aiortc")
+    with pytest.raises(openai.BadRequestError) as refused:
+        asyncio.run(create())
+    assert refused.value.body["param"] == "session.audio.format"
 
 
 def test_every_event_type_the_dialect_sends_was_checked(request):

@@ -31,6 +31,7 @@ ROLES = ("developer", "user", "assistant")
 # Fields of each object, as the openai package's types name them.
 SESSION_FIELDS = ("model", "audio", "client", "delegation", "input", "instructions",
                   "safety_identifier", "store", "triggers")
+MEDIA_FIELDS = ("idle_timeout_s", "wake_policy")  # a WebRTC session's only (no effect here)
 UPDATE_FIELDS = ("delegation", "triggers")
 AUDIO_FIELDS = ("format", "output")
 RESPONSES_FIELDS = ("model", "instructions", "max_output_tokens", "parallel_tool_calls",
@@ -274,6 +275,22 @@ def parse_audio(value: Any, where: str = "session.audio") -> tuple[AudioFormat, 
     if not isinstance(voice, (str, dict)):
         raise bad(f"{where}.output.voice", "expected a voice name or {\"id\": ...}")
     return fmt, voice
+
+
+def media_session(value: Any) -> dict[str, Any]:
+    """A WebRTC session's configuration (``MediaSessionConfig``) as its ``session.start``:
+    checked (no ``audio.format``: the media transport negotiates it), the fields of a
+    media session alone dropped (a speech wake policy pauses nothing here: the model
+    always listens)."""
+    session = strict_object(value, "session", SESSION_FIELDS + MEDIA_FIELDS)
+    if isinstance(session.get("audio"), dict) and "format" in session["audio"]:
+        raise unknown("session.audio.format")
+    whole_ms(session.get("idle_timeout_s"), "session.idle_timeout_s")
+    if session.get("wake_policy") is not None:
+        strict_object(session["wake_policy"], "session.wake_policy", ("type", "vad_threshold"))
+    start = {k: v for k, v in session.items() if k not in MEDIA_FIELDS}
+    parse_start(start)
+    return start
 
 
 def parse_start(value: Any) -> LiveConfig:

@@ -40,9 +40,10 @@ import numpy as np
 
 from ....quoting import brief
 from ....runtime.options import ConversationOptions
-from ...messages import Ending, Finished, JsonOut, Outgoing
+from ...messages import AudioIn, Ending, Finished, JsonOut, Outgoing
 from ...session import Session, stream_full
-from ...wire import ErrorCode, ProtocolError, bounded, decode_base64, load_object
+from ...wire import (ErrorCode, ProtocolError, bounded, decode_base64, load_object,
+                     pcm16_samples)
 from ..base import Dialect
 from ..client_options import session_options
 from ..ga.audio import PCM, FormatError, Resampler, decode
@@ -94,6 +95,7 @@ def error_event(code: str, message: str, param: str | None = None,
 class ClientEvent:
     kind: str
     message: dict[str, Any]
+    media: AudioIn | None = None  # an append's audio from a media track (WebRTC)
 
 
 class LiveDialect(Dialect):
@@ -110,6 +112,7 @@ class LiveDialect(Dialect):
         self.delegations = Delegations("")
         self.timeline: LiveTimeline | None = None
         self.input: Resampler | None = None
+        self.media: Resampler | None = None  # a media track's rate -> the model's
         self.appended: tuple[str, ...] = ()  # context taken into the prompt
         self.muted = False
         self.event_id: str | None = None  # of the client event being handled
@@ -164,6 +167,12 @@ class LiveDialect(Dialect):
             raise
         return ClientEvent(kind, event)
 
+    def audio_in(self, audio: AudioIn) -> ClientEvent:
+        """Media audio (WebRTC): an append of it; before ``session.started`` it is
+        dropped (media cannot wait, and the call's start is on its way)."""
+        self.event_id, self.param = None, None
+        return ClientEvent("session.input_audio.append", {}, audio)
+
     def queues_audio(self, event: ClientEvent) -> bool:
         return event.kind == "session.input_audio.append"
 
@@ -178,15 +187,18 @@ class LiveDialect(Dialect):
 
     async def dispatch(self, event: ClientEvent) -> None:
         try:
-            await self.act(event.kind, event.message)
+            await self.act(event)
         except LiveError as exc:
             self.param = exc.param
             raise
         self.session.active()
 
-    async def act(self, kind: str, message: dict[str, Any]) -> None:
+    async def act(self, event: ClientEvent) -> None:
+        kind, message = event.kind, event.message
         if kind == "session.start":
             await self.start(message.get("session"))
+        elif kind == "session.input_audio.append" and event.media is not None:
+            await self.append_media(event.media)
         elif kind == "session.input_audio.append":
             await self.append_audio(message.get("audio"))
         elif kind in ("session.input_audio.mute", "session.input_audio.unmute"):
@@ -315,6 +327,21 @@ class LiveDialect(Dialect):
         if self.muted:  # a mute sends silence to the model
             samples = np.zeros_like(samples)
         await self.session.feed_audio(self.input(samples), sent=samples.shape[0])
+
+    async def append_media(self, audio: AudioIn) -> None:
+        """A media track's PCM16 (its format negotiated by WebRTC, not the session's)."""
+        if self.config is None or self.input is None:
+            return
+        rate = self.session.details.input_sample_rate
+        if self.media is None or self.media.in_rate != audio.sample_rate:
+            self.media = Resampler(audio.sample_rate, rate)
+        try:
+            samples = pcm16_samples(audio.data, "media")
+        except ValueError as exc:
+            raise bad("audio", str(exc)) from None
+        if self.muted:
+            samples = np.zeros_like(samples)
+        await self.session.feed_audio(self.media(samples), sent=samples.shape[0])
 
     # --- the end ----------------------------------------------------------------------
 
