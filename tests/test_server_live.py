@@ -351,12 +351,67 @@ def test_every_client_event_is_answered(server, monkeypatch):
                 assert got.get("client_event_id") == f"evt_{kind}", got
 
 
+def test_no_session_start_in_time_is_an_error_naming_it(tiny_ckpt):
+    limits = ServerLimits(update_timeout=0.5, idle_timeout=10)
+    for live in running(LiveServer(create_app(tiny_ckpt, api_key=API_KEY, limits=limits))):
+        with connect(live.ws(PATH), additional_headers=AUTH) as ws:
+            error = _until_raw(ws, "error")["error"]
+    assert error["code"] == "session_expired" and "session.start" in error["message"]
+
+
 def test_a_deadline_closes_the_session_as_expired(tiny_ckpt):
     limits = ServerLimits(update_timeout=10, idle_timeout=0.5)
     for live in running(LiveServer(create_app(tiny_ckpt, api_key=API_KEY, limits=limits))):
         with connect(live.ws(PATH), additional_headers=AUTH) as ws:
             _start(ws)
             assert _until_raw(ws, "session.closed")["reason"] == "expired"
+
+
+def test_an_ephemeral_key_opens_a_live_session_once(server):
+    import httpx
+    from websockets.exceptions import InvalidStatus
+
+    minted = httpx.post(server.http("/openai/v1/realtime/client_secrets"), json={},
+                        headers=AUTH)
+    key = minted.json()["value"]
+    server.wait_idle()
+    with connect(server.ws(PATH), additional_headers={"Authorization": f"Bearer {key}"}) as ws:
+        _start(ws)
+    server.wait_idle()
+    with pytest.raises(InvalidStatus) as refused:
+        with connect(server.ws(PATH), additional_headers={"Authorization": f"Bearer {key}"}):
+            pass
+    assert refused.value.response.status_code == 401
+
+
+def test_a_dropped_session_resumes_with_its_events(tiny_ckpt):
+    """``session.started`` carries the resume token; a resume replays what followed."""
+    from raw_client import RawClient
+    from resume_support import abort, event, reattach, resume_path
+
+    limits = ServerLimits(update_timeout=10, idle_timeout=10, resume_seconds=10)
+    for live in running(LiveServer(create_app(tiny_ckpt, api_key=API_KEY, limits=limits))):
+        client = RawClient(live.port, PATH, headers=AUTH)
+        client.send_json({"type": "session.start", "session": {"model": MODEL}})
+        started = event(client)
+        check(started, SEEN)
+        assert started["type"] == "session.started", started
+        client.send_json({"type": "session.input_audio.mute"})
+        assert event(client)["type"] == "session.input_audio.muted"
+        abort(client)
+        again = reattach(live.port, resume_path(PATH, started["session"]["resume_token"],
+                                                started["seq"]), headers=AUTH)
+        resumed = event(again)
+        check(resumed, SEEN)
+        assert resumed["type"] == "session.resumed"
+        replayed = [event(again) for _ in range(resumed["replayed"])]
+        for one in replayed:
+            check(one, SEEN)
+        assert "session.input_audio.muted" in {e["type"] for e in replayed}
+        again.send_json({"type": "session.close"})
+        while (got := event(again))["type"] != "session.closed":
+            check(got, SEEN)
+        again.close()
 
 
 # --- over WebRTC: aiortc as the peer, the SDK's client.live.create to signal ------------

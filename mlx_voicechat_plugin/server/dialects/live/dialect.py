@@ -136,8 +136,11 @@ class LiveDialect(Dialect):
         return error_event(code, message)
 
     def timed_out(self, reason: str) -> JsonOut:
+        """Before ``session.started`` an error (no session to close); after, the session
+        closes as ``expired``."""
         if self.config is None:
-            return self.error("session_expired", reason)
+            return self.error("session_expired", reason.replace("session.update",
+                                                                "session.start"))
         return self.closed("expired")
 
     def received_audio(self) -> tuple[int, int]:
