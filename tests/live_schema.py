@@ -18,6 +18,7 @@ import sys
 from types import ModuleType
 from typing import Annotated, Any
 
+import ga_schema
 from ga_schema import EXTENSIONS, union_types
 from openai.types.live.client_event import ClientEvent
 from openai.types.live.server_event import ServerEvent
@@ -38,14 +39,8 @@ PACKAGE = "mlx_voicechat_plugin.server.dialects.live"
 def check(event: dict[str, Any], seen: set[str] | None = None) -> Any:
     """``event`` (as the client read it) validated; its type (and a nested Responses
     event's) added to ``seen``."""
-    kind = event.get("type")
-    if kind in EXTENSIONS:
-        parsed = EXTENSIONS[kind].model_validate(event)
-    else:
-        parsed = SERVER_EVENT.validate_python(event, strict=True)
-    if seen is not None:
-        seen.add(kind)
-    if kind == "response.event":
+    parsed = ga_schema.check(event, seen, SERVER_EVENT)
+    if event["type"] == "response.event":
         RESPONSES_EVENT.validate_python(event["event"])
         if seen is not None:
             seen.add(event["event"]["type"])

@@ -16,8 +16,8 @@ import base64
 import json
 
 import pytest
-from ga_support import (API_KEY, MODEL, TOOL, base_url, call_frames, question_wav_24k,
-                        scripted_call, silence_chunks, wav_chunks)
+from ga_support import (API_KEY, MODEL, TOOL, base_url, call_frames, scripted_call,
+                        scripted_question, silence_chunks, wav_chunks)
 from server_support import LiveServer, connect, recv, running, send
 from tool_support import RESULT, short_tool_prompt
 
@@ -26,6 +26,7 @@ from mlx_voicechat_plugin.server.dialects.live.dialect import MAX_APPEND_SECONDS
 from mlx_voicechat_plugin.server.limits import ServerLimits
 
 openai = pytest.importorskip("openai")
+from ga_schema import every_type_checked  # noqa: E402
 from live_schema import CLIENT_EVENT, CLIENT_TYPES, check, emitted_types  # noqa: E402
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -107,17 +108,8 @@ async def _conversation(server, wav) -> dict:
 
 @pytest.fixture(scope="module")
 def conversation(server, tmp_path_factory):
-    import _pytest.monkeypatch
-
-    patch = _pytest.monkeypatch.MonkeyPatch()
-    try:
-        script = scripted_call(server, patch)
-        seconds = call_frames(script) * 0.08 + 0.5
-        wav = question_wav_24k(tmp_path_factory.mktemp("live") / "q24k.wav", seconds)
-        server.wait_idle()
+    with scripted_question(server, tmp_path_factory, "live") as (_, wav):
         return asyncio.run(_conversation(server, wav))
-    finally:
-        patch.undo()
 
 
 def _of(conversation, kind: str) -> list[dict]:
@@ -511,10 +503,4 @@ def test_a_webrtc_session_refuses_a_websocket_audio_format(server):
 def test_every_event_type_the_dialect_sends_was_checked(request):
     """The event types in the dialect's source (:func:`live_schema.emitted_types`), each
     validated by a test above."""
-    others = [item for item in request.session.items
-              if item.module is request.module and item is not request.node]
-    if len(others) < len(request.node.parent.collect()) - 1:
-        pytest.skip("run with the whole module: its other tests do the checking")
-    unchecked = emitted_types() - SEEN
-    assert not unchecked, f"event types the GPT-Live dialect sends that no test checked: " \
-                          f"{sorted(unchecked)}"
+    every_type_checked(request, emitted_types(), SEEN, "GPT-Live")

@@ -87,14 +87,20 @@ def check_session(session: Any, where: str) -> dict[str, Any]:
     return session
 
 
-async def read_offer(request: Request, limit: int) -> tuple[str, dict[str, Any] | None]:
-    """``(SDP offer, session or None)`` from an ``application/sdp`` body or the form."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, at most ``limit`` bytes (413 past them)."""
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
             raise CallRefused(413, "invalid_request", f"request body exceeds the {limit}-byte "
                                                       "limit (--max-message-bytes)")
+    return bytes(body)
+
+
+async def read_offer(request: Request, limit: int) -> tuple[str, dict[str, Any] | None]:
+    """``(SDP offer, session or None)`` from an ``application/sdp`` body or the form."""
+    body = await read_body(request, limit)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "multipart/form-data":
         if kind not in ("application/sdp", "text/plain", ""):

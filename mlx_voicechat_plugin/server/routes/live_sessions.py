@@ -20,24 +20,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..dialects.live.config import media_session
+from ..dialects.live.config import LiveError, media_session
 from ..dialects.live.dialect import LIVE_PATH, LiveDialect
-from ..wire import ProtocolError
-from .calls import NO_WEBRTC, CallRefused, Calls, authorize
+from .calls import NO_WEBRTC, CallRefused, Calls, authorize, read_body
 
 logger = logging.getLogger(__name__)
 
 
-async def read_body(request: Request, limit: int) -> tuple[str, dict[str, Any]]:
+async def read_request(request: Request, limit: int) -> tuple[str, dict[str, Any]]:
     """``(SDP offer, session start)`` from the JSON body."""
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise CallRefused(413, "invalid_request", f"request body exceeds the {limit}-byte "
-                                                      "limit (--max-message-bytes)")
     try:
-        payload = json.loads(bytes(body))
+        payload = json.loads(await read_body(request, limit))
     except ValueError:
         raise CallRefused(400, "invalid_request", "the body must be JSON with session and "
                                                   "transport") from None
@@ -53,8 +46,8 @@ async def read_body(request: Request, limit: int) -> tuple[str, dict[str, Any]]:
                                                 "\"sdp\": <offer>}", "transport")
     try:
         start = media_session(payload.get("session"))
-    except ProtocolError as exc:
-        raise CallRefused(400, exc.code, exc.message, getattr(exc, "param", None)) from None
+    except LiveError as exc:
+        raise CallRefused(400, exc.code, exc.message, exc.param) from None
     return transport["sdp"], start
 
 
@@ -67,7 +60,7 @@ class LiveSessions(Calls):
         if not self.access.origin_ok(request.headers.get("origin")):
             raise CallRefused(403, "origin_not_allowed", "origin not allowed")
         key = authorize(self.access, self.keys, request.headers.get("authorization"))
-        offer, start = await read_body(request, self.limits.max_message_bytes)
+        offer, start = await read_request(request, self.limits.max_message_bytes)
         session_id, answer = await self.place(
             LiveDialect, key, offer, [{"type": "session.start", "session": start}],
             lambda session_id: session_id)

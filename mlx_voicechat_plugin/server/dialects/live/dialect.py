@@ -124,9 +124,6 @@ class LiveDialect(Dialect):
         """Nothing: a GPT-Live client speaks first (``session.start``)."""
         return None
 
-    def greeting(self) -> JsonOut:
-        raise NotImplementedError("GPT-Live sends nothing on connect")
-
     def error(self, code: str, message: str) -> JsonOut:
         param, self.param = self.param, None
         return JsonOut(error_event(code, message, param, self.event_id))
