@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+from pathlib import Path
 
 import pytest
 from ga_support import (API_KEY, MODEL, TOOL, base_url, call_frames, scripted_call,
@@ -498,6 +500,42 @@ def test_a_webrtc_session_refuses_a_websocket_audio_format(server):
     with pytest.raises(openai.BadRequestError) as refused:
         asyncio.run(create())
     assert refused.value.body["param"] == "session.audio.format"
+
+
+# --- LiveKit agents-js's GPTLiveModel (Node; `make livekit` installs it) ---------------
+
+LIVEKIT = Path(__file__).resolve().parent.parent / "build" / "livekit" / "node_modules"
+
+
+def test_livekits_gpt_live_model_runs_a_session(server, tmp_path_factory):
+    """The agents-js plugin's GPTLiveModel, given the server as its ``baseURL``: started,
+    the question sent, the delegated call answered through the framework, muted, closed,
+    and no error event."""
+    import shutil
+    import subprocess
+    import wave
+
+    node = shutil.which("node")
+    if node is None or not (LIVEKIT / "@livekit" / "agents-plugin-openai").is_dir():
+        pytest.skip("LiveKit agents-js is not installed (make livekit, with Node)")
+    with scripted_question(server, tmp_path_factory, "livekit") as (_, wav):
+        with wave.open(str(wav)) as question:
+            pcm = wav.with_suffix(".pcm")
+            pcm.write_bytes(question.readframes(question.getnframes()))
+        script = Path(__file__).resolve().parent / "livekit_gpt_live.cjs"
+        run = subprocess.run([node, str(script), base_url(server), API_KEY, str(pcm)],
+                             capture_output=True, text=True, timeout=120,
+                             env={"NODE_PATH": str(LIVEKIT), "PATH": os.environ["PATH"]})
+    assert run.returncode == 0, run.stderr[-2000:] + run.stdout[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["errors"] == []
+    for event in got["events"]:  # as the plugin read them
+        check(event, SEEN)
+    assert got["events"][-1]["type"] == "session.closed"
+    assert got["sessionId"].startswith("sess_")
+    assert [c["name"] for c in got["calls"]] == ["get_weather"]
+    assert json.loads(got["calls"][0]["args"]) == {"city": "Paris"}
+    assert got["transcripts"] and got["audioFrames"] > 0
 
 
 def test_every_event_type_the_dialect_sends_was_checked(request):
