@@ -283,6 +283,28 @@ def test_a_result_for_an_unknown_call_is_refused(server, monkeypatch):
         assert _until_raw(ws, "session.closed")["reason"] == "close_requested"
 
 
+def test_new_tools_reopen_before_audio_and_are_refused_after(server, monkeypatch):
+    short_tool_prompt(monkeypatch)
+    server.wait_idle()
+    other = {**TOOL, "name": "get_time"}
+    with connect(server.ws(PATH), additional_headers=AUTH) as ws:
+        _start(ws, delegation=SESSION["delegation"])
+        send(ws, {"type": "session.update", "session": {"delegation": {
+            "type": "responses", "responses": {"tools": [TOOL, other]}}}})
+        updated = _until_raw(ws, "session.updated")["session"]
+        assert [t["name"] for t in updated["delegation"]["responses"]["tools"]] == [
+            "get_weather", "get_time"]
+        assert updated["delegation"]["responses"]["model"] == "gpt-5.5"  # kept
+        send(ws, {"type": "session.input_audio.append",
+                  "audio": base64.b64encode(bytes(4800)).decode()})
+        error = _error(ws, {"type": "session.update", "session": {"delegation": {
+            "type": "responses", "responses": {"tools": [TOOL]}}}})
+        assert error["param"] == "session.delegation.responses.tools"
+        error = _error(ws, {"type": "session.update", "session": {"delegation": {
+            "type": "client"}}})
+        assert error["param"] == "session.delegation.type"
+
+
 def test_text_appends_after_audio_are_refused_as_the_model_cannot_take_them(server):
     server.wait_idle()
     with connect(server.ws(PATH), additional_headers=AUTH) as ws:
