@@ -233,6 +233,15 @@ def test_an_unknown_field_in_session_start_is_refused(server):
     ({"store": True}, "session.store"),
     ({"delegation": {"type": "responses", "responses": {"model": "m", "x": 1}}},
      "session.delegation.responses.x"),
+    ({"delegation": {"type": "responses", "responses": {"model": "m", "reasoning": 5}}},
+     "session.delegation.responses.reasoning"),
+    ({"delegation": {"type": "responses", "responses": {
+        "model": "m", "tool_choice": {"type": "web_search"}}}},
+     "session.delegation.responses.tool_choice"),
+    ({"input": [{"role": "user", "content": [{"type": "output_text", "text": "hi"}]}]},
+     "session.input[0].content[0].type"),
+    ({"audio": {"output": {"voice": 3}}}, "session.audio.output.voice"),
+    ({"client": {"data_channel": {"allowed_client_events": []}}}, "session.client"),
 ])
 def test_a_session_start_this_server_cannot_honour_names_its_field(server, session, param):
     server.wait_idle()
@@ -240,6 +249,35 @@ def test_a_session_start_this_server_cannot_honour_names_its_field(server, sessi
         error = _error(ws, {"type": "session.start", "session": {"model": MODEL, **session}})
         assert error["param"] == param, error
         _start(ws)
+
+
+FULL = {
+    "model": "gpt-live-1.1", "instructions": "Be brief.", "safety_identifier": "user-1",
+    "store": False, "triggers": [],
+    "audio": {"format": {"type": "audio/pcmu", "rate": 8000}, "output": {"voice": {"id": "v"}}},
+    "input": [{"type": "message", "role": "developer", "content": [{"text": "Rules."}]},
+              {"role": "user", "content": [{"type": "input_text", "text": "Hi"}],
+               "status": "completed", "id": "msg_1"},
+              {"role": "assistant", "content": [{"type": "output_text", "text": "Hello"}]}],
+    "delegation": {"type": "responses", "acknowledgement_delay_ms": 400, "responses": {
+        "model": "gpt-5.5", "instructions": "Use tools.", "max_output_tokens": 512,
+        "parallel_tool_calls": True, "reasoning": {"effort": "low", "summary": "auto"},
+        "text": {"verbosity": "low"}, "service_tier": "priority",
+        "tool_choice": {"type": "function", "name": "get_weather"}, "tools": [TOOL]}},
+}
+
+
+def test_every_session_field_is_taken_and_echoed_as_its_type(server, monkeypatch):
+    short_tool_prompt(monkeypatch)
+    CLIENT_EVENT.validate_python({"type": "session.start", "session": FULL}, strict=True)
+    server.wait_idle()
+    with connect(server.ws(PATH), additional_headers=AUTH) as ws:
+        send(ws, {"type": "session.start", "session": FULL})
+        session = _until_raw(ws, "session.started")["session"]  # checked strictly
+    assert session["audio"] == {"format": {"type": "audio/pcmu", "rate": 8000},
+                                "output": {"voice": {"id": "v"}}}
+    assert session["input"] == FULL["input"] and session["safety_identifier"] == "user-1"
+    assert session["delegation"] == FULL["delegation"]
 
 
 def test_audio_before_session_started_is_refused(server):

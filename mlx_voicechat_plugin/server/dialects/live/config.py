@@ -6,11 +6,13 @@ As the openai package types it (``openai.types.live.SessionConfig``): ``model``
 ``audio.format`` (``audio/pcm`` at 16 or 24 kHz, ``audio/pcmu``, ``audio/pcma``; one
 format both ways, immutable) and ``audio.output.voice`` (echoed: the model has one
 voice), ``input`` (text history, at most 128 messages of one text part), ``delegation``
-(``null`` / ``client``, or ``responses`` with function tools), ``client``,
-``safety_identifier``, ``store`` and ``triggers``. A field the type does not name is
-``unknown_parameter``, as OpenAI refuses it; a value this server cannot honour (a hosted
-Responses tool, Decisions delegation or triggers, ``store: true``) is
-``invalid_value`` naming its field. ``session.update`` takes only ``delegation`` (of the
+(``null`` / ``client``, or ``responses`` with function tools), ``safety_identifier``,
+``store``, ``triggers`` and ``client``. A field the type does not name is
+``unknown_parameter``, as OpenAI refuses it; a value of the wrong type, or one this
+server cannot honour (a hosted Responses tool, Decisions delegation or triggers,
+``store: true``, a frontend's ``client`` permissions, which nothing here would
+enforce), is ``invalid_value`` naming its field: what ``session.started`` echoes is
+always of its type. ``session.update`` takes only ``delegation`` (of the
 same type) and ``triggers``.
 """
 
@@ -38,6 +40,9 @@ RESPONSES_FIELDS = ("model", "instructions", "max_output_tokens", "parallel_tool
                     "reasoning", "service_tier", "text", "tool_choice", "tools")
 FUNCTION_FIELDS = ("type", "name", "description", "parameters", "strict")
 MESSAGE_FIELDS = ("role", "content", "id", "status", "type")
+TOOL_CHOICES = ("auto", "none", "required")
+PART_TYPES = {"developer": ("input_text",), "user": ("input_text",),
+              "assistant": ("text", "output_text")}
 
 
 class LiveError(ProtocolError):
@@ -117,7 +122,6 @@ class LiveConfig:
     voice: Any = DEFAULT_VOICE
     input: tuple[dict[str, Any], ...] = ()
     delegation: Delegation = field(default_factory=Delegation)
-    client: dict[str, Any] | None = None
     safety_identifier: str | None = None
 
     def engine_tools(self) -> list[dict[str, Any]] | None:
@@ -133,8 +137,6 @@ class LiveConfig:
             "audio": {"format": describe_format(self.format), "output": {"voice": self.voice}},
             "delegation": self.delegation.describe(), "input": list(self.input),
             "instructions": self.instructions or "", "store": False, "triggers": []}
-        if self.client is not None:
-            out["client"] = self.client
         if self.safety_identifier is not None:
             out["safety_identifier"] = self.safety_identifier
         return out
@@ -181,6 +183,8 @@ def parse_tools(value: Any, where: str) -> list[dict[str, Any]]:
         optional_str(tool.get("description"), f"{at}.description")
         if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
             raise bad(f"{at}.parameters", "expected a JSON Schema object")
+        if not isinstance(tool.get("strict", False), (bool, type(None))):
+            raise bad(f"{at}.strict", "expected a boolean")
         tools.append(dict(tool))
     return tools
 
@@ -195,6 +199,22 @@ def parse_responses(value: Any, where: str, current: dict[str, Any] | None
     if not isinstance(merged.get("model"), str) or not merged["model"]:
         raise missing(f"{where}.model")
     optional_str(merged.get("instructions"), f"{where}.instructions")
+    optional_str(merged.get("service_tier"), f"{where}.service_tier")
+    whole_ms(merged.get("max_output_tokens"), f"{where}.max_output_tokens")
+    if not isinstance(merged.get("parallel_tool_calls", False), (bool, type(None))):
+        raise bad(f"{where}.parallel_tool_calls", "expected a boolean")
+    for name, fields in (("reasoning", ("effort", "summary")), ("text", ("verbosity",))):
+        if merged.get(name) is not None:
+            for key, value in strict_object(merged[name], f"{where}.{name}", fields).items():
+                optional_str(value, f"{where}.{name}.{key}")
+    choice = merged.get("tool_choice")
+    if choice is not None and choice not in TOOL_CHOICES and not (
+            isinstance(choice, dict) and choice.get("type") == "function"
+            and isinstance(choice.get("name"), str)
+            and set(choice) <= {"type", "name"}):
+        raise bad(f"{where}.tool_choice", "expected 'auto', 'none', 'required' or "
+                                          "{\"type\": \"function\", \"name\": ...}: only "
+                                          "function tools run here")
     merged["tools"] = parse_tools(merged.get("tools"), f"{where}.tools")
     return merged
 
@@ -259,6 +279,15 @@ def parse_input(value: Any, where: str = "session.input") -> tuple[dict[str, Any
         part = strict_object(content[0], f"{at}.content[0]", ("type", "text"))
         if not isinstance(part.get("text"), str):
             raise missing(f"{at}.content[0].text")
+        kinds = PART_TYPES[message["role"]]
+        if part.get("type", kinds[0]) not in kinds:
+            raise bad(f"{at}.content[0].type", f"a {message['role']} part is "
+                                               f"{' or '.join(kinds)}")
+        optional_str(message.get("id"), f"{at}.id")
+        if message.get("status") not in (None, "incomplete", "completed"):
+            raise bad(f"{at}.status", "expected 'incomplete' or 'completed'")
+        if message.get("type") not in (None, "message"):
+            raise bad(f"{at}.type", "expected 'message'")
     return tuple(value)
 
 
@@ -272,7 +301,11 @@ def parse_audio(value: Any, where: str = "session.audio") -> tuple[AudioFormat, 
     voice = output.get("voice", DEFAULT_VOICE)
     if voice is None:
         voice = DEFAULT_VOICE
-    if not isinstance(voice, (str, dict)):
+    if isinstance(voice, dict):
+        if not isinstance(strict_object(voice, f"{where}.output.voice", ("id",)).get("id"),
+                          str):
+            raise missing(f"{where}.output.voice.id")
+    elif not isinstance(voice, str):
         raise bad(f"{where}.output.voice", "expected a voice name or {\"id\": ...}")
     return fmt, voice
 
@@ -306,15 +339,14 @@ def parse_start(value: Any) -> LiveConfig:
     if session.get("store") is not None and not isinstance(session["store"], bool):
         raise bad("session.store", "expected a boolean")
     parse_triggers(session.get("triggers"), "session.triggers")
-    client = session.get("client")
-    if client is not None and not isinstance(client, dict):
-        raise bad("session.client", "expected an object")
+    if session.get("client") is not None:
+        raise bad("session.client", "data channel permissions for an untrusted frontend are "
+                                    "not enforced here; mint an ephemeral key for it instead")
     return LiveConfig(
         model=session["model"],
         instructions=optional_str(session.get("instructions"), "session.instructions"),
         format=fmt, voice=voice, input=parse_input(session.get("input")),
         delegation=parse_delegation(session.get("delegation"), "session.delegation"),
-        client=client,
         safety_identifier=optional_str(session.get("safety_identifier"),
                                        "session.safety_identifier"))
 
