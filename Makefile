@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DIR := build/demo
 
-.PHONY: venv install browser haproxy test test-real demo clean
+.PHONY: venv install browser haproxy livekit test test-real demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,9 +34,23 @@ haproxy:
 			|| echo "haproxy unavailable: the replicas test will skip"; \
 	fi
 
+# LiveKit agents-js's GPTLiveModel for tests/test_server_live.py (which skips without
+# it): installed into build/livekit where Node is present, once.
+LIVEKIT_DIR := build/livekit
+LIVEKIT_PACKAGES := @livekit/agents@1.9.0 @livekit/agents-plugin-openai@1.9.0 \
+	@livekit/rtc-node@0.13.35 zod@3.25.76
+livekit:
+	@if command -v npm >/dev/null; then \
+		[ -d $(LIVEKIT_DIR)/node_modules/@livekit/agents-plugin-openai ] || ( \
+			mkdir -p $(LIVEKIT_DIR) && cd $(LIVEKIT_DIR) \
+			&& ( [ -f package.json ] || echo '{"private": true}' > package.json ) \
+			&& npm install -q --no-audit --no-fund $(LIVEKIT_PACKAGES) ) \
+			|| echo "LiveKit agents-js unavailable: its test will skip"; \
+	else echo "Node unavailable: the LiveKit test will skip"; fi
+
 # pytest exits 5 when it collects nothing; treat that as a failure of the
 # suite's wiring rather than silently passing.
-test: $(VENV)/.installed browser haproxy
+test: $(VENV)/.installed browser haproxy livekit
 	$(PY) -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 

@@ -75,13 +75,15 @@ _EVENT_SHAPE = re.compile(r"^[a-z_]+(\.[a-z_]+)+$")
 PACKAGE = "mlx_voicechat_plugin.server.dialects"
 
 
-def check(event: dict[str, Any], seen: set[str] | None = None) -> Any:
-    """``event`` (as the client read it) validated; its type added to ``seen``."""
+def check(event: dict[str, Any], seen: set[str] | None = None,
+          union: TypeAdapter = SERVER_EVENT) -> Any:
+    """``event`` (as the client read it) validated against ``union`` (GA's server events
+    by default) or its extension's model; its type added to ``seen``."""
     kind = event.get("type")
     if kind in EXTENSIONS:
         parsed = EXTENSIONS[kind].model_validate(event)
     else:
-        parsed = SERVER_EVENT.validate_python(event, strict=True)
+        parsed = union.validate_python(event, strict=True)
     if seen is not None:
         seen.add(kind)
     return parsed
@@ -121,3 +123,17 @@ def emitted_types() -> set[str]:
     assert not unknown, (f"{sorted(unknown)}: not a GA server event type; add an extension "
                          "to EXTENSIONS (and docs/protocol.md) or the string to NOT_EVENTS")
     return emitted
+
+
+def every_type_checked(request: Any, emitted: set[str], seen: set[str], dialect: str) -> None:
+    """The last test of a schema module: each of ``emitted`` was validated by the module's
+    other tests (``seen``); skipped unless the whole module ran."""
+    import pytest
+
+    others = [item for item in request.session.items
+              if item.module is request.module and item is not request.node]
+    if len(others) < len(request.node.parent.collect()) - 1:
+        pytest.skip("run with the whole module: its other tests do the checking")
+    unchecked = emitted - seen
+    assert not unchecked, f"event types the {dialect} dialect sends that no test checked: " \
+                          f"{sorted(unchecked)}"

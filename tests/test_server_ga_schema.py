@@ -20,7 +20,7 @@ import json
 
 import numpy as np
 import pytest
-from ga_schema import CLIENT_EVENT, CLIENT_TYPES, check, emitted_types
+from ga_schema import CLIENT_EVENT, CLIENT_TYPES, check, emitted_types, every_type_checked
 from ga_support import (API_KEY, GA_RATE, MODEL, TOOL, call_frames, question_wav_24k,
                         scripted_call, silence_chunks, wav_chunks)
 from raw_client import RawClient
@@ -370,10 +370,4 @@ def test_a_webrtc_calls_data_channel_is_valid(server):
 def test_every_event_type_the_dialect_sends_was_checked(request):
     """The GA event types in the dialect's source (:func:`ga_schema.emitted_types`), each
     validated by a test above."""
-    others = [item for item in request.session.items
-              if item.module is request.module and item is not request.node]
-    if len(others) < len(request.node.parent.collect()) - 1:
-        pytest.skip("run with the whole module: its other tests do the checking")
-    unchecked = emitted_types() - SEEN
-    assert not unchecked, f"event types the GA dialect sends that no test checked: " \
-                          f"{sorted(unchecked)}"
+    every_type_checked(request, emitted_types(), SEEN, "GA")

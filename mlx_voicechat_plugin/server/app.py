@@ -8,7 +8,8 @@ page. ``/openai/v1`` is one base URL for an OpenAI client: ``realtime``,
 ``/v1/audio/transcriptions``); ``/v1/models`` lists the model in mlx-vlm's
 shape. WebRTC calls (``/openai/v1/realtime/calls``, :mod:`.routes.calls`) and
 ephemeral keys (``/openai/v1/realtime/client_secrets``) sit beside the GA
-WebSocket. Who may use them: :mod:`.routes.access`.
+WebSocket; GPT-Live's WebSocket and WebRTC sessions share ``/openai/v1/live/sessions``
+(:mod:`.routes.live_sessions`). Who may use them: :mod:`.routes.access`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fastapi import FastAPI
 from .dialects.base import Dialect
 from .dialects import DIALECTS
 from .dialects.client_options import session_options
+from .dialects.live.dialect import LiveDialect
 from .engine.thread import Engine
 from .limits import ServerLimits
 from .keys import EphemeralKeys
@@ -34,6 +36,7 @@ from .routes.access import API_KEY_ENV, Access
 from .routes.browser import browser_router
 from .routes.calls import Calls
 from .routes.client_secrets import client_secrets_router
+from .routes.live_sessions import LiveSessions
 from .routes.models import OPENAI_BASE, ServedModel, models_router, unsupported_router
 from .routes.realtime import Realtime, unknown_path_router
 from .routes.status import status_router
@@ -145,6 +148,9 @@ def create_app(
     calls = app.state.calls = Calls(engine, drain, served.model_id, limits, access, keys,
                                     ice or ICEConfig(), prefix)
     app.include_router(calls.router())
+    if any(issubclass(dialect, LiveDialect) for dialect in dialects):  # its WebRTC sessions
+        app.include_router(LiveSessions(engine, drain, served.model_id, limits, access, keys,
+                                        ice or ICEConfig(), prefix).router())
     app.include_router(client_secrets_router(keys, access, prefix))
     app.include_router(unknown_path_router([prefix + path for d in dialects for path in d.paths]))
     return app

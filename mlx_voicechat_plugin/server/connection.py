@@ -245,7 +245,9 @@ class Connection:
                     self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
                     raise Finished(Ending.BUSY)
                 logger.info("%s connected", self.session_id)
-                session.send(self.dialect.greet())
+                greeting = self.dialect.greet()
+                if greeting is not None:  # a dialect whose client speaks first has none
+                    session.send(greeting)
             await self.loop()
         except (Finished, Hangup) as end:
             if self.superseded:  # the session goes on with the resume that took it

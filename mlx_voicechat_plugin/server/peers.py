@@ -53,7 +53,7 @@ class SessionDialect(Protocol):
 
     def paced(self, pace: FramePace) -> None: ...  # how late the next hand-off's frames ran
 
-    def greet(self) -> Outgoing: ...  # the first event (with the resume token, if any)
+    def greet(self) -> Outgoing | None: ...  # the first event (resume token and all), if any
 
     def error(self, code: str, message: str) -> Outgoing: ...
 

@@ -16,6 +16,9 @@ docs/development.md.
 - :mod:`.nvidia`: NVIDIA's VoiceChat protocol at ``/nvidia/v1/realtime``, a package
   (:mod:`.nvidia.dialect`, its client messages :mod:`.nvidia.messages`, its
   events :mod:`.nvidia.events`).
+- :mod:`.live`: OpenAI's GPT-Live at ``/openai/v1/live/sessions``, a package
+  (:mod:`.live.dialect`, its config :mod:`.live.config`, its output
+  :mod:`.live.timeline`, its delegations :mod:`.live.delegations`).
 
 A dialect imports no transport: it never sees a socket, a close code or JSON text.
 """
@@ -24,20 +27,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DIALECTS", "GA", "NVIDIA", "NVIDIA_ROOT", "NVIDIA_ROOT_DIALECTS", "VLM"]
+__all__ = ["DIALECTS", "GA", "LIVE", "NVIDIA", "NVIDIA_ROOT", "NVIDIA_ROOT_DIALECTS", "VLM"]
 
 
 def __getattr__(name: str) -> Any:
-    """``DIALECTS`` (mlx-vlm's, GA's, NVIDIA's), ``VLM``, ``GA``, ``NVIDIA``,
-    ``NVIDIA_ROOT_DIALECTS`` (NVIDIA's at the root, then GA's), imported when first asked for:
+    """``DIALECTS`` (mlx-vlm's, GA's, NVIDIA's, GPT-Live's), ``VLM``, ``GA``, ``NVIDIA``,
+    ``LIVE``, ``NVIDIA_ROOT_DIALECTS`` (NVIDIA's at the root, then GA's and GPT-Live's),
+    imported when first asked for:
     importing one dialect's helper module (e.g. :mod:`.ga.audio`) loads no other."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from .ga.dialect import GADialect as GA
+    from .live.dialect import LiveDialect as LIVE
     from .nvidia.dialect import NvidiaDialect as NVIDIA, NvidiaRootDialect as NVIDIA_ROOT
     from .vlm import VLMDialect as VLM
 
-    served = {"VLM": VLM, "GA": GA, "NVIDIA": NVIDIA, "NVIDIA_ROOT": NVIDIA_ROOT,
-              "DIALECTS": (VLM, GA, NVIDIA), "NVIDIA_ROOT_DIALECTS": (NVIDIA_ROOT, GA)}
+    served = {"VLM": VLM, "GA": GA, "NVIDIA": NVIDIA, "NVIDIA_ROOT": NVIDIA_ROOT, "LIVE": LIVE,
+              "DIALECTS": (VLM, GA, NVIDIA, LIVE), "NVIDIA_ROOT_DIALECTS": (NVIDIA_ROOT, GA, LIVE)}
     globals().update(served)
     return served[name]

@@ -87,14 +87,20 @@ def check_session(session: Any, where: str) -> dict[str, Any]:
     return session
 
 
-async def read_offer(request: Request, limit: int) -> tuple[str, dict[str, Any] | None]:
-    """``(SDP offer, session or None)`` from an ``application/sdp`` body or the form."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, at most ``limit`` bytes (413 past them)."""
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
             raise CallRefused(413, "invalid_request", f"request body exceeds the {limit}-byte "
                                                       "limit (--max-message-bytes)")
+    return bytes(body)
+
+
+async def read_offer(request: Request, limit: int) -> tuple[str, dict[str, Any] | None]:
+    """``(SDP offer, session or None)`` from an ``application/sdp`` body or the form."""
+    body = await read_body(request, limit)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "multipart/form-data":
         if kind not in ("application/sdp", "text/plain", ""):
@@ -174,6 +180,18 @@ class Calls:
         sessions = [check_session(s, where) for s, where in
                     ((key.session if key else None, "the ephemeral key's session"),
                      (session, "session")) if s is not None]
+        call_id, answer = await self.place(
+            GADialect, key, offer, [{"type": "session.update", "session": update}
+                                    for update in sessions],  # the key's, then the call's
+            lambda session_id: "rtc_" + session_id.partition("_")[2])
+        location = f"{self.prefix}{CALLS_PATH}/{call_id}"
+        return Response(answer, 201, {"Location": location}, media_type="application/sdp")
+
+    async def place(self, dialect: Any, key: EphemeralKey | None, offer: str,
+                    first: list[dict[str, Any]], name: Any) -> tuple[str, str]:
+        """Admit and answer one call in ``dialect``, its session handling ``first`` before
+        anything the client sends: ``(call id, SDP answer)``; the call id is
+        ``name(session_id)``."""
         engine = self.engine
         if not engine.ready or engine.admission.draining:
             raise CallRefused(503, "server_busy", "the server is shutting down"
@@ -182,8 +200,8 @@ class Calls:
         transport = self.transport_class(self.limits.max_pending_events,
                                          self.limits.send_timeout,
                                          on_end=lambda: self.open.pop(call_id[0], None))
-        connection = connect(transport, GADialect, engine, self.model_id, self.limits)
-        call_id.append("rtc_" + connection.session_id.partition("_")[2])
+        connection = connect(transport, dialect, engine, self.model_id, self.limits)
+        call_id.append(name(connection.session_id))
         if not await engine.admission.reserve(connection.session_id):
             await connection.session.release()
             raise CallRefused(429, "server_busy", engine.admission.refusal)
@@ -201,12 +219,11 @@ class Calls:
             if isinstance(exc, KeyRefused):
                 raise CallRefused(401, "invalid_api_key", str(exc)) from None
             raise
-        for update in sessions:  # the key's session, then the call's own
-            transport.inject(json.dumps({"type": "session.update", "session": update}))
+        for message in first:
+            transport.inject(json.dumps(message))
         self.tasks[call_id[0]] = asyncio.ensure_future(self.run(call_id[0], connection))
-        location = f"{self.prefix}{CALLS_PATH}/{call_id[0]}"
         logger.info("%s call %s answered", connection.session_id, call_id[0])
-        return Response(answer, 201, {"Location": location}, media_type="application/sdp")
+        return call_id[0], answer
 
     async def run(self, call_id: str, connection: Connection) -> None:
         try:
