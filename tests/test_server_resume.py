@@ -217,7 +217,7 @@ def test_a_token_of_another_key_is_refused_and_the_session_unharmed(server, monk
     token, last = _detached(server, headers=first)
     monkeypatch.setenv(KEY_ENV, "second-key")
     status, error = _refused(server, token, last, additional_headers=second)
-    assert (status, error["code"]) == (403, "invalid_api_key")
+    assert (status, error["code"]) == (404, "session_not_found")  # told nothing
     monkeypatch.setenv(KEY_ENV, "first-key")
     client = RawClient(server.port, resume_path("/v1/realtime", token, last), headers=first)
     assert event(client)["type"] == "session.resumed"
@@ -373,8 +373,32 @@ def test_a_session_opened_with_an_ephemeral_key_resumes_with_that_key_only(serve
                      for _ in range(2))
     token, last = _detached(server, headers=first, scrape={"Authorization": "Bearer server-key"})
     status, error = _refused(server, token, last, additional_headers=second)
-    assert (status, error["code"]) == (403, "invalid_api_key")
+    assert (status, error["code"]) == (404, "session_not_found")  # told nothing
     client = RawClient(server.port, resume_path("/v1/realtime", token, last), headers=first)
+    assert event(client)["type"] == "session.resumed"
+    _finish(client)
+    server.wait_idle()
+
+
+def test_a_made_up_ephemeral_key_cannot_tell_live_ended_and_unknown_tokens_apart(
+        server, monkeypatch):
+    """Issue 63, finding 10: ``Bearer ek_<anything>`` with ``?resume_token=`` skipped the
+    key check, and the answer (403, 410, 404, with the reason) said which tokens live."""
+    monkeypatch.setenv(KEY_ENV, "server-key")
+    owner = {"Authorization": "Bearer server-key"}
+    ended, last = _detached(server, headers=owner)
+    _finish(RawClient(server.port, resume_path("/v1/realtime", ended, last), headers=owner))
+    server.wait_idle()
+    live, live_last = _detached(server, headers=owner)
+    forged = {"Authorization": "Bearer ek_" + "0" * 48}
+    answers = {json.dumps(_refused(server, token, seq, additional_headers=forged))
+               for token, seq in ((live, live_last), (ended, last), ("no-such-token", 0))}
+    assert len(answers) == 1, answers
+    status, error = json.loads(answers.pop())
+    assert (status, error["code"]) == (404, "session_not_found")
+    # The owner is still told the truth, and the live session is unharmed.
+    assert _refused(server, ended, last, additional_headers=owner)[0] == 410
+    client = RawClient(server.port, resume_path("/v1/realtime", live, live_last), headers=owner)
     assert event(client)["type"] == "session.resumed"
     _finish(client)
     server.wait_idle()

@@ -8,9 +8,10 @@ when a balancer said which one took the connection (HAProxy's
 ``deploy/haproxy.cfg`` routes a resume on that prefix). A client that lost
 its connection opens the same path with ``?resume_token=...&last_seq=N``;
 :meth:`Resumes.claim` finds the session or says why not (:class:`Refused`,
-an HTTP status with a code and a message): an unknown token, a session that
-has ended (its window passed, it was committed, the replica drained), a
-token of another key, a resume at another dialect's path, a session being
+an HTTP status with a code and a message): an unknown token or a token of
+another key (one answer for both, given before anything else: a client
+without the token's key learns nothing about it), a session that has ended
+(its window passed, it was committed, the replica drained), a resume at another dialect's path, a session being
 resumed by another connection, a ``last_seq`` past what was sent, or one
 whose events after it are no longer held (then the session ends: it cannot
 be made whole). A refused claim leaves the session as it was, except the
@@ -84,7 +85,8 @@ class Resumes:
                  max_detached_per_key: int = DEFAULT_MAX_DETACHED_PER_KEY):
         self.sessions: dict[str, Session] = {}
         self.keys: dict[str, bytes] = {}
-        self.ended: OrderedDict[str, str] = OrderedDict()  # token -> why its session ended
+        # token -> why its session ended, and the digest of the key it was bound to
+        self.ended: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
         self.max_detached_per_key = max_detached_per_key
         self.counts = {"detached": 0, "resumed": 0, "expired": 0, "reclaimed": 0}
         if registry is not None:
@@ -168,10 +170,10 @@ class Resumes:
     def released(self, session: Session) -> None:
         token = session.resume_token
         self.sessions.pop(token, None)
-        self.keys.pop(token, None)
+        digest = self.keys.pop(token, key_digest(None))
         if session.detached:
             self._count("expired")
-        self.ended[token] = session.ended or "the session ended"
+        self.ended[token] = (session.ended or "the session ended", digest)
         while len(self.ended) > ENDED_KEPT:
             self.ended.popitem(last=False)
 
@@ -182,15 +184,17 @@ class Resumes:
         holds: :meth:`take_over`) and marked as being resumed.
         :class:`Refused` says why not."""
         session = self.sessions.get(token)
-        if session is None or session.released:
-            if token in self.ended:
-                raise Refused(410, "session_expired",
-                              f"the session of this resume_token has ended: {self.ended[token]}")
-            raise Refused(404, "session_not_found", "unknown resume_token (no such session "
-                                                    "on this replica)")
-        if not hmac.compare_digest(self.keys[token], key_digest(key)):
-            raise Refused(403, "invalid_api_key",
-                          "this resume_token belongs to a session opened with another API key")
+        live = session is not None and not session.released
+        reason, bound = (None, self.keys.get(token)) if live else \
+            self.ended.get(token, (None, None))
+        # The key first: a token of another key (or a made-up key) is told nothing about
+        # the token, not whether it is live, ended or unknown.
+        if bound is None or not hmac.compare_digest(bound, key_digest(key)):
+            raise Refused(404, "session_not_found", "unknown resume_token for this key (no "
+                                                    "such session on this replica)")
+        if not live:
+            raise Refused(410, "session_expired",
+                          f"the session of this resume_token has ended: {reason}")
         if dialect is not None and not isinstance(session.dialect, dialect):
             raise Refused(409, "invalid_request",
                           "resume a session at the path (the dialect) that opened it")
