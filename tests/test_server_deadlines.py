@@ -10,6 +10,7 @@ SIGTERM past ``--drain-seconds``.
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -183,3 +184,14 @@ def test_sigterm_exits_within_the_drain_while_uploads_stall(tiny_ckpt, tmp_path)
         for sock in stalled:
             sock.close()
         process.stop()
+
+
+@pytest.mark.parametrize("keyed", [{"header_timeout": 0.5}], indirect=True)
+def test_an_open_websocket_outlives_the_header_deadline(keyed):
+    with connect(keyed.ws(), additional_headers=AUTH) as ws:
+        configure(ws)
+        time.sleep(1.5)
+        send(ws, {"type": "session.ping"})
+        assert json.loads(ws.recv(timeout=5))["type"] == "session.pong"
+        send(ws, {"type": "session.cancel"})
+        assert until_closed(ws)[1] == 1000

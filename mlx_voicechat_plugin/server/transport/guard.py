@@ -147,6 +147,7 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
     class GuardedHTTP(http_base):  # type: ignore[misc, valid-type]
         guard_phase, guard_since = BUSY, 0.0
         _guard_timer: asyncio.TimerHandle | None = None
+        _guard_upgraded = False  # a WebSocket now: its protocol keeps the deadlines
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -165,7 +166,7 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
         def _guard_follow(self) -> None:
             """Arm the deadline of the phase the connection is in, once per phase."""
             phase = self._guard_now()
-            if self.transport.is_closing() or phase == self.guard_phase:
+            if self._guard_upgraded or self.transport.is_closing() or phase == self.guard_phase:
                 return
             self._guard_cancel()
             self.guard_phase, self.guard_since = phase, time.monotonic()
@@ -206,7 +207,7 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
 
         def handle_websocket_upgrade(self, *args: Any) -> None:
             self._guard_cancel()
-            self.guard_phase = BUSY  # the WebSocket protocol takes over the deadlines
+            self.guard_phase, self._guard_upgraded = BUSY, True
             super().handle_websocket_upgrade(*args)
 
         def connection_lost(self, exc: Exception | None) -> None:
