@@ -402,3 +402,41 @@ def test_a_made_up_ephemeral_key_cannot_tell_live_ended_and_unknown_tokens_apart
     assert event(client)["type"] == "session.resumed"
     _finish(client)
     server.wait_idle()
+
+
+# --- a replay larger than the outbox ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_outbox(tiny_ckpt):
+    limits = ServerLimits(update_timeout=5, idle_timeout=5, resume_seconds=10,
+                          max_pending_events=8)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits, api_key_env=None)))
+
+
+def test_a_replay_twice_the_outbox_is_delivered_in_order_and_the_session_goes_on(small_outbox):
+    """Issue 63, finding 3: the whole replay went into the outbox at once, so a replay
+    past ``--max-pending-events`` said ``session.resumed``, sent what fit, then closed
+    1008 ("client is not reading") and released the session it had promised."""
+    server, frames = small_outbox, 20
+    client = RawClient(server.port)
+    token = event(client)["session"]["resume_token"]
+    client.send_json({"type": "session.update", "session": {}})
+    last = event(client)["seq"]
+    audio = question_signal(frames * FRAME / 16_000)
+    for index in range(frames):
+        client.send_json(append_message(audio[index * FRAME:(index + 1) * FRAME]))
+    abort(client)  # the link drops with every event after session.updated unread
+    session = until(lambda: server.app.state.resumes.sessions.get(token), "the session")
+    until(lambda: session.frames_seen >= frames and session.detached, "the frames to run")
+    client = RawClient(server.port, resume_path("/v1/realtime", token, last))
+    resumed = event(client)
+    assert resumed["type"] == "session.resumed"
+    assert resumed["replayed"] >= 2 * server.app.state.limits.max_pending_events
+    replayed = [event(client) for _ in range(resumed["replayed"])]
+    assert [e["seq"] for e in replayed] == list(range(last + 1, last + 1 + len(replayed)))
+    client.send_json({"type": "session.ping"})  # the session goes on
+    while (got := event(client))["type"] != "session.pong":
+        assert got["type"] != "error", got
+    _finish(client)
+    server.wait_idle()

@@ -63,6 +63,9 @@ class Transport(Protocol):
     def send(self, message: Outgoing) -> None:
         """Queue one message (:class:`ClientNotReading` if the client does not read)."""
 
+    def promise(self, messages: list[Outgoing]) -> None:
+        """Queue a resume's replay, sent as the client reads: never counted as unread."""
+
     async def drain(self) -> bool:
         """Let the queued messages go out (``False``: the client did not take them)."""
 
@@ -119,6 +122,10 @@ class Connection:
 
     def send(self, message: Outgoing) -> None:
         self.transport.send(message)
+
+    def replay(self, messages: list[Outgoing]) -> None:
+        if messages:
+            self.transport.promise(messages)
 
     def send_error(self, code: str, message: str) -> None:
         logger.info("%s error %s: %s", self.session_id, code, message)

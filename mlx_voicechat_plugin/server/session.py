@@ -215,8 +215,7 @@ class Session(EngineSide):
         self.link = link
         self.linked.set()
         self.active()  # the idle clock starts again with the new link
-        for message in replayed:
-            link.send(message)
+        link.replay(replayed)
 
     def detach(self) -> None:
         """The transport is gone; the session goes on (its slot held, its queued audio
