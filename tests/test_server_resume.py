@@ -426,9 +426,13 @@ def test_a_replay_twice_the_outbox_is_delivered_in_order_and_the_session_goes_on
     audio = question_signal(frames * FRAME / 16_000)
     for index in range(frames):
         client.send_json(append_message(audio[index * FRAME:(index + 1) * FRAME]))
-    abort(client)  # the link drops with every event after session.updated unread
-    session = until(lambda: server.app.state.resumes.sessions.get(token), "the session")
-    until(lambda: session.frames_seen >= frames and session.detached, "the frames to run")
+    client.send_json({"type": "session.ping"})  # answered once the frames have run
+    while event(client)["type"] != "session.pong":
+        pass
+    abort(client)
+    session = server.app.state.resumes.sessions[token]
+    until(lambda: session.detached, "the detach")
+    # The events after session.updated were lost on the way: all of them are asked again.
     client = RawClient(server.port, resume_path("/v1/realtime", token, last))
     resumed = event(client)
     assert resumed["type"] == "session.resumed"
@@ -440,3 +444,70 @@ def test_a_replay_twice_the_outbox_is_delivered_in_order_and_the_session_goes_on
         assert got["type"] != "error", got
     _finish(client)
     server.wait_idle()
+
+
+# --- the per-key limits count what a key mints -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_slots(tiny_ckpt):
+    limits = ServerLimits(update_timeout=5, idle_timeout=5, resume_seconds=10, max_sessions=3,
+                          max_detached_per_key=2)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits, api_key_env=KEY_ENV)))
+
+
+def _end(server, tokens) -> None:
+    """End these detached sessions (on the server's loop)."""
+    for token in tokens:
+        session = server.app.state.resumes.sessions[token]
+        server.app.state.drain.loop.call_soon_threadsafe(session.end_detached, "test over")
+
+
+def test_ephemeral_keys_count_against_the_key_that_minted_them(three_slots, monkeypatch):
+    """Issue 63, finding 5: minting an ephemeral key per connection bypassed
+    ``--max-detached-per-key``: each key held its own two detached sessions."""
+    server, scrape = three_slots, {"Authorization": "Bearer server-key"}
+    tokens = []
+    for _ in range(3):
+        client = RawClient(server.port, headers={
+            "Authorization": f"Bearer {_minted(server, monkeypatch)}"})
+        tokens.append(event(client)["session"]["resume_token"])
+        client.send_json({"type": "session.update", "session": {}})
+        assert event(client)["type"] == "session.updated"
+        client.close()
+        until(lambda: metric(server, "voicechat_detached_sessions", scrape) > 0 and
+              metric(server, "voicechat_sessions_detached_total", scrape) >= len(tokens),
+              "the detach")
+    until(lambda: server.health().json()["sessions"] == 2, "the oldest to end")
+    assert metric(server, "voicechat_detached_sessions", scrape) == 2
+    assert tokens[0] not in server.app.state.resumes.sessions  # the minting key's oldest
+    assert all(t in server.app.state.resumes.sessions for t in tokens[1:])
+    _end(server, tokens[1:])
+    until(lambda: server.health().json()["sessions"] == 0, "the slots to be free")
+
+
+def test_a_full_server_takes_the_slot_of_the_key_holding_the_most(three_slots, monkeypatch):
+    """Issue 63, finding 5: the longest-detached session of any key gave its slot, so one
+    key could hold every slot while another's lone session was ended."""
+    server, resumes = three_slots, three_slots.app.state.resumes
+    monkeypatch.setenv(KEY_ENV, "second-key")
+    lone, _ = _detached(server, headers={"Authorization": "Bearer second-key"})
+    monkeypatch.setenv(KEY_ENV, "first-key")
+    first = {"Authorization": "Bearer first-key"}
+    hoard = []
+    for _ in range(2):
+        client = RawClient(server.port, headers=first)
+        hoard.append(event(client)["session"]["resume_token"])
+        client.send_json({"type": "session.update", "session": {}})
+        assert event(client)["type"] == "session.updated"
+        client.close()
+        until(lambda: resumes.sessions[hoard[-1]].detached, "the detach")
+    newcomer = RawClient(server.port, headers=first)
+    assert event(newcomer)["type"] == "session.created"
+    newcomer.send_json({"type": "session.update", "session": {}})
+    assert event(newcomer)["type"] == "session.updated"
+    assert lone in resumes.sessions and hoard[0] not in resumes.sessions
+    newcomer.send_json({"type": "session.cancel"})
+    newcomer.close()
+    _end(server, (lone, hoard[1]))
+    until(lambda: server.health().json()["sessions"] == 0, "the slots to be free")

@@ -248,9 +248,15 @@ class Connection:
                 if not engine.ready:
                     self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
-                if not (self.admitted or await engine.admission.reserve(self.session_id)):
-                    self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
-                    raise Finished(Ending.BUSY)
+                admission = engine.admission
+                if not (self.admitted or await admission.reserve(self.session_id,
+                                                                 reclaim=False, count=False)):
+                    # A detached session's slot goes to a real session only: this one
+                    # takes it when it opens (configured, or sending audio).
+                    session.slot_pending = admission.reclaimable > 0 and not admission.draining
+                    if not (session.slot_pending or admission.try_reserve(self.session_id)):
+                        self.send_error(ErrorCode.SERVER_BUSY, admission.refusal)
+                        raise Finished(Ending.BUSY)
                 logger.info("%s connected", self.session_id)
                 session.send(self.dialect.greet())
             await self.loop()

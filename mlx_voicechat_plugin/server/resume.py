@@ -22,12 +22,17 @@ over a client id: the old connection is closed (1000, "the session was
 resumed on another connection") and the resume goes on.
 
 A detached session holds its slot only while no one else needs it. A
-connection that finds the server full takes the slot of the longest-detached
-session (:meth:`Resumes.reclaim`, asked by the engine's admission): that
+session that finds the server full once it opens (configured, or sending
+audio) takes the slot of a detached one (:meth:`Resumes.reclaim`, asked by
+the engine's admission): the longest-detached of the key that holds the most
+sessions, so no key keeps more than its share while others wait. That
 session ends, and a resume of it is refused (410 ``session_expired``) saying
 its slot was given to a new connection. One API key holds at most
 ``--max-detached-per-key`` detached sessions: past it its oldest ends (a
-client that opens and drops connections in a loop holds no one's slot).
+client that opens and drops connections in a loop holds no one's slot). A
+session opened with an ephemeral key counts against the key that minted it
+(its owner), not the ephemeral key, so minting a key per connection holds
+no more.
 
 ``/metrics`` counts the sessions detached, resumed, expired (released while
 detached) and reclaimed (of those, ended for a newcomer's slot), and how
@@ -41,7 +46,7 @@ import hmac
 import logging
 import re
 import secrets
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +59,7 @@ TOKEN_BYTES = 24  # of randomness: 32 URL-safe characters, no dots
 ENDED_KEPT = 1024  # ended sessions' tokens remembered, to say why a resume came too late
 REPLICA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 REPLICA_HEADER = "x-voicechat-server"  # HAProxy's http-send-name-header (deploy/haproxy.cfg)
+BOUND_KEY = object()  # a session's owner is the key its token is bound to (the default)
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,8 @@ class Resumes:
     def __init__(self, registry: Any = None,
                  max_detached_per_key: int = DEFAULT_MAX_DETACHED_PER_KEY):
         self.sessions: dict[str, Session] = {}
-        self.keys: dict[str, bytes] = {}
+        self.keys: dict[str, bytes] = {}  # token -> the digest of the key it is bound to
+        self.owners: dict[str, bytes] = {}  # token -> its owner's digest (the minting key)
         # token -> why its session ended, and the digest of the key it was bound to
         self.ended: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
         self.max_detached_per_key = max_detached_per_key
@@ -129,8 +136,12 @@ class Resumes:
         waiting = self.waiting()
         if not waiting:
             return False
+        held = Counter(self.owners.get(t) for t, s in list(self.sessions.items())
+                       if not s.released)
+        fairest = min(waiting, key=lambda s: (-held[self.owners.get(s.resume_token)],
+                                              s.detached_at))
         self._count("reclaimed")
-        waiting[0].end_detached(SLOT_TAKEN)
+        fairest.end_detached(SLOT_TAKEN)
         return True
 
     def reclaimable(self) -> list[str]:
@@ -144,22 +155,26 @@ class Resumes:
 
     # --- tokens ---------------------------------------------------------------------
 
-    def issue(self, session: Session, key: str | None, replica: str | None = None) -> str:
-        """Make ``session`` resumable: its token, bound to ``key``, naming ``replica``."""
+    def issue(self, session: Session, key: str | None, replica: str | None = None,
+              owner: Any = BOUND_KEY) -> str:
+        """Make ``session`` resumable: its token, bound to ``key``, naming ``replica``;
+        counted against ``owner`` (the key that minted an ephemeral ``key``; by default
+        ``key``)."""
         secret = secrets.token_urlsafe(TOKEN_BYTES)
         name = replica if replica and REPLICA_NAME.fullmatch(replica) else None
         token = f"{name}.{secret}" if name else secret
         session.make_resumable(token, self)
         self.sessions[token] = session
         self.keys[token] = key_digest(key)
+        self.owners[token] = key_digest(key if owner is BOUND_KEY else owner)
         return token
 
     def detached(self, session: Session) -> None:
         """``session`` detached: counted; past ``max_detached_per_key`` of its key's
         detached sessions, the oldest ends."""
         self._count("detached")
-        key = self.keys.get(session.resume_token)
-        same = [s for s in self.waiting() if self.keys.get(s.resume_token) == key]
+        owner = self.owners.get(session.resume_token)
+        same = [s for s in self.waiting() if self.owners.get(s.resume_token) == owner]
         for oldest in same[:max(len(same) - self.max_detached_per_key, 0)]:
             oldest.end_detached(f"its API key holds more than {self.max_detached_per_key} "
                                 "detached sessions (--max-detached-per-key)")
@@ -171,6 +186,7 @@ class Resumes:
         token = session.resume_token
         self.sessions.pop(token, None)
         digest = self.keys.pop(token, key_digest(None))
+        self.owners.pop(token, None)
         if session.detached:
             self._count("expired")
         self.ended[token] = (session.ended or "the session ended", digest)
