@@ -103,11 +103,15 @@ def test_the_next_request_on_a_kept_alive_connection_has_a_header_deadline(keyed
         sock.close()
 
 
+@pytest.mark.parametrize("keyed", [{"max_connections": 128, "max_connections_per_client": 64}],
+                         indirect=True)
 def test_health_and_an_authenticated_upgrade_get_in_while_two_addresses_hold_every_slot(keyed):
-    """Two addresses, each at its per-address cap, hold all 12 sockets with kept-alive
-    slowloris requests; a third address is still served."""
+    """Two addresses, each at its per-address cap (the defaults: 64 of 128), hold every
+    socket with kept-alive slowloris requests; a third address is still served."""
+    per_address = keyed.app.state.limits.max_connections_per_client
     held = [_kept_alive_slowloris(keyed.port, source) for source in ("127.0.0.2", "127.0.0.3")
-            for _ in range(6)]
+            for _ in range(per_address)]
+    assert len(keyed.server.config.http.guard.open) == keyed.app.state.limits.max_connections
     try:
         assert not any(_closed_by_server(sock, 0.01) for sock in held)
         third = httpx.HTTPTransport(local_address="127.0.0.4")
@@ -178,8 +182,11 @@ def test_sigterm_exits_within_the_drain_while_uploads_stall(tiny_ckpt, tmp_path)
         time.sleep(0.5)
         started = time.monotonic()
         process.process.send_signal(signal.SIGTERM)
-        assert process.process.wait(drain_seconds + CLOSE_SECONDS + 10) == 0, process.output()
-        assert time.monotonic() - started < drain_seconds + CLOSE_SECONDS + 2, process.output()
+        # Before, the process waited for the uploads for ever; now the drain ends them. The
+        # bound leaves room for the interpreter's exit on a loaded machine.
+        assert process.process.wait(drain_seconds + CLOSE_SECONDS + 20) == 0, process.output()
+        assert time.monotonic() - started < drain_seconds + CLOSE_SECONDS + 8, process.output()
+        assert "drained" in process.output()
     finally:
         for sock in stalled:
             sock.close()

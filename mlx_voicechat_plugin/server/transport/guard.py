@@ -205,6 +205,12 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
             super().on_response_complete()
             self._guard_follow()
 
+        def shutdown(self) -> None:
+            """The server stops (past the drain): a body still arriving is never served."""
+            if self.guard_phase == BODY:
+                self.transport.close()
+            super().shutdown()
+
         def handle_websocket_upgrade(self, *args: Any) -> None:
             self._guard_cancel()
             self.guard_phase, self._guard_upgraded = BUSY, True
