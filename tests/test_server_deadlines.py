@@ -10,6 +10,7 @@ SIGTERM past ``--drain-seconds``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -17,6 +18,7 @@ import time
 
 import httpx
 import pytest
+from fastapi import FastAPI, WebSocket
 from server_support import LiveServer, ServerProcess, configure, connect, send, until_closed
 
 from mlx_voicechat_plugin.server.app import create_app
@@ -202,3 +204,29 @@ def test_an_open_websocket_outlives_the_header_deadline(keyed):
         assert json.loads(ws.recv(timeout=5))["type"] == "session.pong"
         send(ws, {"type": "session.cancel"})
         assert until_closed(ws)[1] == 1000
+
+
+def test_a_websocket_handshake_the_app_never_answers_has_a_deadline():
+    app = FastAPI()
+    app.state.limits = ServerLimits(header_timeout=0.5)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
+
+    @app.websocket("/ws")
+    async def never_answers(websocket: WebSocket) -> None:
+        await asyncio.sleep(5)
+
+    server = LiveServer(app)
+    try:
+        sock = _open(server.port)  # a valid upgrade the app neither accepts nor refuses
+        sock.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                     b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     b"Sec-WebSocket-Version: 13\r\n\r\n")
+        started = time.monotonic()
+        assert _closed_by_server(sock, 2.5)
+        assert time.monotonic() - started < 2.0
+        sock.close()
+    finally:
+        server.stop()
