@@ -278,4 +278,5 @@ def test_a_refused_offer_ends_no_detached_session(server):
     resumed.send_frame(struct.pack("!H", 1000), opcode=0x8)  # a clean close ends it
     resumed.close_frame()
     resumed.close()
+    until(lambda: server.app.state.engine.admission.reserved_bytes == 0, "the session's end")
     another_call_works(server)

@@ -11,11 +11,12 @@ its connection opens the same path with ``?resume_token=...&last_seq=N``;
 an HTTP status with a code and a message): an unknown token or a token of
 another key (one answer for both, given before anything else: a client
 without the token's key learns nothing about it), a session that has ended
-(its window passed, it was committed, the replica drained), a resume at another dialect's path, a session being
-resumed by another connection, a ``last_seq`` past what was sent, or one
-whose events after it are no longer held (then the session ends: it cannot
-be made whole). A refused claim leaves the session as it was, except the
-last: the events are gone. A session still attached when a valid resume
+(its window passed, it was committed, the replica drained), a resume at
+another dialect's path, a session being resumed by another connection, a
+``last_seq`` past what was sent, or one whose events after it are no longer
+held (then the session ends: it cannot be made whole). A refused claim
+leaves the session as it was, except the last: the events are gone. A
+session still attached when a valid resume
 comes (the server has not seen its old connection drop: a half-open TCP
 connection is seen only when pings time out) is taken over, as MQTT takes
 over a client id: the old connection is closed (1000, "the session was

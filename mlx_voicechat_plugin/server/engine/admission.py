@@ -17,10 +17,10 @@ A session detached from its transport (awaiting a resume, :mod:`..resume`)
 keeps its slot only while no one else needs it: a reservation that finds
 the server full (made with ``reclaim``: for a session that is real, one
 configured or sending audio, never for a connection that has only opened)
-asks the :class:`Reclaimer` (the replica's resumable sessions) to end one, and takes its slot and its
-state bytes (a session that lets its slot go has queued its close, which
-the engine runs before the newcomer's open: its reservation no longer
-counts, :meth:`~..runtime.ledger.ReservationLedger.committed_bytes`). So
+asks the :class:`Reclaimer` (the replica's resumable sessions) to end one,
+and takes its slot and its state bytes (a session that lets its slot go
+has queued its close, which the engine runs before the newcomer's open: its
+reservation no longer counts, :meth:`~..runtime.ledger.ReservationLedger.committed_bytes`). So
 detached sessions count as free in :meth:`Admission.free_slots`.
 
 The same figures say how many more sessions would be admitted

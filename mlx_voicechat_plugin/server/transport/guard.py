@@ -91,7 +91,8 @@ class ConnectionGuard:
         evict = None
         with self._lock:
             if self.per_client[address] >= self.max_per_client:
-                why = f"{self.per_client[address]} connections from it (--max-connections-per-client)"
+                why = (f"{self.per_client[address]} connections from it "
+                       "(--max-connections-per-client)")
             elif len(self.open) >= self.max_connections and (evict := self._idlest()) is None:
                 why = f"{len(self.open)} connections open, none idle (--max-connections)"
             else:
