@@ -23,7 +23,7 @@ import threading
 import numpy as np
 import pytest
 from raw_client import RawClient
-from resume_support import abort, event, metric, resume_path, until
+from resume_support import abort, event, metric, reattach, resume_path, until
 from server_support import FRAME, LiveServer, append_message, connect, running
 from websockets.exceptions import InvalidStatus
 
@@ -125,11 +125,33 @@ def test_a_newcomer_takes_the_slot_of_a_detached_session_and_its_resume_is_refus
     assert (health["free"], health["capacity"], health["detached"]) == (1, 1, 1)
     assert agent_line(replica_status(server.app.state.engine)) == "up ready maxconn:1\n"
     newcomer, _ = opened(server, dialect)  # admitted at once, well inside the window
+    # The slot is taken when the newcomer is a real session (configured), not before.
+    assert metric(server, "voicechat_sessions_reclaimed_total") == before
+    newcomer.send_json({"type": "session.update", "session": DIALECTS[dialect][1]})
+    while (got := event(newcomer))["type"] != "session.updated":
+        assert got["type"] != "error", got
     assert metric(server, "voicechat_sessions_reclaimed_total") == before + 1
     status, error = refused_resume(server, dialect, token, last)
     assert (status, error["code"]) == (410, "session_expired")
     assert SLOT_TAKEN in error["message"]
     clean_close(newcomer)
+    settled(server)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_newcomer_that_never_configures_ends_no_detached_session(server, dialect):
+    """Issue 63, finding 5: a connection that found the server full ended the
+    longest-detached session at once, though it never became a session."""
+    before = metric(server, "voicechat_sessions_reclaimed_total")
+    client, token, last = configured(server, dialect)
+    abort(client)
+    until(lambda: metric(server, "voicechat_detached_sessions") == 1, "the detach")
+    idle, _ = opened(server, dialect)  # greeted, then says nothing
+    clean_close(idle)
+    assert metric(server, "voicechat_sessions_reclaimed_total") == before
+    resumed = reattach(server.port, resume_path(DIALECTS[dialect][0], token, last))
+    assert event(resumed)["type"] == "session.resumed"
+    clean_close(resumed)
     settled(server)
 
 
@@ -220,7 +242,7 @@ def test_open_and_drop_cycles_from_one_key_leave_every_slot_usable_and_nothing_b
         else:
             client, _ = opened(server, dialect)
         abort(client)
-    newcomer, _ = opened(server, "ga")  # takes whatever is detached
+    newcomer, _, _ = configured(server, "ga")  # a session: takes whatever is detached
     clean_close(newcomer)
     settled(server)
     until(lambda: threading.active_count() <= threads, "the threads to settle")

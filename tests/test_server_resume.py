@@ -217,7 +217,7 @@ def test_a_token_of_another_key_is_refused_and_the_session_unharmed(server, monk
     token, last = _detached(server, headers=first)
     monkeypatch.setenv(KEY_ENV, "second-key")
     status, error = _refused(server, token, last, additional_headers=second)
-    assert (status, error["code"]) == (403, "invalid_api_key")
+    assert (status, error["code"]) == (404, "session_not_found")  # told nothing
     monkeypatch.setenv(KEY_ENV, "first-key")
     client = RawClient(server.port, resume_path("/v1/realtime", token, last), headers=first)
     assert event(client)["type"] == "session.resumed"
@@ -373,8 +373,141 @@ def test_a_session_opened_with_an_ephemeral_key_resumes_with_that_key_only(serve
                      for _ in range(2))
     token, last = _detached(server, headers=first, scrape={"Authorization": "Bearer server-key"})
     status, error = _refused(server, token, last, additional_headers=second)
-    assert (status, error["code"]) == (403, "invalid_api_key")
+    assert (status, error["code"]) == (404, "session_not_found")  # told nothing
     client = RawClient(server.port, resume_path("/v1/realtime", token, last), headers=first)
     assert event(client)["type"] == "session.resumed"
     _finish(client)
     server.wait_idle()
+
+
+def test_a_made_up_ephemeral_key_cannot_tell_live_ended_and_unknown_tokens_apart(
+        server, monkeypatch):
+    """Issue 63, finding 10: ``Bearer ek_<anything>`` with ``?resume_token=`` skipped the
+    key check, and the answer (403, 410, 404, with the reason) said which tokens live."""
+    monkeypatch.setenv(KEY_ENV, "server-key")
+    owner = {"Authorization": "Bearer server-key"}
+    ended, last = _detached(server, headers=owner)
+    _finish(RawClient(server.port, resume_path("/v1/realtime", ended, last), headers=owner))
+    server.wait_idle()
+    live, live_last = _detached(server, headers=owner)
+    forged = {"Authorization": "Bearer ek_" + "0" * 48}
+    answers = {json.dumps(_refused(server, token, seq, additional_headers=forged))
+               for token, seq in ((live, live_last), (ended, last), ("no-such-token", 0))}
+    assert len(answers) == 1, answers
+    status, error = json.loads(answers.pop())
+    assert (status, error["code"]) == (404, "session_not_found")
+    # The owner is still told the truth, and the live session is unharmed.
+    assert _refused(server, ended, last, additional_headers=owner)[0] == 410
+    client = RawClient(server.port, resume_path("/v1/realtime", live, live_last), headers=owner)
+    assert event(client)["type"] == "session.resumed"
+    _finish(client)
+    server.wait_idle()
+
+
+# --- a replay larger than the outbox ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_outbox(tiny_ckpt):
+    limits = ServerLimits(update_timeout=5, idle_timeout=5, resume_seconds=10,
+                          max_pending_events=8)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits, api_key_env=None)))
+
+
+def test_a_replay_twice_the_outbox_is_delivered_in_order_and_the_session_goes_on(small_outbox):
+    """Issue 63, finding 3: the whole replay went into the outbox at once, so a replay
+    past ``--max-pending-events`` said ``session.resumed``, sent what fit, then closed
+    1008 ("client is not reading") and released the session it had promised."""
+    server, frames = small_outbox, 20
+    client = RawClient(server.port)
+    token = event(client)["session"]["resume_token"]
+    client.send_json({"type": "session.update", "session": {}})
+    last = event(client)["seq"]
+    audio = question_signal(frames * FRAME / 16_000)
+    for index in range(frames):
+        client.send_json(append_message(audio[index * FRAME:(index + 1) * FRAME]))
+    client.send_json({"type": "session.ping"})  # answered once the frames have run
+    while event(client)["type"] != "session.pong":
+        pass
+    abort(client)
+    session = server.app.state.resumes.sessions[token]
+    until(lambda: session.detached, "the detach")
+    # The events after session.updated were lost on the way: all of them are asked again.
+    client = RawClient(server.port, resume_path("/v1/realtime", token, last))
+    resumed = event(client)
+    assert resumed["type"] == "session.resumed"
+    assert resumed["replayed"] >= 2 * server.app.state.limits.max_pending_events
+    replayed = [event(client) for _ in range(resumed["replayed"])]
+    assert [e["seq"] for e in replayed] == list(range(last + 1, last + 1 + len(replayed)))
+    client.send_json({"type": "session.ping"})  # the session goes on
+    while (got := event(client))["type"] != "session.pong":
+        assert got["type"] != "error", got
+    _finish(client)
+    server.wait_idle()
+
+
+# --- the per-key limits count what a key mints -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_slots(tiny_ckpt):
+    limits = ServerLimits(update_timeout=5, idle_timeout=5, resume_seconds=10, max_sessions=3,
+                          max_detached_per_key=2)
+    yield from running(LiveServer(create_app(tiny_ckpt, limits=limits, api_key_env=KEY_ENV)))
+
+
+def _end(server, tokens) -> None:
+    """End these detached sessions (on the server's loop)."""
+    for token in tokens:
+        session = server.app.state.resumes.sessions[token]
+        server.app.state.drain.loop.call_soon_threadsafe(session.end_detached, "test over")
+
+
+def test_ephemeral_keys_count_against_the_key_that_minted_them(three_slots, monkeypatch):
+    """Issue 63, finding 5: minting an ephemeral key per connection bypassed
+    ``--max-detached-per-key``: each key held its own two detached sessions."""
+    server, scrape = three_slots, {"Authorization": "Bearer server-key"}
+    tokens = []
+    for _ in range(3):
+        client = RawClient(server.port, headers={
+            "Authorization": f"Bearer {_minted(server, monkeypatch)}"})
+        tokens.append(event(client)["session"]["resume_token"])
+        client.send_json({"type": "session.update", "session": {}})
+        assert event(client)["type"] == "session.updated"
+        client.close()
+        until(lambda: metric(server, "voicechat_detached_sessions", scrape) > 0 and
+              metric(server, "voicechat_sessions_detached_total", scrape) >= len(tokens),
+              "the detach")
+    until(lambda: server.health().json()["sessions"] == 2, "the oldest to end")
+    assert metric(server, "voicechat_detached_sessions", scrape) == 2
+    assert tokens[0] not in server.app.state.resumes.sessions  # the minting key's oldest
+    assert all(t in server.app.state.resumes.sessions for t in tokens[1:])
+    _end(server, tokens[1:])
+    until(lambda: server.health().json()["sessions"] == 0, "the slots to be free")
+
+
+def test_a_full_server_takes_the_slot_of_the_key_holding_the_most(three_slots, monkeypatch):
+    """Issue 63, finding 5: the longest-detached session of any key gave its slot, so one
+    key could hold every slot while another's lone session was ended."""
+    server, resumes = three_slots, three_slots.app.state.resumes
+    monkeypatch.setenv(KEY_ENV, "second-key")
+    lone, _ = _detached(server, headers={"Authorization": "Bearer second-key"})
+    monkeypatch.setenv(KEY_ENV, "first-key")
+    first = {"Authorization": "Bearer first-key"}
+    hoard = []
+    for _ in range(2):
+        client = RawClient(server.port, headers=first)
+        hoard.append(event(client)["session"]["resume_token"])
+        client.send_json({"type": "session.update", "session": {}})
+        assert event(client)["type"] == "session.updated"
+        client.close()
+        until(lambda: resumes.sessions[hoard[-1]].detached, "the detach")
+    newcomer = RawClient(server.port, headers=first)
+    assert event(newcomer)["type"] == "session.created"
+    newcomer.send_json({"type": "session.update", "session": {}})
+    assert event(newcomer)["type"] == "session.updated"
+    assert lone in resumes.sessions and hoard[0] not in resumes.sessions
+    newcomer.send_json({"type": "session.cancel"})
+    newcomer.close()
+    _end(server, (lone, hoard[1]))
+    until(lambda: server.health().json()["sessions"] == 0, "the slots to be free")

@@ -5,6 +5,7 @@ reservation, no peer connection). The client peer gathers on 127.0.0.1 only."""
 from __future__ import annotations
 
 import asyncio
+import struct
 import sys
 import time
 
@@ -250,3 +251,32 @@ def test_a_caller_that_ends_a_call_and_calls_again_at_once_is_never_refused(serv
     clean(server)
     assert asyncio.run(calls(server, end)) == []
     clean(server)
+
+
+def test_a_refused_offer_ends_no_detached_session(server):
+    """Issue 63, finding 5: a call that found the server full ended the longest-detached
+    session before its offer was even read, though the offer was then refused."""
+    from raw_client import RawClient
+    from resume_support import event, resume_path, until
+
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    client = RawClient(server.port, "/openai/v1/realtime", headers=auth)
+    token = event(client)["session"]["resume_token"]
+    client.send_json({"type": "session.update", "session": {"type": "realtime"}})
+    while (got := event(client))["type"] != "session.updated":
+        assert got["type"] != "error", got
+    client.close()  # dropped with no close frame: detached, holding the one slot
+    resumes = server.app.state.resumes
+    until(lambda: resumes.sessions[token].detached, "the detach")
+    response = post(server, CALLS, content="not an offer",
+                    headers={"Content-Type": "application/sdp"})
+    assert "SDP offer" in error_of(response, 400)
+    assert token in resumes.sessions and resumes.sessions[token].detached
+    resumed = RawClient(server.port, resume_path("/openai/v1/realtime", token, got["seq"]),
+                        headers=auth)
+    assert event(resumed)["type"] == "session.resumed"
+    resumed.send_frame(struct.pack("!H", 1000), opcode=0x8)  # a clean close ends it
+    resumed.close_frame()
+    resumed.close()
+    until(lambda: server.app.state.engine.admission.reserved_bytes == 0, "the session's end")
+    another_call_works(server)

@@ -43,6 +43,9 @@ class Link:
     def send(self, message) -> None:
         pass
 
+    def replay(self, messages) -> None:
+        pass
+
     async def watch(self, opening: asyncio.Future) -> None:
         await asyncio.wait({opening})
 

@@ -129,7 +129,13 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         default=defaults.max_connections_per_client,
                         help="open connections from one client address (default: %(default)s)")
     limits.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
-                        help="seconds a new connection has to send its request headers "
+                        help="seconds a connection has to send each request's headers, "
+                             "counted from its start or the previous response's end, and "
+                             "a WebSocket its handshake; then it is closed "
+                             "(default: %(default)s)")
+    limits.add_argument("--body-timeout", type=float, default=defaults.body_timeout,
+                        help="seconds a request's body (an upload) has to arrive after its "
+                             "headers; then the server answers 408 and closes the connection "
                              "(default: %(default)s)")
     limits.add_argument("--max-sessions", type=int, default=defaults.max_sessions,
                         help="realtime sessions served at once on the one loaded model "

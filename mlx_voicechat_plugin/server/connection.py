@@ -63,6 +63,9 @@ class Transport(Protocol):
     def send(self, message: Outgoing) -> None:
         """Queue one message (:class:`ClientNotReading` if the client does not read)."""
 
+    def promise(self, messages: list[Outgoing]) -> None:
+        """Queue a resume's replay, sent as the client reads: never counted as unread."""
+
     async def drain(self) -> bool:
         """Let the queued messages go out (``False``: the client did not take them)."""
 
@@ -119,6 +122,10 @@ class Connection:
 
     def send(self, message: Outgoing) -> None:
         self.transport.send(message)
+
+    def replay(self, messages: list[Outgoing]) -> None:
+        if messages:
+            self.transport.promise(messages)
 
     def send_error(self, code: str, message: str) -> None:
         logger.info("%s error %s: %s", self.session_id, code, message)
@@ -241,9 +248,15 @@ class Connection:
                 if not engine.ready:
                     self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
-                if not (self.admitted or await engine.admission.reserve(self.session_id)):
-                    self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
-                    raise Finished(Ending.BUSY)
+                admission = engine.admission
+                if not (self.admitted or await admission.reserve(self.session_id,
+                                                                 reclaim=False, count=False)):
+                    # A detached session's slot goes to a real session only: this one
+                    # takes it when it opens (configured, or sending audio).
+                    session.slot_pending = admission.reclaimable > 0 and not admission.draining
+                    if not (session.slot_pending or admission.try_reserve(self.session_id)):
+                        self.send_error(ErrorCode.SERVER_BUSY, admission.refusal)
+                        raise Finished(Ending.BUSY)
                 logger.info("%s connected", self.session_id)
                 greeting = self.dialect.greet()
                 if greeting is not None:  # a dialect whose client speaks first has none

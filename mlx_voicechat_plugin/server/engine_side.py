@@ -69,6 +69,11 @@ class EngineSide:
         if self.open:  # opened before: closed, to be opened again
             self.life.move_engine(Stage.NEW)
             await self.engine.close(self.session_id)
+        if self.slot_pending:  # admitted while only detached sessions held the slots
+            admission = self.engine.admission
+            if not await admission.reserve(self.session_id):
+                raise ProtocolError(ErrorCode.SERVER_BUSY, admission.refusal)
+            self.slot_pending = False
         self.event_loop, self.frames_run = asyncio.get_running_loop(), 0
         self.received_at_open = self.samples_received
         opening = self.engine.open(self.session_id, options, self)

@@ -49,7 +49,8 @@ class ServerLimits:
     prompt_cache_bytes: int = 256 * MIB  # prefilled states kept for repeated prompts (0: off)
     max_connections: int = 128  # open sockets in all, before any authentication
     max_connections_per_client: int = 64  # open sockets from one address
-    header_timeout: float = 10.0  # a new connection's request headers must arrive by then
+    header_timeout: float = 10.0  # each request's headers (and a WebSocket handshake) by then
+    body_timeout: float = 120.0  # a request's body must arrive this long after its headers
     max_sessions: int = 1  # realtime sessions served at once (engine slots)
     max_state_bytes: int | None = None  # measured session state in all, before refusing more
     max_transcript_bytes: int = 64 * 1024  # a text-only session's transcript (UTF-8)
@@ -87,8 +88,8 @@ class ServerLimits:
             check_positive_int(self.max_state_bytes, "max_state_bytes")
         check_count(self.prompt_cache_bytes, "prompt_cache_bytes")
         for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout",
-                     "max_session_wall_seconds", "header_timeout", "max_transcription_seconds",
-                     "max_buffered_seconds"):
+                     "max_session_wall_seconds", "header_timeout", "body_timeout",
+                     "max_transcription_seconds", "max_buffered_seconds"):
             check_positive_seconds(getattr(self, name), name)
         check_non_negative(self.batch_wait_ms, "batch_wait_ms")
         check_non_negative(self.resume_seconds, "resume_seconds")
@@ -111,7 +112,7 @@ class ServerLimits:
         from .transport.guard import ConnectionGuard, uvicorn_protocols
 
         guard = ConnectionGuard(self.max_connections, self.max_connections_per_client,
-                                self.header_timeout)
+                                self.header_timeout, body_timeout=self.body_timeout)
         return {"ws_max_size": self.transport_max_bytes, **uvicorn_protocols(guard)}
 
     @property

@@ -22,6 +22,10 @@ class Link(Protocol):
     def send(self, message: Outgoing) -> None:
         """Queue ``message`` for the client; :class:`ClientNotReading` if it cannot."""
 
+    def replay(self, messages: list[Outgoing]) -> None:
+        """Queue a resume's replay (the events the client missed), delivered as it reads:
+        the slow-reader rule applies to what the session sends next, not to these."""
+
     async def watch(self, opening: asyncio.Future) -> None:
         """Wait for the engine to open the session while watching the transport."""
 

@@ -8,25 +8,32 @@ when a balancer said which one took the connection (HAProxy's
 ``deploy/haproxy.cfg`` routes a resume on that prefix). A client that lost
 its connection opens the same path with ``?resume_token=...&last_seq=N``;
 :meth:`Resumes.claim` finds the session or says why not (:class:`Refused`,
-an HTTP status with a code and a message): an unknown token, a session that
-has ended (its window passed, it was committed, the replica drained), a
-token of another key, a resume at another dialect's path, a session being
-resumed by another connection, a ``last_seq`` past what was sent, or one
-whose events after it are no longer held (then the session ends: it cannot
-be made whole). A refused claim leaves the session as it was, except the
-last: the events are gone. A session still attached when a valid resume
+an HTTP status with a code and a message): an unknown token or a token of
+another key (one answer for both, given before anything else: a client
+without the token's key learns nothing about it), a session that has ended
+(its window passed, it was committed, the replica drained), a resume at
+another dialect's path, a session being resumed by another connection, a
+``last_seq`` past what was sent, or one whose events after it are no longer
+held (then the session ends: it cannot be made whole). A refused claim
+leaves the session as it was, except the last: the events are gone. A
+session still attached when a valid resume
 comes (the server has not seen its old connection drop: a half-open TCP
 connection is seen only when pings time out) is taken over, as MQTT takes
 over a client id: the old connection is closed (1000, "the session was
 resumed on another connection") and the resume goes on.
 
 A detached session holds its slot only while no one else needs it. A
-connection that finds the server full takes the slot of the longest-detached
-session (:meth:`Resumes.reclaim`, asked by the engine's admission): that
+session that finds the server full once it opens (configured, or sending
+audio) takes the slot of a detached one (:meth:`Resumes.reclaim`, asked by
+the engine's admission): the longest-detached of the key that holds the most
+sessions, so no key keeps more than its share while others wait. That
 session ends, and a resume of it is refused (410 ``session_expired``) saying
 its slot was given to a new connection. One API key holds at most
 ``--max-detached-per-key`` detached sessions: past it its oldest ends (a
-client that opens and drops connections in a loop holds no one's slot).
+client that opens and drops connections in a loop holds no one's slot). A
+session opened with an ephemeral key counts against the key that minted it
+(its owner), not the ephemeral key, so minting a key per connection holds
+no more.
 
 ``/metrics`` counts the sessions detached, resumed, expired (released while
 detached) and reclaimed (of those, ended for a newcomer's slot), and how
@@ -40,7 +47,7 @@ import hmac
 import logging
 import re
 import secrets
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +60,7 @@ TOKEN_BYTES = 24  # of randomness: 32 URL-safe characters, no dots
 ENDED_KEPT = 1024  # ended sessions' tokens remembered, to say why a resume came too late
 REPLICA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 REPLICA_HEADER = "x-voicechat-server"  # HAProxy's http-send-name-header (deploy/haproxy.cfg)
+BOUND_KEY = object()  # a session's owner is the key its token is bound to (the default)
 
 
 @dataclass(frozen=True)
@@ -83,8 +91,10 @@ class Resumes:
     def __init__(self, registry: Any = None,
                  max_detached_per_key: int = DEFAULT_MAX_DETACHED_PER_KEY):
         self.sessions: dict[str, Session] = {}
-        self.keys: dict[str, bytes] = {}
-        self.ended: OrderedDict[str, str] = OrderedDict()  # token -> why its session ended
+        self.keys: dict[str, bytes] = {}  # token -> the digest of the key it is bound to
+        self.owners: dict[str, bytes] = {}  # token -> its owner's digest (the minting key)
+        # token -> why its session ended, and the digest of the key it was bound to
+        self.ended: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
         self.max_detached_per_key = max_detached_per_key
         self.counts = {"detached": 0, "resumed": 0, "expired": 0, "reclaimed": 0}
         if registry is not None:
@@ -127,8 +137,12 @@ class Resumes:
         waiting = self.waiting()
         if not waiting:
             return False
+        held = Counter(self.owners.get(t) for t, s in list(self.sessions.items())
+                       if not s.released)
+        fairest = min(waiting, key=lambda s: (-held[self.owners.get(s.resume_token)],
+                                              s.detached_at))
         self._count("reclaimed")
-        waiting[0].end_detached(SLOT_TAKEN)
+        fairest.end_detached(SLOT_TAKEN)
         return True
 
     def reclaimable(self) -> list[str]:
@@ -142,22 +156,26 @@ class Resumes:
 
     # --- tokens ---------------------------------------------------------------------
 
-    def issue(self, session: Session, key: str | None, replica: str | None = None) -> str:
-        """Make ``session`` resumable: its token, bound to ``key``, naming ``replica``."""
+    def issue(self, session: Session, key: str | None, replica: str | None = None,
+              owner: Any = BOUND_KEY) -> str:
+        """Make ``session`` resumable: its token, bound to ``key``, naming ``replica``;
+        counted against ``owner`` (the key that minted an ephemeral ``key``; by default
+        ``key``)."""
         secret = secrets.token_urlsafe(TOKEN_BYTES)
         name = replica if replica and REPLICA_NAME.fullmatch(replica) else None
         token = f"{name}.{secret}" if name else secret
         session.make_resumable(token, self)
         self.sessions[token] = session
         self.keys[token] = key_digest(key)
+        self.owners[token] = key_digest(key if owner is BOUND_KEY else owner)
         return token
 
     def detached(self, session: Session) -> None:
         """``session`` detached: counted; past ``max_detached_per_key`` of its key's
         detached sessions, the oldest ends."""
         self._count("detached")
-        key = self.keys.get(session.resume_token)
-        same = [s for s in self.waiting() if self.keys.get(s.resume_token) == key]
+        owner = self.owners.get(session.resume_token)
+        same = [s for s in self.waiting() if self.owners.get(s.resume_token) == owner]
         for oldest in same[:max(len(same) - self.max_detached_per_key, 0)]:
             oldest.end_detached(f"its API key holds more than {self.max_detached_per_key} "
                                 "detached sessions (--max-detached-per-key)")
@@ -168,10 +186,11 @@ class Resumes:
     def released(self, session: Session) -> None:
         token = session.resume_token
         self.sessions.pop(token, None)
-        self.keys.pop(token, None)
+        digest = self.keys.pop(token, key_digest(None))
+        self.owners.pop(token, None)
         if session.detached:
             self._count("expired")
-        self.ended[token] = session.ended or "the session ended"
+        self.ended[token] = (session.ended or "the session ended", digest)
         while len(self.ended) > ENDED_KEPT:
             self.ended.popitem(last=False)
 
@@ -182,15 +201,17 @@ class Resumes:
         holds: :meth:`take_over`) and marked as being resumed.
         :class:`Refused` says why not."""
         session = self.sessions.get(token)
-        if session is None or session.released:
-            if token in self.ended:
-                raise Refused(410, "session_expired",
-                              f"the session of this resume_token has ended: {self.ended[token]}")
-            raise Refused(404, "session_not_found", "unknown resume_token (no such session "
-                                                    "on this replica)")
-        if not hmac.compare_digest(self.keys[token], key_digest(key)):
-            raise Refused(403, "invalid_api_key",
-                          "this resume_token belongs to a session opened with another API key")
+        live = session is not None and not session.released
+        reason, bound = (None, self.keys.get(token)) if live else \
+            self.ended.get(token, (None, None))
+        # The key first: a token of another key (or a made-up key) is told nothing about
+        # the token, not whether it is live, ended or unknown.
+        if bound is None or not hmac.compare_digest(bound, key_digest(key)):
+            raise Refused(404, "session_not_found", "unknown resume_token for this key (no "
+                                                    "such session on this replica)")
+        if not live:
+            raise Refused(410, "session_expired",
+                          f"the session of this resume_token has ended: {reason}")
         if dialect is not None and not isinstance(session.dialect, dialect):
             raise Refused(409, "invalid_request",
                           "resume a session at the path (the dialect) that opened it")

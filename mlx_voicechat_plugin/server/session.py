@@ -89,6 +89,9 @@ class Session(EngineSide):
         self.samples_received = 0  # client audio taken, at the rate the client sends it
         self.received_at_open = 0  # samples_received when the engine stream last opened
         self.ended = ""  # why a detached session was released (not resumed)
+        # Connected while detached sessions held every slot: it takes one of theirs only
+        # once it opens (configured, or sending audio), :meth:`open_session`.
+        self.slot_pending = False
         self.watcher: Watcher | None = None  # told when it detaches and is released
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None  # a detached session's deadline
@@ -215,8 +218,7 @@ class Session(EngineSide):
         self.link = link
         self.linked.set()
         self.active()  # the idle clock starts again with the new link
-        for message in replayed:
-            link.send(message)
+        link.replay(replayed)
 
     def detach(self) -> None:
         """The transport is gone; the session goes on (its slot held, its queued audio

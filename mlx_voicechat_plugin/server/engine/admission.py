@@ -15,11 +15,12 @@ real options (:class:`~..runtime.pool.PoolFull`).
 
 A session detached from its transport (awaiting a resume, :mod:`..resume`)
 keeps its slot only while no one else needs it: a reservation that finds
-the server full asks the :class:`Reclaimer` (the replica's resumable
-sessions) to end the longest-detached one, and takes its slot and its
-state bytes (a session that lets its slot go has queued its close, which
-the engine runs before the newcomer's open: its reservation no longer
-counts, :meth:`~..runtime.ledger.ReservationLedger.committed_bytes`). So
+the server full (made with ``reclaim``: for a session that is real, one
+configured or sending audio, never for a connection that has only opened)
+asks the :class:`Reclaimer` (the replica's resumable sessions) to end one,
+and takes its slot and its state bytes (a session that lets its slot go
+has queued its close, which the engine runs before the newcomer's open: its
+reservation no longer counts, :meth:`~..runtime.ledger.ReservationLedger.committed_bytes`). So
 detached sessions count as free in :meth:`Admission.free_slots`.
 
 The same figures say how many more sessions would be admitted
@@ -73,21 +74,22 @@ class Admission:
         """Let a reservation that finds the server full take a slot ``reclaimer`` gives up."""
         self.reclaimer = reclaimer
 
-    async def reserve(self, session_id: str) -> bool:
+    async def reserve(self, session_id: str, reclaim: bool = True, count: bool = True) -> bool:
         """:meth:`try_reserve` on the event loop, for a connection that finds the server
         full while a session's client has just left (a close or a reset the loop has
         received but not yet handed to that session's connection): the loop runs a few
-        turns first, so the ending session's slot is free for the newcomer."""
+        turns first, so the ending session's slot is free for the newcomer before any
+        detached session is asked for its own."""
         for _ in range(SETTLE_TURNS):
-            if self.try_reserve(session_id, count=False):
+            if self.try_reserve(session_id, count=False, reclaim=False):
                 return True
             await asyncio.sleep(0)
-        return self.try_reserve(session_id)
+        return self.try_reserve(session_id, count=count, reclaim=reclaim)
 
-    def try_reserve(self, session_id: str, count: bool = True) -> bool:
+    def try_reserve(self, session_id: str, count: bool = True, reclaim: bool = True) -> bool:
         """Hold a slot for ``session_id``, taking a detached session's when the server is
-        full; ``False`` (see :attr:`refusal`; counted unless ``count`` is false) when none
-        is left."""
+        full (and ``reclaim``); ``False`` (see :attr:`refusal`; counted unless ``count``
+        is false) when none is left."""
         ledger = self.ledger
         while True:
             with ledger.lock:
@@ -98,7 +100,8 @@ class Admission:
                     ledger.slots.add(session_id)
                     return True
             # Outside the lock: the reclaimed session frees its slot through release().
-            if self.draining or self.reclaimer is None or not self.reclaimer.reclaim():
+            if self.draining or not reclaim or self.reclaimer is None \
+                    or not self.reclaimer.reclaim():
                 break
         self.refusal = reason
         if count:

@@ -171,6 +171,12 @@ def run_server(app: Any, **options: Any) -> None:
     """``uvicorn.run(app, **options)`` with the app's drain on SIGTERM."""
     import uvicorn
 
+    from .redaction import redact_uvicorn_logs
+
+    # Past the drain, requests still open (an upload stalled mid-body) are cancelled
+    # within CLOSE_SECONDS instead of holding the process.
+    options.setdefault("timeout_graceful_shutdown", CLOSE_SECONDS)
+    redact_uvicorn_logs()  # no key or resume token in the access log
     config = uvicorn.Config(app, **options)
     draining_server(config, app.state.drain).run()
     # A forced stop skips the app's shutdown: stop the engine here too, so its

@@ -22,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
 
 from ...quoting import brief
 
@@ -149,11 +150,15 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise RequestError(413, f"request body of {declared} bytes exceeds the {limit}-byte "
                                 "limit (--max-upload-bytes plus the form)", "file")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"request body exceeds the {limit}-byte limit "
-                                    "(--max-upload-bytes plus the form)", "file")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(413, f"request body exceeds the {limit}-byte limit "
+                                        "(--max-upload-bytes plus the form)", "file")
+    except ClientDisconnect:  # gone, or closed by the body deadline (--body-timeout)
+        raise RequestError(408, "the connection closed before the request body arrived",
+                           "file") from None
     return bytes(body)
 
 

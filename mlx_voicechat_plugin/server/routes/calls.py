@@ -202,13 +202,20 @@ class Calls:
                                          on_end=lambda: self.open.pop(call_id[0], None))
         connection = connect(transport, dialect, engine, self.model_id, self.limits)
         call_id.append(name(connection.session_id))
-        if not await engine.admission.reserve(connection.session_id):
-            await connection.session.release()
-            raise CallRefused(429, "server_busy", engine.admission.refusal)
+        admission = engine.admission
+        # A detached session's slot goes to a call only once its offer is answered.
+        held = await admission.reserve(connection.session_id, reclaim=False, count=False)
+        if not held and not admission.reclaimable:
+            held = admission.try_reserve(connection.session_id)  # the refusal, counted
+            if not held:
+                await connection.session.release()
+                raise CallRefused(429, "server_busy", admission.refusal)
         connection.admitted = True
         self.open[call_id[0]] = (transport, key)
         try:
             answer = await transport.answer(offer, self.ice)
+            if not (held or await admission.reserve(connection.session_id)):
+                raise CallRefused(429, "server_busy", admission.refusal)
             if key is not None:
                 self.keys.redeem(key.value)
         except BaseException as exc:

@@ -126,7 +126,7 @@ class Realtime:
             connection = connect(transport, dialect, self.engine, self.served.model_id, limits)
             if limits.resumable:
                 self.resumes.issue(connection.session, opener,
-                                   websocket.headers.get(REPLICA_HEADER))
+                                   websocket.headers.get(REPLICA_HEADER), owner=key)
         try:
             await self.drain.serve(connection)  # connection.run(), ended by a graceful stop
         except (WebSocketDisconnect, Hangup):

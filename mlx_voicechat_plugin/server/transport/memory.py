@@ -31,6 +31,7 @@ class MemoryTransport:
         self.inbox: asyncio.Queue[Received] = asyncio.Queue()
         self.sent: list[Outgoing] = []  # every message sent, in order
         self.read = 0  # messages the client has taken (:meth:`take`)
+        self.promised_until = 0  # sent[:promised_until] was a replay: never unread
         self.arrived = asyncio.Event()  # set whenever a message is sent
         self.accepted = False
         self.closed: tuple[Ending, str] | None = None  # the ending and its reason, once closed
@@ -48,9 +49,15 @@ class MemoryTransport:
             return  # about a track's playback: not for this transport
         if self.closed is not None:
             raise ClientNotReading("the transport is closed")
-        if len(self.sent) - self.read >= self.max_pending:
+        if len(self.sent) - max(self.read, self.promised_until) >= self.max_pending:
             raise ClientNotReading(f"{self.max_pending} events are waiting unread")
         self.sent.append(message)
+        self.arrived.set()
+
+    def promise(self, messages: list[Outgoing]) -> None:
+        """A resume's replay: queued whatever is unread (it never counts as unread)."""
+        self.sent.extend(m for m in messages if not isinstance(m, PLAYBACK))
+        self.promised_until = len(self.sent)
         self.arrived.set()
 
     async def drain(self) -> bool:

@@ -2,8 +2,11 @@
 
 Events are queued, never awaited on the socket, so a client that stops
 reading fills the queue instead of the server's memory: once
-``max_pending`` frames wait unsent, :meth:`Outbox.put` raises
-:class:`ClientNotReading` and the connection is closed.
+``max_pending`` new frames wait unsent, :meth:`Outbox.put` raises
+:class:`ClientNotReading` and the connection is closed. A resume's replay
+is promised, not new (:meth:`Outbox.promise`): its frames go first and are
+written as the client reads them, counted apart (the replay log bounds them),
+so only what the session makes after the resume counts as unread.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ class Outbox:
 
     def __init__(self, websocket: Any, max_pending: int):
         self.ws = websocket
-        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=max_pending)
+        self.max_pending = max_pending
+        self.queue: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()  # (frame, promised)
+        self.promised = 0  # promised frames not yet written
         self.failed: BaseException | None = None
         self.task: asyncio.Task | None = None
 
@@ -31,21 +36,29 @@ class Outbox:
     def put(self, text: str) -> None:
         if self.failed is not None:
             raise ClientNotReading(f"the connection stopped sending: {type(self.failed).__name__}")
-        try:
-            self.queue.put_nowait(text)
-        except asyncio.QueueFull:
-            raise ClientNotReading(
-                f"{self.queue.maxsize} events are waiting unread") from None
+        if self.queue.qsize() - self.promised >= self.max_pending:
+            raise ClientNotReading(f"{self.max_pending} events are waiting unread")
+        self.queue.put_nowait((text, False))
+
+    def promise(self, texts: list[str]) -> None:
+        """Queue frames already promised to the client (a resume's replay): they never
+        count as unread."""
+        if self.failed is not None:
+            raise ClientNotReading(f"the connection stopped sending: {type(self.failed).__name__}")
+        for text in texts:
+            self.promised += 1
+            self.queue.put_nowait((text, True))
 
     async def _write(self) -> None:
         while True:
-            text = await self.queue.get()
+            text, promised = await self.queue.get()
             try:
                 await self.ws.send_text(text)
             except Exception as exc:  # the client went away mid-send
                 self.failed = exc
                 return
             finally:
+                self.promised -= promised
                 self.queue.task_done()
 
     async def drain(self, timeout: float) -> bool:

@@ -191,6 +191,11 @@ class WebRTCTransport:
 
     # --- out -----------------------------------------------------------------------
 
+    def promise(self, messages: list[Outgoing]) -> None:
+        """A resume's replay (a call is never resumed: sent as any event)."""
+        for message in messages:
+            self.send(message)
+
     def send(self, message: Outgoing) -> None:
         """An event onto the data channel, audio onto the track (:class:`ClientNotReading`
         when the client does not take them)."""

@@ -80,6 +80,10 @@ class WebSocketTransport:
         if not isinstance(message, PLAYBACK):
             self.outbox.put(serialize(message))
 
+    def promise(self, messages: list[Outgoing]) -> None:
+        """Queue a resume's replay: sent as the client reads, never counted as unread."""
+        self.outbox.promise([serialize(m) for m in messages if not isinstance(m, PLAYBACK)])
+
     async def drain(self) -> bool:
         """Let the queued messages go out; ``False`` if they took past the send timeout."""
         return await self.outbox.drain(self.send_timeout)
