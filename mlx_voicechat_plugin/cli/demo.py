@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..outputs import OutputRefused, check_output_file, check_output_folder
 from .common import add_memory_budget, check_memory_budget, parse_args
 
 if TYPE_CHECKING:
@@ -28,13 +29,24 @@ def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (see mlx-voicechat generate)")
     add_memory_budget(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parse_args(parser, argv, tolerate_unknown)
     check_memory_budget(parser, args)
+    out = Path(args.out)
+    # The demo's own files only: its checkpoint (replaced, never a folder of anything
+    # else) and its two WAVs; whatever else --out holds stays.
+    try:
+        check_output_folder(out / "checkpoint", "--out", force=True)
+        for name in ("question.wav", "response.wav"):
+            check_output_file(out / name, "--out")
+    except OutputRefused as error:
+        parser.error(str(error))
 
     from ..testing.fixtures import make_checkpoint, make_question_wav
     from .generate import main as generate_main
 
-    out = Path(args.out)
+    print("the checkpoint's weights are random: the answer's words are gibberish by "
+          "design; the pipeline is the real one", flush=True)
     print(f"building the {args.size} demo checkpoint in {out / 'checkpoint'} ...", flush=True)
     checkpoint = make_checkpoint(out / "checkpoint", args.size)
     question = make_question_wav(out / "question.wav", seconds=args.seconds)
@@ -43,6 +55,8 @@ def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
     flags = [] if args.compile is None else ["--compile" if args.compile else "--no-compile"]
     if args.memory_budget is not None:
         flags += ["--memory-budget", str(args.memory_budget)]
+    if args.quiet:
+        flags.append("--quiet")
     code = generate_main(
         ["--model", str(checkpoint), "--audio", str(question),
          "--output-audio", str(response), "--verbose", *flags]

@@ -18,7 +18,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .common import add_memory_budget, check_memory_budget, parse_args, run_main
+from .common import (
+    add_memory_budget,
+    check_audio_file,
+    check_memory_budget,
+    check_model,
+    check_output_file,
+    parse_args,
+    run_main,
+)
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -81,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import compile_policy
     from ..runtime.transcribe import Transcriber
 
+    check_model(args.model)
+    check_audio_file(args.audio)
+    if args.output_path not in (None, "-"):
+        check_output_file(f"{args.output_path}.{args.format}", "--output-path")
     started = time.perf_counter()
     model, processor = load(args.model, memory_budget=args.memory_budget)
     compile_policy.apply(args.compile, long_running=False,

@@ -230,10 +230,18 @@ class Engine:
                 self.voicechat.prompt_cache = PromptCache(self.prompt_cache_bytes)
             logger.info("model loaded")
             if self.warm_up:
+                logger.info("warm-up: compiling the kernels for batch sizes 1-%d before the "
+                            "first session ...", self.max_sessions)
                 self.warm_batch_sizes = run_warm_up(self.voicechat, self.max_sessions,
                                                     self.step_costs, _clear_cache)
         except Exception as exc:  # reported by /health and to each client
-            logger.exception("failed to load %s", self.model_path)
+            from ...budget import BudgetExceeded
+            from ...loader import CheckpointError
+
+            if isinstance(exc, (CheckpointError, BudgetExceeded, OSError)):
+                logger.error("failed to load %s: %s", self.model_path, exc)  # the cause, one line
+            else:  # a bug: its traceback
+                logger.exception("failed to load %s", self.model_path)
             self.load_error = exc
         finally:
             self.loaded.set()
