@@ -159,7 +159,7 @@ def audio_file_problem(path: str) -> str | None:
     with no samples), or ``None``; read from its first bytes, before any model loads."""
     file = Path(path).expanduser()
     if not file.exists():
-        return "no such file"
+        return "file not found"
     if file.is_dir():
         return "is a folder, not an audio file"
     try:

@@ -17,7 +17,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from .common import parse_args, run_main
+from .common import UsageError, parse_args, run_main
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -48,26 +48,20 @@ def build_parser(prog: str = "mlx-voicechat convert") -> argparse.ArgumentParser
 
 
 def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argparse.Namespace:
-    from ..outputs import OutputRefused, check_output_folder
-    from ..profiles import PROFILES
-
-    parser = build_parser(prog)
-    args = parse_args(parser, argv, tolerate_unknown)
-    if args.profile not in PROFILES:
-        parser.error(f"unknown profile {args.profile!r}; known profiles: {', '.join(PROFILES)}")
-    if not args.dry_run:
-        try:
-            check_output_folder(args.out, "OUT", args.force, sources=[args.src])
-        except OutputRefused as error:
-            parser.error(str(error))
-    return args
+    return parse_args(build_parser(prog), argv, tolerate_unknown)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..conversion.convert import convert, describe, plan_conversion
+    from ..outputs import OutputRefused, check_output_folder
     from ..profiles import get_profile
 
     profile = get_profile(args.profile)
+    if not args.dry_run:  # before the source is read or fetched
+        try:
+            check_output_folder(args.out, "OUT", args.force, sources=[args.src])
+        except OutputRefused as error:
+            raise UsageError(str(error)) from None
     if args.dry_run:
         source, plan = plan_conversion(args.src, profile, tokenizer=args.tokenizer)
         print(describe(source, plan))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..runtime.options import DEFAULT_CONTEXT_SECONDS
+from . import progress
 from .common import (
     add_graph_commit_ops,
     add_memory_budget,
@@ -26,6 +27,7 @@ from .common import (
     run_main,
     UsageError,
 )
+from .progress import add_quiet
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -74,7 +76,9 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
                         help="seconds of conversation the attention layers keep after the "
                              "prompt (constant memory past it; 0: unbounded, the reference; "
                              "default: %(default)s)")
-    parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
+    parser.add_argument("--verbose", action="store_true",
+                        help="timings and peak memory; an error's traceback")
+    add_quiet(parser)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default: on GPUs; off on the CPU, "
                              "where a cold kernel cache costs a minute of compiling)")
@@ -151,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
     check_paths(args)
     apply_graph_commit_ops(args.graph_commit_ops)  # read once, at the GPU's first work
     started = time.perf_counter()
-    model, processor = load(args.model, memory_budget=args.memory_budget)
+    with progress.step(args, f"loading {args.model}"):
+        model, processor = load(args.model, memory_budget=args.memory_budget)
     if args.top_p is not None:  # read by the speech head at each step
         model.config.tts_config.top_p = args.top_p
     key = compile_policy.model_key(read_config(model.model_path))
@@ -175,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         context_seconds=args.context_seconds,
         tools=tools,
     )
-    result = session.generate(args.audio, **turn)
+    with progress.bar(args, "answering", "frame") as update:
+        result = session.generate(args.audio, progress=update, **turn)
     compile_policy.mark_warm(key)  # a compiled run finished: its kernels are cached
     if tools is not None:
         for call in result.tool_calls:
@@ -187,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
             print("note: the first pass made no tool call; --api-response-json is unused",
                   file=sys.stderr)
         else:
-            result = session.generate(args.audio, tool_response=responses, **turn)
+            with progress.bar(args, "answering with the tool result", "frame") as update:
+                result = session.generate(args.audio, tool_response=responses,
+                                          progress=update, **turn)
             print("[second pass: tool result injected]")
     finished = time.perf_counter()
     if result.user_transcript is not None:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from . import progress
 from .common import (
     add_memory_budget,
     check_audio_file,
@@ -27,6 +28,7 @@ from .common import (
     parse_args,
     run_main,
 )
+from .progress import add_quiet
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -51,7 +53,9 @@ def build_parser(prog: str = "mlx-voicechat transcribe") -> argparse.ArgumentPar
                         help="'auto' or the checkpoint's language")
     parser.add_argument("--stream", action="store_true",
                         help="print the transcript as it is decoded")
-    parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
+    parser.add_argument("--verbose", action="store_true",
+                        help="timings and peak memory; an error's traceback")
+    add_quiet(parser)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default: on GPUs; off on the CPU)")
     add_memory_budget(parser)
@@ -94,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output_path not in (None, "-"):
         check_output_file(f"{args.output_path}.{args.format}", "--output-path")
     started = time.perf_counter()
-    model, processor = load(args.model, memory_budget=args.memory_budget)
+    with progress.step(args, f"loading {args.model}"):
+        model, processor = load(args.model, memory_budget=args.memory_budget)
     compile_policy.apply(args.compile, long_running=False,
                          key=compile_policy.model_key(read_config(model.model_path)))
     transcriber = Transcriber(model.create_session(processor))
