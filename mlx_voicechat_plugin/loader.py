@@ -61,6 +61,14 @@ class CheckpointError(ValueError):
     or not whole (the message names the file and what is wrong)."""
 
 
+def plain_cause(error: BaseException) -> bool:
+    """Whether a load's ``error`` is the user's to fix, its message enough (a
+    checkpoint not whole, a budget it does not fit, a file it cannot read); else a bug."""
+    from .budget import BudgetExceeded
+
+    return isinstance(error, (CheckpointError, BudgetExceeded, OSError))
+
+
 # A hub repository id: ``owner/name``, nothing before or after.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
 

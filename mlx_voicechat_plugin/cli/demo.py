@@ -11,17 +11,17 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ..outputs import OutputRefused, check_output_file, check_output_folder
-from .common import add_memory_budget, check_memory_budget, parse_args
+from .common import UsageError, add_memory_budget, check_memory_budget, parse_args, run_main
+from .progress import add_quiet
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
 
 
-def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
-         tolerate_unknown: bool = False, host: "HostServer | None" = None) -> int:
+def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="build/demo", help="output directory")
     parser.add_argument("--size", default="tiny", choices=("tiny", "small"))
@@ -29,9 +29,15 @@ def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (see mlx-voicechat generate)")
     add_memory_budget(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet(parser)
     args = parse_args(parser, argv, tolerate_unknown)
     check_memory_budget(parser, args)
+    if not args.seconds > 0:
+        parser.error(f"--seconds must be > 0, got {args.seconds:g}")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     # The demo's own files only: its checkpoint (replaced, never a folder of anything
     # else) and its two WAVs; whatever else --out holds stays.
@@ -40,7 +46,7 @@ def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
         for name in ("question.wav", "response.wav"):
             check_output_file(out / name, "--out")
     except OutputRefused as error:
-        parser.error(str(error))
+        raise UsageError(str(error)) from None
 
     from ..testing.fixtures import make_checkpoint, make_question_wav
     from .generate import main as generate_main
@@ -63,6 +69,12 @@ def main(argv: list[str] | None = None, prog: str = "mlx-voicechat demo",
     )
     print(f"demo finished in {time.perf_counter() - started:.1f} s -> {response}")
     return code
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat demo",
+         tolerate_unknown: bool = False, host: "HostServer | None" = None) -> int:
+    """The command (``host``: the registry's uniform argument; demo needs nothing of it)."""
+    return run_main(parse, run, argv, prog, tolerate_unknown)
 
 
 if __name__ == "__main__":

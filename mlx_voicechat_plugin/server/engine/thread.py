@@ -37,6 +37,7 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
+from ...loader import plain_cause
 from ...runtime.framing import Chunk
 from ...runtime.ledger import ReservationLedger
 from ...runtime.pool import PoolFull, StreamPool
@@ -230,18 +231,10 @@ class Engine:
                 self.voicechat.prompt_cache = PromptCache(self.prompt_cache_bytes)
             logger.info("model loaded")
             if self.warm_up:
-                logger.info("warm-up: compiling the kernels for batch sizes 1-%d before the "
-                            "first session ...", self.max_sessions)
                 self.warm_batch_sizes = run_warm_up(self.voicechat, self.max_sessions,
                                                     self.step_costs, _clear_cache)
-        except Exception as exc:  # reported by /health and to each client
-            from ...budget import BudgetExceeded
-            from ...loader import CheckpointError
-
-            if isinstance(exc, (CheckpointError, BudgetExceeded, OSError)):
-                logger.error("failed to load %s: %s", self.model_path, exc)  # the cause, one line
-            else:  # a bug: its traceback
-                logger.exception("failed to load %s", self.model_path)
+        except Exception as exc:  # reported by /health and to each client; a bug's traceback
+            logger.error("failed to load the model: %s", exc, exc_info=not plain_cause(exc))
             self.load_error = exc
         finally:
             self.loaded.set()
