@@ -398,3 +398,12 @@ def test_the_exit_codes_are_documented():
     assert "Exit codes" in usage
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "## Troubleshooting" in readme
+
+
+def test_a_bench_output_naming_a_folder_is_one_line(tmp_path):
+    (tmp_path / "keep.json").write_text("{}")
+    done = subprocess.run([sys.executable, "-m", "bench.host", "--json", str(tmp_path)],
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          cwd=Path(__file__).resolve().parents[1])
+    _one_line(done, 2, "--json", "is a folder")
+    assert _tree(tmp_path) == ["keep.json"]

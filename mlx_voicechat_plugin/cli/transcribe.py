@@ -109,16 +109,17 @@ def run(args: argparse.Namespace) -> int:
     loaded = time.perf_counter()
     steps = transcriber.steps(args.audio, max_new_tokens=args.max_tokens)
     live = args.stream and args.format == "txt" and args.output_path is None
-    while True:
-        try:
-            deltas = next(steps)
-        except StopIteration as done:
-            result = done.value
-            break
-        if live:
-            for delta in deltas:
-                sys.stdout.write(delta.delta)
-                sys.stdout.flush()
+    with progress.step(args, f"transcribing {args.audio}"):
+        while True:
+            try:
+                deltas = next(steps)
+            except StopIteration as done:
+                result = done.value
+                break
+            if live:
+                for delta in deltas:
+                    sys.stdout.write(delta.delta)
+                    sys.stdout.flush()
     finished = time.perf_counter()
     if live:
         sys.stdout.write("\n")
