@@ -340,6 +340,8 @@ def test_progress_shows_on_a_terminal_and_not_with_quiet_or_a_pipe(tiny_ckpt, qu
     assert code == 0 and "answering" not in shown and "loading" not in shown
     piped = _run(*argv)
     assert piped.returncode == 0 and "answering" not in piped.stderr
+    code, shown = _on_a_terminal(["transcribe", "-m", tiny_ckpt, "--audio", question])
+    assert code == 0 and "transcribing" in shown and "frame" in shown, shown
 
 
 # --- the sweep of ordinary mistakes ------------------------------------------------

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         tools=tools,
     )
     with progress.bar(args, "answering", "frame") as update:
-        result = session.generate(args.audio, progress=update, **turn)
+        result = session.generate(args.audio, on_progress=update, **turn)
     compile_policy.mark_warm(key)  # a compiled run finished: its kernels are cached
     if tools is not None:
         for call in result.tool_calls:
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             with progress.bar(args, "answering with the tool result", "frame") as update:
                 result = session.generate(args.audio, tool_response=responses,
-                                          progress=update, **turn)
+                                          on_progress=update, **turn)
             print("[second pass: tool result injected]")
     finished = time.perf_counter()
     if result.user_transcript is not None:

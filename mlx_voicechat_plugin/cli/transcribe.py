@@ -107,9 +107,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--language must be 'auto' or {transcriber.language!r} (the "
                          f"checkpoint's language), got {args.language!r}")
     loaded = time.perf_counter()
-    steps = transcriber.steps(args.audio, max_new_tokens=args.max_tokens)
     live = args.stream and args.format == "txt" and args.output_path is None
-    with progress.step(args, f"transcribing {args.audio}"):
+    with progress.bar(args, "transcribing", "frame") as update:
+        steps = transcriber.steps(args.audio, max_new_tokens=args.max_tokens,
+                                  on_progress=None if live else update)
         while True:
             try:
                 deltas = next(steps)

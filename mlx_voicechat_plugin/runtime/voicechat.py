@@ -189,12 +189,12 @@ class VoiceChat:
         extra_decoding_seconds: float = 3.0,
         sample_rate: int | None = None,
         tool_response: str | list[str] | None = None,
-        progress: Callable[[int, int], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
         **kwargs: Any,
     ) -> Iterator[FrameResult]:
         """Answer one user turn frame by frame: one :class:`FrameResult` per frame, then
         the closing one. Keyword options are :class:`ConversationOptions` fields;
-        ``progress(done, total)`` is told the frames done after each.
+        ``on_progress(frames_done, frames_total)`` is called after each frame.
 
         ``tool_response`` is the second pass of the offline flow: rerun the
         same turn (same seed) and each result, in order, is injected right
@@ -212,8 +212,8 @@ class VoiceChat:
                 for event in events:
                     if isinstance(event, ToolCall) and responses:
                         conversation.submit_tool_result(event.call_id, responses.pop(0))
-                if progress is not None:
-                    progress(t + 1, frames)
+                if on_progress is not None:
+                    on_progress(t + 1, frames)
                 yield FrameResult(t, conversation.last_output, events)
             yield FrameResult(frames, None, [*conversation.end(), Done(frames)])
         finally:
