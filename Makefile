@@ -6,11 +6,15 @@ DEMO_DIR := build/demo
 .PHONY: venv install browser haproxy livekit test test-real demo clean
 
 $(VENV)/.installed: pyproject.toml
+	@echo "==> creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "==> installing mlx-voicechat-plugin and its dev dependencies (MLX, mlx-vlm, mlx-audio, ...): a few minutes the first time"
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
+	@echo "==> letting mlx-vlm and mlx-audio's own commands run VoiceChat checkpoints (host pickup)"
 	# Editable installs do not carry the host-pickup .pth line; write it here.
 	$(PY) -c "from mlx_voicechat_plugin.hosts.pickup import install_pth; install_pth()"
+	@echo "==> installed"
 	touch $@
 
 venv install: $(VENV)/.installed
@@ -64,6 +68,8 @@ test-real: $(VENV)/.installed
 	$(PY) -m pytest -q -s -m real_checkpoint tests/test_real_checkpoint.py
 
 demo: $(VENV)/.installed
+	@echo "==> the demo: a tiny checkpoint with random weights answers a synthetic question;"
+	@echo "    its words are gibberish by design (no weights are downloaded), the pipeline is the real one"
 	$(PY) -m mlx_voicechat_plugin.cli.demo --out $(DEMO_DIR)
 
 clean:

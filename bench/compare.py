@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 import numpy as np
+from . import check_output
 
 
 def _timed(run: Callable[[], Any]) -> tuple[float, float]:
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scaling", default="5,20,60", help="streaming session lengths (s)")
     parser.add_argument("--out", default="build/bench")
     args = parser.parse_args(argv)
+    check_output(parser, Path(args.out) / "compare.json", "--out")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if not seeds:
         parser.error("--seeds needs at least one seed")

@@ -48,6 +48,7 @@ import numpy as np
 
 from .compare import STAGES, _stats
 from .kernels import SIZES
+from . import check_output
 
 QUESTION_SECONDS = 3.1  # the spoken question
 
@@ -340,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-gpu.json")
     parser.add_argument("--plot", default=None)
     args = parser.parse_args(argv)
+    check_output(parser, args.out, "--out")
+    check_output(parser, args.plot, "--plot")
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
 
     from mlx_vlm.utils import load as reference_load

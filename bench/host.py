@@ -40,6 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .kernels import SIZES
+from . import check_output
 
 
 def counted(run: Callable[[], Any]) -> dict[str, int]:
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    check_output(parser, args.json, "--json")
 
     import mlx.core as mx
     from mlx_vlm.utils import load as reference_load

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from . import check_output
 
 SIZES = ("tiny", "small", "medium", "full")
 
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                              "own growth")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    check_output(parser, args.json, "--json")
     batches = [int(b) for b in args.batch.split(",") if b.strip()]
 
     import mlx.core as mx

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+from . import check_output
 
 
 def _rss_mb() -> float:
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="tiny", choices=("tiny", "small", "medium", "full"))
     parser.add_argument("--json", help="write the rows and the summary here")
     args = parser.parse_args(argv)
+    check_output(parser, args.json, "--json")
 
     from mlx_voicechat_plugin import load
     from mlx_voicechat_plugin.testing.fixtures import make_checkpoint

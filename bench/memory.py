@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from . import check_output
 
 GIB = 2**30
 
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--worker", choices=("plugin", "reference"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    check_output(parser, Path(args.out) / "memory.json", "--out")
     if args.worker:
         figures = measure(args.worker, args.checkpoints[0], args.seconds,
                           args.offline_seconds, args.memory_budget)

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from . import check_output
 
 
 def _together(voicechat, audios: list[np.ndarray], frame: int, skip: int = 0
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     args = parser.parse_args(argv)
+    check_output(parser, args.json, "--json")
 
     from mlx_voicechat_plugin import load
     from mlx_voicechat_plugin.testing.fixtures import make_checkpoint, question_signal

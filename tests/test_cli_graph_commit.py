@@ -85,18 +85,29 @@ def _stop_at_load(monkeypatch) -> list[str | None]:
                          ids=["flag", "absent"])
 @pytest.mark.parametrize("command, argv", [(generate, GENERATE), (serve, SERVE)],
                          ids=["generate", "serve"])
-def test_the_variable_is_set_before_the_model_loads(monkeypatch, command, argv, flag, expected):
+def test_the_variable_is_set_before_the_model_loads(monkeypatch, command, argv, flag, expected,
+                                                    real):
     pytest.importorskip("uvicorn")
     monkeypatch.delenv(GRAPH_COMMIT_ENV, raising=False)
     seen = _stop_at_load(monkeypatch)
     with pytest.raises(Loaded):
-        command.main([*argv, *flag])
+        command.main([*real[command], *flag])
     assert seen == [expected]
 
 
-def test_an_absent_flag_keeps_a_value_set_by_hand(monkeypatch):
+def test_an_absent_flag_keeps_a_value_set_by_hand(monkeypatch, real):
     monkeypatch.setenv(GRAPH_COMMIT_ENV, "250")
     seen = _stop_at_load(monkeypatch)
     with pytest.raises(Loaded):
-        generate.main(GENERATE)
+        generate.main(real[generate])
     assert seen == ["250"]
+
+
+@pytest.fixture
+def real(tiny_ckpt, tmp_path):
+    """Each command's argv naming files that exist: the paths are checked before loading."""
+    from mlx_voicechat_plugin.testing.fixtures import make_question_wav
+
+    wav = make_question_wav(tmp_path / "q.wav", seconds=0.5)
+    return {generate: ["-m", str(tiny_ckpt), "--audio", str(wav)],
+            serve: ["-m", str(tiny_ckpt), "--port", "0"]}

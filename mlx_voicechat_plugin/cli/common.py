@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import logging
+import sys
+import traceback
+from pathlib import Path
 from typing import Callable, Sequence
 
 from ..runtime.device_settings import MAX_GRAPH_COMMIT_OPS, check_graph_commit_ops
@@ -78,13 +80,145 @@ def group_options(tokens: Sequence[str]) -> list[str]:
     return options
 
 
+# Exit codes, the same for every command (docs/usage.md, "Exit codes").
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the work could not be done: a port in use, a full disk, no memory
+EXIT_USAGE = 2  # what was asked for is wrong: a flag, a value, a path or file it names
+
+
+def user_error_code(error: BaseException) -> int | None:
+    """The exit code of a user's error, one line without a traceback; ``None``: a bug,
+    whose traceback is shown."""
+    from ..budget import BudgetExceeded
+
+    if isinstance(error, BudgetExceeded):
+        return EXIT_FAILURE
+    if isinstance(error, UsageError):
+        return EXIT_USAGE
+    if isinstance(error, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+        return EXIT_USAGE
+    if isinstance(error, OSError):  # permissions, a full disk, a port in use
+        return EXIT_FAILURE
+    if isinstance(error, ValueError) and _raised_here(error):
+        return EXIT_USAGE  # this package's own checks of what it was given
+    return None
+
+
+def _raised_here(error: BaseException) -> bool:
+    """Whether ``error`` was raised by this package's code (its own message), not
+    deep inside a library (a shape error: a bug)."""
+    tb = error.__traceback__
+    if tb is None:
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def report(error: BaseException, verbose: bool = False) -> int:
+    """Print a user's error as one line (``verbose``: its traceback first); its exit code.
+    A bug is raised again, traceback and all."""
+    code = user_error_code(error)
+    if code is None:
+        raise error
+    if verbose:
+        traceback.print_exception(error)
+    message = str(error) or type(error).__name__
+    if isinstance(error, OSError) and error.strerror and error.filename:
+        message = f"{error.filename}: {error.strerror}"
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return code
+
+
 def run_main(parse: Callable[..., argparse.Namespace], run: Callable[[argparse.Namespace], int],
              argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> int:
-    """A command's ``main``: parse, run; bad input (a value or a missing file) is exit 2."""
+    """A command's ``main``: parse, run; a user's error is one line and its exit code
+    (:func:`report`), a bug its traceback; Ctrl-C is exit 130, one line."""
     logging.basicConfig(level=logging.WARNING)
     args = parse(argv, prog, tolerate_unknown)
     try:
         return run(args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        return report(error, getattr(args, "verbose", False))
+
+
+# The first bytes of the audio files the hosts' reader takes.
+_AUDIO_MAGIC = ((b"RIFF", "WAV"), (b"RF64", "WAV"), (b"fLaC", "FLAC"), (b"OggS", "Ogg"),
+                (b"ID3", "MP3"), (b"\xff\xfb", "MP3"), (b"\xff\xf3", "MP3"),
+                (b"\xff\xf2", "MP3"), (b"FORM", "AIFF"))
+
+
+def audio_file_problem(path: str) -> str | None:
+    """What keeps ``path`` from being read as audio (missing, a folder, not audio, a WAV
+    with no samples), or ``None``; read from its first bytes, before any model loads."""
+    file = Path(path).expanduser()
+    if not file.exists():
+        return "file not found"
+    if file.is_dir():
+        return "is a folder, not an audio file"
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(12)
+            kind = next((name for magic, name in _AUDIO_MAGIC if head.startswith(magic)), None)
+            if kind is None:
+                return ("is not an audio file (WAV, FLAC, MP3 or Ogg)"
+                        + (": it is empty" if not head else ""))
+            if kind == "WAV" and head[8:12] == b"WAVE" and _wav_data_bytes(handle) == 0:
+                return "is a WAV file with no samples"
+    except OSError as error:
+        return f"cannot be read ({error.strerror})"
+    return None
+
+
+def _wav_data_bytes(handle) -> int | None:
+    """The size of a RIFF WAVE file's ``data`` chunk (after the 12-byte header), or None."""
+    while True:
+        chunk = handle.read(8)
+        if len(chunk) < 8:
+            return 0 if not chunk else None
+        size = int.from_bytes(chunk[4:8], "little")
+        if chunk[:4] == b"data":
+            return min(size, max(0, Path(handle.name).stat().st_size - handle.tell()))
+        handle.seek(size + (size & 1), 1)
+
+
+class UsageError(ValueError):
+    """What a command line names cannot be used (exit 2): checked before a model loads."""
+
+
+def check_audio_file(path: str | None, flag: str = "--audio") -> None:
+    """:class:`UsageError` naming ``flag`` when ``path`` is not audio a command can read."""
+    problem = None if path is None else audio_file_problem(path)
+    if problem is not None:
+        raise UsageError(f"{flag} {path}: {problem}")
+
+
+def check_model(name: str, flag: str = "--model") -> None:
+    """:class:`UsageError` naming ``flag`` when ``name`` is a local checkpoint that is
+    missing or not whole (:func:`~..loader.check_checkpoint`); a hub id is checked
+    when it loads."""
+    from ..loader import CheckpointError, check_checkpoint, is_hub_id, resolve_path
+
+    try:
+        if Path(name).expanduser().exists() or not is_hub_id(name):
+            check_checkpoint(resolve_path(name))
+    except CheckpointError as error:
+        raise UsageError(f"{flag}: {error}") from None
+
+
+def check_output_file(path: str | None, flag: str) -> None:
+    """:class:`UsageError` naming ``flag`` when writing ``path`` would replace a folder or
+    cannot be done (:func:`~..outputs.check_output_file`)."""
+    from ..outputs import OutputRefused, check_output_file as check
+
+    if path is not None:
+        try:
+            check(path, flag)
+        except OutputRefused as error:
+            raise UsageError(str(error)) from None

@@ -25,13 +25,16 @@ import inspect
 import json
 import math
 import sys
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
-from .common import parse_args, run_main
+from . import progress
+from .common import check_audio_file, check_model, parse_args, run_main
+from .progress import add_quiet
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -210,8 +213,11 @@ def _run(label: str, path: str, budget: float | None, question: Any, options: di
 def compare_checkpoints(a: str | Path, b: str | Path, audio: Any, *,
                         budgets: tuple[float | None, float | None] = (None, None),
                         seed: int = 0, system_prompt: str | None = None,
-                        extra_decoding_seconds: float = 3.0) -> Report:
-    """Run the question ``audio`` through ``a`` and ``b`` (see the module docstring)."""
+                        extra_decoding_seconds: float = 3.0,
+                        step: Callable[[str], ContextManager[Any]] = lambda what: nullcontext()
+                        ) -> Report:
+    """Run the question ``audio`` through ``a`` and ``b`` (see the module docstring);
+    ``step(what)`` wraps each phase (a progress line on a terminal)."""
     import gc
 
     import mlx.core as mx
@@ -226,17 +232,21 @@ def compare_checkpoints(a: str | Path, b: str | Path, audio: Any, *,
     question = load_waveform(audio, rate)
     options = dict(seed=seed, system_prompt=system_prompt,
                    extra_decoding_seconds=extra_decoding_seconds)
-    side_b, voicechat, _ = _run("B", str(b), budgets[1], question, options, None)
+    with step(f"B ({b}): loading and answering"):
+        side_b, voicechat, _ = _run("B", str(b), budgets[1], question, options, None)
     del voicechat
     gc.collect()
     mx.clear_cache()
     forced = {k: side_b.arrays[k] for k in ("text_ids", "function_ids", "codes")}
-    side_a, voicechat, output_rate = _run("A", str(a), budgets[0], question, options, forced)
+    with step(f"A ({a}): loading and answering"):
+        side_a, voicechat, output_rate = _run("A", str(a), budgets[0], question, options,
+                                              forced)
     transcriber = Transcriber(voicechat)
-    for side in (side_a, side_b):
-        if side.arrays["waveform"].size:
-            side.answer_heard = transcriber.transcribe(side.arrays["waveform"],
-                                                       sample_rate=output_rate).text
+    with step("transcribing both answers through A"):
+        for side in (side_a, side_b):
+            if side.arrays["waveform"].size:
+                side.answer_heard = transcriber.transcribe(side.arrays["waveform"],
+                                                           sample_rate=output_rate).text
     floats = [float_stage(s, side_a.arrays[s], side_b.arrays[s]) for s in FLOAT_STAGES]
     ids = [id_stage(s, side_a.arrays[s], side_b.arrays[s]) for s in ID_STAGES]
     return Report(side_a, side_b, floats, ids)
@@ -256,6 +266,8 @@ def build_parser(prog: str = "mlx-voicechat compare") -> argparse.ArgumentParser
     parser.add_argument("-p", "--system-prompt", dest="system_prompt")
     parser.add_argument("--extra-decoding-seconds", type=float, default=3.0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--verbose", action="store_true", help="an error's traceback")
+    add_quiet(parser)
     return parser
 
 
@@ -278,9 +290,13 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
 
 
 def run(args: argparse.Namespace) -> int:
+    check_model(args.a, "A")
+    check_model(args.b, "B")
+    check_audio_file(args.audio)
     report = compare_checkpoints(args.a, args.b, args.audio, budgets=args.budgets,
                                  seed=args.seed, system_prompt=args.system_prompt,
-                                 extra_decoding_seconds=args.extra_decoding_seconds)
+                                 extra_decoding_seconds=args.extra_decoding_seconds,
+                                 step=lambda what: progress.step(args, what))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
     return 0
 

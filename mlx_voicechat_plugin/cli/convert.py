@@ -6,7 +6,9 @@ default the Nemotron Nano 9B v2 repository) or an MLX conversion (bf16 or
 quantized: layers already quantized are kept). ``--dry-run`` prints each part
 with its format and bytes and writes nothing (SRC may then be a folder with
 a config.json alone: the parts are sized from its shapes). OUT appears only
-complete; ``--force`` replaces an existing OUT.
+complete; ``--force`` replaces an existing OUT only when it is a checkpoint of
+this model, never the source, a folder holding it or one inside it
+(:mod:`..outputs`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from .common import parse_args, run_main
+from .common import UsageError, parse_args, run_main
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -37,7 +39,9 @@ def build_parser(prog: str = "mlx-voicechat convert") -> argparse.ArgumentParser
                              "hub id (default: nvidia/NVIDIA-Nemotron-Nano-9B-v2)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print each part's format and bytes; write nothing")
-    parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--force", action="store_true",
+                        help="replace OUT if it is a nemotron_voicechat checkpoint (never "
+                             "a folder holding anything else, the source or a folder around it)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar")
     return parser
@@ -49,9 +53,15 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
 
 def run(args: argparse.Namespace) -> int:
     from ..conversion.convert import convert, describe, plan_conversion
+    from ..outputs import OutputRefused, check_output_folder
     from ..profiles import get_profile
 
     profile = get_profile(args.profile)
+    if not args.dry_run:  # before the source is read or fetched
+        try:
+            check_output_folder(args.out, "OUT", args.force, sources=[args.src])
+        except OutputRefused as error:
+            raise UsageError(str(error)) from None
     if args.dry_run:
         source, plan = plan_conversion(args.src, profile, tokenizer=args.tokenizer)
         print(describe(source, plan))

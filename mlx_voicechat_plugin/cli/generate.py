@@ -8,23 +8,33 @@ checkpoint (see :mod:`mlx_voicechat_plugin.hosts.pickup`).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..runtime.options import DEFAULT_CONTEXT_SECONDS
+from . import progress
 from .common import (
     add_graph_commit_ops,
     add_memory_budget,
+    check_audio_file,
     check_device_options,
+    check_model,
+    check_output_file,
     parse_args,
     run_main,
+    UsageError,
 )
+from .progress import add_quiet
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
 
 
+# The reference's VoiceChat path picks each text token by argmax: temperature 0.
+REFERENCE_TEMPERATURE = 0.0
 OFFLINE_HINT = "mlx-voicechat generate --model CKPT --audio question.wav --output-audio answer.wav"
 
 
@@ -37,12 +47,23 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
     parser.add_argument(
         "--output-audio",
         "--output-path",
+        "--output",
         dest="output_audio",
-        help="write the spoken answer here (22.05 kHz mono PCM16 WAV)",
+        help="write the spoken answer here (22.05 kHz mono PCM16 WAV; --output is "
+             "mlx-vlm's name, --output-path mlx-audio's)",
     )
-    parser.add_argument("-p", "--system-prompt", "--prompt", dest="system_prompt")
+    parser.add_argument("--system-prompt", "--system", dest="system_prompt",
+                        help="the system prompt (default: the checkpoint's)")
+    parser.add_argument("-p", "--prompt", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--extra-decoding-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", "--temp", type=float, default=REFERENCE_TEMPERATURE,
+                        help="text sampling temperature; the reference decodes greedily, so "
+                             "0 (the default) is the only value this model takes")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus of the speech head's mixture components, in (0, 1] "
+                             "(default: the checkpoint's tts_config.top_p, 0.95 in the "
+                             "release, as the reference)")
     parser.add_argument(
         "-n", "--max-tokens", "--max-new-tokens", dest="max_tokens", type=int,
         help="accepted for host compatibility and ignored: one token per 80 ms frame",
@@ -55,7 +76,9 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
                         help="seconds of conversation the attention layers keep after the "
                              "prompt (constant memory past it; 0: unbounded, the reference; "
                              "default: %(default)s)")
-    parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
+    parser.add_argument("--verbose", action="store_true",
+                        help="timings and peak memory; an error's traceback")
+    add_quiet(parser)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default: on GPUs; off on the CPU, "
                              "where a cold kernel cache costs a minute of compiling)")
@@ -79,6 +102,10 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
     parser = build_parser(prog)
     args = parse_args(parser, argv, tolerate_unknown)
     check_device_options(parser, args)
+    if args.prompt:
+        parser.error("--prompt: Nemotron VoiceChat answers speech, not a text prompt; pass "
+                     "the question as --audio (and a system prompt as --system)")
+    check_sampling(parser, args)
     if args.image or args.video:
         parser.error("Nemotron VoiceChat takes speech only: --image/--video are not supported")
     if not args.audio:
@@ -96,6 +123,27 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
     return args
 
 
+def check_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 naming the flag when ``--temperature`` / ``--top-p`` ask for what this
+    model cannot do (mlx-lm's names, the reference's defaults)."""
+    if args.temperature != REFERENCE_TEMPERATURE:
+        parser.error(f"--temperature {args.temperature:g}: this model decodes its text "
+                     "greedily, as the reference does; 0 is the only value it takes")
+    if args.top_p is not None and not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
+        parser.error(f"--top-p must be in (0, 1], got {args.top_p:g}")
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """What the command line names, before the model loads (:class:`UsageError`)."""
+    check_model(args.model)
+    check_audio_file(args.audio)
+    check_output_file(args.output_audio, "--output-audio")
+    for flag, path in (("--tools-json", args.tools_json),
+                       ("--api-response-json", args.api_response_json)):
+        if path is not None and not Path(path).expanduser().is_file():
+            raise UsageError(f"{flag} {path}: no such file")
+
+
 def run(args: argparse.Namespace) -> int:
     import mlx.core as mx
 
@@ -104,9 +152,13 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.audio import write_wav
     from ..runtime.device_settings import apply_graph_commit_ops
 
+    check_paths(args)
     apply_graph_commit_ops(args.graph_commit_ops)  # read once, at the GPU's first work
     started = time.perf_counter()
-    model, processor = load(args.model, memory_budget=args.memory_budget)
+    with progress.step(args, f"loading {args.model}"):
+        model, processor = load(args.model, memory_budget=args.memory_budget)
+    if args.top_p is not None:  # read by the speech head at each step
+        model.config.tts_config.top_p = args.top_p
     key = compile_policy.model_key(read_config(model.model_path))
     compile_policy.apply(args.compile, long_running=False, key=key)
     loaded = time.perf_counter()
@@ -128,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         context_seconds=args.context_seconds,
         tools=tools,
     )
-    result = session.generate(args.audio, **turn)
+    with progress.bar(args, "answering", "frame") as update:
+        result = session.generate(args.audio, on_progress=update, **turn)
     compile_policy.mark_warm(key)  # a compiled run finished: its kernels are cached
     if tools is not None:
         for call in result.tool_calls:
@@ -140,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
             print("note: the first pass made no tool call; --api-response-json is unused",
                   file=sys.stderr)
         else:
-            result = session.generate(args.audio, tool_response=responses, **turn)
+            with progress.bar(args, "answering with the tool result", "frame") as update:
+                result = session.generate(args.audio, tool_response=responses,
+                                          on_progress=update, **turn)
             print("[second pass: tool result injected]")
     finished = time.perf_counter()
     if result.user_transcript is not None:

@@ -12,13 +12,23 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from typing import TYPE_CHECKING, Sequence
 
 from ..server.operations.drain import DEFAULT_DRAIN_SECONDS
 from ..server.limits import MIB, ServerLimits
 from ..server.transport.ice import ICEConfig
-from .common import add_graph_commit_ops, add_memory_budget, check_device_options, parse_args
+from .common import (
+    add_graph_commit_ops,
+    add_memory_budget,
+    check_device_options,
+    check_model,
+    parse_args,
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -217,6 +227,9 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
     except ValueError as exc:
         parser.error(str(exc).replace("ice_hosts", "--ice-host")
                      .replace("ice_servers", "--ice-server"))
+    if not 0 <= args.port < 65536:
+        parser.error(f"--port must be a TCP port (1-65535, or 0 for any free one), "
+                     f"got {args.port}")
     if args.agent_port is not None and not 0 < args.agent_port < 65536:
         parser.error(f"--agent-port must be a TCP port (1-65535), got {args.agent_port}")
     if args.agent_port is not None and args.agent_port == args.port:
@@ -225,6 +238,31 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
         parser.error(f"--drain-seconds must be >= 0, got {args.drain_seconds:g}")
     check_device_options(parser, args)
     return args
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before the model loads (a port in use is
+    an ``OSError`` at once, not after a minute of loading)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's backlog
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def ready_line(host: str, port: int, prefix: str, realtime_path: str) -> str:
+    """What ``serve`` logs once it takes sessions: where a client connects."""
+    shown = f"[{host}]" if ":" in host else host
+    base = f"{shown}:{port}{prefix}"
+    return (f"ready: realtime sessions at ws://{base}{realtime_path}, transcriptions at "
+            f"http://{base}/v1/audio/transcriptions, the console at http://{base}/, "
+            f"health at http://{base}/health")
 
 
 LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
@@ -270,6 +308,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
         return 1
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        check_model(args.model)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as error:
+        print(f"error: cannot listen on {args.host}:{args.port}: "
+              f"{error.strerror or error} (--host/--port)", file=sys.stderr)
+        return EXIT_FAILURE
+    port = args.port = sock.getsockname()[1]  # --port 0: the free port it got
     for line in startup_lines(args, prog, host, API_KEY_ENV):
         (logger.warning if line.startswith(WARNINGS) else logger.info)(line)
     from ..runtime import compile_policy
@@ -290,9 +340,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
                      limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,
                      agent_port=args.agent_port, agent_host=args.host, ice=args.ice,
                      memory_budget=args.memory_budget)
-    run_server(app, host=args.host, port=args.port, log_level=args.log_level,
-               **args.limits.uvicorn_options())  # uvicorn.run, draining on SIGTERM
-    return 0
+    from ..server.app import normalize_prefix
+
+    line = ready_line(args.host, port, normalize_prefix(args.api_prefix), served[0].paths[0])
+    return run_server(app, sockets=[sock], on_ready=lambda: logger.info(line),
+                      host=args.host, port=port, log_level=args.log_level,
+                      **args.limits.uvicorn_options())  # uvicorn.run, draining on SIGTERM
 
 
 if __name__ == "__main__":

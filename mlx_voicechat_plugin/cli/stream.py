@@ -13,9 +13,9 @@ import numpy as np
 
 from ..runtime.audio import load_waveform, write_wav
 from ..runtime.events import AssistantTextDelta, Audio, FunctionDelta
+from . import progress
 
 COLD_FRAMES = 5
-PROGRESS_AFTER_SECONDS = 5.0
 
 
 def run_stream(session: Any, args: argparse.Namespace, started: float, loaded: float) -> int:
@@ -30,7 +30,6 @@ def run_stream(session: Any, args: argparse.Namespace, started: float, loaded: f
         context_seconds=args.context_seconds,
     )
     total = -(-len(audio) // frame)
-    show_progress = len(audio) / rate > PROGRESS_AFTER_SECONDS and sys.stderr.isatty()
     samples: list[np.ndarray] = []
     function_text = ""
 
@@ -45,10 +44,10 @@ def run_stream(session: Any, args: argparse.Namespace, started: float, loaded: f
                 samples.append(event.samples)
 
     begun = time.perf_counter()
-    for index, start in enumerate(range(0, len(audio), frame)):
-        handle(stream.push_audio(audio[start : start + frame]))
-        if show_progress and index % 25 == 0:
-            print(f"\r[{index}/{total} frames]", end="", file=sys.stderr, flush=True)
+    with progress.bar(args, "streaming", "frame") as update:
+        for index, start in enumerate(range(0, len(audio), frame)):
+            handle(stream.push_audio(audio[start : start + frame]))
+            update(index + 1, total)
     handle(stream.flush())
     elapsed = time.perf_counter() - begun
     print()

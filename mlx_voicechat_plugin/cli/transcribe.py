@@ -18,7 +18,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .common import add_memory_budget, check_memory_budget, parse_args, run_main
+from . import progress
+from .common import (
+    add_memory_budget,
+    check_audio_file,
+    check_memory_budget,
+    check_model,
+    check_output_file,
+    parse_args,
+    run_main,
+)
+from .progress import add_quiet
 
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
@@ -43,7 +53,9 @@ def build_parser(prog: str = "mlx-voicechat transcribe") -> argparse.ArgumentPar
                         help="'auto' or the checkpoint's language")
     parser.add_argument("--stream", action="store_true",
                         help="print the transcript as it is decoded")
-    parser.add_argument("--verbose", action="store_true", help="timings and peak memory")
+    parser.add_argument("--verbose", action="store_true",
+                        help="timings and peak memory; an error's traceback")
+    add_quiet(parser)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fuse kernels with mx.compile (default: on GPUs; off on the CPU)")
     add_memory_budget(parser)
@@ -81,8 +93,13 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import compile_policy
     from ..runtime.transcribe import Transcriber
 
+    check_model(args.model)
+    check_audio_file(args.audio)
+    if args.output_path not in (None, "-"):
+        check_output_file(f"{args.output_path}.{args.format}", "--output-path")
     started = time.perf_counter()
-    model, processor = load(args.model, memory_budget=args.memory_budget)
+    with progress.step(args, f"loading {args.model}"):
+        model, processor = load(args.model, memory_budget=args.memory_budget)
     compile_policy.apply(args.compile, long_running=False,
                          key=compile_policy.model_key(read_config(model.model_path)))
     transcriber = Transcriber(model.create_session(processor))
@@ -90,18 +107,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--language must be 'auto' or {transcriber.language!r} (the "
                          f"checkpoint's language), got {args.language!r}")
     loaded = time.perf_counter()
-    steps = transcriber.steps(args.audio, max_new_tokens=args.max_tokens)
     live = args.stream and args.format == "txt" and args.output_path is None
-    while True:
-        try:
-            deltas = next(steps)
-        except StopIteration as done:
-            result = done.value
-            break
-        if live:
-            for delta in deltas:
-                sys.stdout.write(delta.delta)
-                sys.stdout.flush()
+    with progress.bar(args, "transcribing", "frame") as update:
+        steps = transcriber.steps(args.audio, max_new_tokens=args.max_tokens,
+                                  on_progress=None if live else update)
+        while True:
+            try:
+                deltas = next(steps)
+            except StopIteration as done:
+                result = done.value
+                break
+            if live:
+                for delta in deltas:
+                    sys.stdout.write(delta.delta)
+                    sys.stdout.flush()
     finished = time.perf_counter()
     if live:
         sys.stdout.write("\n")

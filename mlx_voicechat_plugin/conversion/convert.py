@@ -22,6 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..outputs import OutputRefused, check_output_folder
 from ..profiles import CONFIG_KEY, PARTS, Profile, get_profile
 from .plan import MAX_SHARD_BYTES, Plan, make_plan, run_step, tensors_from_config
 from .release import TOKENIZER_FILES
@@ -212,16 +213,18 @@ def convert(src: str | Path, out: str | Path, profile: "str | Profile" = "releas
             max_shard_bytes: int = MAX_SHARD_BYTES) -> Conversion:
     """Convert ``src`` (either layout) into ``out`` under ``profile``.
 
-    ``out`` must not exist unless ``force``; it appears only complete.
+    ``out`` appears only complete. It may exist only empty or, with ``force``, as
+    a checkpoint of this model that is not the source, does not contain it and is
+    not inside it (:func:`~..outputs.check_output_folder`); it is replaced only
+    once the new one is whole.
     """
     out = Path(out).expanduser().absolute()
     profile = get_profile(profile)
     source = open_source(src, tokenizer)
-    if out.exists():
-        if out.resolve() == source.path.resolve():
-            raise ConversionError(f"output {out} is the source; convert into another folder")
-        if not force:
-            raise ConversionError(f"output {out} exists; pass --force to overwrite it")
+    try:
+        check_output_folder(out, "output", force, sources=[source.path])
+    except OutputRefused as error:
+        raise ConversionError(str(error)) from None
     plan = make_plan(source, profile, max_shard_bytes)
     out.parent.mkdir(parents=True, exist_ok=True)
     folder = _temporary_folder(out)
@@ -259,6 +262,10 @@ def convert(src: str | Path, out: str | Path, profile: "str | Profile" = "releas
 def _replace(folder: Path, out: Path) -> None:
     """``folder`` becomes ``out``; an existing ``out`` (``--force``) goes only after."""
     if not out.exists():
+        folder.rename(out)
+        return
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
         folder.rename(out)
         return
     old = out.parent / f".{out.name}.replaced-{os.getpid()}"

@@ -142,17 +142,17 @@ def open_source(path: str | Path, tokenizer: str | Path | None = None,
 
 
 def _local(path: str | Path) -> Path:
-    """A local folder as is; anything else that looks like a hub id is fetched."""
-    local = Path(path).expanduser()
-    if local.exists() or str(path).count("/") != 1 or str(path).startswith((".", "/", "~")):
-        return local
-    from ..loader import resolve_path
+    """A local folder as is; a hub id (``owner/name``) is fetched; the loader's rule
+    (:func:`~..loader.resolve_path`), its errors as conversion errors."""
+    from ..loader import CheckpointError, resolve_path
 
+    local = Path(path).expanduser()
+    if local.exists():
+        return local
     try:
         return resolve_path(str(path))
-    except Exception as error:  # the hub's own errors: not found, offline, gated
-        raise ConversionError(f"source {path} is neither a local folder nor a hub "
-                              f"repository this machine can fetch ({error})") from None
+    except CheckpointError as error:
+        raise ConversionError(f"source: {error}") from None
 
 
 def _tokenizer_folder(tokenizer: str | Path | None) -> Path:

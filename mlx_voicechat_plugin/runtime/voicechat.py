@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -189,10 +189,12 @@ class VoiceChat:
         extra_decoding_seconds: float = 3.0,
         sample_rate: int | None = None,
         tool_response: str | list[str] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
         **kwargs: Any,
     ) -> Iterator[FrameResult]:
         """Answer one user turn frame by frame: one :class:`FrameResult` per frame, then
-        the closing one. Keyword options are :class:`ConversationOptions` fields.
+        the closing one. Keyword options are :class:`ConversationOptions` fields;
+        ``on_progress(frames_done, frames_total)`` is called after each frame.
 
         ``tool_response`` is the second pass of the offline flow: rerun the
         same turn (same seed) and each result, in order, is injected right
@@ -210,6 +212,8 @@ class VoiceChat:
                 for event in events:
                     if isinstance(event, ToolCall) and responses:
                         conversation.submit_tool_result(event.call_id, responses.pop(0))
+                if on_progress is not None:
+                    on_progress(t + 1, frames)
                 yield FrameResult(t, conversation.last_output, events)
             yield FrameResult(frames, None, [*conversation.end(), Done(frames)])
         finally:

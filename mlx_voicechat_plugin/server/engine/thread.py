@@ -37,6 +37,7 @@ from typing import Any, Callable, Generator
 
 import numpy as np
 
+from ...loader import plain_cause
 from ...runtime.framing import Chunk
 from ...runtime.ledger import ReservationLedger
 from ...runtime.pool import PoolFull, StreamPool
@@ -232,8 +233,8 @@ class Engine:
             if self.warm_up:
                 self.warm_batch_sizes = run_warm_up(self.voicechat, self.max_sessions,
                                                     self.step_costs, _clear_cache)
-        except Exception as exc:  # reported by /health and to each client
-            logger.exception("failed to load %s", self.model_path)
+        except Exception as exc:  # reported by /health and to each client; a bug's traceback
+            logger.error("failed to load the model: %s", exc, exc_info=not plain_cause(exc))
             self.load_error = exc
         finally:
             self.loaded.set()

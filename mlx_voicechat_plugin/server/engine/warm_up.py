@@ -35,6 +35,8 @@ WARM_UP_STEPS_PER_SIZE = 3
 def run_warm_up(voicechat: Any, max_sessions: int, costs: StepCosts, clear: Callable[[], None],
             frames: int = WARM_UP_FRAMES) -> tuple[int, ...]:
     """Run the silent streams; the batch sizes compiled. ``clear`` frees MLX's cache after."""
+    logger.info("warm-up: compiling batch sizes 1-%d before the first session ...",
+                max_sessions)
     started = time.perf_counter()
     stream = voicechat.create_streaming_session()
     stream.push_audio(np.zeros(frames * stream.frame_samples, np.float32))

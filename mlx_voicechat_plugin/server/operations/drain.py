@@ -167,8 +167,15 @@ def draining_server(config: Any, drain: Drain) -> Any:
     return server
 
 
-def run_server(app: Any, **options: Any) -> None:
-    """``uvicorn.run(app, **options)`` with the app's drain on SIGTERM."""
+def run_server(app: Any, sockets: list[Any] | None = None,
+               on_ready: Callable[[], None] | None = None, **options: Any) -> int:
+    """``uvicorn.run(app, **options)`` with the app's drain on SIGTERM, on ``sockets``
+    when given (bound before the model loads); the exit status.
+
+    ``on_ready`` runs once the model is loaded (and warmed up); a model that fails
+    to load stops the server at once, status 1 (the engine has logged why)."""
+    import threading
+
     import uvicorn
 
     from .redaction import redact_uvicorn_logs
@@ -178,7 +185,19 @@ def run_server(app: Any, **options: Any) -> None:
     options.setdefault("timeout_graceful_shutdown", CLOSE_SECONDS)
     redact_uvicorn_logs()  # no key or resume token in the access log
     config = uvicorn.Config(app, **options)
-    draining_server(config, app.state.drain).run()
+    server = draining_server(config, app.state.drain)
+    engine = app.state.engine
+
+    def watch() -> None:
+        engine.loaded.wait()
+        if engine.load_error is not None:
+            server.should_exit = True
+        elif on_ready is not None:
+            on_ready()
+
+    threading.Thread(target=watch, name="mlx-voicechat-ready", daemon=True).start()
+    server.run(sockets=sockets)
     # A forced stop skips the app's shutdown: stop the engine here too, so its
     # thread ends (and frees its MLX streams) before the interpreter exits.
-    app.state.engine.stop()
+    engine.stop()
+    return 1 if engine.load_error is not None else 0
