@@ -27,7 +27,7 @@ from .cache_state import (
 from .context import ContextWindow, ring
 from .kv_arena import AttentionCores, release
 from .perception import Perception
-from .rows import own_row, stack_rows
+from .rows import drop_row, own_row, stack_rows
 from .segments import SegmentedStep
 
 
@@ -216,6 +216,24 @@ class LanguageRows(LanguageState):
         for own, cache in zip(row.cache, self.cache):
             if isinstance(cache, ArraysCache):
                 own.cache = [own_row(a, index, copy) for a in cache.cache]
+        return row
+
+    @property
+    def state(self) -> list[mx.array]:
+        """The stacked Mamba2 states and every row's KV caches (to evaluate them)."""
+        return [a for c in self.cache for a in (cache_state(c) if isinstance(c, list)
+                                                 else c.state)]
+
+    def remove(self, index: int) -> LanguageState:
+        """Row ``index``'s own state (its Mamba2 rows copied back into its caches); the
+        others stay stacked."""
+        row = self.extract(index)
+        self.rows.pop(index)
+        for layer in self.cache:
+            if isinstance(layer, ArraysCache):
+                layer.cache = [drop_row(a, index) for a in layer.cache]
+            else:
+                layer.pop(index)
         return row
 
     def row_nbytes(self, index: int) -> int:

@@ -220,6 +220,16 @@ class TimelineBatch(HeldBatch):
         release_caches([*own.tts_caches[0], *(own.language[0].cache or [])], keep=True)
         return [*own.state, *codec.state]
 
+    def _remove(self, state: ConversationState, row: int) -> list[mx.array]:
+        timeline, codec = self.timeline, self.codec
+        assert timeline is not None and codec is not None
+        if not self.members:
+            self.timeline = self.codec = None
+            state._timeline, state._codec = timeline, codec.extract(0)
+            return [*timeline.state, *state._codec.state]
+        state._timeline, state._codec = timeline.remove(row), codec.remove(row)
+        return [*state._timeline.state, *state._codec.state, *timeline.state, *codec.state]
+
     def row_nbytes(self, row: int) -> int:
         """The bytes of a member's timeline and codec state, read from its rows."""
         assert self.timeline is not None and self.codec is not None

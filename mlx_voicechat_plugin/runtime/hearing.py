@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from ..models.perception_stream import PerceptionRows, PerceptionStream
 from ..models.rnnt import RNNTCarry, RNNTFrame, RNNTState
-from ..models.rows import stack_rows, take_rows
+from ..models.rows import drop_row, stack_rows, take_rows
 from .held import HeldBatch, HeldPart
 from .profile import FrameClock
 
@@ -92,6 +92,21 @@ class HearingBatch(HeldBatch):
     def _own(self, state: ListeningRow) -> list[mx.array]:
         source = state._perception
         return [] if source is None else [*source.state, *state.rnnt.state]
+
+    def _remove(self, state: ListeningRow, row: int) -> list[mx.array]:
+        perception, carry = self.perception, self.carry
+        if perception is not None:
+            state._perception = perception.remove(row)
+            self.perception = perception if self.members else None
+        if carry is not None and row in self.decoded:
+            j = self.decoded.index(row)
+            state.rnnt.carry = carry.extract(j)
+            self.carry = (RNNTCarry([drop_row(a, j) for a in carry.arrays])
+                          if carry.batch_size > 1 else None)
+        self.decoded = [b - (b > row) for b in self.decoded if b != row]
+        return [*state._perception.state, *state.rnnt.state,
+                *(self.perception.state if self.perception is not None else []),
+                *(self.carry.state if self.carry is not None else [])]
 
     def rnnt_carry(self, dtype: mx.Dtype) -> RNNTCarry:
         """The decoded rows' stacked carry (their own carries taken in at the first frame)."""

@@ -77,6 +77,16 @@ class HeldBatch:
         if members:
             self._give_back(members, [any(m is s for s in staying) for m in members])
 
+    def remove(self, member: Any) -> None:
+        """``member``'s rows given back as its own state (copies, evaluated now); the
+        other members stay stacked as they are, so the next frame forms nothing."""
+        row = next(b for b, m in enumerate(self.members) if m is member)
+        self.members.pop(row)
+        setattr(member, self.slot, None)
+        for b, state in enumerate(self.members):
+            setattr(state, self.slot + "_row", b)
+        mx.eval(self._remove(member, row))
+
     def _form(self, states: list[Any]) -> None:
         raise NotImplementedError
 
@@ -84,6 +94,10 @@ class HeldBatch:
         raise NotImplementedError
 
     def _own(self, member: Any) -> list[mx.array]:
+        raise NotImplementedError
+
+    def _remove(self, member: Any, row: int) -> list[mx.array]:
+        """Give ``member`` (row ``row``) its rows back, keep the others; the arrays made."""
         raise NotImplementedError
 
 

@@ -37,7 +37,7 @@ from ..models.context import ContextWindow
 from ..models.duplex import LanguageRows, LanguageState
 from ..models.kv_arena import release as release_caches
 from ..models.model import Model
-from ..models.rows import own_row, stack_rows, take_rows
+from ..models.rows import drop_row, own_row, stack_rows, take_rows
 from .profile import NO_CLOCK, FrameClock
 from .rng import RandomStream
 from .warm_start import WarmStart
@@ -152,6 +152,26 @@ class Timeline:
                           [self.tts_caches[index]], [self.rngs[index]],
                           [own_row(a, index, copy)
                            for a in (self.prev_text, self.prev_function, self.prev_codes)])
+
+    def remove(self, index: int) -> "Timeline":
+        """Row ``index`` as a one-row timeline of its own (copies, its rings out of their
+        arenas); the other rows stay stacked as they are."""
+        language = self.language[0]
+        if isinstance(language, LanguageRows):
+            row = language.remove(index)
+            if len(language.rows) == 1:
+                self.language = [language.extract(0)]
+        else:
+            row = self.language.pop(index)
+        caches, rng = self.tts_caches.pop(index), self.rngs.pop(index)
+        rng.key = rng.key  # its own key from now on, not its row of the others'
+        release_caches([*caches, *(row.cache or [])], keep=True)
+        own = self._with([self.positions.pop(index)], [row], [caches], [rng],
+                         [own_row(a, index) for a in (self.prev_text, self.prev_function,
+                                                      self.prev_codes)])
+        self.prev_text, self.prev_function, self.prev_codes = (
+            drop_row(a, index) for a in (self.prev_text, self.prev_function, self.prev_codes))
+        return own
 
     # --- state ------------------------------------------------------------------
 
