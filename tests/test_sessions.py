@@ -166,9 +166,11 @@ def test_a_steady_pool_step_keeps_the_codec_stack_and_a_change_hands_each_row_it
     assert [pool.sessions[k].core.compute.nbytes for k in joins] == [
         alone[k].core.compute.nbytes for k in joins]
     solo = alone["a"].core.compute._codec  # a conversation alone: its own state, in place
-    step("ac", 5)  # b pauses: every row goes back to its conversation
-    assert pool.batch.codec is not held and alone["a"].core.compute._codec is solo
+    step("ac", 5)  # b pauses: its row goes back to it, the others stay stacked
+    assert pool.batch.codec is held and alone["a"].core.compute._codec is solo
+    assert held.size == 2 and pool.sessions["b"].core.compute._codec is not None
     for k in joins:
+        pool.extract(k)  # a read of one session's state: its rows out as its own
         assert _same_codec_state(pool.sessions[k].core.compute.codec,
                                  alone[k].core.compute.codec), k
 
@@ -200,7 +202,7 @@ def test_a_held_batch_is_the_only_copy_of_its_members_mamba2_states(voicechat):
     assert isinstance(pool.batch.timeline.language[0], LanguageRows)
     assert all(a is None for k in "ab" for a in own_mamba(k))
     chunk = slice(4 * FRAME, 5 * FRAME)
-    pool.step({"a": audio["a"][chunk]})  # b pauses: the batch gives every row back
+    pool.step({"a": audio["a"][chunk]})  # b pauses: its rows go back; a is alone, its own
     alone["a"].push_audio(audio["a"][chunk])
     for k in "ab":
         mine = own_mamba(k)
@@ -242,7 +244,7 @@ def test_a_paused_session_keeps_none_of_the_batch_it_left_alive(voicechat):
         pool.open(k, ConversationOptions(seed=i))
     run(pool, keys, range(6))
     together = active() - before
-    run(pool, keys[1:], range(6, 12))  # a pauses: the batch forms again without it
+    run(pool, keys[1:], range(6, 12))  # a pauses: its rows leave, the others stay stacked
     paused = active() - before
     assert together > 0 and paused <= together * 1.05, (together, paused)
 

@@ -194,20 +194,26 @@ class LanguageRows(LanguageState):
     back (:meth:`extract`) when it changes."""
 
     def __init__(self, rows: Sequence[LanguageState]):
-        self.rows = list(rows)
+        """``rows``: one-row states, or stacked ones whose rows are appended in order."""
+        self.rows = [r for s in rows for r in (s.rows if isinstance(s, LanguageRows) else [s])]
         stacked: list[Any] = []  # every row is ready: its cache exists
-        for layer in zip(*(s.cache for s in self.rows)):
-            stacked.append(list(layer) if not isinstance(layer[0], ArraysCache) else
-                           ArraysCache.from_state(
-                               [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
+        for layer in zip(*(s.cache for s in rows)):
+            stacked.append([c for entry in layer for c in (
+                entry if isinstance(entry, list) else [entry])]
+                if not isinstance(layer[0], ArraysCache) else ArraysCache.from_state(
+                    [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
         super().__init__(stacked)
         # A row's share of the stacked states (their shapes do not change while stacked).
         self._mamba_bytes = sum(a.nbytes for c in stacked if isinstance(c, ArraysCache)
                                 for a in c.cache) // len(self.rows)
-        for row in self.rows:  # held here: a row keeps no second copy (extract writes it back)
-            for own in row.cache:
+        for row in rows:  # held here: a row keeps no second copy (extract writes it back)
+            for own in row.cache if not isinstance(row, LanguageRows) else ():
                 if isinstance(own, ArraysCache):
                     own.cache = [None] * len(own.cache)
+
+    def split(self) -> list[LanguageState]:
+        """Every row's own state, its Mamba2 rows slices of the stack (stacked again)."""
+        return [self.extract(b, copy=False) for b in range(len(self.rows))]
 
     def extract(self, index: int, copy: bool = True) -> LanguageState:
         """Row ``index``'s own state, its Mamba2 rows written back into its caches

@@ -101,6 +101,13 @@ class RowGroups:
         row, state = self.where(index)
         return state.extract(row, copy)
 
+    def extend(self, rows: Sequence[Any]) -> None:
+        """``rows`` (one-row states) appended after the others, grouped by key (groups
+        whose keys meet stack at the next :meth:`regroup`)."""
+        size = self.size
+        self.groups += [([size + b for b in members], state)
+                        for members, state in RowGroups.merge(rows, self.kind).groups]
+
     def remove(self, index: int) -> Any:
         """Row ``index``'s own state (a copy); the others stay stacked, renumbered."""
         row, state = self.where(index)
@@ -109,7 +116,7 @@ class RowGroups:
         for members, group in self.groups:
             rest = [b for b in members if b != index]
             if len(rest) < len(members) and rest:
-                group = self.kind.merge([group.extract(members.index(b), copy=len(rest) == 1)
+                group = self.kind.merge([group.extract(members.index(b), len(rest) == 1)
                                          for b in rest])
             if rest:
                 groups.append(([b - (b > index) for b in rest], group))

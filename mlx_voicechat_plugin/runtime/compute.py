@@ -32,7 +32,6 @@ import numpy as np
 from ..models.cache_state import split_state
 from ..models.codec_stream import CodecRows, CodecState
 from ..models.context import ContextWindow
-from ..models.kv_arena import release as release_caches
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
@@ -194,31 +193,18 @@ class TimelineBatch(HeldBatch):
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
 
-    def _form(self, states: list[ConversationState]) -> None:
+    def _extend(self, states: list[ConversationState]) -> None:
         codecs = [s._codec for s in states]
         if any(c is None for c in codecs):
             raise ValueError("a released conversation cannot step")
-        self.timeline = Timeline.merge([s._timeline for s in states])
-        self.codec = CodecRows.merge(codecs)  # type: ignore[arg-type]
+        timelines = [s._timeline for s in states]
+        if self.timeline is None or self.codec is None:
+            self.timeline, self.codec = Timeline.merge(timelines), CodecRows.merge(codecs)
+        else:
+            self.timeline = Timeline.merge([self.timeline, *timelines])
+            self.codec.extend(codecs)
         for state in states:  # its codec state is the batch's row now
             state._codec = None
-
-    def _give_back(self, members: list[ConversationState], stays: list[bool]) -> None:
-        timeline, codec = self.timeline, self.codec
-        self.timeline, self.codec = None, None
-        assert timeline is not None and codec is not None
-        for row, (state, stay) in enumerate(zip(members, stays)):
-            state._timeline = timeline.extract(row, copy=not stay)
-            state._codec = codec.extract(row, copy=not stay)
-
-    def _own(self, state: ConversationState) -> list[mx.array]:
-        """A conversation that left: its rings leave their arenas (as copies) too."""
-        if state.released:
-            return []
-        own, codec = state._timeline, state._codec
-        assert codec is not None
-        release_caches([*own.tts_caches[0], *(own.language[0].cache or [])], keep=True)
-        return [*own.state, *codec.state]
 
     def _remove(self, state: ConversationState, row: int) -> list[mx.array]:
         timeline, codec = self.timeline, self.codec
@@ -273,17 +259,17 @@ def advance_batch(
     (perception, RNNT) runs in one batch; the speaking half only for the
     conversations. Each row's outputs equal :func:`advance` on it alone (the
     language model's attention-free runs and heads take all rows at once; every
-    row keeps its own caches). ``advance`` is this with one row. ``batch``: where
-    the conversations' merged timeline and codec streams are kept between frames
-    (a pool's); without one, a batch of this frame's (its rows go back when one is
-    read alone). ``listening``: where every row's listening state is kept between
-    frames (a pool's); without one, a batch of this frame's, whose rows go back
-    after it.
+    row keeps its own caches). ``advance`` is this with one row. ``batch`` and
+    ``listening``: where the conversations' timelines and codec streams and every
+    row's listening state are kept between frames (a pool's: ``states`` lists the
+    members that stay first, in their order); without them, this frame's, whose
+    rows go back after it.
     """
     held = HearingBatch() if listening is None else listening
     hearing = Hearing(held.join(states), frames, clock)
     talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
     talkers = [states[b] for b in talking]
+    own = batch is None
     batch = TimelineBatch() if batch is None else batch
     timeline = codec_rows = None
     if talkers:
@@ -331,8 +317,10 @@ def advance_batch(
     for b, step, (heard, samples) in zip(talking, steps, outputs):
         results[b] = FrameOutput(step.text_id, step.function_id, step.function_forced,
                                  heard, samples, symbols[b])
-    if listening is None:  # this frame's batch: its rows go back (a row alone moves no data)
-        held.dissolve()
+    if listening is None:  # this frame's batches: their rows go back (one row moves no data)
+        held.clear()
+    if own:
+        batch.clear()
     return results
 
 

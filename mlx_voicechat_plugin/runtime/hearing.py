@@ -74,24 +74,25 @@ class HearingBatch(HeldBatch):
         self.decoded: list[int] = []  # the members whose RNNT runs: the carry's rows
         self.carry: RNNTCarry | None = None  # formed at the first frame (its dtype)
 
-    def _form(self, states: list[ListeningRow]) -> None:
+    def _extend(self, states: list[ListeningRow]) -> None:
         sources = [s._perception for s in states]
         cached = all(isinstance(s, PerceptionStream) and s.use_cache for s in sources)
-        self.perception = PerceptionRows.merge(sources) if cached else None
-        self.decoded = [b for b, s in enumerate(states) if s.rnnt.enabled]
-
-    def _give_back(self, members: list[ListeningRow], stays: list[bool]) -> None:
-        perception, carry = self.perception, self.carry
-        self.perception, self.carry = None, None
-        if perception is not None:
-            perception.split(stays)
-        if carry is not None:
-            for j, b in enumerate(self.decoded):
-                members[b].rnnt.carry = carry.extract(j, copy=not stays[b])
-
-    def _own(self, state: ListeningRow) -> list[mx.array]:
-        source = state._perception
-        return [] if source is None else [*source.state, *state.rnnt.state]
+        if not self.members:
+            self.perception = PerceptionRows.merge(sources) if cached else None
+        elif cached and self.perception is not None:
+            self.perception.extend(sources)
+        elif self.perception is not None:  # a source that pushes alone: every row does
+            self.perception.split()
+            self.perception = None
+        size = len(self.members)
+        joining = [size + b for b, s in enumerate(states) if s.rnnt.enabled]
+        if self.carry is not None and joining:
+            dtype = self.carry.arrays[0].dtype
+            rnnt = [states[b - size].rnnt for b in joining]
+            self.carry = RNNTCarry.merge([self.carry, *(r.begin(dtype) for r in rnnt)])
+            for r in rnnt:
+                r.carry = None  # held here
+        self.decoded += joining
 
     def _remove(self, state: ListeningRow, row: int) -> list[mx.array]:
         perception, carry = self.perception, self.carry

@@ -273,7 +273,9 @@ class StreamPool:
                 self._fail(result, session_id, exc)
             else:
                 ready.append(session_id)
-        if ready:
+        if ready:  # the batches' members that step first, in their order; then the others
+            order = {id(m): b for b, m in enumerate(self.listening.members)}
+            ready.sort(key=lambda k: order.get(id(self.sessions[k].core.compute), len(order)))
             outcomes = step_cores([self.sessions[k].core for k in ready],
                                   [frames[k] for k in ready], self.batch,
                                   self.listening)

@@ -136,26 +136,22 @@ class Timeline:
 
     def _stack_language(self) -> None:
         """Rows whose language states are all ready step as one stacked state from now on
-        (from a merged timeline's first position on)."""
-        if len(self.language) > 1 and all(map(self.model.stt_model.ready, self.language)):
-            self.language = [LanguageRows(self.language)]
-
-    def extract(self, index: int, copy: bool = True) -> "Timeline":
-        """Row ``index`` as a one-row timeline (a one-row timeline: itself); its stacked
-        arrays copies of their own (``copy=False``: slices, for a row stacked again)."""
-        if self.batch_size == 1:
-            return self
+        (a joiner's rows appended to the stack); while one is not (a fresh
+        conversation's first position runs alone), every row steps on its own."""
         language = self.language
-        row = (language[0].extract(index, copy) if isinstance(language[0], LanguageRows)
-               else language[index])
-        return self._with([self.positions[index]], [row],
-                          [self.tts_caches[index]], [self.rngs[index]],
-                          [own_row(a, index, copy)
-                           for a in (self.prev_text, self.prev_function, self.prev_codes)])
+        if len(language) < 2:
+            return
+        if all(map(self.model.stt_model.ready, language)):
+            self.language = [LanguageRows(language)]
+        elif any(isinstance(s, LanguageRows) for s in language):
+            self.language = [r for s in language for r in (
+                s.split() if isinstance(s, LanguageRows) else [s])]
 
     def remove(self, index: int) -> "Timeline":
         """Row ``index`` as a one-row timeline of its own (copies, its rings out of their
-        arenas); the other rows stay stacked as they are."""
+        arenas); the other rows stay stacked as they are. A one-row timeline: itself."""
+        if self.batch_size == 1:
+            return self
         language = self.language[0]
         if isinstance(language, LanguageRows):
             row = language.remove(index)
