@@ -129,7 +129,7 @@ def test_rows_leaving_and_joining_go_on_exactly_as_alone(voicechat, moves):
         for n in range(pushed[key]):
             alone += solo.push_audio(audio[key][n * FRAME : (n + 1) * FRAME])
         assert _plain(events[key]) == _plain(alone), key
-        assert _arrays_equal(pool.get(key).core.compute.state, solo.core.compute.state), key
+        assert _arrays_equal(pool.extract(key).core.compute.state, solo.core.compute.state), key
         solo.cancel()
     pool.close_all()
 
@@ -160,6 +160,6 @@ def test_rows_that_started_apart_batch_apart_until_their_windows_fill_then_as_on
         for n in range(len(groups) - skip):
             solo.push_audio(audio[key][n * FRAME : (n + 1) * FRAME])
         assert pool.get(key).transcript == solo.transcript and solo.transcript, key
-        assert _arrays_equal(pool.get(key).core.compute.state, solo.core.compute.state), key
+        assert _arrays_equal(pool.extract(key).core.compute.state, solo.core.compute.state), key
         solo.cancel()
     pool.close_all()

@@ -37,7 +37,7 @@ from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from ..models.rows import take_rows
 from .hearing import Hearing, HearingBatch, ListeningRow
-from .held import HeldBatch, HeldPart
+from .held import HeldBatch
 from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep
 from .warm_start import WarmStart
@@ -98,25 +98,23 @@ class ConversationState(ListeningRow):
     conversation of the same model (the prompt cache restores a prefilled
     one). Host books (the transcript's text, the mel frontend's sample tail)
     stay with their streams. ``nbytes`` sizes the state, ``release`` drops it.
+    While a batch holds its rows, ``timeline`` and ``codec`` are ``None`` and
+    ``state`` raises: ``StreamPool.extract`` gives the rows back first.
     """
 
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
                  *, start: WarmStart, seed: int, use_language_cache: bool,
                  context: tuple[ContextWindow, ContextWindow] | None = None):
-        self._perception = perception
+        self.perception: PerceptionSource | None = perception  # None: a batch's rows
         self.batch: TimelineBatch | None = None  # the batch holding its rows, if one does
         self.batch_row = 0  # its row there
-        self._timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
+        self.timeline: Timeline | None = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
                                   context=context)
         self.rnnt = rnnt
-        self._codec: CodecState | None = model.tts_model.audio_codec.make_state()
-
-    timeline = HeldPart("batch", "Its own one-row timeline (a batch holding its row gives "
-                        "every row back first).")
-    codec = HeldPart("batch", "Its own one-row codec state (a batch holding its row gives "
-                     "every row back first); ``None`` once released.")
+        self.codec: CodecState | None = model.tts_model.audio_codec.make_state()
 
     def _parts(self) -> tuple[Any, ...]:
+        self.check_own()
         return (self.perception, self.timeline, self.rnnt, self.codec)
 
     @property
@@ -132,6 +130,7 @@ class ConversationState(ListeningRow):
     @property
     def meta_state(self) -> tuple:
         """Each part's array count, then the timeline's and the codec's meta states."""
+        self.check_own()
         codec = self.codec
         assert codec is not None, "the state was released"
         return (tuple(len(part.state) for part in self._parts()),
@@ -154,8 +153,8 @@ class ConversationState(ListeningRow):
         if self.released:
             return 0
         if self.batch is None:
-            assert self._codec is not None
-            held = self._timeline.nbytes + sum(a.nbytes for a in self._codec.state)
+            assert self.timeline is not None and self.codec is not None
+            held = self.timeline.nbytes + sum(a.nbytes for a in self.codec.state)
         else:
             held = self.batch.row_nbytes(self.batch_row)
         return self.listening_nbytes() + held
@@ -164,14 +163,16 @@ class ConversationState(ListeningRow):
     def released(self) -> bool:
         """Whether :meth:`release` dropped the state (a batch's member holds its codec
         state in the batch's rows, not its own)."""
-        return self._codec is None and self.batch is None
+        return self.codec is None and self.batch is None
 
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
+        self.leave_batches()
         self.perception = WholeSignal(mx.zeros((1, 0, 1)), mx.zeros((1, 0, 1)))
+        assert self.timeline is not None
         self.timeline.release()
         self.rnnt.release()
-        self._codec = None
+        self.codec = None
 
 
 class TimelineBatch(HeldBatch):
@@ -181,11 +182,9 @@ class TimelineBatch(HeldBatch):
     While the same conversations step in the same order (a pool's steady
     state), their frames run on one merged :class:`Timeline` and one stacked
     :class:`~..models.codec_stream.CodecRows`, and no row is taken back out.
-    The batch forms again only when its membership does (:meth:`join` with
-    other conversations), or after one member's timeline or codec state is read
-    on its own (its ``timeline`` or ``codec``: a snapshot, a prefill, the
-    audio's flush, a release). A member's ``nbytes`` is read from its rows
-    without taking them out. One conversation is a batch of one.
+    A member that leaves (:meth:`remove`: it pauses, or its state is read alone)
+    takes its rows back; one that joins is appended. A member's ``nbytes`` is
+    read from its rows without taking them out. One conversation is a batch of one.
     """
 
     def __init__(self) -> None:
@@ -194,27 +193,27 @@ class TimelineBatch(HeldBatch):
         self.codec: CodecRows | None = None
 
     def _extend(self, states: list[ConversationState]) -> None:
-        codecs = [s._codec for s in states]
+        codecs = [s.codec for s in states]
         if any(c is None for c in codecs):
             raise ValueError("a released conversation cannot step")
-        timelines = [s._timeline for s in states]
+        timelines = [s.timeline for s in states]
         if self.timeline is None or self.codec is None:
             self.timeline, self.codec = Timeline.merge(timelines), CodecRows.merge(codecs)
         else:
             self.timeline = Timeline.merge([self.timeline, *timelines])
             self.codec.extend(codecs)
-        for state in states:  # its codec state is the batch's row now
-            state._codec = None
+        for state in states:  # its state is the batch's rows now; it keeps its books
+            state.timeline = state.codec = None
 
     def _remove(self, state: ConversationState, row: int) -> list[mx.array]:
         timeline, codec = self.timeline, self.codec
         assert timeline is not None and codec is not None
         if not self.members:
             self.timeline = self.codec = None
-            state._timeline, state._codec = timeline, codec.extract(0)
-            return [*timeline.state, *state._codec.state]
-        state._timeline, state._codec = timeline.remove(row), codec.remove(row)
-        return [*state._timeline.state, *state._codec.state, *timeline.state, *codec.state]
+            state.timeline, state.codec = timeline, codec.extract(0)
+            return []
+        state.timeline, state.codec = timeline.remove(row), codec.remove(row)
+        return [*state.timeline.state, *state.codec.state, *timeline.state, *codec.state]
 
     def row_nbytes(self, row: int) -> int:
         """The bytes of a member's timeline and codec state, read from its rows."""

@@ -1,18 +1,16 @@
-"""What a batch holds for its members between frames: :class:`HeldBatch` and :class:`HeldPart`.
+"""What a batch holds for its members between frames: :class:`HeldBatch`.
 
 A pool keeps the state of the rows that step together stacked between
 frames, one batch per half of the frame (:class:`~.compute.TimelineBatch`,
 the timelines and codec streams; :class:`~.hearing.HearingBatch`, the
-listening state). While the same members step in the same order a frame
-stacks and slices nothing. When the members change (:meth:`HeldBatch.join`
-with others: a session joins, leaves, pauses or is starved) the batch gives
-its rows back and forms again from the members that step: a member that
-stays gets slices of the old stack, stacked again at once (one copy of its
-state); one that left gets copies of its own, made then, so it keeps none of
-the batch's buffers alive while it does not step. A member's state read on
-its own (:class:`HeldPart`: a snapshot, a prefill, a release) gives every row
-back, as copies. One row is a batch of one through the same code (its rows
-move no data).
+listening state); while a member steps its state exists only as rows there.
+While the same members step in the same order a frame stacks and slices
+nothing. When the members change (:meth:`HeldBatch.join`) a member that left
+takes its rows back as copies (:meth:`HeldBatch.remove`: mlx-lm's
+``extract`` and ``filter``), one that joins is appended (``extend``), and
+those that stay are not moved. Reading one member's state alone is that
+member's :meth:`~HeldBatch.remove` (``StreamPool.extract``). One row is a
+batch of one through the same code (its rows move no data).
 """
 
 from __future__ import annotations
@@ -89,29 +87,3 @@ class HeldBatch:
     def _remove(self, member: Any, row: int) -> list[mx.array]:
         """Give ``member`` (row ``row``) its rows back, keep the others; the arrays made."""
         raise NotImplementedError
-
-
-class HeldPart:
-    """A member's own part of its state (``_<name>``) that a batch may hold as a row
-    (the batch named by ``batch``): reading or replacing it gives every row of that
-    batch back first, so what is read is the member's own, current state."""
-
-    def __init__(self, batch: str, doc: str = ""):
-        self.batch, self.__doc__ = batch, doc
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.own = "_" + name
-
-    def __get__(self, member: Any, owner: type | None = None) -> Any:
-        if member is None:
-            return self
-        held = getattr(member, self.batch)
-        if held is not None:
-            held.remove(member)
-        return getattr(member, self.own)
-
-    def __set__(self, member: Any, value: Any) -> None:
-        held = getattr(member, self.batch)
-        if held is not None:
-            held.remove(member)
-        setattr(member, self.own, value)
