@@ -21,12 +21,10 @@ KEYS = "abcd"
 
 
 @pytest.fixture(scope="module")
-def voicechat(tmp_path_factory):
+def voicechat(small_ckpt):
     from mlx_voicechat_plugin import load
-    from mlx_voicechat_plugin.testing.fixtures import make_checkpoint
 
-    path = make_checkpoint(tmp_path_factory.mktemp("medium"), size="medium")
-    model, processor = load(path)
+    model, processor = load(small_ckpt)
     return model.create_session(processor)
 
 
