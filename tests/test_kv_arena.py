@@ -99,11 +99,26 @@ def test_released_sessions_free_the_arena():
     k, v = mx.random.normal((2, 3, KV_HEADS, 1, DIM))
     cores(q, k, v, rings, 1, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
     arena = rings[0].arena
-    kv_arena.release(rings[:2])
-    assert arena.keys is not None  # one session still adopted
-    kv_arena.release(rings[2:])
+    before = [mx.array(r.keys) for r in rings]
+    kv_arena.release(rings[:1])
+    assert arena.sessions == 2 and [r.arena for r in rings[1:]] == [arena, arena]
+    assert all(mx.array_equal(r.keys, b) for r, b in zip(rings[1:], before[1:]))  # renumbered
+    kv_arena.release(rings[1:2])  # the last one takes its rows back as its own
+    assert rings[2].arena is None and mx.array_equal(rings[2].keys, before[2])
     assert arena.keys is None and arena.values is None
-    assert all(r.keys is None for r in rings)
+    assert rings[0].keys is None and rings[1].keys is None  # released: dropped
+
+
+def test_a_session_that_leaves_with_its_rows_keeps_a_copy_and_the_others_stay_stacked():
+    rings = [_pair(8, 0, 8, 2, seed)[1] for seed in range(3)]
+    q = mx.random.normal((6, HEADS, 1, DIM))
+    k, v = mx.random.normal((2, 6, KV_HEADS, 1, DIM))
+    AttentionCores()(q, k, v, rings, 2, DIM**-0.5, alone=lambda: pytest.fail("not batched"))
+    arena, before = rings[0].arena, [(mx.array(r.keys), mx.array(r.values)) for r in rings]
+    kv_arena.release(rings[1:2], keep=True)
+    assert rings[1].arena is None and arena.caches == [rings[0], rings[2]]
+    for ring, (keys, values) in zip(rings, before):
+        assert mx.array_equal(ring.keys, keys) and mx.array_equal(ring.values, values)
 
 
 def test_one_session_or_unequal_rings_step_alone():

@@ -162,13 +162,15 @@ def test_a_steady_pool_step_keeps_the_codec_stack_and_a_change_hands_each_row_it
         assert step("abc", frame) == []
         assert pool.batch.codec is held and held.groups[0][1] is stacked
     # No member keeps a copy of its own meanwhile; its bytes are read from its row.
-    assert all(pool.sessions[k].core.compute._codec is None for k in joins)
+    assert all(pool.sessions[k].core.compute.codec is None for k in joins)
     assert [pool.sessions[k].core.compute.nbytes for k in joins] == [
         alone[k].core.compute.nbytes for k in joins]
-    solo = alone["a"].core.compute._codec  # a conversation alone: its own state, in place
-    step("ac", 5)  # b pauses: every row goes back to its conversation
-    assert pool.batch.codec is not held and alone["a"].core.compute._codec is solo
+    solo = alone["a"].core.compute.codec  # a conversation alone: its own state, in place
+    step("ac", 5)  # b pauses: its row goes back to it, the others stay stacked
+    assert pool.batch.codec is held and alone["a"].core.compute.codec is solo
+    assert held.size == 2 and pool.sessions["b"].core.compute.codec is not None
     for k in joins:
+        pool.extract(k)  # a read of one session's state: its rows out as its own
         assert _same_codec_state(pool.sessions[k].core.compute.codec,
                                  alone[k].core.compute.codec), k
 
@@ -188,7 +190,7 @@ def test_a_held_batch_is_the_only_copy_of_its_members_mamba2_states(voicechat):
         pool.open(k, ConversationOptions(seed=i))
 
     def own_mamba(k: str) -> list:
-        timeline = pool.sessions[k].core.compute._timeline  # its own object, not read through
+        timeline = pool.extract(k).core.compute.timeline  # its rows out as its own
         return [a for c in timeline.language[0].cache if isinstance(c, ArraysCache)
                 for a in c.cache]
 
@@ -197,10 +199,13 @@ def test_a_held_batch_is_the_only_copy_of_its_members_mamba2_states(voicechat):
         assert not pool.step({k: audio[k][chunk] for k in "ab"}).errors
         for k in "ab":
             alone[k].push_audio(audio[k][chunk])
-    assert isinstance(pool.batch.timeline.language[0], LanguageRows)
-    assert all(a is None for k in "ab" for a in own_mamba(k))
+    stacked = pool.batch.timeline.language[0]
+    assert isinstance(stacked, LanguageRows)
+    assert all(pool.sessions[k].core.compute.timeline is None for k in "ab")  # books only
+    assert all(a is None for row in stacked.rows for c in row.cache
+               if isinstance(c, ArraysCache) for a in c.cache)
     chunk = slice(4 * FRAME, 5 * FRAME)
-    pool.step({"a": audio["a"][chunk]})  # b pauses: the batch gives every row back
+    pool.step({"a": audio["a"][chunk]})  # b pauses: its rows go back; a is alone, its own
     alone["a"].push_audio(audio["a"][chunk])
     for k in "ab":
         mine = own_mamba(k)
@@ -242,7 +247,7 @@ def test_a_paused_session_keeps_none_of_the_batch_it_left_alive(voicechat):
         pool.open(k, ConversationOptions(seed=i))
     run(pool, keys, range(6))
     together = active() - before
-    run(pool, keys[1:], range(6, 12))  # a pauses: the batch forms again without it
+    run(pool, keys[1:], range(6, 12))  # a pauses: its rows leave, the others stay stacked
     paused = active() - before
     assert together > 0 and paused <= together * 1.05, (together, paused)
 

@@ -78,7 +78,7 @@ def test_merged_rows_step_as_each_row_alone_and_extract_back(model, start):
         merged = Timeline.merge(rows)
         audio = mx.concatenate([_audio(model, 10 * b + position) for b in range(len(rows))])
         steps = merged.step(audio)
-        rows = [merged.extract(b) for b in range(len(rows))]
+        rows = [merged.remove(0) for _ in range(len(rows))]
         for b, (step, twin) in enumerate(zip(steps, alone)):
             (want,) = twin.step(_audio(model, 10 * b + position))
             assert (step.index, step.text_id, step.function_id) == \
@@ -91,7 +91,7 @@ def test_merged_rows_step_as_each_row_alone_and_extract_back(model, start):
 
 def test_one_row_merges_and_extracts_as_itself(model, start):
     timeline = Timeline(model, start)
-    assert Timeline.merge([timeline]) is timeline and timeline.extract(0) is timeline
+    assert Timeline.merge([timeline]) is timeline and timeline.remove(0) is timeline
 
 
 def test_a_random_stream_from_its_state_draws_the_same_keys():

@@ -27,7 +27,7 @@ from .cache_state import (
 from .context import ContextWindow, ring
 from .kv_arena import AttentionCores, release
 from .perception import Perception
-from .rows import own_row, stack_rows
+from .rows import drop_row, own_row, stack_rows
 from .segments import SegmentedStep
 
 
@@ -194,20 +194,26 @@ class LanguageRows(LanguageState):
     back (:meth:`extract`) when it changes."""
 
     def __init__(self, rows: Sequence[LanguageState]):
-        self.rows = list(rows)
+        """``rows``: one-row states, or stacked ones whose rows are appended in order."""
+        self.rows = [r for s in rows for r in (s.rows if isinstance(s, LanguageRows) else [s])]
         stacked: list[Any] = []  # every row is ready: its cache exists
-        for layer in zip(*(s.cache for s in self.rows)):
-            stacked.append(list(layer) if not isinstance(layer[0], ArraysCache) else
-                           ArraysCache.from_state(
-                               [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
+        for layer in zip(*(s.cache for s in rows)):
+            stacked.append([c for entry in layer for c in (
+                entry if isinstance(entry, list) else [entry])]
+                if not isinstance(layer[0], ArraysCache) else ArraysCache.from_state(
+                    [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
         super().__init__(stacked)
         # A row's share of the stacked states (their shapes do not change while stacked).
         self._mamba_bytes = sum(a.nbytes for c in stacked if isinstance(c, ArraysCache)
                                 for a in c.cache) // len(self.rows)
-        for row in self.rows:  # held here: a row keeps no second copy (extract writes it back)
-            for own in row.cache:
+        for row in rows:  # held here: a row keeps no second copy (extract writes it back)
+            for own in row.cache if not isinstance(row, LanguageRows) else ():
                 if isinstance(own, ArraysCache):
                     own.cache = [None] * len(own.cache)
+
+    def split(self) -> list[LanguageState]:
+        """Every row's own state, its Mamba2 rows slices of the stack (stacked again)."""
+        return [self.extract(b, copy=False) for b in range(len(self.rows))]
 
     def extract(self, index: int, copy: bool = True) -> LanguageState:
         """Row ``index``'s own state, its Mamba2 rows written back into its caches
@@ -216,6 +222,24 @@ class LanguageRows(LanguageState):
         for own, cache in zip(row.cache, self.cache):
             if isinstance(cache, ArraysCache):
                 own.cache = [own_row(a, index, copy) for a in cache.cache]
+        return row
+
+    @property
+    def state(self) -> list[mx.array]:
+        """The stacked Mamba2 states and every row's KV caches (to evaluate them)."""
+        return [a for c in self.cache for a in (cache_state(c) if isinstance(c, list)
+                                                 else c.state)]
+
+    def remove(self, index: int) -> LanguageState:
+        """Row ``index``'s own state (its Mamba2 rows copied back into its caches); the
+        others stay stacked."""
+        row = self.extract(index)
+        self.rows.pop(index)
+        for layer in self.cache:
+            if isinstance(layer, ArraysCache):
+                layer.cache = [drop_row(a, index) for a in layer.cache]
+            else:
+                layer.pop(index)
         return row
 
     def row_nbytes(self, index: int) -> int:

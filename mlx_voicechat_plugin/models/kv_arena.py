@@ -4,9 +4,7 @@ A session's attention layer keeps its keys and values in a ring of ``M``
 positions (:class:`RingCache`: the bounded context's ring, or a sliding
 layer's own window), allocated :attr:`RingCache.growth` positions at a time as
 it fills (mlx-lm's ``step``), so a short conversation holds what it wrote, not
-the whole ring (at the released size a default ring is 0.77 GiB, allocated at
-the first frame when it was allocated whole). When
-``S`` sessions step together, each layer would write ``S`` rings and run ``S``
+the whole ring. When ``S`` sessions step together, each layer would write ``S`` rings and run ``S``
 attention cores: two cache writes and a core per row, launches that grow with
 the batch. A :class:`KVArena` holds the ``S`` rings of one layer stacked in
 one ``[G * S, H, M, D]`` array (row ``j * S + s``: row ``j`` of session ``s``,
@@ -33,10 +31,8 @@ longer masked row: ``MLX_VOICECHAT_PER_ROW_ATTENTION=1`` (or
 the arena's single write but runs each row's core on its own ring, the exact
 path (``conformance/README.md``).
 
-An arena belongs to the rows it holds, not to the model: the caches that an
-arena adopted name it (:attr:`RingCache.arena`), and :class:`AttentionCores`,
-the model's part, keeps nothing between calls. Two batches stepping on one
-model each keep their own arenas.
+An arena belongs to the rows it holds, not to the model (:attr:`RingCache.arena`);
+:class:`AttentionCores`, the model's part, keeps nothing between calls.
 
 A cache adopted by an arena holds no arrays of its own: reading ``keys`` or
 ``state`` gives views of its rows; anything that writes through the cache
@@ -189,12 +185,14 @@ class RingCache(RotatingKVCache):
 
 
 def release(caches: Sequence[Any], keep: bool = False) -> None:
-    """A session's caches leave the arenas that hold their rows: dropped (it is being
-    released), or with ``keep`` taken back as copies (it stops stepping with the others,
-    who keep their arena)."""
+    """A session's caches leave their arenas: dropped, or with ``keep`` taken back as
+    copies; the others stay stacked without its slot (:meth:`KVArena.filter`)."""
     for cache in caches:
         if isinstance(cache, RingCache):
+            arena = cache.arena
             cache.detach(keep=keep)
+            if arena is not None:
+                arena.filter()
 
 
 class KVArena:
@@ -254,6 +252,23 @@ class KVArena:
         if all(c is None for c in self.caches):
             self.keys = self.values = None
         return rows
+
+    def filter(self) -> None:
+        """Keep the slots still adopted, renumbered (mlx-lm's ``filter``: a copy); a last
+        one takes its rows back."""
+        keep = [s for s, c in enumerate(self.caches) if c is not None]
+        if len(keep) == 1:
+            self.caches[keep[0]].detach()  # type: ignore[union-attr]
+        if len(keep) in (1, len(self.caches)) or self.keys is None:
+            return
+        shape = (self.group, self.sessions, *self.keys.shape[1:])
+        self.keys, self.values = (mx.take(a.reshape(shape), mx.array(keep), axis=1).reshape(
+            -1, *shape[2:]) for a in (self.keys, self.values))
+        self._offset = [self._offset[s] for s in keep]
+        self._idx = [self._idx[s] for s in keep]
+        self.caches = [self.caches[s] for s in keep]
+        for slot, cache in enumerate(self.caches):
+            cache._slot = slot  # type: ignore[union-attr]
 
     def dissolve(self, staying: Sequence[Any] = ()) -> None:
         """Every session still adopted takes its rows back: views for the caches in

@@ -136,6 +136,21 @@ class PerceptionRows:
         """The bytes of row ``row``'s state."""
         return self.encoders.row_nbytes(row)
 
+    def extend(self, streams: list[PerceptionStream]) -> None:
+        """``streams``' rows appended after the others'."""
+        self.streams += streams
+        self.encoders.extend([s.cache for s in streams])
+        self.mels.extend([s.mel for s in streams])
+        for stream in streams:
+            stream.cache = None  # type: ignore[assignment]  # the row is held here
+
+    def remove(self, index: int) -> PerceptionStream:
+        """Stream ``index`` with its row back as its own (a copy); the others stay stacked."""
+        stream = self.streams.pop(index)
+        stream.cache = self.encoders.remove(index)
+        self.mels.remove(index)  # writes its tail and counters back
+        return stream
+
     def split(self, stays: list[bool] | None = None) -> list[PerceptionStream]:
         """Every stream with its row back as its own cache: a copy, or (``stays[b]``) a
         slice for a row stacked again at once."""

@@ -44,6 +44,11 @@ def own_row(array: mx.array, index: int, copy: bool = True) -> mx.array:
     return row if row is array or not copy else mx.contiguous(row)
 
 
+def drop_row(array: mx.array, index: int) -> mx.array:
+    """``[B, ...]`` ``array`` without row ``index``, in a buffer of its own (a copy)."""
+    return mx.take(array, mx.array([b for b in range(array.shape[0]) if b != index]), axis=0)
+
+
 def take_rows(array: mx.array, indices: Sequence[int]) -> mx.array:
     """Rows ``indices`` (ascending) of ``[B, ...]`` ``array``; all of them as it is."""
     if len(indices) == array.shape[0]:
@@ -95,6 +100,28 @@ class RowGroups:
         """Row ``index``'s own one-row state (a group of one: its state itself)."""
         row, state = self.where(index)
         return state.extract(row, copy)
+
+    def extend(self, rows: Sequence[Any]) -> None:
+        """``rows`` (one-row states) appended after the others, grouped by key (groups
+        whose keys meet stack at the next :meth:`regroup`)."""
+        size = self.size
+        self.groups += [([size + b for b in members], state)
+                        for members, state in RowGroups.merge(rows, self.kind).groups]
+
+    def remove(self, index: int) -> Any:
+        """Row ``index``'s own state (a copy); the others stay stacked, renumbered."""
+        row, state = self.where(index)
+        own = state.extract(row)
+        groups = []
+        for members, group in self.groups:
+            rest = [b for b in members if b != index]
+            if len(rest) < len(members) and rest:
+                group = self.kind.merge([group.extract(members.index(b), len(rest) == 1)
+                                         for b in rest])
+            if rest:
+                groups.append(([b - (b > index) for b in rest], group))
+        self.groups = groups
+        return own
 
     def split(self, stays: Sequence[bool] | None = None) -> list[Any]:
         """Every row's own state, in order: a copy, or (``stays[b]``) slices for a row

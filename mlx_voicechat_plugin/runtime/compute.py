@@ -32,13 +32,12 @@ import numpy as np
 from ..models.cache_state import split_state
 from ..models.codec_stream import CodecRows, CodecState
 from ..models.context import ContextWindow
-from ..models.kv_arena import release as release_caches
 from ..models.model import Model
 from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from ..models.rows import take_rows
 from .hearing import Hearing, HearingBatch, ListeningRow
-from .held import HeldBatch, HeldPart
+from .held import HeldBatch
 from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep
 from .warm_start import WarmStart
@@ -99,25 +98,23 @@ class ConversationState(ListeningRow):
     conversation of the same model (the prompt cache restores a prefilled
     one). Host books (the transcript's text, the mel frontend's sample tail)
     stay with their streams. ``nbytes`` sizes the state, ``release`` drops it.
+    While a batch holds its rows, ``timeline`` and ``codec`` are ``None`` and
+    ``state`` raises: ``StreamPool.extract`` gives the rows back first.
     """
 
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
                  *, start: WarmStart, seed: int, use_language_cache: bool,
                  context: tuple[ContextWindow, ContextWindow] | None = None):
-        self._perception = perception
+        self.perception: PerceptionSource | None = perception  # None: a batch's rows
         self.batch: TimelineBatch | None = None  # the batch holding its rows, if one does
         self.batch_row = 0  # its row there
-        self._timeline = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
+        self.timeline: Timeline | None = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
                                   context=context)
         self.rnnt = rnnt
-        self._codec: CodecState | None = model.tts_model.audio_codec.make_state()
-
-    timeline = HeldPart("batch", "Its own one-row timeline (a batch holding its row gives "
-                        "every row back first).")
-    codec = HeldPart("batch", "Its own one-row codec state (a batch holding its row gives "
-                     "every row back first); ``None`` once released.")
+        self.codec: CodecState | None = model.tts_model.audio_codec.make_state()
 
     def _parts(self) -> tuple[Any, ...]:
+        self.check_own()
         return (self.perception, self.timeline, self.rnnt, self.codec)
 
     @property
@@ -133,6 +130,7 @@ class ConversationState(ListeningRow):
     @property
     def meta_state(self) -> tuple:
         """Each part's array count, then the timeline's and the codec's meta states."""
+        self.check_own()
         codec = self.codec
         assert codec is not None, "the state was released"
         return (tuple(len(part.state) for part in self._parts()),
@@ -155,8 +153,8 @@ class ConversationState(ListeningRow):
         if self.released:
             return 0
         if self.batch is None:
-            assert self._codec is not None
-            held = self._timeline.nbytes + sum(a.nbytes for a in self._codec.state)
+            assert self.timeline is not None and self.codec is not None
+            held = self.timeline.nbytes + sum(a.nbytes for a in self.codec.state)
         else:
             held = self.batch.row_nbytes(self.batch_row)
         return self.listening_nbytes() + held
@@ -165,14 +163,16 @@ class ConversationState(ListeningRow):
     def released(self) -> bool:
         """Whether :meth:`release` dropped the state (a batch's member holds its codec
         state in the batch's rows, not its own)."""
-        return self._codec is None and self.batch is None
+        return self.codec is None and self.batch is None
 
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
+        self.leave_batches()
         self.perception = WholeSignal(mx.zeros((1, 0, 1)), mx.zeros((1, 0, 1)))
+        assert self.timeline is not None
         self.timeline.release()
         self.rnnt.release()
-        self._codec = None
+        self.codec = None
 
 
 class TimelineBatch(HeldBatch):
@@ -182,11 +182,9 @@ class TimelineBatch(HeldBatch):
     While the same conversations step in the same order (a pool's steady
     state), their frames run on one merged :class:`Timeline` and one stacked
     :class:`~..models.codec_stream.CodecRows`, and no row is taken back out.
-    The batch forms again only when its membership does (:meth:`join` with
-    other conversations), or after one member's timeline or codec state is read
-    on its own (its ``timeline`` or ``codec``: a snapshot, a prefill, the
-    audio's flush, a release). A member's ``nbytes`` is read from its rows
-    without taking them out. One conversation is a batch of one.
+    A member that leaves (:meth:`remove`: it pauses, or its state is read alone)
+    takes its rows back; one that joins is appended. A member's ``nbytes`` is
+    read from its rows without taking them out. One conversation is a batch of one.
     """
 
     def __init__(self) -> None:
@@ -194,31 +192,28 @@ class TimelineBatch(HeldBatch):
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
 
-    def _form(self, states: list[ConversationState]) -> None:
-        codecs = [s._codec for s in states]
+    def _extend(self, states: list[ConversationState]) -> None:
+        codecs = [s.codec for s in states]
         if any(c is None for c in codecs):
             raise ValueError("a released conversation cannot step")
-        self.timeline = Timeline.merge([s._timeline for s in states])
-        self.codec = CodecRows.merge(codecs)  # type: ignore[arg-type]
-        for state in states:  # its codec state is the batch's row now
-            state._codec = None
+        timelines = [s.timeline for s in states]
+        if self.timeline is None or self.codec is None:
+            self.timeline, self.codec = Timeline.merge(timelines), CodecRows.merge(codecs)
+        else:
+            self.timeline = Timeline.merge([self.timeline, *timelines])
+            self.codec.extend(codecs)
+        for state in states:  # its state is the batch's rows now; it keeps its books
+            state.timeline = state.codec = None
 
-    def _give_back(self, members: list[ConversationState], stays: list[bool]) -> None:
+    def _remove(self, state: ConversationState, row: int) -> list[mx.array]:
         timeline, codec = self.timeline, self.codec
-        self.timeline, self.codec = None, None
         assert timeline is not None and codec is not None
-        for row, (state, stay) in enumerate(zip(members, stays)):
-            state._timeline = timeline.extract(row, copy=not stay)
-            state._codec = codec.extract(row, copy=not stay)
-
-    def _own(self, state: ConversationState) -> list[mx.array]:
-        """A conversation that left: its rings leave their arenas (as copies) too."""
-        if state.released:
+        if not self.members:
+            self.timeline = self.codec = None
+            state.timeline, state.codec = timeline, codec.extract(0)
             return []
-        own, codec = state._timeline, state._codec
-        assert codec is not None
-        release_caches([*own.tts_caches[0], *(own.language[0].cache or [])], keep=True)
-        return [*own.state, *codec.state]
+        state.timeline, state.codec = timeline.remove(row), codec.remove(row)
+        return [*state.timeline.state, *state.codec.state, *timeline.state, *codec.state]
 
     def row_nbytes(self, row: int) -> int:
         """The bytes of a member's timeline and codec state, read from its rows."""
@@ -263,17 +258,17 @@ def advance_batch(
     (perception, RNNT) runs in one batch; the speaking half only for the
     conversations. Each row's outputs equal :func:`advance` on it alone (the
     language model's attention-free runs and heads take all rows at once; every
-    row keeps its own caches). ``advance`` is this with one row. ``batch``: where
-    the conversations' merged timeline and codec streams are kept between frames
-    (a pool's); without one, a batch of this frame's (its rows go back when one is
-    read alone). ``listening``: where every row's listening state is kept between
-    frames (a pool's); without one, a batch of this frame's, whose rows go back
-    after it.
+    row keeps its own caches). ``advance`` is this with one row. ``batch`` and
+    ``listening``: where the conversations' timelines and codec streams and every
+    row's listening state are kept between frames (a pool's: ``states`` lists the
+    members that stay first, in their order); without them, this frame's, whose
+    rows go back after it.
     """
     held = HearingBatch() if listening is None else listening
     hearing = Hearing(held.join(states), frames, clock)
     talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
     talkers = [states[b] for b in talking]
+    own = batch is None
     batch = TimelineBatch() if batch is None else batch
     timeline = codec_rows = None
     if talkers:
@@ -321,8 +316,10 @@ def advance_batch(
     for b, step, (heard, samples) in zip(talking, steps, outputs):
         results[b] = FrameOutput(step.text_id, step.function_id, step.function_forced,
                                  heard, samples, symbols[b])
-    if listening is None:  # this frame's batch: its rows go back (a row alone moves no data)
-        held.dissolve()
+    if listening is None:  # this frame's batches: their rows go back (one row moves no data)
+        held.clear()
+    if own:
+        batch.clear()
     return results
 
 

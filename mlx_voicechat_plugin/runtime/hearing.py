@@ -17,8 +17,8 @@ import mlx.core as mx
 
 from ..models.perception_stream import PerceptionRows, PerceptionStream
 from ..models.rnnt import RNNTCarry, RNNTFrame, RNNTState
-from ..models.rows import stack_rows, take_rows
-from .held import HeldBatch, HeldPart
+from ..models.rows import drop_row, stack_rows, take_rows
+from .held import HeldBatch
 from .profile import FrameClock
 
 
@@ -26,27 +26,35 @@ class ListeningRow:
     """A row of the listening half: a ``perception`` source and an ``rnnt`` state (a
     :class:`ConversationState`, or a transcript-only stream's state).
 
-    While the row steps in a :class:`HearingBatch` its carried arrays (the
-    encoder cache, the RNNT carry) are rows of the batch's stacked state: reading
-    its ``perception`` gives every row of that batch back first; ``rnnt`` stays
-    the row's own (its transcript is host books), its ``carry`` the batch's
-    until then.
+    While the row steps in a :class:`HearingBatch` its carried arrays are rows of
+    the batch (its ``perception`` is ``None``, its ``rnnt`` keeps the books);
+    ``StreamPool.extract`` gives them back before one session's state is read.
     """
 
     hearing: "HearingBatch | None" = None  # the batch holding its listening state, if one does
     hearing_row = 0  # its row there
-    _perception: Any = None
+    batch: Any = None  # the batch holding its timeline, if one does (conversations)
+    perception: Any = None
     rnnt: RNNTState
 
-    perception = HeldPart("hearing", "Its own perception source (a batch holding its row "
-                          "gives every row back first).")
+    def check_own(self) -> None:
+        """Its state is its own, not rows of a batch (which ``StreamPool.extract`` gives back)."""
+        if self.hearing is not None or self.batch is not None:
+            raise RuntimeError("this session's state is rows of a pool's batch: read it "
+                               "after StreamPool.extract(session_id)")
+
+    def leave_batches(self) -> None:
+        """Take its rows out of the batches holding them (copies of its rows only)."""
+        for held in (self.hearing, self.batch):
+            if held is not None:
+                held.remove(self)
 
     def listening_nbytes(self) -> int:
         """The bytes of its perception state and RNNT carry (a held row's read from its
         batch without taking it out)."""
         if self.hearing is not None:
             return self.hearing.row_nbytes(self.hearing_row)
-        source = self._perception
+        source = self.perception
         perception = 0 if source is None else (
             getattr(source, "nbytes", None) or sum(a.nbytes for a in source.state))
         return perception + self.rnnt.nbytes
@@ -59,10 +67,9 @@ class HearingBatch(HeldBatch):
     While the same rows step in the same order (a pool's steady state), their
     encoder caches and mel tails stay stacked (one ``PerceptionRows``) and
     their RNNT carries one ``RNNTCarry``: a frame stacks and slices nothing.
-    The batch forms again only when its membership does (:meth:`join` with
-    other rows), or after one member's state is read on its own (its
-    ``perception``: a snapshot, a release). A member's bytes are read from its
-    row without taking it out. One row is a batch of one through the same code.
+    A member that leaves (:meth:`remove`) takes its rows back; one that joins
+    is appended. A member's bytes are read from its row without taking it out.
+    One row is a batch of one through the same code.
     """
 
     slot = "hearing"
@@ -74,24 +81,44 @@ class HearingBatch(HeldBatch):
         self.decoded: list[int] = []  # the members whose RNNT runs: the carry's rows
         self.carry: RNNTCarry | None = None  # formed at the first frame (its dtype)
 
-    def _form(self, states: list[ListeningRow]) -> None:
-        sources = [s._perception for s in states]
+    def _extend(self, states: list[ListeningRow]) -> None:
+        sources = [s.perception for s in states]
         cached = all(isinstance(s, PerceptionStream) and s.use_cache for s in sources)
-        self.perception = PerceptionRows.merge(sources) if cached else None
-        self.decoded = [b for b, s in enumerate(states) if s.rnnt.enabled]
+        if not self.members:
+            self.perception = PerceptionRows.merge(sources) if cached else None
+        elif cached and self.perception is not None:
+            self.perception.extend(sources)
+        elif self.perception is not None:  # a source that pushes alone: every row does
+            for member, stream in zip(self.members, self.perception.split()):
+                member.perception = stream
+            self.perception = None
+        if self.perception is not None:  # the rows are the batch's now
+            for state in states:
+                state.perception = None
+        size = len(self.members)
+        joining = [size + b for b, s in enumerate(states) if s.rnnt.enabled]
+        if self.carry is not None and joining:
+            dtype = self.carry.arrays[0].dtype
+            rnnt = [states[b - size].rnnt for b in joining]
+            self.carry = RNNTCarry.merge([self.carry, *(r.begin(dtype) for r in rnnt)])
+            for r in rnnt:
+                r.carry = None  # held here
+        self.decoded += joining
 
-    def _give_back(self, members: list[ListeningRow], stays: list[bool]) -> None:
+    def _remove(self, state: ListeningRow, row: int) -> list[mx.array]:
         perception, carry = self.perception, self.carry
-        self.perception, self.carry = None, None
         if perception is not None:
-            perception.split(stays)
-        if carry is not None:
-            for j, b in enumerate(self.decoded):
-                members[b].rnnt.carry = carry.extract(j, copy=not stays[b])
-
-    def _own(self, state: ListeningRow) -> list[mx.array]:
-        source = state._perception
-        return [] if source is None else [*source.state, *state.rnnt.state]
+            state.perception = perception.remove(row)
+            self.perception = perception if self.members else None
+        if carry is not None and row in self.decoded:
+            j = self.decoded.index(row)
+            state.rnnt.carry = carry.extract(j)
+            self.carry = (RNNTCarry([drop_row(a, j) for a in carry.arrays])
+                          if carry.batch_size > 1 else None)
+        self.decoded = [b - (b > row) for b in self.decoded if b != row]
+        return [*state.perception.state, *state.rnnt.state,
+                *(self.perception.state if self.perception is not None else []),
+                *(self.carry.state if self.carry is not None else [])]
 
     def rnnt_carry(self, dtype: mx.Dtype) -> RNNTCarry:
         """The decoded rows' stacked carry (their own carries taken in at the first frame)."""
@@ -106,7 +133,7 @@ class HearingBatch(HeldBatch):
         """The bytes of a member's listening state, read from its row."""
         state = self.members[row]
         perception = (self.perception.row_nbytes(row) if self.perception is not None
-                      else sum(a.nbytes for a in state._perception.state))
+                      else sum(a.nbytes for a in state.perception.state))
         if self.carry is not None and row in self.decoded:
             return perception + self.carry.nbytes // len(self.decoded)
         return perception + state.rnnt.nbytes
@@ -128,7 +155,7 @@ class Hearing:
             self.projected, self.encoded = batch.perception.push(frames, clock)
             self.arrays = [self.projected, self.encoded, *batch.perception.state]
         else:  # each source on its own: a whole signal's slice, a stream without the cache
-            sources = [s._perception for s in batch.members]
+            sources = [s.perception for s in batch.members]
             pairs = [source.push(frame) for source, frame in zip(sources, frames)]
             self.projected = stack_rows([p for p, _ in pairs])
             self.encoded = stack_rows([e for _, e in pairs])

@@ -1,18 +1,16 @@
-"""What a batch holds for its members between frames: :class:`HeldBatch` and :class:`HeldPart`.
+"""What a batch holds for its members between frames: :class:`HeldBatch`.
 
 A pool keeps the state of the rows that step together stacked between
 frames, one batch per half of the frame (:class:`~.compute.TimelineBatch`,
 the timelines and codec streams; :class:`~.hearing.HearingBatch`, the
-listening state). While the same members step in the same order a frame
-stacks and slices nothing. When the members change (:meth:`HeldBatch.join`
-with others: a session joins, leaves, pauses or is starved) the batch gives
-its rows back and forms again from the members that step: a member that
-stays gets slices of the old stack, stacked again at once (one copy of its
-state); one that left gets copies of its own, made then, so it keeps none of
-the batch's buffers alive while it does not step. A member's state read on
-its own (:class:`HeldPart`: a snapshot, a prefill, a release) gives every row
-back, as copies. One row is a batch of one through the same code (its rows
-move no data).
+listening state); while a member steps its state exists only as rows there.
+While the same members step in the same order a frame stacks and slices
+nothing. When the members change (:meth:`HeldBatch.join`) a member that left
+takes its rows back as copies (:meth:`HeldBatch.remove`: mlx-lm's
+``extract`` and ``filter``), one that joins is appended (``extend``), and
+those that stay are not moved. Reading one member's state alone is that
+member's :meth:`~HeldBatch.remove` (``StreamPool.extract``). One row is a
+batch of one through the same code (its rows move no data).
 """
 
 from __future__ import annotations
@@ -26,17 +24,16 @@ class HeldBatch:
     """The states of the members that step together, kept stacked between frames.
 
     A subclass names the members' attribute that points at the batch holding
-    them (:attr:`slot`; the member's row there is ``<slot>_row``), forms
-    the stacked state (:meth:`_form`), gives the rows back (:meth:`_give_back`,
-    slices to members that stay, copies to the others) and lists the arrays of
-    a member that left (:meth:`_own`: evaluated then, so they are its own).
+    them (:attr:`slot`; the member's row there is ``<slot>_row``), appends
+    members' rows (:meth:`_extend`, mlx-lm's ``extend``) and gives one member's
+    rows back as copies, keeping the others (:meth:`_remove`: ``extract`` and
+    ``filter``).
     """
 
     slot = "batch"
 
     def __init__(self) -> None:
         self.members: list[Any] = []
-        self.returned: list[Any] = []  # given back since it last formed
 
     def holds(self, states: Sequence[Any]) -> bool:
         """Its members are ``states``, in order."""
@@ -44,70 +41,49 @@ class HeldBatch:
             a is b for a, b in zip(states, self.members))
 
     def join(self, states: list[Any]) -> "HeldBatch":
-        """This batch holding ``states``' rows, in order. Unless they are its members it
-        forms again: those that left make their copies now; the rows of those that
-        stay, here or in another batch, are stacked again from slices."""
+        """This batch holding ``states``' rows, in order: members not among them leave
+        (:meth:`remove`), the others are appended; members that stay keep their rows
+        where they are. ``states`` lists those that stay first, in the batch's order
+        (otherwise every member leaves and all join again)."""
         if self.holds(states):
             return self
-        left = [m for m in self.members or self.returned if all(m is not s for s in states)]
-        self.dissolve(states)
-        for state in states:  # rows another batch holds go back to their owners
+        for member in [m for m in self.members if all(m is not s for s in states)]:
+            self.remove(member)
+        if not all(a is b for a, b in zip(self.members, states)):
+            self.clear()
+        joiners = states[len(self.members):]
+        for state in joiners:  # rows another batch holds go back to their owner first
             other = getattr(state, self.slot)
             if other is not None:
-                other.dissolve(states)
-        arrays = [a for s in left if getattr(s, self.slot) is None for a in self._own(s)]
-        if arrays:
-            mx.eval(arrays)
-        self.returned = []
-        self._form(states)
+                other.remove(state)
+        self._extend(joiners)
         self.members = list(states)
         for row, state in enumerate(states):
             setattr(state, self.slot, self)
             setattr(state, self.slot + "_row", row)
         return self
 
-    def dissolve(self, staying: Sequence[Any] = ()) -> None:
-        """Every member takes its rows back as its own state: slices of the stack for
-        those in ``staying`` (stacked again at once), copies for the others."""
-        members = self.members
-        self.members = []
-        self.returned = members or self.returned
-        for state in members:
-            setattr(state, self.slot, None)
-        if members:
-            self._give_back(members, [any(m is s for s in staying) for m in members])
+    def remove(self, member: Any) -> None:
+        """``member``'s rows given back as its own state (copies, evaluated now); the
+        other members stay stacked as they are, so the next frame forms nothing."""
+        row = next(b for b, m in enumerate(self.members) if m is member)
+        self.members.pop(row)
+        setattr(member, self.slot, None)
+        for b, state in enumerate(self.members):
+            setattr(state, self.slot + "_row", b)
+        arrays = self._remove(member, row)
+        if self.members:  # a last member's rows are its own already
+            mx.eval(arrays)
 
-    def _form(self, states: list[Any]) -> None:
+    def clear(self) -> None:
+        """Every member takes its rows back."""
+        for member in list(self.members):
+            self.remove(member)
+
+    def _extend(self, states: list[Any]) -> None:
+        """Append ``states``' rows after the members'."""
         raise NotImplementedError
 
-    def _give_back(self, members: list[Any], stays: list[bool]) -> None:
+    def _remove(self, member: Any, row: int) -> list[mx.array]:
+        """Give ``member`` (row ``row``) its rows back, keep the others; the arrays made."""
         raise NotImplementedError
-
-    def _own(self, member: Any) -> list[mx.array]:
-        raise NotImplementedError
-
-
-class HeldPart:
-    """A member's own part of its state (``_<name>``) that a batch may hold as a row
-    (the batch named by ``batch``): reading or replacing it gives every row of that
-    batch back first, so what is read is the member's own, current state."""
-
-    def __init__(self, batch: str, doc: str = ""):
-        self.batch, self.__doc__ = batch, doc
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.own = "_" + name
-
-    def __get__(self, member: Any, owner: type | None = None) -> Any:
-        if member is None:
-            return self
-        held = getattr(member, self.batch)
-        if held is not None:
-            held.dissolve()
-        return getattr(member, self.own)
-
-    def __set__(self, member: Any, value: Any) -> None:
-        held = getattr(member, self.batch)
-        if held is not None:
-            held.dissolve()
-        setattr(member, self.own, value)

@@ -240,6 +240,7 @@ class StreamPool:
         stream = self.sessions.pop(session_id, None)
         self.reserved.pop(session_id, None)
         if stream is not None and not stream.closed:
+            self._extract(stream)
             stream.cancel()
         self._measure()
 
@@ -272,7 +273,9 @@ class StreamPool:
                 self._fail(result, session_id, exc)
             else:
                 ready.append(session_id)
-        if ready:
+        if ready:  # the batches' members that step first, in their order; then the others
+            order = {id(m): b for b, m in enumerate(self.listening.members)}
+            ready.sort(key=lambda k: order.get(id(self.sessions[k].core.compute), len(order)))
             outcomes = step_cores([self.sessions[k].core for k in ready],
                                   [frames[k] for k in ready], self.batch,
                                   self.listening)
@@ -286,6 +289,20 @@ class StreamPool:
         self._stale = True  # sized when read (state_bytes), not after every step
         return result
 
+    def extract(self, session_id: str) -> StreamingShell:
+        """The session with its state out of the pool's batches as its own (copies of its
+        rows only; the others stay stacked): what reading its state alone needs (a
+        snapshot, ``state``, ``nbytes`` of its own arrays). It joins again at its next step."""
+        stream = self.get(session_id)
+        self._extract(stream)
+        return stream
+
+    def _extract(self, stream: StreamingShell) -> None:
+        state = stream.core.compute
+        for batch in (self.listening, self.batch):
+            if any(m is state for m in batch.members):
+                batch.remove(state)
+
     @staticmethod
     def _fail(result: StepResult, session_id: str, exc: BaseException) -> None:
         result.events.pop(session_id, None)
@@ -295,12 +312,12 @@ class StreamPool:
               partial: np.ndarray | None = None) -> list[Event]:
         """End the session's input; ``partial``: the PCM short of a frame its caller held."""
         try:
-            return self.get(session_id).flush(pad_partial, partial)
+            return self.extract(session_id).flush(pad_partial, partial)
         finally:
             self._measure()
 
     def cancel(self, session_id: str) -> list[Event]:
         try:
-            return self.get(session_id).cancel()
+            return self.extract(session_id).cancel()
         finally:
             self._measure()

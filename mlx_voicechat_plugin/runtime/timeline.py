@@ -37,7 +37,7 @@ from ..models.context import ContextWindow
 from ..models.duplex import LanguageRows, LanguageState
 from ..models.kv_arena import release as release_caches
 from ..models.model import Model
-from ..models.rows import own_row, stack_rows, take_rows
+from ..models.rows import drop_row, own_row, stack_rows, take_rows
 from .profile import NO_CLOCK, FrameClock
 from .rng import RandomStream
 from .warm_start import WarmStart
@@ -136,22 +136,38 @@ class Timeline:
 
     def _stack_language(self) -> None:
         """Rows whose language states are all ready step as one stacked state from now on
-        (from a merged timeline's first position on)."""
-        if len(self.language) > 1 and all(map(self.model.stt_model.ready, self.language)):
-            self.language = [LanguageRows(self.language)]
+        (a joiner's rows appended to the stack); while one is not (a fresh
+        conversation's first position runs alone), every row steps on its own."""
+        language = self.language
+        if len(language) < 2:
+            return
+        if all(map(self.model.stt_model.ready, language)):
+            self.language = [LanguageRows(language)]
+        elif any(isinstance(s, LanguageRows) for s in language):
+            self.language = [r for s in language for r in (
+                s.split() if isinstance(s, LanguageRows) else [s])]
 
-    def extract(self, index: int, copy: bool = True) -> "Timeline":
-        """Row ``index`` as a one-row timeline (a one-row timeline: itself); its stacked
-        arrays copies of their own (``copy=False``: slices, for a row stacked again)."""
+    def remove(self, index: int) -> "Timeline":
+        """Row ``index`` as a one-row timeline of its own (copies, its rings out of their
+        arenas); the other rows stay stacked as they are. A one-row timeline: itself."""
         if self.batch_size == 1:
             return self
-        language = self.language
-        row = (language[0].extract(index, copy) if isinstance(language[0], LanguageRows)
-               else language[index])
-        return self._with([self.positions[index]], [row],
-                          [self.tts_caches[index]], [self.rngs[index]],
-                          [own_row(a, index, copy)
-                           for a in (self.prev_text, self.prev_function, self.prev_codes)])
+        language = self.language[0]
+        if isinstance(language, LanguageRows):
+            row = language.remove(index)
+            if len(language.rows) == 1:
+                self.language = [language.extract(0)]
+        else:
+            row = self.language.pop(index)
+        caches, rng = self.tts_caches.pop(index), self.rngs.pop(index)
+        rng.key = rng.key  # its own key from now on, not its row of the others'
+        release_caches([*caches, *(row.cache or [])], keep=True)
+        own = self._with([self.positions.pop(index)], [row], [caches], [rng],
+                         [own_row(a, index) for a in (self.prev_text, self.prev_function,
+                                                      self.prev_codes)])
+        self.prev_text, self.prev_function, self.prev_codes = (
+            drop_row(a, index) for a in (self.prev_text, self.prev_function, self.prev_codes))
+        return own
 
     # --- state ------------------------------------------------------------------
 

@@ -172,12 +172,13 @@ class ListeningState(ListeningRow):
     (the rows of the listening half, as in a :class:`~.compute.ConversationState`)."""
 
     def __init__(self, perception: PerceptionStream, rnnt: RNNTState):
-        self._perception: PerceptionStream | None = perception
+        self.perception: PerceptionStream | None = perception
         self.rnnt = rnnt
 
     @property
     def state(self) -> list[mx.array]:
-        perception = self.perception  # its own rows first
+        self.check_own()
+        perception = self.perception
         return [] if perception is None else [*perception.state, *self.rnnt.state]
 
     @property
@@ -186,6 +187,7 @@ class ListeningState(ListeningRow):
 
     def release(self) -> None:
         """Drop every array reference (the transcript stays readable)."""
+        self.leave_batches()
         self.perception = None
         self.rnnt.release()
 
