@@ -5,7 +5,8 @@ dialect's greeting, then client messages until the dialect ends the
 conversation (:class:`~.messages.Finished`), a deadline of the session
 (close for :attr:`~.messages.Ending.VIOLATION`), a client that stops reading
 its events (:attr:`~.messages.Ending.NOT_READING`) or the client leaving.
-Each message is size-checked here, parsed and acted on by the dialect, and
+Each message is size-checked here, parsed (a long one in a worker thread, so
+no client's message holds the loop) and acted on by the dialect, and
 answered after the audio queued before it (:meth:`~.session.Session.settle`).
 While one is handled the next is read ahead (not over a transport whose
 receive joins queued audio: WebRTC's), so a client that leaves frees its
@@ -44,6 +45,10 @@ from .session import Session
 from .wire import ErrorCode, ProtocolError
 
 logger = logging.getLogger(__name__)
+
+# A message longer than this is parsed off the event loop (its JSON may be a
+# million values): the other sessions' events go on meanwhile.
+PARSE_ON_LOOP_BYTES = 64 * 1024
 
 
 class Transport(Protocol):
@@ -324,8 +329,12 @@ class Connection:
         """One message: checked, parsed by the dialect, answered after the audio before it."""
         session = self.session
         try:
-            message = self.dialect.audio_in(raw) if isinstance(raw, AudioIn) \
-                else self.dialect.parse(self.checked(raw))
+            if isinstance(raw, AudioIn):
+                message = self.dialect.audio_in(raw)
+            elif len(self.checked(raw)) > PARSE_ON_LOOP_BYTES:
+                message = await asyncio.to_thread(self.dialect.parse, raw)
+            else:
+                message = self.dialect.parse(raw)
         except ProtocolError:
             await session.settle()
             raise

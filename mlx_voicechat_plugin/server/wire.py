@@ -77,19 +77,17 @@ def new_session_id() -> str:
 
 
 def json_depth(value: Any) -> int:
-    """Nesting depth of parsed JSON (a scalar is 0), without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item \
-            if isinstance(item, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        if deepest > MAX_JSON_DEPTH:
-            return deepest
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
+    """Nesting depth of parsed JSON (a scalar is 0), a level at a time, without recursion."""
+    level, depth = [value], 0
+    while True:
+        level = [item for item in level if isinstance(item, (dict, list))]
+        if not level or depth > MAX_JSON_DEPTH:
+            return depth
+        depth += 1
+        children: list[Any] = []
+        for item in level:
+            children.extend(item.values() if isinstance(item, dict) else item)
+        level = children
 
 
 def load_object(text: str) -> dict[str, Any]:

@@ -30,6 +30,8 @@ session (session object :mod:`.config`, responses :mod:`.responses`, items
 - ``conversation.item.create`` answers a tool call with a ``function_call_output``;
   other items (a framework replaying its chat history) are acknowledged, not
   injected: the model hears only audio, and its text context is ``instructions``.
+  Items are kept as their JSON bytes within ``--max-item-bytes``; a client's item
+  past it is an ``invalid_request`` error and the session goes on.
 - Audio from a media track (a WebRTC call, :class:`~...messages.AudioIn`) is an
   ``input_audio_buffer.append`` of GA ``audio/pcm`` (:class:`.audio.MediaInput`).
 """
@@ -96,7 +98,7 @@ class GADialect(Dialect):
     def __init__(self, session: Session, model_id: str):
         super().__init__(session, model_id)
         self.config = GAConfig()
-        self.responses = GAResponses(self.config)
+        self.responses = GAResponses(self.config, max_item_bytes=self.limits.max_item_bytes)
         self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
         self.media = MediaInput(MODEL_INPUT_RATE)
         self.requested = self.options_of(self.config)  # the session options it asks for
@@ -360,9 +362,15 @@ class GADialect(Dialect):
             if not self.session.configured:
                 raise ProtocolError(ErrorCode.TOOLS_NOT_SET, "function_call_output needs tools "
                                     "registered in session.update")
-            await self.session.tool_output(self.responses.runtime_call_id(output.call_id),
-                                           output.output)
-            self.emit(self.responses.item_added(tool_output_item(item)))
+            call_id = self.responses.runtime_call_id(output.call_id)
+            echo = tool_output_item(item)
+            events = self.responses.item_added(echo)  # refused past --max-item-bytes
+            try:
+                await self.session.tool_output(call_id, output.output)
+            except BaseException:
+                self.responses.items.pop(echo["id"])
+                raise
+            self.emit(events)
             return
         if not isinstance(item, dict) or item.get("type") not in ("message", "function_call"):
             raise invalid("conversation.item.create supports items of type message, "

@@ -323,7 +323,7 @@ class GAResponses(ResponseBook):
         """``conversation.item.delete``: acknowledged; the item is no longer retrieved."""
         if not isinstance(item_id, str):
             raise invalid("item_id must be a string")
-        self.items.pop(item_id, None)
+        self.items.pop(item_id)
         return {"type": "conversation.item.deleted", "item_id": item_id}
 
     def retrieve(self, item_id: Any) -> dict[str, Any]:
@@ -343,9 +343,10 @@ class GAResponses(ResponseBook):
         return None if self.response is None else self.response.id
 
     def item_added(self, item: dict[str, Any]) -> Out:
-        """A client-created item (a tool result): ``conversation.item.added`` / ``done``."""
+        """A client-created item (a tool result): ``conversation.item.added`` / ``done``
+        (``invalid_request``, nothing changed, past ``max_item_bytes``)."""
         out: Out = []
-        self._add_item(item, out, "conversation.item.added")
-        self._add_item(item, out, "conversation.item.done")
+        self._add_item(item, out, "conversation.item.added", client=True)
+        self._add_item(item, out, "conversation.item.done", client=True)
         return out
 
