@@ -185,6 +185,10 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="bytes of conversation items (as sent) a GA session keeps for "
                              "conversation.item.retrieve; a client's item past them is "
                              "refused with an error (default: %(default)s)")
+    limits.add_argument("--max-minted-bytes", type=int, default=defaults.max_minted_bytes,
+                        help="bytes of sessions (their JSON) the unexpired ephemeral keys "
+                             "hold, all together; a mint past them is refused with 429 "
+                             "(default: %(default)s)")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading'; default: %(default)s)")

@@ -132,6 +132,10 @@ class Connection:
         if messages:
             self.transport.promise(messages)
 
+    def inject(self, message: str) -> None:
+        """``message`` handled first, as if the client had sent it (a minted session)."""
+        self.early.appendleft(message)
+
     def send_error(self, code: str, message: str) -> None:
         logger.info("%s error %s: %s", self.session_id, code, message)
         self.session.send(self.dialect.error(code, message))

@@ -75,6 +75,8 @@ CLIENT_EVENTS = (
     "conversation.item.delete", "conversation.item.retrieve", "response.create",
     "response.cancel", "output_audio_buffer.clear",
 )
+# What an ephemeral key's minted session fixes for its connection (when it sets them).
+PINNED = ("instructions", "tools", "tool_choice")
 # The runtime's option -> the client's field, in error messages.
 FIELDS = {"system_prompt": "session.instructions", "seed": "session.seed",
           "max_streaming_seconds": "session.max_streaming_seconds",
@@ -94,6 +96,7 @@ class GADialect(Dialect):
     name = "openai-realtime-ga"
     paths = (REALTIME_PATH,)
     any_model = True  # GA clients ask for gpt-realtime by default: the served id answers
+    binds_minted = True
 
     def __init__(self, session: Session, model_id: str):
         super().__init__(session, model_id)
@@ -102,6 +105,7 @@ class GADialect(Dialect):
         self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
         self.media = MediaInput(MODEL_INPUT_RATE)
         self.requested = self.options_of(self.config)  # the session options it asks for
+        self.pinned: dict[str, Any] = {}  # field -> value an ephemeral key's session fixed
         self.opened_with: ConversationOptions | None = None  # the options of the open session
         self.event_id: str | None = None  # of the client event being handled
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
@@ -126,6 +130,13 @@ class GADialect(Dialect):
 
     def received_audio(self) -> tuple[int, int]:
         return self.session.samples_received, self.input.format.rate
+
+    def bind(self, session: dict[str, Any]) -> dict[str, Any]:
+        """The minted session opens the connection; its ``instructions``, ``tools`` and
+        ``tool_choice`` (those it sets) stay as the backend that minted the key set them."""
+        minted = merge_session(GAConfig(), session)
+        self.pinned = {name: getattr(minted, name) for name in PINNED if name in session}
+        return {"type": "session.update", "session": session}
 
     def parse(self, message: str | bytes) -> ClientEvent:
         """One client message -> a GA client event; its ``event_id`` is echoed by its error."""
@@ -253,6 +264,10 @@ class GADialect(Dialect):
 
     async def update(self, payload: Any) -> None:
         config = merge_session(self.config, payload)
+        for name, value in self.pinned.items():
+            if getattr(config, name) != value:
+                raise init_failed(f"session.{name} was fixed when this connection's "
+                                  "ephemeral key was minted (client_secrets); it cannot change")
         options = self.options_of(config)
         if self.opened_with != options:
             if self.session.heard_since_open:
