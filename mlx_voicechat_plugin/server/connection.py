@@ -42,13 +42,9 @@ from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending
                        Finished, Hangup, Outgoing)
 from .peers import SessionDialect
 from .session import Session
-from .wire import ErrorCode, ProtocolError
+from .wire import OFF_LOOP_CHARS, ErrorCode, ProtocolError
 
 logger = logging.getLogger(__name__)
-
-# A message longer than this is parsed off the event loop (its JSON may be a
-# million values): the other sessions' events go on meanwhile.
-PARSE_ON_LOOP_BYTES = 64 * 1024
 
 
 class Transport(Protocol):
@@ -335,7 +331,7 @@ class Connection:
         try:
             if isinstance(raw, AudioIn):
                 message = self.dialect.audio_in(raw)
-            elif len(self.checked(raw)) > PARSE_ON_LOOP_BYTES:
+            elif len(self.checked(raw)) > OFF_LOOP_CHARS:
                 message = await asyncio.to_thread(self.dialect.parse, raw)
             else:
                 message = self.dialect.parse(raw)

@@ -27,6 +27,9 @@ MAX_JSON_DEPTH = 32  # nesting of objects and arrays a client message may have
 # Values (objects, arrays, strings, numbers, ...) a client message may hold: a tool
 # schema or a chat history's items hold hundreds; a million empty objects fit in 1 MiB.
 MAX_JSON_VALUES = 20_000
+# A client message longer than this is parsed, and what it makes written out, in a
+# worker thread, off the event loop: the other sessions' events go on meanwhile.
+OFF_LOOP_CHARS = 64 * 1024
 MAX_ERROR_CHARS = 240  # an error message (client values inside it included) is cut to this
 
 
@@ -111,6 +114,8 @@ def load_object(text: str) -> dict[str, Any]:
         raise invalid("message must be valid JSON, nested at most "
                       f"{MAX_JSON_DEPTH} levels") from None
     depth, values = json_shape(message)
+    if depth > MAX_JSON_DEPTH or values > MAX_JSON_VALUES:
+        del message  # freed here (a worker thread's), not where the error is caught
     if depth > MAX_JSON_DEPTH:
         raise invalid(f"message nests deeper than {MAX_JSON_DEPTH} levels")
     if values > MAX_JSON_VALUES:

@@ -52,15 +52,15 @@ from ...engine.pace import FramePace
 from ...messages import AudioIn, AudioMark, Ending, Finished, JsonOut, Outgoing
 from ...session import Session, stream_full
 from ..client_options import session_options, transcription_options
-from ...wire import (ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id,
-                    parse_tool_output)
+from ...wire import (OFF_LOOP_CHARS, ErrorCode, ProtocolError, init_failed, invalid,
+                    load_object, new_id, parse_tool_output)
 from ..base import MODEL_INPUT_RATE, Dialect
 from .audio import FormatError, InputAudio, MediaInput
 from .config import GAConfig, error_event, merge_session, session_event
 from .items import tool_output_item
 from .playback import Playback
 from .responses import GAResponses, outgoing
-from .turns import Out
+from .turns import ItemStore, Out
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class GADialect(Dialect):
         self.pinned: dict[str, Any] = {}  # field -> value an ephemeral key's session fixed
         self.opened_with: ConversationOptions | None = None  # the options of the open session
         self.event_id: str | None = None  # of the client event being handled
+        self.message_chars = 0  # its length
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
         self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
         self.responses.session_pace = session.pace
@@ -141,6 +142,7 @@ class GADialect(Dialect):
     def parse(self, message: str | bytes) -> ClientEvent:
         """One client message -> a GA client event; its ``event_id`` is echoed by its error."""
         self.event_id = None
+        self.message_chars = len(message)
         message = load_object(self.text(message))
         event_id = message.get("event_id")
         self.event_id = event_id if isinstance(event_id, str) else None
@@ -379,7 +381,7 @@ class GADialect(Dialect):
                                     "registered in session.update")
             call_id = self.responses.runtime_call_id(output.call_id)
             echo = tool_output_item(item)
-            events = self.responses.item_added(echo)  # refused past --max-item-bytes
+            events = self.responses.item_added(echo, await self.encoded(echo))
             try:
                 await self.session.tool_output(call_id, output.output)
             except BaseException:
@@ -396,7 +398,14 @@ class GADialect(Dialect):
                                             "arguments") if key in item}
         added = {"id": item["id"] if isinstance(item.get("id"), str) else new_id("item"),
                  "object": "realtime.item", "status": "completed", **known}
-        self.emit(self.responses.item_added(added))
+        self.emit(self.responses.item_added(added, await self.encoded(added)))
+
+    async def encoded(self, item: dict[str, Any]) -> bytes:
+        """``item``'s JSON as kept (a long one made in a worker thread, off the loop);
+        refused past ``--max-item-bytes``."""
+        if self.message_chars > OFF_LOOP_CHARS:
+            return await asyncio.to_thread(ItemStore.encode, item)
+        return ItemStore.encode(item)
 
     async def truncate(self, message: dict[str, Any]) -> None:
         item_id, index, end = (message.get("item_id"), message.get("content_index", 0),

@@ -342,11 +342,13 @@ class GAResponses(ResponseBook):
     def active_response_id(self) -> str | None:
         return None if self.response is None else self.response.id
 
-    def item_added(self, item: dict[str, Any]) -> Out:
+    def item_added(self, item: dict[str, Any], data: bytes | None = None) -> Out:
         """A client-created item (a tool result): ``conversation.item.added`` / ``done``
-        (``invalid_request``, nothing changed, past ``max_item_bytes``)."""
+        (``invalid_request``, nothing changed, past ``max_item_bytes``); ``data``: the
+        item's JSON, when already made."""
         out: Out = []
-        self._add_item(item, out, "conversation.item.added", client=True)
-        self._add_item(item, out, "conversation.item.done", client=True)
+        data = self.items.encode(item) if data is None else data
+        self._add_item(item, out, "conversation.item.added", client=True, data=data)
+        self._add_item(item, out, "conversation.item.done", client=True, data=data)
         return out
 

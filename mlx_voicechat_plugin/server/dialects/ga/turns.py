@@ -48,8 +48,10 @@ class ItemStore:
     def encode(item: dict[str, Any]) -> bytes:
         return json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode()
 
-    def put(self, item: dict[str, Any], client: bool = False) -> None:
-        data = self.encode(item)
+    def put(self, item: dict[str, Any], client: bool = False,
+            data: bytes | None = None) -> None:
+        """Keep ``item`` (``data``: its :meth:`encode`, when already made)."""
+        data = self.encode(item) if data is None else data
         held = self.bytes - len(self.kept.get(item["id"], b""))
         if client and held + len(data) > self.max_bytes:
             raise invalid(f"conversation items would hold {held + len(data)} bytes, past "
@@ -150,8 +152,9 @@ class ResponseBook:
         return "audio" in self.config.output_modalities
 
     def _add_item(self, item: dict[str, Any], out: Out, kind: str,
-                  client: bool = False) -> None:
-        self.items.put(item, client)  # first: a client's item past the budget is refused
+                  client: bool = False, data: bytes | None = None) -> None:
+        # First: a client's item past the budget is refused.
+        self.items.put(item, client, data)
         out.append({"type": kind, "previous_item_id": self.last_item_id, "item": item})
         if kind == "conversation.item.added":
             self.last_item_id = item["id"]
