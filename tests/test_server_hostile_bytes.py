@@ -30,7 +30,7 @@ from server_support import (
     running,
     send,
 )
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import MIB, ServerLimits
@@ -131,6 +131,19 @@ def test_a_message_of_a_million_values_is_refused_and_the_session_goes_on(server
         assert "20000 JSON values" in expect_error(ws, "invalid_request")["error"]["message"]
         send(ws, {"type": "conversation.item.retrieve", "item_id": "item_flood0"})
         expect_error(ws, "item_retrieve_invalid_item_id")
+
+
+def test_the_message_cap_counts_decompressed_bytes(server):
+    """Finding 1: permessage-deflate made 1 MiB of ``{}`` cost ~1 KiB on the wire; the
+    transport's cap (``--max-message-bytes`` + 64 KiB) applies to the message as
+    decompressed: 2 MiB of one letter (~2 KiB on the wire) is closed 1009."""
+    with connect(server.ws(GA), additional_headers=AUTH, compression="deflate") as ws:
+        assert recv(ws)["type"] == "session.created"
+        assert "permessage-deflate" in ws.response.headers.get("Sec-WebSocket-Extensions", "")
+        ws.send('{"type":"x","pad":"' + "x" * (2 * MIB) + '"}')
+        with pytest.raises(ConnectionClosed) as closed:
+            recv(ws)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
 def test_an_item_past_the_budget_is_an_error_and_the_session_keeps_its_items(server):
