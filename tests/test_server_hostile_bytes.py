@@ -302,15 +302,28 @@ def test_a_websocket_opened_with_a_minted_key_starts_with_its_session_and_keeps_
         assert until_type(ws, "session.updated", "error")["type"] == "session.updated"
 
 
-def test_a_key_minted_with_a_session_opens_no_other_dialect(server):
+@pytest.mark.parametrize("path", ["/v1/realtime", "/nvidia/v1/realtime",
+                                  "/openai/v1/live/sessions"])
+def test_a_key_minted_with_a_session_opens_no_other_dialect(server, path):
     """Finding 9: the session would not bind there; the upgrade is a 403 saying where."""
     key = mint(server, session={"type": "realtime", "instructions": "x"}).json()["value"]
     with pytest.raises(InvalidStatus) as refused:
-        with connect(server.ws("/v1/realtime"), additional_headers={
-                "Authorization": f"Bearer {key}"}):
+        with connect(server.ws(path), additional_headers={"Authorization": f"Bearer {key}"}):
             pass
     assert refused.value.response.status_code == 403
     assert b"/openai/v1/realtime" in refused.value.response.body
+
+
+def test_a_key_minted_with_a_session_places_no_live_call(server):
+    """Finding 9: a GPT-Live WebRTC session would start without the key's session: 403."""
+    key = mint(server, session={"type": "realtime", "instructions": "x"}).json()["value"]
+    response = httpx.post(server.http("/openai/v1/live/sessions"), timeout=30,
+                          headers={"Authorization": f"Bearer {key}"},
+                          json={"session": {"model": "gpt-live"},
+                                "transport": {"type": "webrtc", "sdp": "v=0"}})
+    assert response.status_code in (403, 501), response.text
+    if response.status_code == 403:
+        assert "/openai/v1/realtime" in response.json()["error"]["message"]
 
 
 # --- 10: no 500 from any input ---------------------------------------------------------------
