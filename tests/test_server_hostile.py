@@ -101,7 +101,7 @@ def test_errors_quote_at_most_a_short_prefix_of_client_input(ws, monkeypatch):
 
 def test_a_huge_tool_definition_error_is_bounded(ws):
     recv(ws)
-    tool = dict(WEATHER, name="n" * 200_000, **{f"k{i}": 0 for i in range(20_000)})
+    tool = dict(WEATHER, name="n" * 200_000, **{f"k{i}": 0 for i in range(15_000)})
     send(ws, {"type": "session.update", "session": {"tools": [tool]}})
     error = expect_error(ws, "session_initialization_failed")
     assert len(json.dumps(error)) < 1000

@@ -188,6 +188,17 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="seconds of frames whose events a session keeps for a resume "
                              "to replay; a client further behind cannot resume "
                              "(default: %(default)s)")
+    limits.add_argument("--max-replay-bytes", type=int, default=defaults.max_replay_bytes,
+                        help="bytes of events (as sent) a session keeps for a resume to "
+                             "replay; the oldest go first (default: %(default)s)")
+    limits.add_argument("--max-item-bytes", type=int, default=defaults.max_item_bytes,
+                        help="bytes of conversation items (as sent) a GA session keeps for "
+                             "conversation.item.retrieve; a client's item past them is "
+                             "refused with an error (default: %(default)s)")
+    limits.add_argument("--max-minted-bytes", type=int, default=defaults.max_minted_bytes,
+                        help="bytes of sessions (their JSON) the unexpired ephemeral keys "
+                             "hold, all together; a mint past them is refused with 429 "
+                             "(default: %(default)s)")
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading'; default: %(default)s)")

@@ -142,7 +142,7 @@ def create_app(
     app.include_router(unsupported_router(dialects[0].paths[0], prefix))
     for base in (prefix, prefix + OPENAI_BASE):  # one handler, mounted under both
         app.include_router(transcriptions_router(engine, served.names, limits, access, base))
-    keys = app.state.keys = EphemeralKeys()
+    keys = app.state.keys = EphemeralKeys(max_bytes=limits.max_minted_bytes)
     realtime = Realtime(engine, drain, served, limits, access, keys, resumes)
     app.include_router(realtime.router(dialects, prefix))
     calls = app.state.calls = Calls(engine, drain, served.model_id, limits, access, keys,

@@ -5,7 +5,8 @@ dialect's greeting, then client messages until the dialect ends the
 conversation (:class:`~.messages.Finished`), a deadline of the session
 (close for :attr:`~.messages.Ending.VIOLATION`), a client that stops reading
 its events (:attr:`~.messages.Ending.NOT_READING`) or the client leaving.
-Each message is size-checked here, parsed and acted on by the dialect, and
+Each message is size-checked here, parsed (a long one in a worker thread, so
+no client's message holds the loop) and acted on by the dialect, and
 answered after the audio queued before it (:meth:`~.session.Session.settle`).
 While one is handled the next is read ahead (not over a transport whose
 receive joins queued audio: WebRTC's), so a client that leaves frees its
@@ -41,7 +42,7 @@ from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending
                        Finished, Hangup, Outgoing)
 from .peers import SessionDialect
 from .session import Session
-from .wire import ErrorCode, ProtocolError
+from .wire import OFF_LOOP_CHARS, ErrorCode, ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,10 @@ class Connection:
     def replay(self, messages: list[Outgoing]) -> None:
         if messages:
             self.transport.promise(messages)
+
+    def inject(self, message: str) -> None:
+        """``message`` handled first, as if the client had sent it (a minted session)."""
+        self.early.appendleft(message)
 
     def send_error(self, code: str, message: str) -> None:
         logger.info("%s error %s: %s", self.session_id, code, message)
@@ -324,8 +329,12 @@ class Connection:
         """One message: checked, parsed by the dialect, answered after the audio before it."""
         session = self.session
         try:
-            message = self.dialect.audio_in(raw) if isinstance(raw, AudioIn) \
-                else self.dialect.parse(self.checked(raw))
+            if isinstance(raw, AudioIn):
+                message = self.dialect.audio_in(raw)
+            elif len(self.checked(raw)) > OFF_LOOP_CHARS:
+                message = await asyncio.to_thread(self.dialect.parse, raw)
+            else:
+                message = self.dialect.parse(raw)
         except ProtocolError:
             await session.settle()
             raise

@@ -68,6 +68,14 @@ class ServerLimits:
     max_replay_seconds: float = 10.0
     # Detached sessions one API key may hold; past it its oldest ends.
     max_detached_per_key: int = DEFAULT_MAX_DETACHED_PER_KEY
+    # Bytes of events (as sent) a session keeps for a resume's replay; the oldest go.
+    max_replay_bytes: int = 8 * MIB
+    # Bytes of conversation items (as sent) a GA session keeps; a client's item past
+    # them is refused with an error, the server's own push the oldest out.
+    max_item_bytes: int = 4 * MIB
+    # Bytes of minted sessions (their JSON) the unexpired ephemeral keys hold, all
+    # together; a mint past them is refused (429).
+    max_minted_bytes: int = 16 * MIB
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "ServerLimits":
@@ -82,7 +90,8 @@ class ServerLimits:
         for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
                      "max_prompt_tokens", "max_connections", "max_connections_per_client",
                      "max_sessions", "max_transcript_bytes", "max_upload_bytes",
-                     "max_transcriptions_in_flight", "max_detached_per_key"):
+                     "max_transcriptions_in_flight", "max_detached_per_key",
+                     "max_replay_bytes", "max_item_bytes", "max_minted_bytes"):
             check_positive_int(getattr(self, name), name)
         if self.max_state_bytes is not None:
             check_positive_int(self.max_state_bytes, "max_state_bytes")

@@ -5,6 +5,7 @@ The dialects (:mod:`.dialects`) make these; the transports
 connection (:mod:`.connection`) pass them on. None of them is JSON text:
 
 - :class:`JsonOut` is one control event, the dialect's object (a dict);
+  :class:`JsonText` is one already written out (as the replay log keeps it);
 - :class:`AudioOut` is audio for the client with the event that carries it in
   the dialect's own wire (its :attr:`~AudioOut.field` holds the audio there).
   A WebSocket transport writes the audio into that field (base64); a media
@@ -38,6 +39,13 @@ class JsonOut:
     """One control event for the client: the dialect's object, as it goes out."""
 
     payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class JsonText:
+    """One control event already serialized, as sent (its bytes, not its parsed tree)."""
+
+    text: str
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ class AudioMark:
 
 
 PLAYBACK = (ClearAudio, AudioMark)  # messages about a transport's own playback
-Outgoing = Union[JsonOut, AudioOut, ClearAudio, AudioMark]
+Outgoing = Union[JsonOut, JsonText, AudioOut, ClearAudio, AudioMark]
 
 
 class Ending(enum.Enum):

@@ -4,9 +4,12 @@ Every message a resumable session sends is stamped with ``seq`` (1-based,
 gap-free, per session, across transports: :meth:`ReplayLog.stamp`) and kept
 here while it may still be unacknowledged: a client that drops its
 connection and resumes with the last ``seq`` it read is sent every event
-after it (:meth:`ReplayLog.after`), in order. The log is bounded: at most
-``max_frames`` frames' events (``--max-replay-seconds``), and a cap on their
-count for events that come with no frame (pongs, errors). Past the bound the
+after it (:meth:`ReplayLog.after`), in order. Events are kept as the text
+sent (:class:`~.messages.JsonText`, audio as its bytes), never as parsed
+trees. The log is bounded: at most ``max_frames`` frames' events
+(``--max-replay-seconds``), ``max_bytes`` of them (``--max-replay-bytes``:
+a client's echoed items count at their size), and a cap on their count for
+events that come with no frame (pongs, errors). Past the bound the
 oldest events go; a client further behind than that cannot resume (``after``
 returns ``None``), and a detached session whose own unread events would
 have to go (:attr:`ReplayLog.overflowed`) is ended.
@@ -21,36 +24,54 @@ from collections import deque
 from dataclasses import replace
 from typing import NamedTuple
 
-from .messages import PLAYBACK, AudioOut, JsonOut, Outgoing
-from .wire import new_id
+from .messages import PLAYBACK, AudioOut, JsonOut, JsonText, Outgoing
+from .wire import dumps, new_id
 
 # Events kept per frame of the bound (a frame makes a handful), plus this many more.
 EVENTS_PER_FRAME = 8
 SPARE_EVENTS = 256
+# What an audio event costs besides its audio (base64 takes 4 bytes for 3).
+AUDIO_EVENT_BYTES = 256
 
 
-def with_seq(message: Outgoing, seq: int) -> Outgoing:
-    """``message`` with ``"seq": seq`` and its ``event_id`` in its event, so a replay sends
-    it as it was first sent (a copy; the original is left as it is)."""
+def with_seq(message: Outgoing, seq: int | None) -> Outgoing:
+    """``message`` as kept: stamped with ``"seq": seq`` (unless ``None``) and its
+    ``event_id``, so a replay sends it as it was first sent, a control event written
+    out once (:class:`JsonText`); the original is left as it is."""
+    if isinstance(message, JsonText):
+        return message
     event = message.event if isinstance(message, AudioOut) else message.payload
-    stamped = {"event_id": event.get("event_id") or new_id("event"), **event, "seq": seq}
+    stamped = {"event_id": event.get("event_id") or new_id("event"), **event}
+    if seq is not None:
+        stamped["seq"] = seq
     if isinstance(message, AudioOut):
         return replace(message, event=stamped)
-    return JsonOut(stamped)
+    return JsonText(dumps(stamped))
+
+
+def kept_bytes(message: Outgoing) -> int:
+    """About what ``message`` (as kept) holds: its text, or its audio as sent."""
+    if isinstance(message, AudioOut):
+        return AUDIO_EVENT_BYTES + len(message.data) * 4 // 3
+    return len(message.text) if isinstance(message, JsonText) else AUDIO_EVENT_BYTES
 
 
 class Kept(NamedTuple):
     seq: int
     frame: int  # the session's frames run when it was made
     message: Outgoing
+    size: int  # :func:`kept_bytes`
 
 
 class ReplayLog:
     """One session's event numbers and its recent events."""
 
-    def __init__(self, max_frames: float, numbered: bool = False):
+    def __init__(self, max_frames: float, numbered: bool = False,
+                 max_bytes: int | None = None):
         self.max_frames = max(int(max_frames), 1)
         self.max_events = self.max_frames * EVENTS_PER_FRAME + SPARE_EVENTS
+        self.max_bytes = max_bytes  # what the kept events may hold (None: unbounded)
+        self.bytes = 0  # what they hold
         self.numbered = numbered  # stamp ``seq`` and keep events while attached (resumable)
         self.seq = 0  # the last number given
         self.kept: deque[Kept] = deque()
@@ -63,18 +84,21 @@ class ReplayLog:
         if isinstance(message, PLAYBACK):
             return message
         self.seq += 1
-        if self.numbered:
-            message = with_seq(message, self.seq)
         if self.numbered or not attached:
-            self.kept.append(Kept(self.seq, frame, message))
+            message = with_seq(message, self.seq if self.numbered else None)
+            size = kept_bytes(message)
+            self.kept.append(Kept(self.seq, frame, message, size))
+            self.bytes += size
         self._trim(frame)
         return message
 
     def _trim(self, frame: int) -> None:
         kept = self.kept
         while kept and (frame - kept[0].frame > self.max_frames
-                        or len(kept) > self.max_events):
+                        or len(kept) > self.max_events
+                        or (self.max_bytes is not None and self.bytes > self.max_bytes)):
             gone = kept.popleft()
+            self.bytes -= gone.size
             if self.detached_after is not None and gone.seq > self.detached_after:
                 self.overflowed = True
 
@@ -97,8 +121,9 @@ class ReplayLog:
         out = [k.message for k in self.kept if k.seq > last_seq]
         self.detached_after = None
         if not self.numbered:
-            self.kept.clear()
+            self.clear()
         return out
 
     def clear(self) -> None:
         self.kept.clear()
+        self.bytes = 0

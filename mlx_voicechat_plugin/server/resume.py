@@ -51,6 +51,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from ..quoting import brief
 from .limits import DEFAULT_MAX_DETACHED_PER_KEY
 from .session import SLOT_TAKEN, Session
 
@@ -76,12 +77,18 @@ def key_digest(key: str | None) -> bytes:
     return hashlib.sha256(("" if key is None else "k:" + key).encode()).digest()
 
 
+MAX_SEQ_DIGITS = 20  # a seq is a count of events: 20 digits outlast any session
+
+
 def parse_last_seq(value: str | None, sent: int) -> int:
     """``?last_seq=``: the last event the client read, ``0`` to ``sent``."""
-    if value is None or not value.isdigit() or int(value) > sent:
+    # ASCII digits only (``int`` takes other scripts' digits), and few enough that
+    # ``int`` takes them at all.
+    if value is None or not (value.isascii() and value.isdigit()) \
+            or len(value) > MAX_SEQ_DIGITS or int(value) > sent:
         raise Refused(400, "invalid_request",
                       f"last_seq must be an integer from 0 to {sent} (the last seq read), "
-                      f"got {value!r}")
+                      f"got {brief(value)}")
     return int(value)
 
 

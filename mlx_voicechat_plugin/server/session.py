@@ -83,7 +83,8 @@ class Session(EngineSide):
         self._outlives_transport = False  # detach, not release, when the transport ends
         self.resume_token: str | None = None  # set when resumable: a dropped link detaches
         self.detached_at = 0.0  # when its transport ended
-        self.replay = ReplayLog(limits.max_replay_seconds * FRAMES_PER_SECOND)
+        self.replay = ReplayLog(limits.max_replay_seconds * FRAMES_PER_SECOND,
+                                max_bytes=limits.max_replay_bytes)
         self.frames_seen = 0  # frames whose events were handed over, never reset
         self.pace = FramePace()  # how late the session's frames ran, all of them
         self.samples_received = 0  # client audio taken, at the rate the client sends it
@@ -176,7 +177,8 @@ class Session(EngineSide):
 
     def send(self, message: Outgoing) -> None:
         """``message`` to the client, numbered: through the link, or kept while detached
-        (bounded: past ``--max-replay-seconds`` the session ends)."""
+        (bounded: past ``--max-replay-seconds`` or ``--max-replay-bytes`` the session
+        ends)."""
         if self.released:
             return
         message = self.replay.stamp(message, self.frames_seen, self.link is not None)
@@ -184,7 +186,8 @@ class Session(EngineSide):
             self.link.send(message)
         elif self.replay.overflowed:
             self.end_detached(f"its events while detached passed "
-                              f"{self.limits.max_replay_seconds:g} s (--max-replay-seconds)")
+                              f"{self.limits.max_replay_seconds:g} s (--max-replay-seconds) "
+                              f"or {self.limits.max_replay_bytes} bytes (--max-replay-bytes)")
 
     def send_all(self, messages: list[Outgoing]) -> None:
         for message in messages:

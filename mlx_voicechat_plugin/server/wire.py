@@ -24,6 +24,12 @@ PCM16_FULL_SCALE = 32768.0  # input decode: int16 / 32768
 PCM16_OUTPUT_SCALE = 32767.0  # output encode: round(clip(x) * 32767)
 ID_HEX_CHARS = 16
 MAX_JSON_DEPTH = 32  # nesting of objects and arrays a client message may have
+# Values (objects, arrays, strings, numbers, ...) a client message may hold: a tool
+# schema or a chat history's items hold hundreds; a million empty objects fit in 1 MiB.
+MAX_JSON_VALUES = 20_000
+# A client message longer than this is parsed, and what it makes written out, in a
+# worker thread, off the event loop: the other sessions' events go on meanwhile.
+OFF_LOOP_CHARS = 64 * 1024
 MAX_ERROR_CHARS = 240  # an error message (client values inside it included) is cut to this
 
 
@@ -76,31 +82,45 @@ def new_session_id() -> str:
 # --- client frames ---------------------------------------------------------
 
 
+def json_shape(value: Any) -> tuple[int, int]:
+    """``(depth, values)`` of parsed JSON: its nesting (a scalar is 0) and how many values
+    it holds, counted a level at a time without recursion; the count stops once past
+    :data:`MAX_JSON_DEPTH` or :data:`MAX_JSON_VALUES`."""
+    level, depth, values = [value], 0, 1
+    while True:
+        level = [item for item in level if isinstance(item, (dict, list))]
+        if not level or depth > MAX_JSON_DEPTH or values > MAX_JSON_VALUES:
+            return depth, values
+        depth += 1
+        children: list[Any] = []
+        for item in level:
+            children.extend(item.values() if isinstance(item, dict) else item)
+        values += len(children)
+        level = children
+
+
 def json_depth(value: Any) -> int:
     """Nesting depth of parsed JSON (a scalar is 0), without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item \
-            if isinstance(item, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        if deepest > MAX_JSON_DEPTH:
-            return deepest
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
+    return json_shape(value)[0]
 
 
 def load_object(text: str) -> dict[str, Any]:
-    """One text frame as a JSON object (``invalid_request`` when malformed or too deep)."""
+    """One text frame as a JSON object (``invalid_request`` when malformed, too deep, or
+    holding more than :data:`MAX_JSON_VALUES` values: what the server does with a message
+    then costs what its bytes say, not a million empty objects' worth)."""
     try:
         message = json.loads(text)
     except (ValueError, RecursionError):  # the decoder recurses once per nesting level
         raise invalid("message must be valid JSON, nested at most "
                       f"{MAX_JSON_DEPTH} levels") from None
-    if json_depth(message) > MAX_JSON_DEPTH:
+    depth, values = json_shape(message)
+    if depth > MAX_JSON_DEPTH or values > MAX_JSON_VALUES:
+        del message  # freed here (a worker thread's), not where the error is caught
+    if depth > MAX_JSON_DEPTH:
         raise invalid(f"message nests deeper than {MAX_JSON_DEPTH} levels")
+    if values > MAX_JSON_VALUES:
+        raise invalid(f"message holds more than {MAX_JSON_VALUES} JSON values (objects, "
+                      "arrays, strings, numbers)")
     if not isinstance(message, dict):
         raise invalid("message must be a JSON object")
     return message

@@ -45,6 +45,9 @@ class Dialect:
     health: ClassVar[bool] = False  # ``GET <path>/health`` reports the engine's readiness
     # ``?model=`` may name any model (reported as the served id) unless ``--strict-model``.
     any_model: ClassVar[bool] = False
+    # Takes an ephemeral key's minted session (:meth:`bind`); a key minted with one opens
+    # no other dialect.
+    binds_minted: ClassVar[bool] = False
     # Whether the session's transport plays the model's audio itself (a WebRTC track):
     # the connection sets it from its transport; what the dialect tells of that
     # playback (GA's ``output_audio_buffer.*``) is said only then.
@@ -117,6 +120,11 @@ class Dialect:
         details = self.session.details
         return self.session.samples_received, (details.input_sample_rate if details
                                                else MODEL_INPUT_RATE)
+
+    def bind(self, session: dict[str, Any]) -> dict[str, Any]:
+        """Bind the connection to an ephemeral key's minted ``session``: the message that
+        opens it (handled first, as if the client sent it); what it fixed stays fixed."""
+        raise NotImplementedError
 
     def parse(self, message: str | bytes) -> Any:
         """One client message -> the dialect's message (:class:`~..wire.ProtocolError`

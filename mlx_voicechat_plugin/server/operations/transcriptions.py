@@ -6,7 +6,11 @@ multipart with ``file`` and optional ``model``, ``language``,
 ``stream``. Every parameter is checked before any inference; a bad one is a
 400 whose ``error.param`` names it (:class:`RequestError`). The body is read
 up to ``max_upload_bytes`` (413 past it) and the file decoded by the host's
-audio reader to mono 16 kHz (at most ``max_transcription_seconds``). The
+audio reader to mono 16 kHz (at most ``max_transcription_seconds``). Its
+header is read first: a sample rate outside :data:`MIN_RATE` to
+:data:`MAX_RATE` or a WAV format code the reader does not decode is a 400, so
+decoding and resampling cost what the audio's duration says, and a file that
+decodes to no audio is a 400 too. The
 route that runs it as an engine job is :mod:`..routes.transcriptions`.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+import struct
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -36,6 +41,12 @@ FORM_SLACK_BYTES = 64 * 1024  # the form's other fields and part headers, past t
 MAX_FIELDS = 32
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no", "")
 SAMPLE_RATE = 16_000
+# The sample rates an upload may declare: telephony's lowest to the highest studio
+# rate (a 1 Hz header would make the resampler's work millions of times its audio).
+MIN_RATE, MAX_RATE = 8_000, 384_000
+# WAV format codes the reader decodes (0xFFFE: extensible, its subformat one of these).
+WAV_FORMATS = {1: "PCM", 3: "IEEE float", 6: "A-law", 7: "mu-law"}
+WAV_EXTENSIBLE = 0xFFFE
 
 
 class RequestError(Exception):
@@ -122,12 +133,52 @@ def parse_form(form: Any, file_data: bytes | None, served: tuple[str, ...],
     return TranscriptionRequest(file_data, fmt, max_new_tokens, stream)
 
 
+def wav_rate(data: bytes) -> int | None:
+    """A WAV file's declared sample rate (``None``: not a WAV, or no ``fmt`` chunk);
+    a format code the reader does not decode is a 400."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    position = 12
+    while position + 8 <= len(data):
+        chunk, size = data[position:position + 4], struct.unpack_from("<I", data, position + 4)[0]
+        if chunk == b"fmt " and position + 16 <= len(data):
+            code, _, rate = struct.unpack_from("<HHI", data, position + 8)
+            if code == WAV_EXTENSIBLE and position + 34 <= len(data):
+                code = struct.unpack_from("<H", data, position + 32)[0]  # the subformat
+            if code not in WAV_FORMATS:
+                raise _bad("file", f"file is a WAV with format code {code:#06x}; this server "
+                                   f"decodes {', '.join(WAV_FORMATS.values())} WAV files")
+            return rate
+        position += 8 + size + (size & 1)
+    return None
+
+
+def declared_rate(data: bytes) -> int | None:
+    """The sample rate a WAV, FLAC or Ogg Vorbis header declares (``None``: unknown)."""
+    import miniaudio
+
+    rate = wav_rate(data)
+    if rate is not None or data[:4] == b"RIFF":
+        return rate
+    probe = miniaudio.flac_get_info if data[:4] == b"fLaC" else \
+        miniaudio.vorbis_get_info if data[:4] == b"OggS" else None
+    try:
+        return probe(data).sample_rate if probe is not None else None
+    except Exception:  # the decoder says what is wrong with it
+        return None
+
+
 def decode_audio(data: bytes, max_seconds: float) -> np.ndarray:
-    """The host's audio reader: any format it takes, as mono float32 at 16 kHz."""
+    """The host's audio reader: any format it takes, as mono float32 at 16 kHz, its
+    declared rate checked first (:func:`declared_rate`)."""
     from mlx_audio.audio_io import read
 
     if not data:
         raise _bad("file", "file is empty")
+    rate = declared_rate(data)
+    if rate is not None and not MIN_RATE <= rate <= MAX_RATE:
+        raise _bad("file", f"file declares a sample rate of {rate} Hz; this server takes "
+                           f"{MIN_RATE} to {MAX_RATE} Hz")
     try:
         samples, _ = read(io.BytesIO(data), dtype="float32", sample_rate=SAMPLE_RATE,
                           nchannels=1, duration=max_seconds + 0.5)
@@ -135,6 +186,8 @@ def decode_audio(data: bytes, max_seconds: float) -> np.ndarray:
         raise _bad("file", "file could not be decoded as audio (WAV, FLAC, MP3, OGG, ...): "
                    f"{brief(str(exc))}") from None
     samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if not samples.shape[0]:
+        raise _bad("file", "file holds no audio samples")
     if samples.shape[0] > round(max_seconds * SAMPLE_RATE):
         raise _bad("file", f"file holds more than {max_seconds:g} s of audio "
                            "(--max-transcription-seconds)")

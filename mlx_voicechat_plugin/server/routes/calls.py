@@ -34,7 +34,7 @@ from ..connection import Connection, connect
 from ..dialects.ga.dialect import REALTIME_PATH, GADialect
 from ..dialects.ga.config import GAConfig, merge_session
 from ..engine.thread import Engine
-from ..keys import EphemeralKey, EphemeralKeys, KeyRefused, is_ephemeral
+from ..keys import MINTED_ELSEWHERE, EphemeralKey, EphemeralKeys, KeyRefused, is_ephemeral
 from ..limits import ServerLimits
 from ..operations.drain import Drain
 from ..transport.ice import ICEConfig
@@ -177,12 +177,10 @@ class Calls:
             raise CallRefused(403, "origin_not_allowed", "origin not allowed")
         key = authorize(self.access, self.keys, request.headers.get("authorization"))
         offer, session = await read_offer(request, self.limits.max_message_bytes)
-        sessions = [check_session(s, where) for s, where in
-                    ((key.session if key else None, "the ephemeral key's session"),
-                     (session, "session")) if s is not None]
+        own = [check_session(session, "session")] if session is not None else []
         call_id, answer = await self.place(
             GADialect, key, offer, [{"type": "session.update", "session": update}
-                                    for update in sessions],  # the key's, then the call's
+                                    for update in own],  # after the key's (place binds it)
             lambda session_id: "rtc_" + session_id.partition("_")[2])
         location = f"{self.prefix}{CALLS_PATH}/{call_id}"
         return Response(answer, 201, {"Location": location}, media_type="application/sdp")
@@ -190,8 +188,12 @@ class Calls:
     async def place(self, dialect: Any, key: EphemeralKey | None, offer: str,
                     first: list[dict[str, Any]], name: Any) -> tuple[str, str]:
         """Admit and answer one call in ``dialect``, its session handling ``first`` before
-        anything the client sends: ``(call id, SDP answer)``; the call id is
-        ``name(session_id)``."""
+        anything the client sends (after an ephemeral key's minted session, which binds
+        it: :meth:`~..dialects.base.Dialect.bind`): ``(call id, SDP answer)``; the call
+        id is ``name(session_id)``."""
+        minted = key.session if key is not None else None  # checked when minted
+        if minted is not None and not dialect.binds_minted:
+            raise CallRefused(403, "invalid_api_key", MINTED_ELSEWHERE)
         engine = self.engine
         if not engine.ready or engine.admission.draining:
             raise CallRefused(503, "server_busy", "the server is shutting down"
@@ -226,6 +228,8 @@ class Calls:
             if isinstance(exc, KeyRefused):
                 raise CallRefused(401, "invalid_api_key", str(exc)) from None
             raise
+        if minted is not None:  # the key's session binds the call, before the rest
+            first = [connection.dialect.bind(minted), *first]
         for message in first:
             transport.inject(json.dumps(message))
         self.tasks[call_id[0]] = asyncio.ensure_future(self.run(call_id[0], connection))

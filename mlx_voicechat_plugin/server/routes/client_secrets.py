@@ -28,10 +28,11 @@ SECRETS_PATH = REALTIME_PATH + "/client_secrets"
 MAX_BODY_BYTES = 256 * 1024
 
 
-def parse_request(body: bytes) -> tuple[int, dict[str, Any]]:
-    """``(seconds, session)`` of a mint request (:class:`CallRefused` when malformed)."""
+def parse_request(body: bytes) -> tuple[int, dict[str, Any] | None]:
+    """``(seconds, session or None)`` of a mint request (:class:`CallRefused` when
+    malformed)."""
     if not body.strip():
-        return DEFAULT_SECONDS, {"type": "realtime"}
+        return DEFAULT_SECONDS, None
     try:
         request = json.loads(body)
     except ValueError:
@@ -47,8 +48,7 @@ def parse_request(body: bytes) -> tuple[int, dict[str, Any]]:
     except ValueError as exc:
         raise CallRefused(400, "invalid_request", str(exc), "expires_after.seconds") from None
     session = request.get("session")
-    session = {"type": "realtime"} if session is None else check_session(session, "session")
-    return seconds, session
+    return seconds, None if session is None else check_session(session, "session")
 
 
 def client_secrets_router(keys: EphemeralKeys, access: Access, prefix: str = "") -> APIRouter:
@@ -75,7 +75,7 @@ def client_secrets_router(keys: EphemeralKeys, access: Access, prefix: str = "")
             return refused.response()
         logger.info("ephemeral key minted, valid %d s", seconds)
         return JSONResponse({"value": key.value, "expires_at": int(key.expires_at),
-                             "session": session})
+                             "session": session or {"type": "realtime"}})
 
     router.add_api_route(SECRETS_PATH, mint, methods=["POST"])
     return router

@@ -9,6 +9,10 @@ at its paths; all share the engine's sessions. An upgrade refused before it
 is accepted gets an HTTP denial response where the server supports one, else
 a policy-violation close.
 
+An ephemeral key minted with a session opens its connection with it, as a
+WebRTC call does (:meth:`~..dialects.base.Dialect.bind`): the first message
+handled is that ``session.update``, and what it fixes stays fixed.
+
 With ``--resume-seconds`` each new session gets a resume token
 (:mod:`..resume`); an upgrade with ``?resume_token=...&last_seq=N`` (after
 the same key and ``Origin`` checks) re-attaches the session it names, in its
@@ -20,6 +24,7 @@ resumed by another connection or another dialect's path, 400 a bad
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Sequence
 
@@ -37,7 +42,7 @@ from ..operations.drain import Drain
 from ..resume import REPLICA_HEADER, Refused, Resumes
 from ..transport.websocket import WebSocketTransport
 from ..wire import CloseCode
-from ..keys import EphemeralKeys, KeyRefused
+from ..keys import MINTED_ELSEWHERE, EphemeralKeys, KeyRefused
 from .access import Access, ephemeral_token, query_key_ok, websocket_auth
 from .models import ServedModel
 
@@ -95,9 +100,10 @@ class Realtime:
         # A session opened with an ephemeral key resumes with that (spent) key: the
         # resume token is bound to it, so the claim below is the check.
         spend = ephemeral if token is None else None
+        held = None
         try:
             if spend is not None:
-                self.keys.check(spend)  # spent below, once every check has passed
+                held = self.keys.check(spend)  # spent below, once every check has passed
         except KeyRefused as exc:
             await deny(websocket, 401, str(exc))
             return
@@ -107,6 +113,10 @@ class Realtime:
         asked = websocket.query_params.get("model")
         if not self.served.accepts(asked, dialect.any_model):
             await deny(websocket, 404, self.served.not_served(asked))
+            return
+        minted = held.session if held is not None else None
+        if minted is not None and not dialect.binds_minted:
+            await deny(websocket, 403, MINTED_ELSEWHERE)
             return
         try:
             if spend is not None:
@@ -124,6 +134,8 @@ class Realtime:
                 return
         else:
             connection = connect(transport, dialect, self.engine, self.served.model_id, limits)
+            if minted is not None:  # the key's session binds the connection, as a call's
+                connection.inject(json.dumps(connection.dialect.bind(minted)))
             if limits.resumable:
                 self.resumes.issue(connection.session, opener,
                                    websocket.headers.get(REPLICA_HEADER), owner=key)

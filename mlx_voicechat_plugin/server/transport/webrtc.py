@@ -53,6 +53,11 @@ ENDED_STATES = ("failed", "closed")
 Received = Union[str, bytes, AudioIn, AudioMark, Hangup]
 
 
+# m-sections an offer may have: a call uses its audio and its data channel; a
+# browser may offer a few more (video, a second track), which are declined.
+MAX_M_SECTIONS = 8
+
+
 class OfferError(ValueError):
     """The client's SDP offer cannot be answered (malformed, or without audio)."""
 
@@ -65,6 +70,10 @@ def check_offer(sdp: str) -> None:
     if not any(line.startswith("m=audio ") for line in lines):
         raise OfferError("the SDP offer has no audio m-line (m=audio): a call needs the "
                          "client's microphone track")
+    sections = sum(line.startswith("m=") for line in lines)
+    if sections > MAX_M_SECTIONS:
+        raise OfferError(f"the SDP offer has {sections} m-sections; a call takes at most "
+                         f"{MAX_M_SECTIONS} (its audio and its events' data channel)")
 
 
 class WebRTCTransport:
@@ -106,8 +115,12 @@ class WebRTCTransport:
             raise OfferError(f"malformed SDP offer: {str(exc)[:200] or type(exc).__name__}") \
                 from None
         pc.addTrack(self.speech)
-        with ice.gathering():
-            await pc.setLocalDescription(await pc.createAnswer())
+        try:
+            with ice.gathering():
+                await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as exc:  # an offer aiortc took but cannot answer
+            raise OfferError(f"the SDP offer cannot be answered: "
+                             f"{str(exc)[:200] or type(exc).__name__}") from None
         return pc.localDescription.sdp
 
     def _on_channel(self, channel: Any) -> None:

@@ -19,7 +19,7 @@ import base64
 import logging
 from typing import Any, Union
 
-from ..messages import PLAYBACK, AudioOut, Ending, Hangup, Outgoing
+from ..messages import PLAYBACK, AudioOut, Ending, Hangup, JsonText, Outgoing
 from ..wire import CloseCode, dumps
 from .outbox import Outbox
 
@@ -46,6 +46,8 @@ def serialize(message: Outgoing) -> str:
         payload = dict(message.event)
         payload[message.field] = base64.b64encode(message.data).decode("ascii")
         return dumps(payload)
+    if isinstance(message, JsonText):
+        return message.text
     return dumps(message.payload)
 
 

@@ -30,6 +30,8 @@ session (session object :mod:`.config`, responses :mod:`.responses`, items
 - ``conversation.item.create`` answers a tool call with a ``function_call_output``;
   other items (a framework replaying its chat history) are acknowledged, not
   injected: the model hears only audio, and its text context is ``instructions``.
+  Items are kept as their JSON bytes within ``--max-item-bytes``; a client's item
+  past it is an ``invalid_request`` error and the session goes on.
 - Audio from a media track (a WebRTC call, :class:`~...messages.AudioIn`) is an
   ``input_audio_buffer.append`` of GA ``audio/pcm`` (:class:`.audio.MediaInput`).
 """
@@ -50,15 +52,15 @@ from ...engine.pace import FramePace
 from ...messages import AudioIn, AudioMark, Ending, Finished, JsonOut, Outgoing
 from ...session import Session, stream_full
 from ..client_options import session_options, transcription_options
-from ...wire import (ErrorCode, ProtocolError, init_failed, invalid, load_object, new_id,
-                    parse_tool_output)
+from ...wire import (OFF_LOOP_CHARS, ErrorCode, ProtocolError, init_failed, invalid,
+                    load_object, new_id, parse_tool_output)
 from ..base import MODEL_INPUT_RATE, Dialect
 from .audio import FormatError, InputAudio, MediaInput
 from .config import GAConfig, error_event, merge_session, session_event
 from .items import tool_output_item
 from .playback import Playback
 from .responses import GAResponses, outgoing
-from .turns import Out
+from .turns import ItemStore, Out
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ CLIENT_EVENTS = (
     "conversation.item.delete", "conversation.item.retrieve", "response.create",
     "response.cancel", "output_audio_buffer.clear",
 )
+# What an ephemeral key's minted session fixes for its connection (when it sets them).
+PINNED = ("instructions", "tools", "tool_choice")
 # The runtime's option -> the client's field, in error messages.
 FIELDS = {"system_prompt": "session.instructions", "seed": "session.seed",
           "max_streaming_seconds": "session.max_streaming_seconds",
@@ -92,16 +96,19 @@ class GADialect(Dialect):
     name = "openai-realtime-ga"
     paths = (REALTIME_PATH,)
     any_model = True  # GA clients ask for gpt-realtime by default: the served id answers
+    binds_minted = True
 
     def __init__(self, session: Session, model_id: str):
         super().__init__(session, model_id)
         self.config = GAConfig()
-        self.responses = GAResponses(self.config)
+        self.responses = GAResponses(self.config, max_item_bytes=self.limits.max_item_bytes)
         self.input = InputAudio(self.config.input_format, MODEL_INPUT_RATE)
         self.media = MediaInput(MODEL_INPUT_RATE)
         self.requested = self.options_of(self.config)  # the session options it asks for
+        self.pinned: dict[str, Any] = {}  # field -> value an ephemeral key's session fixed
         self.opened_with: ConversationOptions | None = None  # the options of the open session
         self.event_id: str | None = None  # of the client event being handled
+        self.message_chars = 0  # its length
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
         self.nudged = asyncio.Event()  # a client event or a frame: the owed state may change
         self.responses.session_pace = session.pace
@@ -125,9 +132,17 @@ class GADialect(Dialect):
     def received_audio(self) -> tuple[int, int]:
         return self.session.samples_received, self.input.format.rate
 
+    def bind(self, session: dict[str, Any]) -> dict[str, Any]:
+        """The minted session opens the connection; its ``instructions``, ``tools`` and
+        ``tool_choice`` (those it sets) stay as the backend that minted the key set them."""
+        minted = merge_session(GAConfig(), session)
+        self.pinned = {name: getattr(minted, name) for name in PINNED if name in session}
+        return {"type": "session.update", "session": session}
+
     def parse(self, message: str | bytes) -> ClientEvent:
         """One client message -> a GA client event; its ``event_id`` is echoed by its error."""
         self.event_id = None
+        self.message_chars = len(message)
         message = load_object(self.text(message))
         event_id = message.get("event_id")
         self.event_id = event_id if isinstance(event_id, str) else None
@@ -251,6 +266,10 @@ class GADialect(Dialect):
 
     async def update(self, payload: Any) -> None:
         config = merge_session(self.config, payload)
+        for name, value in self.pinned.items():
+            if getattr(config, name) != value:
+                raise init_failed(f"session.{name} was fixed when this connection's "
+                                  "ephemeral key was minted (client_secrets); it cannot change")
         options = self.options_of(config)
         if self.opened_with != options:
             if self.session.heard_since_open:
@@ -360,9 +379,15 @@ class GADialect(Dialect):
             if not self.session.configured:
                 raise ProtocolError(ErrorCode.TOOLS_NOT_SET, "function_call_output needs tools "
                                     "registered in session.update")
-            await self.session.tool_output(self.responses.runtime_call_id(output.call_id),
-                                           output.output)
-            self.emit(self.responses.item_added(tool_output_item(item)))
+            call_id = self.responses.runtime_call_id(output.call_id)
+            echo = tool_output_item(item)
+            events = self.responses.item_added(echo, await self.encoded(echo))
+            try:
+                await self.session.tool_output(call_id, output.output)
+            except BaseException:
+                self.responses.items.pop(echo["id"])
+                raise
+            self.emit(events)
             return
         if not isinstance(item, dict) or item.get("type") not in ("message", "function_call"):
             raise invalid("conversation.item.create supports items of type message, "
@@ -373,7 +398,14 @@ class GADialect(Dialect):
                                             "arguments") if key in item}
         added = {"id": item["id"] if isinstance(item.get("id"), str) else new_id("item"),
                  "object": "realtime.item", "status": "completed", **known}
-        self.emit(self.responses.item_added(added))
+        self.emit(self.responses.item_added(added, await self.encoded(added)))
+
+    async def encoded(self, item: dict[str, Any]) -> bytes:
+        """``item``'s JSON as kept (a long one made in a worker thread, off the loop);
+        refused past ``--max-item-bytes``."""
+        if self.message_chars > OFF_LOOP_CHARS:
+            return await asyncio.to_thread(ItemStore.encode, item)
+        return ItemStore.encode(item)
 
     async def truncate(self, message: dict[str, Any]) -> None:
         item_id, index, end = (message.get("item_id"), message.get("content_index", 0),

@@ -323,7 +323,7 @@ class GAResponses(ResponseBook):
         """``conversation.item.delete``: acknowledged; the item is no longer retrieved."""
         if not isinstance(item_id, str):
             raise invalid("item_id must be a string")
-        self.items.pop(item_id, None)
+        self.items.pop(item_id)
         return {"type": "conversation.item.deleted", "item_id": item_id}
 
     def retrieve(self, item_id: Any) -> dict[str, Any]:
@@ -342,10 +342,13 @@ class GAResponses(ResponseBook):
     def active_response_id(self) -> str | None:
         return None if self.response is None else self.response.id
 
-    def item_added(self, item: dict[str, Any]) -> Out:
-        """A client-created item (a tool result): ``conversation.item.added`` / ``done``."""
+    def item_added(self, item: dict[str, Any], data: bytes | None = None) -> Out:
+        """A client-created item (a tool result): ``conversation.item.added`` / ``done``
+        (``invalid_request``, nothing changed, past ``max_item_bytes``); ``data``: the
+        item's JSON, when already made."""
         out: Out = []
-        self._add_item(item, out, "conversation.item.added")
-        self._add_item(item, out, "conversation.item.done")
+        data = self.items.encode(item) if data is None else data
+        self._add_item(item, out, "conversation.item.added", client=True, data=data)
+        self._add_item(item, out, "conversation.item.done", client=True, data=data)
         return out
 

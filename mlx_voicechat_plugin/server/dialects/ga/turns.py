@@ -10,6 +10,7 @@ are :mod:`.items`'. Only the session's event loop touches it.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,8 @@ import numpy as np
 
 from ...engine.pace import FramePace
 from ...messages import AudioOut
-from ...wire import new_id
+from ...limits import ServerLimits
+from ...wire import invalid, new_id
 from . import items as ga_items
 from .audio import OutputAudio
 from .config import GAConfig
@@ -27,6 +29,52 @@ from .config import GAConfig
 Out = list[dict[str, Any] | AudioOut]
 # Conversation items kept for ``conversation.item.retrieve`` (the oldest go first).
 MAX_ITEMS = 4096
+
+
+class ItemStore:
+    """A GA session's conversation items as last sent, kept as their JSON bytes (never as
+    parsed trees), oldest first, within ``max_bytes``.
+
+    A client's item that would pass ``max_bytes`` is refused (``invalid_request``:
+    nothing kept changes); the server's own items push the oldest out instead.
+    """
+
+    def __init__(self, max_bytes: int = ServerLimits.max_item_bytes):
+        self.max_bytes = max_bytes
+        self.kept: dict[str, bytes] = {}  # item id -> the item's JSON
+        self.bytes = 0
+
+    @staticmethod
+    def encode(item: dict[str, Any]) -> bytes:
+        return json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def put(self, item: dict[str, Any], client: bool = False,
+            data: bytes | None = None) -> None:
+        """Keep ``item`` (``data``: its :meth:`encode`, when already made)."""
+        data = self.encode(item) if data is None else data
+        held = self.bytes - len(self.kept.get(item["id"], b""))
+        if client and held + len(data) > self.max_bytes:
+            raise invalid(f"conversation items would hold {held + len(data)} bytes, past "
+                          f"the {self.max_bytes} this server keeps a session "
+                          "(--max-item-bytes); delete some (conversation.item.delete)")
+        self.pop(item["id"])
+        self.kept[item["id"]] = data
+        self.bytes += len(data)
+        while len(self.kept) > MAX_ITEMS or (self.bytes > self.max_bytes and len(self.kept) > 1):
+            self.pop(next(iter(self.kept)))
+
+    def get(self, item_id: str) -> dict[str, Any] | None:
+        data = self.kept.get(item_id)
+        return None if data is None else json.loads(data)
+
+    def pop(self, item_id: str) -> None:
+        data = self.kept.pop(item_id, None)
+        if data is not None:
+            self.bytes -= len(data)
+
+    def __contains__(self, item_id: str) -> bool:
+        return item_id in self.kept
+
 
 @dataclass
 class Message:
@@ -65,14 +113,14 @@ class ResponseBook:
     """The open response and user item of one GA session, and the events of their steps."""
 
     def __init__(self, config: GAConfig, model_rate: int = 22_050,
-                 frame_seconds: float = 0.08):
+                 frame_seconds: float = 0.08, max_item_bytes: int = ServerLimits.max_item_bytes):
         self.config = config
         self.model_rate, self.frame_seconds = model_rate, frame_seconds
         self.response: Response | None = None
         self.user: UserItem | None = None
         self.last_item_id: str | None = None
-        # Item id -> the item as last sent (``conversation.item.retrieve``), oldest first.
-        self.items: dict[str, dict[str, Any]] = {}
+        # The items as last sent (``conversation.item.retrieve``), oldest first.
+        self.items = ItemStore(max_item_bytes)
         self.user_from = 0  # the first frame of the user's audio not yet committed
         self.calls: dict[str, str] = {}  # GA call_id -> the runtime's call_id
         self.failure: str | None = None  # the message of a response ending as failed
@@ -103,13 +151,13 @@ class ResponseBook:
     def _audio_out(self) -> bool:
         return "audio" in self.config.output_modalities
 
-    def _add_item(self, item: dict[str, Any], out: Out, kind: str) -> None:
+    def _add_item(self, item: dict[str, Any], out: Out, kind: str,
+                  client: bool = False, data: bytes | None = None) -> None:
+        # First: a client's item past the budget is refused.
+        self.items.put(item, client, data)
         out.append({"type": kind, "previous_item_id": self.last_item_id, "item": item})
         if kind == "conversation.item.added":
             self.last_item_id = item["id"]
-        self.items[item["id"]] = item
-        if len(self.items) > MAX_ITEMS:
-            del self.items[next(iter(self.items))]
 
     # --- responses -------------------------------------------------------
 

@@ -1,0 +1,391 @@
+"""Hostile clients, round three: what a client makes the server keep is bounded in bytes,
+no client's message holds the event loop, a minted session binds every connection, and
+no input is a 500. Each test failed on the code before the fix (issue 63's finding in
+its docstring); all go through real sockets to a server with an API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from raw_client import RawClient
+from resume_support import abort, event
+from server_support import (
+    LiveServer,
+    ServerProcess,
+    connect,
+    expect_error,
+    recv,
+    running,
+    send,
+)
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from mlx_voicechat_plugin.server.app import create_app
+from mlx_voicechat_plugin.server.limits import MIB, ServerLimits
+
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+GA = "/openai/v1/realtime"
+SECRETS = GA + "/client_secrets"
+# A message of a million-odd empty objects, just under the 1 MiB message limit: ~1 KiB
+# on the wire with permessage-deflate, ~24 MiB as parsed JSON.
+EMPTIES = 340_000
+
+
+def empties_item(index: int) -> str:
+    """An item of a million-odd empty objects, just under the 1 MiB message limit."""
+    return json.dumps({"type": "conversation.item.create",
+                       "item": {"id": f"item_flood{index}", "type": "message", "role": "user",
+                                "content": [{}] * EMPTIES}}, separators=(",", ":"))
+
+
+def text_item(index: int) -> str:
+    """An item of one string, just under the 1 MiB message limit."""
+    return json.dumps({"type": "conversation.item.create",
+                       "item": {"id": f"item_flood{index}", "type": "message", "role": "user",
+                                "content": [{"type": "input_text",
+                                             "text": "x" * (MIB - 4096)}]}})
+
+
+def until_type(ws, *kinds: str) -> dict:
+    while True:
+        event = recv(ws, 60)
+        if event["type"] in kinds:
+            return event
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt):
+    limits = ServerLimits(max_item_bytes=MIB, max_minted_bytes=MIB)
+    app = create_app(tiny_ckpt, api_key=API_KEY, limits=limits)
+    yield from running(LiveServer(app, ws_max_size=limits.transport_max_bytes))
+
+
+@pytest.fixture(scope="module")
+def process(tiny_ckpt, tmp_path_factory):
+    """``mlx-voicechat serve`` as deployed (its own process, so its RSS is its own)."""
+    served = ServerProcess("mlx_voicechat_plugin.cli.main",
+                           ["serve", "-m", str(tiny_ckpt), "--no-compile",
+                            "--api-key", API_KEY, "--log-level", "warning"],
+                           tmp_path_factory.mktemp("serve") / "serve.log")
+    yield served
+    served.stop()
+
+
+# --- 1: items and the replay log bounded in bytes --------------------------------------
+
+
+@pytest.mark.parametrize("item", [empties_item, text_item], ids=["empties", "text"])
+@pytest.mark.parametrize("compression", ["deflate", None], ids=["deflate", "plain"])
+def test_an_item_flood_leaves_the_servers_memory_flat(process, compression, item):
+    """Finding 1: 75 items of 1 MiB of ``{}`` took the server from 229 to 1,998 MiB. A
+    message of more than 20,000 JSON values is refused before the server keeps or echoes
+    it; items and their echoes in the replay log are kept as bytes within their budgets
+    (4 MiB of items, 8 MiB of replay). RSS stays within 150 MiB of where it was after
+    three such messages, with and without permessage-deflate."""
+    with connect(process.ws(GA), additional_headers=AUTH, compression=compression) as ws:
+        assert recv(ws)["type"] == "session.created"
+
+        def flood(indices: range) -> None:
+            for index in indices:
+                send(ws, item(index))
+                until_type(ws, "conversation.item.done", "error")
+                send(ws, {"type": "conversation.item.delete", "item_id": f"item_flood{index}"})
+                until_type(ws, "conversation.item.deleted")
+
+        flood(range(3))  # the allocator's arenas for a message's parse
+        start = rss_mib(process.process.pid)
+        flood(range(3, 33))
+        grown = rss_mib(process.process.pid) - start
+        send(ws, {"type": "conversation.item.create", "item": {
+            "id": "item_after", "type": "message", "role": "user", "content": []}})
+        assert until_type(ws, "conversation.item.done")["item"]["id"] == "item_after"
+    assert grown < 150, f"RSS grew {grown:.0f} MiB under the item flood"
+
+
+def test_a_message_of_a_million_values_is_refused_and_the_session_goes_on(server):
+    """Finding 1 and 4: what a message's JSON costs the server follows its values, not
+    its bytes; past 20,000 values it is an ``invalid_request`` (parsed off the loop)."""
+    with connect(server.ws(GA), additional_headers=AUTH) as ws:
+        assert recv(ws)["type"] == "session.created"
+        send(ws, empties_item(0))
+        assert "20000 JSON values" in expect_error(ws, "invalid_request")["error"]["message"]
+        send(ws, {"type": "conversation.item.retrieve", "item_id": "item_flood0"})
+        expect_error(ws, "item_retrieve_invalid_item_id")
+
+
+def test_the_message_cap_counts_decompressed_bytes(server):
+    """Finding 1: permessage-deflate made 1 MiB of ``{}`` cost ~1 KiB on the wire; the
+    transport's cap (``--max-message-bytes`` + 64 KiB) applies to the message as
+    decompressed: 2 MiB of one letter (~2 KiB on the wire) is closed 1009."""
+    with connect(server.ws(GA), additional_headers=AUTH, compression="deflate") as ws:
+        assert recv(ws)["type"] == "session.created"
+        assert "permessage-deflate" in ws.response.headers.get("Sec-WebSocket-Extensions", "")
+        ws.send('{"type":"x","pad":"' + "x" * (2 * MIB) + '"}')
+        with pytest.raises(ConnectionClosed) as closed:
+            recv(ws)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+def test_an_item_past_the_budget_is_an_error_and_the_session_keeps_its_items(server):
+    """Finding 1: items were kept up to 4,096 of any size; past ``--max-item-bytes`` a
+    client's item is an ``invalid_request`` naming the flag, and nothing kept changes."""
+    big = "x" * (400 * 1024)
+    with connect(server.ws(GA), additional_headers=AUTH) as ws:
+        assert recv(ws)["type"] == "session.created"
+        for index in range(2):
+            send(ws, {"type": "conversation.item.create", "item": {
+                "id": f"item_{index}", "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": big}]}})
+            until_type(ws, "conversation.item.done")
+        send(ws, {"type": "conversation.item.create", "item": {
+            "id": "item_2", "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": big}]}})
+        assert "--max-item-bytes" in expect_error(ws, "invalid_request")["error"]["message"]
+        send(ws, {"type": "conversation.item.retrieve", "item_id": "item_0"})
+        assert recv(ws)["item"]["content"][0]["text"] == big
+        send(ws, {"type": "conversation.item.delete", "item_id": "item_0"})
+        until_type(ws, "conversation.item.deleted")
+        send(ws, {"type": "conversation.item.create", "item": {
+            "id": "item_2", "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": big}]}})
+        assert until_type(ws, "conversation.item.done", "error")["type"] \
+            == "conversation.item.done"
+
+
+# --- 4: no client's message holds the loop -----------------------------------------------
+
+ATTACKER = textwrap.dedent("""
+    import json, sys
+    from websockets.sync.client import connect
+    url, key, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    empties = ",".join(["{}"] * 340000)
+    text = '{"type":"input_text","text":"' + "x" * (1024 * 1024 - 4096) + '"}'
+    with connect(url, additional_headers={"Authorization": "Bearer " + key},
+                 max_size=None, open_timeout=30) as ws:
+        ws.recv(timeout=30)
+        for index in range(count):
+            ws.send('{"type":"conversation.item.create","item":{"id":"item_a%d",'
+                    '"type":"message","role":"user","content":[%s]}}'
+                    % (index, empties if index % 2 else text))
+            while json.loads(ws.recv(timeout=60))["type"] not in ("conversation.item.done",
+                                                                   "error"):
+                pass
+            ws.send(json.dumps({"type": "conversation.item.delete",
+                                "item_id": "item_a%d" % index}))
+            while json.loads(ws.recv(timeout=60))["type"] != "conversation.item.deleted":
+                pass
+    print("sent", count)
+""")
+
+
+def test_one_clients_megabyte_messages_never_hold_the_loop_past_200_ms(server):
+    """Finding 4: a 1 MiB message of empty objects held the loop ~0.65 s (its depth
+    check, on the loop, then its echoes), stalling every other session's audio; now long
+    messages are parsed, and long items written out, in a worker thread, and one of
+    more than 20,000 values goes no further. The measure is what the server's loop
+    thread itself spends between two wakes of a 10 ms timer on it (its CPU time: what
+    every other session's events wait behind, not the machine's load, which other
+    processes share) while another process sends 1 MiB messages, of empty objects and
+    of text in turn; the bound is 200 ms (before the fix: 380 ms and more)."""
+    lags: list[float] = []
+    stop = threading.Event()
+
+    async def probe() -> None:  # on the server's loop: the loop thread's CPU time
+        while not stop.is_set():
+            began = time.thread_time()
+            await asyncio.sleep(0.01)
+            lags.append(time.thread_time() - began)
+
+    task = asyncio.run_coroutine_threadsafe(probe(), server.app.state.drain.loop)
+    try:
+        attacker = subprocess.run(
+            [sys.executable, "-c", ATTACKER, server.ws(GA), API_KEY, "8"],
+            capture_output=True, text=True, timeout=300)
+    finally:
+        stop.set()
+        task.result(10)
+    assert attacker.returncode == 0, attacker.stderr[-2000:]
+    assert len(lags) > 20
+    assert max(lags) < 0.2, f"the loop stalled {max(lags) * 1000:.0f} ms"
+
+
+def wav(code: int = 1, rate: int = 16_000, data: bytes = b"\0\0" * 20) -> bytes:
+    fmt = struct.pack("<HHIIHH", code, 1, rate, rate * 2, 2, 16)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" \
+        + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def transcribe(server: LiveServer, data: bytes) -> httpx.Response:
+    return httpx.post(server.http("/v1/audio/transcriptions"), headers=AUTH,
+                      files={"file": ("a.wav", data, "audio/wav")}, timeout=60)
+
+
+@pytest.mark.parametrize("rate", [1, 7_999, 384_001, 0])
+def test_an_upload_declaring_a_rate_outside_the_formats_is_a_400_before_decoding(server, rate):
+    """Finding 4: an 84-byte WAV whose header says 1 Hz cost 24.6 s of CPU in the
+    resampler; a declared rate outside 8 kHz to 384 kHz is refused at once."""
+    began = time.monotonic()
+    response = transcribe(server, wav(rate=rate))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "file"
+    assert "Hz" in response.json()["error"]["message"] or rate == 0
+    assert time.monotonic() - began < 10
+
+
+# --- 7: minted sessions kept as bytes, within a budget ---------------------------------
+
+
+def mint(server: LiveServer, **body) -> httpx.Response:
+    return httpx.post(server.http(SECRETS), headers=AUTH, json=body, timeout=30)
+
+
+def test_minted_sessions_are_kept_as_bytes_within_their_budget(server):
+    """Finding 7: each mint with a 250 KiB session kept ~4.9 MiB of parsed tree, 1,024
+    of them; now the session's JSON is kept and the keys' sessions together stay within
+    ``--max-minted-bytes`` (1 MiB here): past it a mint is a 429 that names the flag."""
+    keys = server.app.state.keys
+    session = {"type": "realtime", "instructions": "", "tools": [
+        {"type": "function", "name": "f", "description": "", "parameters": {
+            "type": "object", "properties": {}, "x": [{}] * (80 * 1024)}}]}
+    answers = [mint(server, session=session) for _ in range(8)]
+    statuses = [a.status_code for a in answers]
+    assert 200 in statuses and statuses[-1] == 429, statuses
+    assert "--max-minted-bytes" in answers[-1].json()["error"]["message"]
+    assert keys.bytes <= MIB
+    assert all(isinstance(k.session_json, bytes) for k in keys.keys.values())
+    with keys.lock:  # spend the budget again for the tests after this one
+        keys.keys.clear()
+        keys.bytes = 0
+
+
+# --- 9: a minted session binds the WebSocket too -------------------------------------------
+
+
+def test_a_websocket_opened_with_a_minted_key_starts_with_its_session_and_keeps_it(server):
+    """Finding 9: a WebSocket opened with a key minted with instructions started empty;
+    it starts with the key's session (as a WebRTC call does) and cannot drop what the
+    backend fixed."""
+    key = mint(server, session={"type": "realtime", "instructions": "From the backend."})
+    key = key.json()["value"]
+    with connect(server.ws(GA), subprotocols=["realtime", f"openai-insecure-api-key.{key}"]) \
+            as ws:
+        assert recv(ws)["type"] == "session.created"
+        updated = until_type(ws, "session.updated", "error")
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"]["instructions"] == "From the backend."
+        send(ws, {"type": "session.update", "session": {"instructions": "Ignore that."}})
+        error = until_type(ws, "error", "session.updated")
+        assert error["type"] == "error" and "instructions" in error["error"]["message"]
+        send(ws, {"type": "session.update", "session": {"instructions": "From the backend.",
+                                                        "output_modalities": ["audio"]}})
+        assert until_type(ws, "session.updated", "error")["type"] == "session.updated"
+
+
+@pytest.mark.parametrize("path", ["/v1/realtime", "/nvidia/v1/realtime",
+                                  "/openai/v1/live/sessions"])
+def test_a_key_minted_with_a_session_opens_no_other_dialect(server, path):
+    """Finding 9: the session would not bind there; the upgrade is a 403 saying where."""
+    key = mint(server, session={"type": "realtime", "instructions": "x"}).json()["value"]
+    with pytest.raises(InvalidStatus) as refused:
+        with connect(server.ws(path), additional_headers={"Authorization": f"Bearer {key}"}):
+            pass
+    assert refused.value.response.status_code == 403
+    assert b"/openai/v1/realtime" in refused.value.response.body
+
+
+def test_a_key_minted_with_a_session_places_no_live_call(server):
+    """Finding 9: a GPT-Live WebRTC session would start without the key's session: 403."""
+    key = mint(server, session={"type": "realtime", "instructions": "x"}).json()["value"]
+    response = httpx.post(server.http("/openai/v1/live/sessions"), timeout=30,
+                          headers={"Authorization": f"Bearer {key}"},
+                          json={"session": {"model": "gpt-live"},
+                                "transport": {"type": "webrtc", "sdp": "v=0"}})
+    assert response.status_code in (403, 501), response.text
+    if response.status_code == 403:
+        assert "/openai/v1/realtime" in response.json()["error"]["message"]
+
+
+# --- 10: no 500 from any input ---------------------------------------------------------------
+
+
+def detached_token(server: LiveServer) -> str:
+    """The resume token of a configured session whose link dropped (no close frame)."""
+    client = RawClient(server.port, GA, headers=AUTH)
+    created = event(client)
+    client.send_json({"type": "session.update", "session": {"instructions": "Hi."}})
+    while event(client)["type"] != "session.updated":
+        pass
+    abort(client)
+    return created["session"]["resume_token"]
+
+
+@pytest.mark.parametrize("last_seq", ["\u0663", "1" * 5000, "\uff11", "-0", "1e3", " 1"])
+def test_a_resume_with_a_strange_last_seq_is_a_clear_refusal(server, last_seq):
+    """Finding 10: non-ASCII digits or over 4,300 digits were a 500 with a traceback."""
+    token = detached_token(server)
+    url = server.ws(GA) + "?" + str(httpx.QueryParams({"resume_token": token,
+                                                        "last_seq": last_seq}))
+    with pytest.raises(InvalidStatus) as refused:
+        with connect(url, additional_headers=AUTH):
+            pass
+    assert refused.value.response.status_code == 400, refused.value.response.body
+    assert b"last_seq" in refused.value.response.body
+    with connect(url.split("?")[0] + "?" + str(httpx.QueryParams(  # the session is there
+            {"resume_token": token, "last_seq": "0"})), additional_headers=AUTH) as ws:
+        assert recv(ws)["type"] == "session.resumed"
+
+
+def test_a_wav_with_an_unknown_format_code_is_a_400(server):
+    """Finding 10: it decoded to no samples and the transcription failed with a 500."""
+    response = transcribe(server, wav(code=0x9999))
+    assert response.status_code == 400, response.text
+    assert "format code" in response.json()["error"]["message"]
+
+
+def browser_offer() -> str:
+    """An offer as a browser makes it (aiortc's): an audio and a data channel section."""
+    from aiortc import RTCPeerConnection
+
+    async def make() -> str:
+        pc = RTCPeerConnection()
+        pc.addTransceiver("audio", direction="sendrecv")
+        pc.createDataChannel("oai-events")
+        await pc.setLocalDescription(await pc.createOffer())
+        await pc.close()
+        return pc.localDescription.sdp
+
+    return asyncio.run(make())
+
+
+@pytest.mark.parametrize("copies", [300, 3])
+def test_an_sdp_offer_with_repeated_m_sections_is_a_400(server, copies):
+    """Finding 10: hundreds of identical m-sections were a 500 with a traceback (aiortc
+    takes the offer, then fails to answer it: so do three)."""
+    pytest.importorskip("aiortc")
+    head, *sections = re.split(r"(?=^m=)", browser_offer(), flags=re.M)
+    offer = head + sections[0] * copies + "".join(sections[1:])
+    response = httpx.post(server.http(GA + "/calls"), content=offer,
+                          headers={**AUTH, "Content-Type": "application/sdp"}, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "sdp"
