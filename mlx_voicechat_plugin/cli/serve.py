@@ -79,6 +79,11 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="a STUN or TURN server the calls use (repeatable; "
                              "turn:USER:PASSWORD@HOST:PORT for a relay that clients behind "
                              "NAT reach; default: none, no server is asked)")
+    tools = parser.add_argument_group("tools (docs/tools.md)")
+    tools.add_argument("--mcp", metavar="CONFIG.json",
+                       help="the operator's MCP servers, in Claude Desktop's mcpServers format "
+                            "(stdio command/args/env, or url/headers): their tools are every "
+                            "session's, run by the server (needs the mcp extra)")
     replica = parser.add_argument_group("replicas (behind a balancer: docs/replicas.md)")
     replica.add_argument("--agent-port", type=int, default=None,
                          help="answer HAProxy's agent-check on this TCP port (same host as "
@@ -217,8 +222,28 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
         parser.error(f"--agent-port must differ from --port ({args.port})")
     if not args.drain_seconds >= 0:
         parser.error(f"--drain-seconds must be >= 0, got {args.drain_seconds:g}")
+    args.mcp_servers = mcp_servers(parser, args.mcp)
     check_device_options(parser, args)
     return args
+
+
+def mcp_servers(parser: argparse.ArgumentParser, path: str | None) -> list:
+    """The servers of ``--mcp``'s file (none without it); a mistake is the parser's error."""
+    if path is None:
+        return []
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        parser.error("--mcp needs the MCP SDK: pip install 'mlx-voicechat-plugin[mcp]'")
+    from ..server.mcp.config import McpConfigError, load_config
+
+    try:
+        servers = load_config(path)
+    except McpConfigError as exc:
+        parser.error(f"--mcp: {exc}")
+    if not servers:
+        parser.error(f"--mcp: {path} lists no enabled server")
+    return servers
 
 
 LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
@@ -283,7 +308,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
                      limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,
                      agent_port=args.agent_port, agent_host=args.host, ice=args.ice,
-                     memory_budget=args.memory_budget)
+                     memory_budget=args.memory_budget, mcp_servers=args.mcp_servers)
     run_server(app, host=args.host, port=args.port, log_level=args.log_level,
                **args.limits.uvicorn_options())  # uvicorn.run, draining on SIGTERM
     return 0

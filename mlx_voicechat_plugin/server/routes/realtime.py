@@ -31,6 +31,7 @@ from ..connection import Connection, connect
 from ..dialects.base import Dialect
 from ..engine.thread import Engine
 from ..limits import ServerLimits
+from ..mcp.manager import McpManager
 from ..messages import Hangup
 from ..operations.drain import Drain
 from ..resume import REPLICA_HEADER, Refused, Resumes
@@ -59,6 +60,8 @@ async def deny(websocket: WebSocket, status: int, message: str,
 class Realtime:
     """Serves one upgrade in a dialect: checks it, then runs its connection (a WebSocket
     transport, a new session in the dialect) under the drain."""
+
+    mcp: McpManager | None = None  # the operator's MCP servers (the app sets it)
 
     def __init__(self, engine: Engine, drain: Drain, served: ServedModel, limits: ServerLimits,
                  access: Access, keys: EphemeralKeys | None = None,
@@ -109,7 +112,8 @@ class Realtime:
             if connection is None:
                 return
         else:
-            connection = connect(transport, dialect, self.engine, self.served.model_id, limits)
+            connection = connect(transport, dialect, self.engine, self.served.model_id, limits,
+                                 self.mcp)
             if limits.resumable:
                 self.resumes.issue(connection.session, opener,
                                    websocket.headers.get(REPLICA_HEADER))
