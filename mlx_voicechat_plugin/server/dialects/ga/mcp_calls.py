@@ -16,6 +16,7 @@ from typing import Any
 
 from ...mcp.events import ServerToolCall, ToolOutput
 from ...wire import new_id
+from .audio import OutputAudio
 from .turns import Out, ResponseBook
 
 
@@ -25,7 +26,9 @@ def mcp_call(book: ResponseBook, event: ServerToolCall, out: Out) -> None:
         book._start(out, int(event.frame_index))
     response = book.response
     book._announce(out)
-    book._close_message(out)
+    if response.message is not None:
+        book._close_message(out)  # its audio's resampler flushed: the speech after the
+        response.audio = OutputAudio(book.config.output_format, book.model_rate)  # call, anew
     item_id, index = new_id("mcp"), len(response.output)
     item = {"id": item_id, "type": "mcp_call", "server_label": event.server_label,
             "name": event.name, "arguments": ""}

@@ -1,0 +1,160 @@
+"""An operator's streamable-HTTP MCP server seen by each dialect's client: GA (strictly
+validated, and the openai SDK), NVIDIA's; its secret header reaches the MCP server only."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+
+import pytest
+from ga_schema import check
+from ga_support import (API_KEY, MODEL, base_url, call_frames, question_wav_24k, scripted_call,
+                        silence_chunks, wav_chunks)
+from mcp_support import SECRET, HttpMcpServer, calls
+from server_support import LiveServer, connect, recv, running, send
+
+from mlx_voicechat_plugin.server.app import create_app
+from mlx_voicechat_plugin.server.limits import ServerLimits
+from mlx_voicechat_plugin.server.mcp.config import parse_server
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+GA_PATH = f"/openai/v1/realtime?model={MODEL}"
+SESSION = {"type": "realtime", "instructions": "Be brief.", "output_modalities": ["audio"],
+           "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}},
+                     "output": {"format": {"type": "audio/pcm", "rate": 24000}}}}
+
+
+@pytest.fixture(scope="module")
+def mcp_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("mcp") / "calls.jsonl"
+
+
+@pytest.fixture(scope="module")
+def mcp_server(mcp_log):
+    server = HttpMcpServer(mcp_log)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt, mcp_server):
+    spec = parse_server("web", {"url": mcp_server.url,
+                                "headers": {"Authorization": f"Bearer {SECRET}"}})
+    limits = ServerLimits(update_timeout=20, idle_timeout=30)
+    app = create_app(tiny_ckpt, api_key=API_KEY, limits=limits, mcp_servers=[spec])
+    live = LiveServer(app)
+    deadline = time.monotonic() + 60
+    while not app.state.mcp.connections["web"].connected:
+        assert time.monotonic() < deadline, app.state.mcp.connections["web"].error
+        time.sleep(0.05)
+    yield from running(live)
+
+
+def _until(ws, kind: str, events: list[dict], timeout: float = 30) -> dict:
+    while True:
+        one = recv(ws, timeout)
+        check(one)  # strictly, against the openai package's RealtimeServerEvent
+        events.append(one)
+        if one["type"] == kind:
+            return one
+
+
+def _audio(chunk: bytes) -> dict:
+    return {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
+
+
+def test_ga_client_sees_an_mcp_call_item_every_event_valid(server, mcp_server, mcp_log,
+                                                           monkeypatch, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    script = scripted_call(server, monkeypatch)
+    wav = question_wav_24k(tmp_path / "q.wav", call_frames(script) * 0.08 + 0.5)
+    server.wait_idle()
+    events: list[dict] = []
+    with connect(server.ws(GA_PATH), additional_headers=AUTH) as ws:
+        _until(ws, "session.created", events)
+        send(ws, {"type": "session.update", "session": SESSION})
+        _until(ws, "session.updated", events)
+        for chunk in wav_chunks(wav):
+            send(ws, _audio(chunk))
+        done = _until(ws, "response.mcp_call_arguments.done", events)
+        assert json.loads(done["arguments"]) == {"city": "Paris"}
+        completed = _until(ws, "response.mcp_call.completed", events)
+        item = _until(ws, "conversation.item.done", events)["item"]
+        assert item["type"] == "mcp_call" and item["id"] == completed["item_id"]
+        assert (item["server_label"], item["name"]) == ("web", "get_weather")
+        assert json.loads(item["output"]) == {"city": "Paris", "temp": 21}
+        for chunk in silence_chunks(0.5):
+            send(ws, _audio(chunk))
+        send(ws, {"type": "input_audio_buffer.commit"})
+        _until(ws, "input_audio_buffer.committed", events)
+    assert not [e for e in events if e["type"] == "error"]
+    assert calls(mcp_log)[-1]["arguments"] == {"city": "Paris"}
+    # The secret header reached the MCP server, and nothing else: no event, no log line.
+    assert any(h.get("authorization") == f"Bearer {SECRET}" for h in mcp_server.headers)
+    assert SECRET not in json.dumps(events) and SECRET not in caplog.text
+
+
+def test_the_openai_sdk_runs_an_mcp_session_with_no_error_event(server, monkeypatch, tmp_path):
+    import openai
+    from openai.types.realtime import (RealtimeErrorEvent, ResponseMcpCallCompleted,
+                                       SessionUpdatedEvent)
+
+    script = scripted_call(server, monkeypatch)
+    wav = question_wav_24k(tmp_path / "q.wav", call_frames(script) * 0.08 + 0.5)
+    server.wait_idle()
+
+    async def run() -> list:
+        events: list = []
+        client = openai.AsyncOpenAI(api_key=API_KEY, base_url=base_url(server))
+        async with client.realtime.connect(model=MODEL) as connection:
+            await connection.session.update(session=SESSION)
+
+            async def until(kind):
+                while True:
+                    event = await connection.recv()
+                    events.append(event)
+                    if isinstance(event, kind):
+                        return event
+
+            await asyncio.wait_for(until(SessionUpdatedEvent), 30)
+            for chunk in wav_chunks(wav):
+                await connection.input_audio_buffer.append(
+                    audio=base64.b64encode(chunk).decode())
+            await asyncio.wait_for(until(ResponseMcpCallCompleted), 60)
+        return events
+
+    events = asyncio.run(run())
+    assert not [e for e in events if isinstance(e, RealtimeErrorEvent)]
+
+
+def test_nvidia_client_sees_the_call_and_its_result(server, monkeypatch):
+    script = scripted_call(server, monkeypatch)
+    server.wait_idle()
+    rate = 24_000
+    import numpy as np
+    import soxr
+
+    from mlx_voicechat_plugin.testing.fixtures import question_signal
+
+    samples = soxr.resample(question_signal(call_frames(script) * 0.08 + 0.5), 16_000, rate)
+    data = np.round(np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+    step = rate * 80 // 1000 * 2
+    with connect(server.ws("/nvidia/v1/realtime"), additional_headers=AUTH) as ws:
+        assert recv(ws)["type"] == "session.created"
+        send(ws, {"type": "session.update", "session": {
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": rate}},
+                      "output": {"format": "pcm16"}}}})
+        assert recv(ws)["type"] == "session.updated"
+        for i in range(0, len(data), step):
+            send(ws, _audio(data[i:i + step]))
+        seen: list[dict] = []
+        while not any(e["type"] == "conversation.item.function_call_output" for e in seen):
+            seen.append(recv(ws, 30))
+    (call,) = [e for e in seen if e["type"] == "response.function_call_arguments.done"]
+    (output,) = [e for e in seen if e["type"] == "conversation.item.function_call_output"]
+    assert call["name"] == "get_weather" and output["call_id"] == call["call_id"]
+    assert json.loads(output["output"])["temp"] == 21
+    assert not [e for e in seen if e["type"] == "error"]
