@@ -84,6 +84,11 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                        help="the operator's MCP servers, in Claude Desktop's mcpServers format "
                             "(stdio command/args/env, or url/headers): their tools are every "
                             "session's, run by the server (needs the mcp extra)")
+    tools.add_argument("--mcp-allow-url", dest="mcp_allow_urls", action="append", default=[],
+                       metavar="PATTERN",
+                       help="a URL pattern (fnmatch, e.g. 'https://mcp.example.com/*') a GA "
+                            "session's mcp tool may connect to; none by default. Loopback, "
+                            "private and link-local hosts need a pattern naming the host")
     replica = parser.add_argument_group("replicas (behind a balancer: docs/replicas.md)")
     replica.add_argument("--agent-port", type=int, default=None,
                          help="answer HAProxy's agent-check on this TCP port (same host as "
@@ -223,6 +228,12 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
     if not args.drain_seconds >= 0:
         parser.error(f"--drain-seconds must be >= 0, got {args.drain_seconds:g}")
     args.mcp_servers = mcp_servers(parser, args.mcp)
+    if args.mcp_allow_urls:
+        try:
+            import mcp  # noqa: F401
+        except ImportError:
+            parser.error("--mcp-allow-url needs the MCP SDK: "
+                         "pip install 'mlx-voicechat-plugin[mcp]'")
     check_device_options(parser, args)
     return args
 
@@ -308,7 +319,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
                      limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,
                      agent_port=args.agent_port, agent_host=args.host, ice=args.ice,
-                     memory_budget=args.memory_budget, mcp_servers=args.mcp_servers)
+                     memory_budget=args.memory_budget, mcp_servers=args.mcp_servers,
+                     mcp_allow_urls=args.mcp_allow_urls)
     run_server(app, host=args.host, port=args.port, log_level=args.log_level,
                **args.limits.uvicorn_options())  # uvicorn.run, draining on SIGTERM
     return 0

@@ -73,6 +73,7 @@ def create_app(
     ice: ICEConfig | None = None,
     memory_budget: float | None = None,
     mcp_servers: Sequence[McpServerSpec] = (),
+    mcp_allow_urls: Sequence[str] = (),
 ) -> FastAPI:
     """The realtime server for one checkpoint; the engine starts with the app.
 
@@ -85,7 +86,8 @@ def create_app(
     loopback, no STUN or TURN server). ``memory_budget``: the GiB the model and its
     sessions may use (:mod:`..budget`; the device's by default). ``mcp_servers``: the
     operator's MCP servers (``--mcp``), connected at startup, their tools every session's
-    (:mod:`.mcp`).
+    (:mod:`.mcp`); ``mcp_allow_urls``: the URL patterns a session may name an MCP server
+    by (GA's ``mcp`` tool; none by default).
     """
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
@@ -107,7 +109,8 @@ def create_app(
         return replica_status(engine, drain.draining)
 
     add_replica_metrics(engine.metrics, status)
-    mcp = McpManager(list(mcp_servers)) if mcp_servers else None
+    mcp = McpManager(list(mcp_servers), allow_urls=mcp_allow_urls) \
+        if mcp_servers or mcp_allow_urls else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -350,6 +350,8 @@ class Session(EngineSide):
             self.life.move_link(Tie.RELEASED)
         self.link = None
         self.replay.clear()
+        if self.server_tools is not None:  # its calls cancelled, its own MCP servers closed
+            await self.server_tools.close()
         current = asyncio.current_task()
         for task in [*self._tasks, self._expiry]:
             if task is not None and task is not current:

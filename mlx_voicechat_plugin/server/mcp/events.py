@@ -34,3 +34,15 @@ class ToolOutput:
     output: str
     failure: str | None = None
     message: str = ""
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """A server-run call waits for the client's approval (``approval_id``)."""
+
+    frame_index: int
+    approval_id: str
+    call_id: str
+    name: str
+    server_label: str
+    arguments: str

@@ -31,7 +31,7 @@ import time
 import unicodedata
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ...runtime.tool_failures import (
     BAD_RESPONSE,
@@ -45,6 +45,7 @@ from ...runtime.tool_failures import (
 )
 from ...runtime.tools import ToolError, parse_tool
 from .config import McpServerSpec
+from .session_servers import UrlPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class McpTool:
     name: str  # the tool's name on its server and to the model
     spec: dict[str, Any]  # the function tool the model sees: name, description, parameters, acks
     timeout: float
+    approval: bool = False  # the call waits for the client's approval
+    owned: bool = False  # a server the session named (GA's mcp tool), not the operator's
 
 
 def result_text(result: Any, max_bytes: int) -> str:
@@ -96,8 +99,10 @@ class McpConnection:
 
     def __init__(self, spec: McpServerSpec, *, connect_timeout: float = CONNECT_TIMEOUT,
                  backoff: tuple[float, float] = (BACKOFF_FIRST, BACKOFF_MOST),
-                 max_restarts: int = MAX_RESTARTS, http_client: Any = None):
+                 max_restarts: int = MAX_RESTARTS, http_client: Any = None,
+                 restart: bool = True):
         self.spec = spec
+        self.restart = restart  # a session's own server is not restarted
         self.connect_timeout = connect_timeout
         self.backoff = backoff
         self.max_restarts = max_restarts
@@ -240,7 +245,8 @@ class McpConnection:
         self.error = failure.message
         if not self._closed:
             logger.warning("MCP server %s: %s", self.name, failure.message)
-        if not self._closed and self.starts and (self._restart is None or self._restart.done()):
+        if self.restart and not self._closed and self.starts and (
+                self._restart is None or self._restart.done()):
             self._restart = asyncio.ensure_future(self._restart_later())
 
     async def _restart_later(self) -> None:
@@ -346,10 +352,12 @@ class McpManager:
     """The operator's MCP servers (``--mcp``), owned by the app: started on the loop at
     startup, their tools offered to every session, closed at shutdown."""
 
-    def __init__(self, specs: list[McpServerSpec], *,
+    def __init__(self, specs: list[McpServerSpec], *, allow_urls: Sequence[str] = (),
                  max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES, **connection: Any):
         self.connections = {spec.name: McpConnection(spec, **connection) for spec in specs}
         self.max_result_bytes = max_result_bytes
+        self.policy = UrlPolicy(allow_urls)  # the URLs a session may name (--mcp-allow-url)
+        self.connection_options = connection
         self._starting: asyncio.Task | None = None
 
     def start_soon(self) -> None:
@@ -399,7 +407,7 @@ class McpManager:
 
 
 def offer(server: str, name: str, listed: dict[str, Any], acks: tuple[str, ...],
-          timeout: float) -> McpTool | None:
+          timeout: float, **kinds: bool) -> McpTool | None:
     """One listed tool as a function tool the model can take, or ``None`` (logged)."""
     spec = {"name": name, "description": ascii_text(listed.get("description") or "")[:1024],
             "parameters": listed.get("inputSchema") or {"type": "object", "properties": {}}}
@@ -410,4 +418,4 @@ def offer(server: str, name: str, listed: dict[str, Any], acks: tuple[str, ...],
     except ToolError as exc:
         logger.warning("MCP tool %s.%s is not offered: %s", server, name, exc)
         return None
-    return McpTool(server, name, spec, timeout)
+    return McpTool(server, name, spec, timeout, **kinds)

@@ -25,9 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from ...runtime.events import Cancelled, ToolCall
 from ...runtime.options import ConversationOptions
-from ...runtime.tool_failures import CANCELLED, SERVER_ERROR, ToolFailure
-from .events import ServerToolCall, ToolOutput
-from .manager import McpManager, McpTool
+from ...runtime.tool_failures import CANCELLED, DENIED, SERVER_ERROR, ToolFailure
+from ..wire import new_id
+from .config import DEFAULT_ACK, McpServerSpec
+from .events import ApprovalRequest, ServerToolCall, ToolOutput
+from .manager import McpConnection, McpManager, McpTool, offer
+from .session_servers import SessionMcpServer, UrlRefused
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -44,6 +47,10 @@ class SessionTools:
         self.offered: dict[str, McpTool] = {}  # name -> tool, as offered at the last open
         self.inflight: dict[str, tuple[asyncio.Task, ServerToolCall]] = {}  # runtime call id
         self.generation = 0  # engine opens; a result of an earlier one is dropped
+        # The MCP servers the session named (GA's mcp tools): label -> server, connection,
+        # the tools it may call there.
+        self.own: dict[str, tuple[SessionMcpServer, McpConnection, dict[str, Any]]] = {}
+        self.approvals: dict[str, asyncio.Future] = {}  # approval id -> the client's answer
 
     # --- at open ---------------------------------------------------------------------
 
@@ -55,13 +62,81 @@ class SessionTools:
         if not isinstance(options, ConversationOptions):
             self.offered = {}
             return options
-        own = {t.get("name") if "function" not in t else t["function"].get("name")
-               for t in options.tools or [] if isinstance(t, dict)}
-        self.offered = {t.name: t for t in self.manager.tools() if t.name not in own}
+        taken = {t.get("name") if "function" not in t else t["function"].get("name")
+                 for t in options.tools or [] if isinstance(t, dict)}
+        self.offered = {}
+        for tool in [*self._own_tools(), *self.manager.tools()]:  # the session's servers first
+            if tool.name not in taken:
+                taken.add(tool.name)
+                self.offered[tool.name] = tool
         if not self.offered:
             return options
         return replace(options, tools=[*(options.tools or []),
                                        *(t.spec for t in self.offered.values())])
+
+    def _own_tools(self) -> list[McpTool]:
+        tools = []
+        for server, conn, listed in self.own.values():
+            for name, spec in listed.items():
+                tool = offer(server.label, name, spec, DEFAULT_ACK, server.timeout,
+                             approval=server.needs_approval(name), owned=True)
+                if tool is not None:
+                    tools.append(tool)
+        return tools
+
+    # --- the session's own servers (GA's mcp tools) ------------------------------------
+
+    async def connect_own(self, server: SessionMcpServer) -> dict[str, Any]:
+        """Connect a server the session named, if the operator allows its URL; the tools
+        the session may call there (``allowed_tools``). :class:`UrlRefused` or
+        :class:`ToolFailure` if not."""
+        if not self.manager.policy:
+            raise UrlRefused("this server lets no session name an MCP server "
+                             "(the operator's --mcp-allow-url)")
+        await self.manager.policy.check(server.url)
+        spec = McpServerSpec(name=server.label, url=server.url, headers=server.headers,
+                             timeout=server.timeout)
+        conn = McpConnection(spec, restart=False, **self.manager.connection_options)
+        await conn.connect()
+        listed = {name: tool for name, tool in conn.tools.items()
+                  if server.allowed_tools is None or name in server.allowed_tools}
+        self.own[server.label] = (server, conn, listed)
+        return listed
+
+    async def close_own(self) -> None:
+        """Disconnect the servers the session named."""
+        own, self.own = self.own, {}
+        await asyncio.gather(*(conn.close() for _, conn, _ in own.values()))
+
+    async def close(self) -> None:
+        """The session ends: its calls cancelled, its own servers disconnected."""
+        self.cancel_all("the session closed")
+        await self.close_own()
+
+    def approve(self, approval_id: str, approve: bool) -> None:
+        """The client's answer to an approval request; ``ValueError`` if none waits."""
+        waiting = self.approvals.get(approval_id)
+        if waiting is None or waiting.done():
+            raise ValueError(f"no approval request {approval_id!r} is waiting")
+        waiting.set_result(approve)
+
+    async def _approval(self, call: ServerToolCall, tool: McpTool) -> None:
+        """Wait for the client's approval of ``call`` (within the tool's timeout), else
+        a ``denied`` failure."""
+        approval_id = new_id("mcpr")
+        waiting = asyncio.get_running_loop().create_future()
+        self.approvals[approval_id] = waiting
+        self.session.deliver(self.session.dialect.translate([ApprovalRequest(
+            self.session.frames_seen, approval_id, call.call_id, call.name, call.server_label,
+            call.arguments)]))
+        try:
+            approved = await asyncio.wait_for(waiting, tool.timeout)
+        except asyncio.TimeoutError:
+            raise ToolFailure(DENIED, f"no approval within {tool.timeout:g} s") from None
+        finally:
+            self.approvals.pop(approval_id, None)
+        if not approved:
+            raise ToolFailure(DENIED, "the user did not approve this call; it was not run")
 
     def runs(self, call_id: str) -> bool:
         """Whether ``call_id`` is a call the server runs now (not the client's to answer)."""
@@ -90,7 +165,17 @@ class SessionTools:
 
     async def _run(self, call: ServerToolCall, tool: McpTool, generation: int) -> None:
         try:
-            output = await self.manager.call(tool, json.loads(call.arguments))
+            if tool.approval:
+                await self._approval(call, tool)
+            arguments = json.loads(call.arguments)
+            if tool.owned:
+                conn = self.own[tool.server][1] if tool.server in self.own else None
+                if conn is None:
+                    raise ToolFailure(SERVER_ERROR, f"the MCP server {tool.server} was closed")
+                output = await conn.call(tool.name, arguments, tool.timeout,
+                                         self.manager.max_result_bytes)
+            else:
+                output = await self.manager.call(tool, arguments)
             failure = None
         except ToolFailure as exc:
             output, failure = exc.output(), exc
