@@ -12,7 +12,7 @@ import json
 import time
 
 import pytest
-from mcp_support import SECRET, calls, children, stdio_spec
+from mcp_support import SECRET, calls, children, open_fds, stdio_spec
 from server_support import (
     FRAME,
     LiveServer,
@@ -37,7 +37,7 @@ def log(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt, log):
-    limits = ServerLimits(update_timeout=20, idle_timeout=30)
+    limits = ServerLimits(update_timeout=20, idle_timeout=30, max_sessions=2)
     app = create_app(tiny_ckpt, limits=limits, mcp_servers=[stdio_spec("tools", log)])
     live = LiveServer(app)
     app.state.mcp.connections["tools"].backoff = (0.2, 1.0)
@@ -61,6 +61,16 @@ def wait_connected(connection, seconds: float = 30) -> None:
     while not connection.connected:
         assert time.monotonic() < deadline, connection.error
         time.sleep(0.05)
+
+
+def _tasks(server) -> int:
+    """The tasks on the server's event loop now."""
+    import asyncio
+
+    async def count() -> int:
+        return len(asyncio.all_tasks())
+
+    return asyncio.run_coroutine_threadsafe(count(), server.app.state.drain.loop).result(10)
 
 
 def _call(name: str, arguments: dict) -> str:
@@ -151,6 +161,7 @@ def _second_session_calls_the_same_server(server, monkeypatch, log) -> None:
 ])
 def test_each_failure_is_one_typed_failure_and_the_session_goes_on(
         server, ws, monkeypatch, log, name, arguments, failure):
+    fds, tasks = open_fds(), _tasks(server)
     script = _script(server, monkeypatch, _call(name, arguments))
     configure(ws)
     pusher = Pusher(ws)
@@ -169,6 +180,11 @@ def test_each_failure_is_one_typed_failure_and_the_session_goes_on(
     ws.close()
     _second_session_calls_the_same_server(server, monkeypatch, log)
     assert len(children()) == 1  # the one server child (a crashed one was reaped)
+    assert open_fds() <= fds + 2  # its pipes and sockets closed (the test's own client too)
+    deadline = time.monotonic() + 10
+    while _tasks(server) > tasks:  # no task left behind (the first client's are gone too)
+        assert time.monotonic() < deadline, f"{_tasks(server)} tasks, {tasks} before"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("text, reason", [
@@ -213,3 +229,20 @@ def test_a_call_in_flight_is_cancelled_when_the_session_closes(server, ws, monke
     pusher.until("response.function_call_arguments.done")
     ws.close()  # while the call runs
     _second_session_calls_the_same_server(server, monkeypatch, log)
+
+
+def test_a_session_cannot_see_another_sessions_calls_or_results(server, ws, monkeypatch, log):
+    with connect(server.ws()) as other:
+        configure(other)  # open beside the first, on the same MCP server
+        script = _script(server, monkeypatch, VALID)
+        configure(ws)
+        pusher = Pusher(ws)
+        pusher.push(script.start + len(script.tokens))
+        call = pusher.until("response.function_call_arguments.done")
+        pusher.until("conversation.item.function_call_output")
+        send(other, {"type": "session.ping"})
+        seen = []
+        while (event := recv(other, 30))["type"] != "session.pong":
+            seen.append(event)
+        assert call["call_id"] not in json.dumps(seen)
+        assert not [e for e in seen if "function_call" in e["type"]]
