@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 SERVER_SCRIPT = Path(__file__).resolve().parent / "mcp_tool_server.py"
 SECRET = "s3cret-value-never-shown"
 
@@ -91,3 +93,30 @@ class HttpMcpServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(20)
+
+
+@pytest.fixture(scope="module")
+def mcp_log(tmp_path_factory):
+    """Where the module's MCP server writes the calls it received."""
+    return tmp_path_factory.mktemp("mcp") / "calls.jsonl"
+
+
+@pytest.fixture(scope="module")
+def mcp_server(mcp_log):
+    """The module's streamable-HTTP MCP server."""
+    server = HttpMcpServer(mcp_log)
+    yield server
+    server.stop()
+
+
+def ga_until(ws, kind: str, events: list[dict], timeout: float = 30) -> dict:
+    """GA events (each validated strictly, kept in ``events``) up to one of ``kind``."""
+    from ga_schema import check
+    from server_support import recv
+
+    while True:
+        one = recv(ws, timeout)
+        check(one)  # against the openai package's RealtimeServerEvent
+        events.append(one)
+        if one["type"] == kind:
+            return one

@@ -10,10 +10,9 @@ import logging
 import time
 
 import pytest
-from ga_schema import check
 from ga_support import (API_KEY, MODEL, base_url, call_frames, question_wav_24k, scripted_call,
                         silence_chunks, wav_chunks)
-from mcp_support import SECRET, HttpMcpServer, calls
+from mcp_support import SECRET, calls, ga_until, mcp_log, mcp_server  # noqa: F401 (fixtures)
 from server_support import LiveServer, connect, recv, running, send
 
 from mlx_voicechat_plugin.server.app import create_app
@@ -25,18 +24,6 @@ GA_PATH = f"/openai/v1/realtime?model={MODEL}"
 SESSION = {"type": "realtime", "instructions": "Be brief.", "output_modalities": ["audio"],
            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}},
                      "output": {"format": {"type": "audio/pcm", "rate": 24000}}}}
-
-
-@pytest.fixture(scope="module")
-def mcp_log(tmp_path_factory):
-    return tmp_path_factory.mktemp("mcp") / "calls.jsonl"
-
-
-@pytest.fixture(scope="module")
-def mcp_server(mcp_log):
-    server = HttpMcpServer(mcp_log)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +40,7 @@ def server(tiny_ckpt, mcp_server):
     yield from running(live)
 
 
-def _until(ws, kind: str, events: list[dict], timeout: float = 30) -> dict:
-    while True:
-        one = recv(ws, timeout)
-        check(one)  # strictly, against the openai package's RealtimeServerEvent
-        events.append(one)
-        if one["type"] == kind:
-            return one
+_until = ga_until
 
 
 def _audio(chunk: bytes) -> dict:

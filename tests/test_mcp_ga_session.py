@@ -9,10 +9,9 @@ import json
 import logging
 
 import pytest
-from ga_schema import check
 from ga_support import API_KEY, MODEL, call_frames, question_wav_24k, scripted_call, wav_chunks
-from mcp_support import SECRET, HttpMcpServer, calls
-from server_support import LiveServer, connect, recv, running, send
+from mcp_support import SECRET, calls, ga_until, mcp_log, mcp_server  # noqa: F401 (fixtures)
+from server_support import LiveServer, connect, running, send
 
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
@@ -22,18 +21,6 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 GA_PATH = f"/openai/v1/realtime?model={MODEL}"
 AUDIO = {"input": {"format": {"type": "audio/pcm", "rate": 24000}},
          "output": {"format": {"type": "audio/pcm", "rate": 24000}}}
-
-
-@pytest.fixture(scope="module")
-def mcp_log(tmp_path_factory):
-    return tmp_path_factory.mktemp("mcp") / "calls.jsonl"
-
-
-@pytest.fixture(scope="module")
-def mcp_server(mcp_log):
-    server = HttpMcpServer(mcp_log)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +36,7 @@ def _tool(url: str, **extra) -> dict:
             "headers": {"Authorization": f"Bearer {SECRET}"}, **extra}
 
 
-def _until(ws, kind: str, events: list[dict], timeout: float = 30) -> dict:
-    while True:
-        one = recv(ws, timeout)
-        check(one)  # strictly, against the openai package's RealtimeServerEvent
-        events.append(one)
-        if one["type"] == kind:
-            return one
+_until = ga_until
 
 
 def _session(server, tools: list[dict], events: list[dict]):

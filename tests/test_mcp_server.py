@@ -117,7 +117,10 @@ def _of(events, kind):
 
 
 def test_mcp_call_runs_on_the_server_and_its_result_reaches_the_model(server, ws, monkeypatch,
-                                                                        log):
+                                                                        log, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
     script = _script(server, monkeypatch, VALID)
     configure(ws)
     pusher = Pusher(ws)
@@ -135,7 +138,7 @@ def test_mcp_call_runs_on_the_server_and_its_result_reaches_the_model(server, ws
     forced = [t for t in script.forced if t is not None]
     assert len(forced) == injected["num_tokens"]
     assert _of(pusher.push(3), "response.audio.delta")
-    assert SECRET not in json.dumps(pusher.events)
+    assert SECRET not in json.dumps(pusher.events) and SECRET not in caplog.text
 
 
 def _second_session_calls_the_same_server(server, monkeypatch, log) -> None:
@@ -246,3 +249,15 @@ def test_a_session_cannot_see_another_sessions_calls_or_results(server, ws, monk
             seen.append(event)
         assert call["call_id"] not in json.dumps(seen)
         assert not [e for e in seen if "function_call" in e["type"]]
+
+
+def test_the_env_secret_reaches_the_child_and_nothing_else(server, ws, monkeypatch, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    script = _script(server, monkeypatch, _call("has_secret", {}))
+    configure(ws)
+    pusher = Pusher(ws)
+    pusher.push(script.start + len(script.tokens))
+    assert pusher.until("conversation.item.function_call_output")["output"] == "true"
+    assert SECRET not in json.dumps(pusher.events) and SECRET not in caplog.text
