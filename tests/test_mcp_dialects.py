@@ -139,3 +139,43 @@ def test_nvidia_client_sees_the_call_and_its_result(server, monkeypatch):
     assert call["name"] == "get_weather" and output["call_id"] == call["call_id"]
     assert json.loads(output["output"])["temp"] == 21
     assert not [e for e in seen if e["type"] == "error"]
+
+
+def test_the_agents_sdk_runs_an_mcp_session_with_no_error(server, monkeypatch, tmp_path):
+    agents = pytest.importorskip("agents.realtime")
+
+    script = scripted_call(server, monkeypatch)
+    wav = question_wav_24k(tmp_path / "q.wav", call_frames(script) * 0.08 + 0.5)
+    server.wait_idle()
+
+    def raw(events, kind):
+        return [e for e in events if e.type == "raw_model_event"
+                and e.data.type == "raw_server_event" and e.data.data.get("type") == kind]
+
+    async def run() -> list:
+        agent = agents.RealtimeAgent(name="Assistant", instructions="Be brief.")
+        runner = agents.RealtimeRunner(agent)
+        session = await runner.run(model_config={
+            "url": server.ws("/openai/v1/realtime?model=gpt-realtime"), "api_key": API_KEY})
+        events: list = []
+        async with session:
+            async def read() -> None:
+                async for event in session:
+                    events.append(event)
+                    if any(e.data.data["item"]["type"] == "mcp_call"
+                           for e in raw(events, "conversation.item.done")):
+                        return
+
+            reader = asyncio.ensure_future(read())
+            while not raw(events, "session.updated"):
+                await asyncio.sleep(0.05)
+            for chunk in wav_chunks(wav) + silence_chunks(0.5):
+                await session.send_audio(chunk)
+            await asyncio.wait_for(reader, 60)
+        return events
+
+    events = asyncio.run(run())
+    (item,) = [e.data.data["item"] for e in raw(events, "conversation.item.done")
+               if e.data.data["item"]["type"] == "mcp_call"] or [None]
+    assert item is not None and json.loads(item["output"])["temp"] == 21
+    assert not [e for e in events if e.type == "error"]
