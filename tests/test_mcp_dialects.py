@@ -179,3 +179,26 @@ def test_the_agents_sdk_runs_an_mcp_session_with_no_error(server, monkeypatch, t
                if e.data.data["item"]["type"] == "mcp_call"] or [None]
     assert item is not None and json.loads(item["output"])["temp"] == 21
     assert not [e for e in events if e.type == "error"]
+
+
+def test_a_cancelled_response_cancels_its_call_and_the_model_hears_so(server, monkeypatch,
+                                                                      tmp_path, mcp_log):
+    text = '<TOOLCALL>[{"name": "slow", "arguments": {"seconds": 25}}]</TOOLCALL>'
+    script = scripted_call(server, monkeypatch, text)
+    wav = question_wav_24k(tmp_path / "q.wav", call_frames(script) * 0.08 + 0.5)
+    server.wait_idle()
+    events: list[dict] = []
+    with connect(server.ws(GA_PATH), additional_headers=AUTH) as ws:
+        _until(ws, "session.created", events)
+        send(ws, {"type": "session.update", "session": SESSION})
+        _until(ws, "session.updated", events)
+        for chunk in wav_chunks(wav):
+            send(ws, _audio(chunk))
+        _until(ws, "response.mcp_call.in_progress", events)
+        while not calls(mcp_log) or calls(mcp_log)[-1]["name"] != "slow":
+            time.sleep(0.05)  # the MCP server has the call
+        send(ws, {"type": "response.cancel"})  # the user barges in
+        failed = _until(ws, "response.mcp_call.failed", events)
+        item = _until(ws, "conversation.item.done", events)["item"]
+        assert item["id"] == failed["item_id"]
+        assert item["error"]["message"].startswith("cancelled: ")

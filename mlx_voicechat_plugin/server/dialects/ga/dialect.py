@@ -225,6 +225,8 @@ class GADialect(Dialect):
                 raise ProtocolError("response_cancel_not_active",
                                     "there is no active response to cancel")
             self.emit(events)
+            if self.session.server_tools is not None:  # barge-in: its calls in flight too
+                self.session.server_tools.cancel_all("the response was cancelled", tell=True)
         session.active()
 
     async def create_response(self, params: Any) -> None:
