@@ -175,3 +175,42 @@ def test_each_config_mistake_names_its_server_and_field(spec, field):
 def test_a_failure_has_one_of_the_stated_types():
     with pytest.raises(ValueError):
         ToolFailure("crashed", "x")
+
+
+# --- serve --mcp --------------------------------------------------------------------------
+
+
+def _serve(*argv):
+    from mlx_voicechat_plugin.cli import serve
+
+    return serve.parse(["-m", "model", *argv], "mlx-voicechat serve", False)
+
+
+@pytest.mark.parametrize("text, line", [
+    ('{"mcpServers": {"a": {"command": "x", "args": "y"}}}',
+     "--mcp: mcpServers.a.args must be a list of strings"),
+    ("{not json", "is not JSON"),
+    ('{"servers": {}}', "'mcpServers' object"),
+    ('{"mcpServers": {"a": {"command": "x", "disabled": true}}}', "lists no enabled server"),
+])
+def test_a_config_mistake_is_one_line_and_exit_code_2(tmp_path, capsys, text, line):
+    config = tmp_path / "mcp.json"
+    config.write_text(text)
+    with pytest.raises(SystemExit) as done:
+        _serve("--mcp", str(config))
+    assert done.value.code == 2 and line in capsys.readouterr().err
+
+
+def test_a_missing_config_names_its_path(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _serve("--mcp", str(tmp_path / "none.json"))
+    assert "cannot read the MCP config" in capsys.readouterr().err
+
+
+def test_serve_reads_the_config_and_the_allowed_urls(tmp_path):
+    config = tmp_path / "mcp.json"
+    config.write_text('{"mcpServers": {"files": {"command": "npx", "args": ["-y", "fs"]}}}')
+    args = _serve("--mcp", str(config), "--mcp-allow-url", "https://mcp.example.com/*")
+    assert [s.name for s in args.mcp_servers] == ["files"]
+    assert args.mcp_allow_urls == ["https://mcp.example.com/*"]
+    assert _serve().mcp_servers == [] and _serve().mcp_allow_urls == []
