@@ -83,7 +83,7 @@ def _script(server, monkeypatch, text: str) -> Script:
 
 
 class Pusher:
-    """Pushes frames one at a time, each answered up to a pong; keeps every event."""
+    """Pushes frames, then a ping, and reads their events up to its pong; keeps them."""
 
     def __init__(self, ws):
         self.ws, self.frame, self.events = ws, 0, []
@@ -95,20 +95,20 @@ class Pusher:
             chunk = self.signal[self.frame * FRAME:(self.frame + 1) * FRAME]
             self.frame += 1
             send(self.ws, append_message(chunk))
-            send(self.ws, {"type": "session.ping"})
-            while (event := recv(self.ws, 30))["type"] != "session.pong":
-                new.append(event)
+        send(self.ws, {"type": "session.ping"})
+        while (event := recv(self.ws, 30))["type"] != "session.pong":
+            new.append(event)
         self.events += new
         return new
 
-    def until(self, kind: str, most: int = 400) -> dict:
-        """Push frames until an event of ``kind`` came (the call runs meanwhile)."""
+    def until(self, kind: str, most: int = 100) -> dict:
+        """Push frames (8 at a time) until an event of ``kind`` came (the call runs
+        meanwhile)."""
         for _ in range(most):
             found = [e for e in self.events if e["type"] == kind]
             if found:
                 return found[0]
-            self.push(1)
-            time.sleep(0.01)
+            self.push(8)
         raise AssertionError(f"no {kind} within {most} frames")
 
 

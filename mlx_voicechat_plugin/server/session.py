@@ -351,7 +351,10 @@ class Session(EngineSide):
         self.link = None
         self.replay.clear()
         if self.server_tools is not None:  # its calls cancelled, its own MCP servers closed
-            await self.server_tools.close()
+            try:
+                await self.server_tools.close()
+            except Exception:
+                logger.exception("closing %s's MCP servers failed", self.session_id)
         current = asyncio.current_task()
         for task in [*self._tasks, self._expiry]:
             if task is not None and task is not current:
