@@ -214,3 +214,26 @@ def test_serve_reads_the_config_and_the_allowed_urls(tmp_path):
     assert [s.name for s in args.mcp_servers] == ["files"]
     assert args.mcp_allow_urls == ["https://mcp.example.com/*"]
     assert _serve().mcp_servers == [] and _serve().mcp_allow_urls == []
+
+
+def test_a_stdio_server_starts_when_stderr_has_no_descriptor(monkeypatch, tmp_path):
+    """As under a capturing test runner or an embedding host: its stderr is the process's."""
+    import io
+
+    from mcp_support import children, stdio_spec
+
+    from mlx_voicechat_plugin.server.mcp.manager import McpManager
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+
+    async def run() -> str:
+        manager = McpManager([stdio_spec("tools", tmp_path / "calls.jsonl")])
+        await manager.start()
+        try:
+            (tool,) = [t for t in manager.tools() if t.name == "get_weather"]
+            return await manager.call(tool, {"city": "Oslo"})
+        finally:
+            await manager.close()
+
+    assert json.loads(asyncio.run(run()))["city"] == "Oslo"
+    assert not children()

@@ -27,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
+import os
+import sys
 import unicodedata
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -145,7 +146,7 @@ class McpConnection:
 
             return stdio_client(StdioServerParameters(
                 command=self.spec.command, args=list(self.spec.args), env=dict(self.spec.env),
-                cwd=self.spec.cwd))
+                cwd=self.spec.cwd), errlog=_errlog())
         from mcp.client.streamable_http import streamable_http_client
 
         return streamable_http_client(self.spec.url, http_client=self._http())
@@ -332,6 +333,18 @@ class McpConnection:
             return failure
         return ToolFailure(BAD_RESPONSE, f"the MCP server {self.name} answered something "
                                          f"that is not a tool result: {reason}")
+
+
+def _errlog() -> Any:
+    """Where a stdio child's stderr goes: the server's stderr, as a file with a descriptor
+    (``sys.stderr`` may have been replaced by one without)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            stream.fileno()
+            return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return open(os.devnull, "w")  # noqa: SIM115 - the child's for its life
 
 
 def _drop(task: asyncio.Future) -> None:
