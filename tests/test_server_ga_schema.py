@@ -127,6 +127,56 @@ def test_push_to_talk_and_a_cancelled_stream_are_valid():
     checked(events)
 
 
+def test_a_call_the_server_runs_is_a_valid_mcp_call_item():
+    from mlx_voicechat_plugin.server.mcp.events import ServerToolCall, ToolOutput
+
+    book, events = _book(("audio",)), []
+    events += wire(book.translate([AssistantTextDelta(1, 1, "let", "let"), _audio(1)]))
+    events += wire(book.translate([ServerToolCall(2, "call_a", "get_weather",
+                                                  '{"city": "Paris"}', server_label="tools")]))
+    events += wire(book.translate([ToolOutput(3, "call_a", "get_weather", "tools",
+                                              '{"city": "Paris"}', '{"temp": 21}')]))
+    events += wire(book.translate([ServerToolCall(4, "call_b", "slow", "{}",
+                                                  server_label="tools")]))
+    events += wire(book.translate([ToolOutput(5, "call_b", "slow", "tools", "{}",
+                                              '{"error": {}}', "timeout", "no answer in 2 s")]))
+    events += wire(book.translate([AssistantTextDelta(6, 1, "so", "so"), _audio(6),
+                                   TurnEnded(7)] + [_audio(f) for f in range(7, 11)]))
+    checked(events)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("response.mcp_call.completed") == kinds.count("response.mcp_call.failed")
+    done = [e["item"] for e in events if e["type"] == "conversation.item.done"
+            and e["item"]["type"] == "mcp_call"]
+    assert done[0]["output"] == '{"temp": 21}' and done[1]["error"]["message"].startswith(
+        "timeout: ")
+    (response,) = [e["response"] for e in events if e["type"] == "response.done"]
+    assert [i["type"] for i in response["output"]].count("mcp_call") == 2
+
+
+def test_a_session_mcp_servers_listing_and_approval_are_valid():
+    from mlx_voicechat_plugin.server.dialects.ga import mcp_tools
+    from mlx_voicechat_plugin.server.mcp.events import ApprovalRequest
+    from mlx_voicechat_plugin.server.mcp.session_servers import SessionMcpServer
+
+    book, events = _book(("audio",)), []
+    server = SessionMcpServer("web", "https://mcp.example.com/mcp")
+    item_id, out = mcp_tools.listing_started(book, server)
+    events += wire(out)
+    events += wire(mcp_tools.listing_done(book, item_id, server, {
+        "get_weather": {"description": "Weather.", "inputSchema": {"type": "object"}}}))
+    failed_id, out = mcp_tools.listing_started(book, server)
+    events += wire(out + [{"type": "mcp_list_tools.failed", "item_id": failed_id}])
+    out = []
+    mcp_tools.approval_request(book, ApprovalRequest(3, "mcpr_1", "call_1", "get_weather",
+                                                     "web", "{}"), out)
+    events += wire(out)
+    echoed, request_id, approve = mcp_tools.approval_response(
+        {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": False})
+    events += wire(book.item_added(echoed))
+    checked(events)
+    assert (request_id, approve) == ("mcpr_1", False)
+
+
 def test_the_transcription_usage_is_the_audio_transcribed():
     """``usage.seconds``: the frames heard since the previous commit (80 ms each)."""
     book = _book(("audio",), turn_detection=False)

@@ -89,6 +89,16 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="a STUN or TURN server the calls use (repeatable; "
                              "turn:USER:PASSWORD@HOST:PORT for a relay that clients behind "
                              "NAT reach; default: none, no server is asked)")
+    tools = parser.add_argument_group("tools (docs/tools.md)")
+    tools.add_argument("--mcp", metavar="CONFIG.json",
+                       help="the operator's MCP servers, in Claude Desktop's mcpServers format "
+                            "(stdio command/args/env, or url/headers): their tools are every "
+                            "session's, run by the server (needs the mcp extra)")
+    tools.add_argument("--mcp-allow-url", dest="mcp_allow_urls", action="append", default=[],
+                       metavar="PATTERN",
+                       help="a URL pattern (fnmatch, e.g. 'https://mcp.example.com/*') a GA "
+                            "session's mcp tool may connect to; none by default. Loopback, "
+                            "private and link-local hosts need a pattern naming the host")
     replica = parser.add_argument_group("replicas (behind a balancer: docs/replicas.md)")
     replica.add_argument("--agent-port", type=int, default=None,
                          help="answer HAProxy's agent-check on this TCP port (same host as "
@@ -247,6 +257,13 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
         parser.error(f"--agent-port must differ from --port ({args.port})")
     if not args.drain_seconds >= 0:
         parser.error(f"--drain-seconds must be >= 0, got {args.drain_seconds:g}")
+    args.mcp_servers = mcp_servers(parser, args.mcp)
+    if args.mcp_allow_urls:
+        try:
+            import mcp  # noqa: F401
+        except ImportError:
+            parser.error("--mcp-allow-url needs the MCP SDK: "
+                         "pip install 'mlx-voicechat-plugin[mcp]'")
     check_device_options(parser, args)
     return args
 
@@ -274,6 +291,25 @@ def ready_line(host: str, port: int, prefix: str, realtime_path: str) -> str:
     return (f"ready: realtime sessions at ws://{base}{realtime_path}, transcriptions at "
             f"http://{base}/v1/audio/transcriptions, the console at http://{base}/, "
             f"health at http://{base}/health")
+
+
+def mcp_servers(parser: argparse.ArgumentParser, path: str | None) -> list:
+    """The servers of ``--mcp``'s file (none without it); a mistake is the parser's error."""
+    if path is None:
+        return []
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        parser.error("--mcp needs the MCP SDK: pip install 'mlx-voicechat-plugin[mcp]'")
+    from ..server.mcp.config import McpConfigError, load_config
+
+    try:
+        servers = load_config(path)
+    except McpConfigError as exc:
+        parser.error(f"--mcp: {exc}")
+    if not servers:
+        parser.error(f"--mcp: {path} lists no enabled server")
+    return servers
 
 
 LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
@@ -350,7 +386,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "mlx-voicechat serve",
                      api_prefix=args.api_prefix, allowed_origins=_origins(args.origins),
                      limits=args.limits, warm_up=compiled, drain_seconds=args.drain_seconds,
                      agent_port=args.agent_port, agent_host=args.host, ice=args.ice,
-                     memory_budget=args.memory_budget)
+                     memory_budget=args.memory_budget, mcp_servers=args.mcp_servers,
+                     mcp_allow_urls=args.mcp_allow_urls)
     from ..server.app import normalize_prefix
 
     line = ready_line(args.host, port, normalize_prefix(args.api_prefix), served[0].paths[0])

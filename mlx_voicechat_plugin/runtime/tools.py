@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..quoting import brief
+from ..quoting import brief, cut
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +132,16 @@ def _check_schema(schema: Any, where: str) -> None:
         _check_schema(schema["items"], f"{where}.items")
 
 
+def check_json_schema(schema: dict[str, Any], where: str) -> None:
+    """``schema`` is a valid JSON Schema (draft 2020-12), else :class:`ToolError`."""
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ToolError(f"{where} is not a valid JSON schema: {cut(exc.message, 200)}") from None
+
+
 def parse_tool(spec: Any, index: int) -> Tool:
     """One tool from a flat dict or the OpenAI ``{"type": "function", "function": {...}}`` form."""
     where = f"tools[{index}]"
@@ -152,6 +162,7 @@ def parse_tool(spec: Any, index: int) -> Tool:
     require_ascii(description, f"{where}.description")
     parameters = spec.get("parameters", _EMPTY_OBJECT)
     _check_schema(parameters, f"{where}.parameters")
+    check_json_schema(parameters, f"{where}.parameters")
     if parameters.get("type", "object") != "object":
         raise ToolError(f"{where}.parameters.type must be 'object'")
     _check_ascii_tree(parameters, f"{where}.parameters")
@@ -230,46 +241,45 @@ def render_tool_response(output: str) -> str:
 # --- arguments ---------------------------------------------------------
 
 
-def _is_type(value: Any, kind: str) -> bool:
-    if kind == "object":
-        return isinstance(value, dict)
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return value is None  # "null"
+_JSON_TYPES = {"object": "dict", "array": "list", "string": "str", "boolean": "bool",
+               "integer": "int", "number": "float", "null": "NoneType"}
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    """A JSON Schema (draft 2020-12) validator for ``schema`` (checked at registration)."""
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(schema)
+
+
+def _where(path: str, error: Any) -> str:
+    for part in error.absolute_path:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _message(error: Any) -> str:
+    """One violation in this module's words (jsonschema's own for the rarer keywords)."""
+    if error.validator == "type":
+        kinds = error.validator_value
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        return f"expected {' or '.join(kinds)}, got {type(error.instance).__name__}"
+    if error.validator == "required":
+        missing = next((k for k in error.validator_value if k not in error.instance), "?")
+        return f"missing required property {missing!r}"
+    if error.validator == "enum":
+        return f"{error.instance!r} is not one of {error.validator_value!r}"
+    if error.validator == "additionalProperties" and error.validator_value is False:
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return f"unexpected property {brief(extra[0]) if extra else '?'}"
+    return cut(error.message, 200)
 
 
 def schema_errors(value: Any, schema: dict[str, Any], path: str = "arguments") -> list[str]:
-    """What is wrong with ``value`` under the supported JSON-schema subset."""
-    kinds = schema.get("type")
-    if kinds is not None:
-        kinds = kinds if isinstance(kinds, list) else [kinds]
-        if not any(_is_type(value, k) for k in kinds):
-            return [f"{path}: expected {' or '.join(kinds)}, got {type(value).__name__}"]
-    errors: list[str] = []
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{path}: {value!r} is not one of {schema['enum']!r}")
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for key in schema.get("required", []):
-            if key not in value:
-                errors.append(f"{path}: missing required property {key!r}")
-        for key, item in value.items():
-            if key in props:
-                errors += schema_errors(item, props[key], f"{path}.{key}")
-            elif schema.get("additionalProperties") is False:
-                errors.append(f"{path}: unexpected property {key!r}")
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            errors += schema_errors(item, schema["items"], f"{path}[{i}]")
-    return errors
+    """What is wrong with ``value`` under the JSON Schema ``schema`` (jsonschema, draft
+    2020-12), one line per violation, each naming where (``arguments.xs[1]``)."""
+    errors = sorted(_validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+    return [f"{_where(path, e)}: {_message(e)}" for e in errors]
 
 
 def coerce_arguments(arguments: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:

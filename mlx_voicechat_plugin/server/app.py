@@ -28,6 +28,8 @@ from .dialects.client_options import session_options
 from .dialects.live.dialect import LiveDialect
 from .engine.thread import Engine
 from .limits import ServerLimits
+from .mcp.config import McpServerSpec
+from .mcp.manager import McpManager
 from .keys import EphemeralKeys
 from .operations.drain import DEFAULT_DRAIN_SECONDS, Drain
 from .operations.replica import ReplicaStatus, add_replica_metrics, agent_line, replica_status
@@ -73,6 +75,8 @@ def create_app(
     agent_host: str = "127.0.0.1",
     ice: ICEConfig | None = None,
     memory_budget: float | None = None,
+    mcp_servers: Sequence[McpServerSpec] = (),
+    mcp_allow_urls: Sequence[str] = (),
 ) -> FastAPI:
     """The realtime server for one checkpoint; the engine starts with the app.
 
@@ -83,7 +87,10 @@ def create_app(
     it answers HAProxy's agent-check there (:mod:`.agent`; 0: a free port). WebRTC
     calls gather their ICE candidates as ``ice`` says (default: every interface but
     loopback, no STUN or TURN server). ``memory_budget``: the GiB the model and its
-    sessions may use (:mod:`..budget`; the device's by default).
+    sessions may use (:mod:`..budget`; the device's by default). ``mcp_servers``: the
+    operator's MCP servers (``--mcp``), connected at startup, their tools every session's
+    (:mod:`.mcp`); ``mcp_allow_urls``: the URL patterns a session may name an MCP server
+    by (GA's ``mcp`` tool; none by default).
     """
     limits = limits or ServerLimits()
     engine = engine or Engine(str(model_path), prompt_cache_bytes=limits.prompt_cache_bytes,
@@ -105,11 +112,15 @@ def create_app(
         return replica_status(engine, drain.draining)
 
     add_replica_metrics(engine.metrics, status)
+    mcp = McpManager(list(mcp_servers), allow_urls=mcp_allow_urls) \
+        if mcp_servers or mcp_allow_urls else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
         drain.attach(asyncio.get_running_loop())
+        if mcp is not None:
+            mcp.start_soon()  # the server is ready meanwhile; tools come as servers connect
         if agent_port is not None:
             from .operations.agent import CapacityAgent
 
@@ -121,6 +132,8 @@ def create_app(
             if agent_port is not None:
                 await app.state.agent.stop()
             await resumes.end_all("the server stopped")
+            if mcp is not None:
+                await mcp.close()  # stdio children end and are reaped
             await asyncio.to_thread(engine.stop)
 
     # No /docs, /redoc or /openapi.json: they would be served without the API
@@ -128,7 +141,7 @@ def create_app(
     app = FastAPI(title="mlx-voicechat realtime", lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.limits, app.state.model_id = engine, limits, served.model_id
-    app.state.drain, app.state.resumes = drain, resumes
+    app.state.drain, app.state.resumes, app.state.mcp = drain, resumes, mcp
     if access.origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -144,9 +157,11 @@ def create_app(
         app.include_router(transcriptions_router(engine, served.names, limits, access, base))
     keys = app.state.keys = EphemeralKeys(max_bytes=limits.max_minted_bytes)
     realtime = Realtime(engine, drain, served, limits, access, keys, resumes)
+    realtime.mcp = mcp
     app.include_router(realtime.router(dialects, prefix))
     calls = app.state.calls = Calls(engine, drain, served.model_id, limits, access, keys,
                                     ice or ICEConfig(), prefix)
+    calls.mcp = mcp
     app.include_router(calls.router())
     if any(issubclass(dialect, LiveDialect) for dialect in dialects):  # its WebRTC sessions
         app.include_router(LiveSessions(engine, drain, served.model_id, limits, access, keys,

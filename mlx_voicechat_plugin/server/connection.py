@@ -38,6 +38,8 @@ from typing import Any, Callable, Protocol
 
 from .engine.thread import Engine
 from .limits import ServerLimits
+from .mcp.manager import McpManager
+from .mcp.session_tools import SessionTools
 from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending,
                        Finished, Hangup, Outgoing)
 from .peers import SessionDialect
@@ -92,10 +94,14 @@ def raised(received: str | bytes | AudioIn | AudioMark | Hangup
 
 
 def connect(transport: Transport, dialect: Callable[[Session, str], SessionDialect],
-            engine: Engine, model_id: str, limits: ServerLimits) -> Connection:
+            engine: Engine, model_id: str, limits: ServerLimits,
+            mcp: McpManager | None = None) -> Connection:
     """A new session spoken in ``dialect`` (a :class:`~.dialects.base.Dialect` class),
-    served over ``transport``."""
-    return Connection(transport, Session(engine, limits, dialect, model_id))
+    served over ``transport``; with ``mcp``, the operator's MCP tools are its too."""
+    session = Session(engine, limits, dialect, model_id)
+    if mcp is not None:
+        session.server_tools = SessionTools(session, mcp)
+    return Connection(transport, session)
 
 
 class Connection:

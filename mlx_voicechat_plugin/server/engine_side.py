@@ -56,6 +56,7 @@ class EngineSide:
     received_at_open: int
     connected_at: float
     open: bool
+    server_tools: Any  # SessionTools | None: the tools the server runs
 
     def active(self) -> None:
         raise NotImplementedError
@@ -66,6 +67,8 @@ class EngineSide:
         while its prompt prefills; a failure is ``session_initialization_failed``."""
         if self.life.stage in (Stage.CLOSING, Stage.CLOSED):  # its client left meanwhile
             raise init_failed("the session is closing")
+        if self.server_tools is not None:  # the server's tools beside the session's
+            options = self.server_tools.offer(options)
         if self.open:  # opened before: closed, to be opened again
             self.life.move_engine(Stage.NEW)
             await self.engine.close(self.session_id)
@@ -148,6 +151,10 @@ class EngineSide:
         if not self.tools_set:
             raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
                                 "function_call_output needs tools registered in session.update")
+        if self.server_tools is not None and self.server_tools.runs(call_id):
+            raise ProtocolError(ErrorCode.INVALID_REQUEST,
+                                f"tool call {call_id} is run by the server; it takes no "
+                                "function_call_output")
         try:
             await self.engine.tool_result(self.session_id, call_id, output)
         except ValueError as exc:  # unknown / answered call_id, non-ASCII output

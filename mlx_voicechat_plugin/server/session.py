@@ -33,6 +33,7 @@ from .engine.thread import Engine
 from .engine_side import EngineSide
 from .lifecycle import Lifecycle, Stage, Tie
 from .limits import ServerLimits
+from .mcp.session_tools import SessionTools
 from .messages import ClientNotReading, Hangup, Outgoing
 from .peers import Link, SessionDialect, Watcher
 from .replay import ReplayLog
@@ -96,6 +97,7 @@ class Session(EngineSide):
         self.watcher: Watcher | None = None  # told when it detaches and is released
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None  # a detached session's deadline
+        self.server_tools: SessionTools | None = None  # the tools the server runs (MCP)
         self.dialect: SessionDialect = dialect(self, model_id)
 
     # --- its states, read (moved only by the methods below) ----------------------------
@@ -158,6 +160,8 @@ class Session(EngineSide):
         """One frame's runtime events, translated by the dialect and sent."""
         self.frames_run += 1
         self.frames_seen += 1
+        if self.server_tools is not None:
+            events = self.server_tools.observe(events)
         self.deliver(self.dialect.translate(events))
 
     def deliver(self, messages: list[Outgoing]) -> None:
@@ -351,6 +355,11 @@ class Session(EngineSide):
             self.life.move_link(Tie.RELEASED)
         self.link = None
         self.replay.clear()
+        if self.server_tools is not None:  # its calls cancelled, its own MCP servers closed
+            try:
+                await self.server_tools.close()
+            except Exception:
+                logger.exception("closing %s's MCP servers failed", self.session_id)
         current = asyncio.current_task()
         for task in [*self._tasks, self._expiry]:
             if task is not None and task is not current:

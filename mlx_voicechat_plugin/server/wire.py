@@ -40,6 +40,7 @@ class ErrorCode:
     INFERENCE_ERROR = "inference_error"
     TOOLS_NOT_SET = "tools_not_set"
     TOOL_CALL_INVALID = "tool_call_invalid"
+    TOOL_CALL_FAILED = "tool_call_failed"  # a call the server ran ended without a result
 
 
 class CloseCode:

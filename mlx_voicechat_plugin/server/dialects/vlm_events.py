@@ -30,6 +30,7 @@ from ...runtime.events import (
     UserTranscriptDelta,
 )
 from ..engine.commands import SessionDetails
+from ..mcp.events import ServerToolCall, ToolOutput
 from ..messages import AudioOut, JsonOut, Outgoing
 from ..wire import ErrorCode, bounded, pcm16_bytes
 
@@ -92,8 +93,15 @@ def model_event(event: Event) -> dict[str, Any]:
     if isinstance(event, Cancelled):
         return {"type": "response.cancelled", **index}
     if isinstance(event, ToolCall):
+        run_by = {"server_label": event.server_label} if isinstance(event, ServerToolCall) else {}
         return {"type": "response.function_call_arguments.done", "call_id": event.call_id,
-                "name": event.name, "arguments": event.arguments, **index}
+                "name": event.name, "arguments": event.arguments, **run_by, **index}
+    if isinstance(event, ToolOutput):
+        failed = {"error": {"type": event.failure, "message": event.message}} \
+            if event.failure else {}
+        return {"type": "conversation.item.function_call_output", "call_id": event.call_id,
+                "name": event.name, "server_label": event.server_label,
+                "output": event.output, **failed, **index}
     if isinstance(event, ToolCallInvalid):
         payload = error_event(ErrorCode.TOOL_CALL_INVALID, event.message)
         payload["error"].update(reason=event.reason, raw=event.raw, **index)
@@ -117,8 +125,22 @@ def message(event: Event) -> Outgoing:
 
 
 def translate(events: list[Event]) -> list[Outgoing]:
-    """Runtime events as the messages sent, in order."""
-    return [message(e) for e in events]
+    """Runtime events as the messages sent, in order (a failed server-run call: its
+    output, then a ``tool_call_failed`` error)."""
+    out = []
+    for event in events:
+        out.append(message(event))
+        if isinstance(event, ToolOutput) and event.failure:
+            out.append(JsonOut(tool_failed(event)))
+    return out
+
+
+def tool_failed(event: ToolOutput) -> dict[str, Any]:
+    """The error event of a server-run call that failed: its type as ``reason``."""
+    payload = error_event(ErrorCode.TOOL_CALL_FAILED, event.message)
+    payload["error"].update(reason=event.failure, call_id=event.call_id, name=event.name,
+                            frame_index=int(event.frame_index))
+    return payload
 
 
 def committed(events: list[Event], first_frame: int) -> list[Outgoing]:

@@ -36,6 +36,7 @@ from ..dialects.ga.config import GAConfig, merge_session
 from ..engine.thread import Engine
 from ..keys import MINTED_ELSEWHERE, EphemeralKey, EphemeralKeys, KeyRefused, is_ephemeral
 from ..limits import ServerLimits
+from ..mcp.manager import McpManager
 from ..operations.drain import Drain
 from ..transport.ice import ICEConfig
 from ..wire import ProtocolError
@@ -147,6 +148,8 @@ def _text(data: bytes, name: str) -> str:
 class Calls:
     """The open calls, and the routes that make and end them."""
 
+    mcp: McpManager | None = None  # the operator's MCP servers (the app sets it)
+
     def __init__(self, engine: Engine, drain: Drain, model_id: str, limits: ServerLimits,
                  access: Access, keys: EphemeralKeys, ice: ICEConfig, prefix: str = ""):
         self.engine, self.drain, self.model_id = engine, drain, model_id
@@ -202,7 +205,8 @@ class Calls:
         transport = self.transport_class(self.limits.max_pending_events,
                                          self.limits.send_timeout,
                                          on_end=lambda: self.open.pop(call_id[0], None))
-        connection = connect(transport, dialect, engine, self.model_id, self.limits)
+        connection = connect(transport, dialect, engine, self.model_id, self.limits,
+                             self.mcp)
         call_id.append(name(connection.session_id))
         admission = engine.admission
         # A detached session's slot goes to a call only once its offer is answered.

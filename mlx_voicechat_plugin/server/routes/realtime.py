@@ -37,6 +37,7 @@ from ..connection import Connection, connect
 from ..dialects.base import Dialect
 from ..engine.thread import Engine
 from ..limits import ServerLimits
+from ..mcp.manager import McpManager
 from ..messages import Hangup
 from ..operations.drain import Drain
 from ..resume import REPLICA_HEADER, Refused, Resumes
@@ -78,6 +79,8 @@ def unknown_path_router(paths: Sequence[str]) -> APIRouter:
 class Realtime:
     """Serves one upgrade in a dialect: checks it, then runs its connection (a WebSocket
     transport, a new session in the dialect) under the drain."""
+
+    mcp: McpManager | None = None  # the operator's MCP servers (the app sets it)
 
     def __init__(self, engine: Engine, drain: Drain, served: ServedModel, limits: ServerLimits,
                  access: Access, keys: EphemeralKeys | None = None,
@@ -133,7 +136,8 @@ class Realtime:
             if connection is None:
                 return
         else:
-            connection = connect(transport, dialect, self.engine, self.served.model_id, limits)
+            connection = connect(transport, dialect, self.engine, self.served.model_id, limits,
+                                 self.mcp)
             if minted is not None:  # the key's session binds the connection, as a call's
                 connection.inject(json.dumps(connection.dialect.bind(minted)))
             if limits.resumable:

@@ -200,6 +200,21 @@ function onEvent(event) {
       break;
     case "response.output_item.added":
       if (event.item && event.item.type === "function_call") calls.added(event.item);
+      if (event.item && event.item.type === "mcp_call") {  // a tool the server runs (MCP)
+        calls.added({call_id: event.item.id, name: event.item.name,
+                     server_label: event.item.server_label});
+      }
+      break;
+    case "response.mcp_call_arguments.done":
+      calls.done(event.item_id, null, event.arguments);
+      break;
+    case "conversation.item.done":
+      if (event.item && event.item.type === "mcp_call") {
+        calls.ran(event.item.id, event.item.output, event.item.error);
+      }
+      break;
+    case "console.tool.ran":  // mlx-vlm's result of a call the server ran
+      calls.ran(event.call_id, event.output, event.error);
       break;
     case "response.function_call_arguments.delta":
       calls.delta(event.call_id, event.delta);

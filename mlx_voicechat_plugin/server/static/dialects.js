@@ -51,9 +51,13 @@ function readVlm(event) {
       return [{type: "console.function.delta", delta: event.delta}];
     case "response.function_call_arguments.done":
       return [{type: "response.output_item.added",
-               item: {type: "function_call", call_id: event.call_id, name: event.name}},
+               item: {type: "function_call", call_id: event.call_id, name: event.name,
+                      server_label: event.server_label}},
               {type: event.type, call_id: event.call_id, name: event.name,
                arguments: event.arguments}];
+    case "conversation.item.function_call_output":  // a call the server ran ended
+      return [{type: "console.tool.ran", call_id: event.call_id, output: event.output,
+               error: event.error}];
     case "conversation.item.function_call_output.injected":
       return [{type: "conversation.item.added", item: {type: "function_call_output",
                call_id: event.call_id, id: `injected at frame ${event.first_frame_index}, ` +

@@ -53,7 +53,8 @@ export class Calls {
     entry.dataset.callId = item.call_id;
     const title = document.createElement("div");
     title.className = "call-title";
-    title.textContent = `${item.name || "?"} (${item.call_id})`;
+    const server = item.server_label ? `${item.server_label}: ` : "";
+    title.textContent = `${server}${item.name || "?"} (${item.call_id})`;
     const args = document.createElement("pre");
     args.className = "call-args";
     const output = document.createElement("input");
@@ -70,12 +71,31 @@ export class Calls {
     const ack = document.createElement("div");
     ack.className = "call-ack";
     ack.textContent = "waiting for its arguments";
-    entry.append(title, args, output, typed, canned, ack);
+    entry.append(title, args, ack);
+    if (item.server_label) {  // the server runs it (an MCP tool): nothing to answer
+      entry.classList.add("server-run");
+      ack.textContent = `run by the server (${item.server_label})`;
+    } else {
+      entry.insertBefore(output, ack);
+      entry.insertBefore(typed, ack);
+      entry.insertBefore(canned, ack);
+    }
     this.box.append(entry);
     const line = document.createElement("div");
     line.textContent = `${item.name}(`;
     this.channel.append(line);
     this.calls.set(item.call_id, {item, entry, args, ack, line, text: ""});
+  }
+
+  // A call the server ran ended: its output, or its typed failure.
+  ran(callId, output, error) {
+    const call = this.calls.get(callId);
+    const text = error ? `failed: ${error.type}: ${error.message}`
+                       : "result: " + String(output || "").slice(0, 200);
+    this.log(`${callId} ${text}`, error ? "error" : "note");
+    if (!call) return;
+    call.ack.textContent = text;
+    call.entry.classList.add(error ? "failed" : "acked");
   }
 
   delta(callId, delta) {
@@ -91,8 +111,9 @@ export class Calls {
     if (!call) return;
     call.text = args;
     call.args.textContent = args;
-    call.line.textContent = `${name}(${args})`;
-    call.ack.textContent = "waiting for your answer";
+    call.line.textContent = `${name || call.item.name}(${args})`;
+    call.ack.textContent = call.item.server_label ? "running on the server"
+                                                  : "waiting for your answer";
   }
 
   canned(callId) {

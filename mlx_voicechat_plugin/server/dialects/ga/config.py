@@ -64,12 +64,26 @@ class GAConfig:
         return None if self.instructions == "" else self.instructions
 
     def engine_tools(self) -> list[Any] | None:
-        return None if not self.tools or self.tool_choice == "none" else list(self.tools)
+        """The function tools (``mcp`` tools are the server's to connect: ga/mcp_tools.py)."""
+        tools = [t for t in self.tools if not is_mcp(t)]
+        return None if not tools or self.tool_choice == "none" else tools
 
     @property
     def silence_ms(self) -> int:
         value = (self.turn_detection or {}).get("silence_duration_ms")
         return value if isinstance(value, int) and value > 0 else DEFAULT_SILENCE_MS
+
+
+def is_mcp(tool: Any) -> bool:
+    """Whether a session tool is OpenAI's ``{"type": "mcp"}`` (an MCP server by URL)."""
+    return isinstance(tool, dict) and tool.get("type") == "mcp"
+
+
+def echoed_tool(tool: Any) -> Any:
+    """A tool as ``session.updated`` echoes it: an ``mcp`` tool without its secrets."""
+    if not is_mcp(tool):
+        return tool
+    return {k: v for k, v in tool.items() if k not in ("headers", "authorization")}
 
 
 def merge_session(config: GAConfig, payload: Any) -> GAConfig:
@@ -192,7 +206,7 @@ def session_object(session_id: str, model_id: str, config: GAConfig) -> dict[str
         "model": model_id,
         "output_modalities": list(config.output_modalities),
         "instructions": config.instructions or "",
-        "tools": list(config.tools),
+        "tools": [echoed_tool(t) for t in config.tools],
         "tool_choice": config.tool_choice,
         "max_output_tokens": "inf",
         "tracing": None,

@@ -58,6 +58,9 @@ from ..base import MODEL_INPUT_RATE, Dialect
 from .audio import FormatError, InputAudio, MediaInput
 from .config import GAConfig, error_event, merge_session, session_event
 from .items import tool_output_item
+from . import mcp_tools
+from ...mcp.session_servers import SessionMcpServer, UrlRefused
+from ....runtime.tool_failures import ToolFailure
 from .playback import Playback
 from .responses import GAResponses, outgoing
 from .turns import ItemStore, Out
@@ -107,6 +110,7 @@ class GADialect(Dialect):
         self.requested = self.options_of(self.config)  # the session options it asks for
         self.pinned: dict[str, Any] = {}  # field -> value an ephemeral key's session fixed
         self.opened_with: ConversationOptions | None = None  # the options of the open session
+        self.mcp_servers: list[SessionMcpServer] = []  # the session's mcp tools, connected
         self.event_id: str | None = None  # of the client event being handled
         self.message_chars = 0  # its length
         self.last_audio = 0.0  # when the client's latest audio came (0: its turn ended)
@@ -236,6 +240,8 @@ class GADialect(Dialect):
                 raise ProtocolError("response_cancel_not_active",
                                     "there is no active response to cancel")
             self.emit(events)
+            if self.session.server_tools is not None:  # barge-in: its calls in flight too
+                self.session.server_tools.cancel_all("the response was cancelled", tell=True)
         session.active()
 
     async def create_response(self, params: Any) -> None:
@@ -270,7 +276,11 @@ class GADialect(Dialect):
             if getattr(config, name) != value:
                 raise init_failed(f"session.{name} was fixed when this connection's "
                                   "ephemeral key was minted (client_secrets); it cannot change")
+        servers = mcp_tools.parse_mcp_tools(config.tools)
         options = self.options_of(config)
+        if servers != self.mcp_servers:  # their tools are prefilled: the stream opens again
+            await self.connect_mcp(servers)
+            self.opened_with = None
         if self.opened_with != options:
             if self.session.heard_since_open:
                 # The prompt and tools are prefilled: a new timeline starts, and
@@ -286,6 +296,30 @@ class GADialect(Dialect):
         self.config, self.requested = config, options
         self.responses.configure(config)
         self.send(session_event("session.updated", self.session_id, self.model_id, config))
+
+    async def connect_mcp(self, servers: list[SessionMcpServer]) -> None:
+        """Connect the session's ``mcp`` tools (the ones before disconnected), each listed
+        as GA lists them; one refused or down is ``mcp_list_tools.failed`` and an error,
+        and the session goes on without its tools."""
+        tools = self.session.server_tools
+        if tools is not None:
+            await tools.close_own()
+        self.mcp_servers = servers
+        for server in servers:
+            item_id, out = mcp_tools.listing_started(self.responses, server)
+            self.emit(out)
+            try:
+                if tools is None:
+                    raise UrlRefused("this server lets no session name an MCP server "
+                                     "(the operator's --mcp-allow-url)")
+                listed = await tools.connect_own(server)
+            except (UrlRefused, ToolFailure) as exc:
+                message = f"MCP server {server.label}: {exc}"
+                logger.info("%s %s", self.session_id, message)
+                self.emit([{"type": "mcp_list_tools.failed", "item_id": item_id}])
+                self.send(error_event("mcp_list_tools_failed", message, None))
+                continue
+            self.emit(mcp_tools.listing_done(self.responses, item_id, server, listed))
 
     async def open_engine(self, config: GAConfig, options: ConversationOptions) -> None:
         """Open (or reopen) the engine session for ``config`` with its ``options``."""
@@ -374,6 +408,17 @@ class GADialect(Dialect):
     # --- items ------------------------------------------------------------
 
     async def create_item(self, item: Any) -> None:
+        if isinstance(item, dict) and item.get("type") == "mcp_approval_response":
+            echoed, request_id, approve = mcp_tools.approval_response(item)
+            tools = self.session.server_tools
+            try:
+                if tools is None:
+                    raise ValueError(f"no approval request {request_id!r} is waiting")
+                tools.approve(request_id, approve)
+            except ValueError as exc:
+                raise invalid(str(exc)) from None
+            self.emit(self.responses.item_added(echoed))
+            return
         if isinstance(item, dict) and item.get("type") == "function_call_output":
             output = parse_tool_output(item)
             if not self.session.configured:

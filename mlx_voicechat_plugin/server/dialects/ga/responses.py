@@ -75,10 +75,12 @@ from ....runtime.events import (
     TurnEnded,
     UserTranscriptDelta,
 )
+from ...mcp.events import ApprovalRequest, ServerToolCall, ToolOutput
 from ...engine.pace import FramePace
 from ...messages import AudioOut, JsonOut, Outgoing
 from ...wire import ProtocolError, invalid, new_id
 from . import items as ga_items
+from . import mcp_calls, mcp_tools
 from .config import error_event
 from .turns import Out, ResponseBook, UserItem
 
@@ -115,6 +117,12 @@ class GAResponses(ResponseBook):
             self._text(event, out)
         elif isinstance(event, UserTranscriptDelta):
             self._user(event, out)
+        elif isinstance(event, ServerToolCall):  # the server runs it: an mcp_call item
+            mcp_calls.mcp_call(self, event, out)
+        elif isinstance(event, ToolOutput):
+            mcp_calls.mcp_output(self, event, out)
+        elif isinstance(event, ApprovalRequest):
+            mcp_tools.approval_request(self, event, out)
         elif isinstance(event, ToolCall):
             self._tool_call(event, out)
         elif isinstance(event, ToolCallInvalid):

@@ -123,6 +123,8 @@ class ResponseBook:
         self.items = ItemStore(max_item_bytes)
         self.user_from = 0  # the first frame of the user's audio not yet committed
         self.calls: dict[str, str] = {}  # GA call_id -> the runtime's call_id
+        # A server-run call's runtime call_id -> its response id, output index and item.
+        self.mcp_calls: dict[str, tuple[str, int, dict[str, Any]]] = {}
         self.failure: str | None = None  # the message of a response ending as failed
         # The frames now translated are the server's silence (an owed response's
         # continuation), not client audio: they open no new response.

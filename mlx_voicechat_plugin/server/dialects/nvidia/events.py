@@ -23,6 +23,7 @@ import numpy as np
 from ....runtime.events import (
     AssistantTextDelta, Audio, ToolCall, ToolCallInvalid, TurnEnded, UserTranscriptDelta,
 )
+from ...mcp.events import ToolOutput
 from ...messages import AudioOut, JsonOut, Outgoing
 from ...wire import new_id, pcm16_bytes
 from ..ga.audio import Resampler
@@ -222,6 +223,15 @@ class Conversation:
                                   "arguments": event.arguments}))
             elif isinstance(event, ToolCallInvalid):
                 logger.info("tool call refused (%s): %s", event.reason, event.message)
+            elif isinstance(event, ToolOutput):  # a call the server ran ended
+                out.append(JsonOut({"type": "conversation.item.function_call_output",
+                                    "response_id": self.response_id, "call_id": event.call_id,
+                                    "name": event.name, "output": event.output}))
+                if event.failure:
+                    error = error_event("tool_error", "tool_call_failed",
+                                        f"{event.failure}: {event.message}")
+                    error["error"].update(call_id=event.call_id, reason=event.failure)
+                    out.append(JsonOut(error))
         return out
 
     def finish(self) -> list[Outgoing]:
