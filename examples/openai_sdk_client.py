@@ -8,9 +8,13 @@ Nothing here is specific to this server but the base URL: the client turns
 turn detection off (push-to-talk), streams the question as 24 kHz
 ``audio/pcm`` while it reads the events, commits it, and waits for the
 answer's ``response.done`` (the server runs the model on silence until the
-answer ends; no quiet-second guess). It prints both transcripts, answers
-``get_weather`` calls with a ``function_call_output`` and a
-``response.create`` (waiting for that answer's end too) and writes the
+answer ends; no quiet-second guess). A full-duplex model may speak, and call
+tools, while it still hears the question: those responses come before the
+server's ``input_audio_buffer.committed``, so the answer is the response open
+at that event or the next one. It prints both transcripts, answers
+``get_weather`` calls (whenever they come) with a ``function_call_output``
+and a ``response.create`` tagged with the call's id in its ``metadata``
+(waiting for that answer's end too) and writes the
 ``response.output_audio.delta`` audio to ``answer.wav`` (24 kHz). An
 ``error`` event, or no answer within ``--timeout`` seconds, is one line on
 standard error and exit status 1.
@@ -65,7 +69,12 @@ async def converse(args: argparse.Namespace) -> int:
     step = GA_RATE * CHUNK_MS // 1000 * 2
     answer: list[bytes] = []
     named = {"model": args.model} if args.model else {}  # ?model=, checked by the server
-    async with client.realtime.connect(**named) as connection:
+    # The server reads audio only as fast as the model hears it (a bounded input
+    # buffer), so a keepalive pong can wait behind a long file's queued audio for
+    # longer than websockets' 20 s: --timeout bounds the wait instead.
+    keepalive = {"ping_timeout": None}
+    async with client.realtime.connect(**named, websocket_connection_options=keepalive) \
+            as connection:
         await connection.session.update(session={
             "type": "realtime", "instructions": args.instructions, "tools": TOOLS,
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": GA_RATE},
@@ -82,8 +91,12 @@ async def converse(args: argparse.Namespace) -> int:
             await connection.input_audio_buffer.commit()  # the answer is owed from here
 
         async def answered() -> str | None:
-            """Read until the owed answer is done: ``None``, or the error that ended it."""
-            waiting = 1  # answers owed: the question's, then one per tool result
+            """Read until the owed answers are done: ``None``, or the error that ended it."""
+            committed = False  # the server heard the whole question (our commit)
+            question = False  # the question's answer is the next response to open
+            active: str | None = None  # the response in progress
+            calls: set[str] = set()  # tool results whose answer has not opened yet
+            owed: set[str] = set()  # responses answering us, not done yet
             async for event in connection:
                 if event.type == "response.output_audio.delta":
                     answer.append(base64.b64decode(event.delta))
@@ -97,11 +110,28 @@ async def converse(args: argparse.Namespace) -> int:
                     await connection.conversation.item.create(item={
                         "type": "function_call_output", "call_id": event.call_id,
                         "output": output})
-                    await connection.response.create()
-                    waiting += 1
-                elif event.type == "response.done" and sender.done():
-                    waiting -= 1
-                    if waiting == 0:
+                    await connection.response.create(
+                        response={"metadata": {"answers": event.call_id}})
+                    calls.add(event.call_id)
+                elif event.type == "response.created":
+                    active = event.response.id
+                    tag = (event.response.metadata or {}).get("answers")
+                    if tag in calls:
+                        calls.discard(tag)
+                        owed.add(active)
+                    elif question:
+                        question = False
+                        owed.add(active)
+                elif event.type == "input_audio_buffer.committed":
+                    committed = True  # what came before was the model talking while it heard
+                    if active is None:
+                        question = True
+                    else:
+                        owed.add(active)
+                elif event.type == "response.done":
+                    active = None
+                    owed.discard(event.response.id)
+                    if committed and not (question or calls or owed):
                         return None
                 elif event.type == "error":
                     return f"{event.error.code}: {event.error.message}"

@@ -256,6 +256,21 @@ def test_commit_without_turn_detection_owes_a_response_announced_when_the_model_
     assert timeline.kinds(opened)[:2] == ["response.created", "response.output_item.added"]
 
 
+def test_without_turn_detection_a_call_before_the_commit_is_sent_and_the_commit_owes_more():
+    """Push-to-talk: a call the model makes while it still hears the question is not held
+    back for the commit; it is a response of its own, and the commit owes the answer."""
+    timeline = Timeline(GAConfig(turn_detection=None))
+    timeline.step(user="weather in")
+    called = timeline.step(user=" Paris", call=True)
+    assert "response.function_call_arguments.done" in timeline.kinds(called)
+    assert timeline.kinds(called)[-1] == "response.done"
+    committed = timeline.responses.commit()
+    assert "input_audio_buffer.committed" in [e["type"] for e in committed]
+    assert timeline.responses.owes
+    opened = timeline.step(text="Sunny")
+    assert timeline.kinds(opened)[0] == "response.created"
+
+
 def test_an_owed_response_ends_incomplete_at_its_bound_with_usage():
     timeline = Timeline(GAConfig(turn_detection=None, max_response_seconds=0.8))
     timeline.responses.commit()
