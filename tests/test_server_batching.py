@@ -154,6 +154,8 @@ def test_the_warm_up_steps_every_batch_size_up_to_max_sessions(tiny_ckpt, monkey
     assert sizes == {1, 2, 3}
     assert engine.warm_batch_sizes == (1, 2, 3)
     lines = [r.getMessage() for r in caplog.records if "warm-up" in r.getMessage()]
+    assert lines[0].startswith("warm-up: compiling batch sizes 1-3")  # it says so first
+    lines = lines[1:]
     assert len(lines) == 1 and lines[0].startswith("warm-up: batch sizes 1-3 compiled in")
     # The scheduler's first step costs (its filling rule reads them) come from the warm-up.
     assert sorted(engine.step_costs.by_size) == [1, 2, 3]

@@ -73,6 +73,12 @@ SCENARIOS = {  # id -> (first step, seconds of audio, options)
         "b": (1, 1.0, dict(seed=7, use_perception_cache=False)),
         "c": (2, 1.2, dict(seed=8)),
     },
+    # A session's own nucleus is its rows' (per-row top_p in the speech head).
+    "one session with its own top_p beside default ones": {
+        "a": (0, 1.2, dict(seed=1)),
+        "b": (1, 1.2, dict(seed=2, top_p=0.5)),
+        "c": (2, 1.0, dict(seed=3, top_p=1.0)),
+    },
     # Past 70 frames every encoder window is full: the steady stack runs batched.
     "past the encoder's full windows": {
         "a": (0, 6.4, dict(seed=4)),
@@ -109,6 +115,15 @@ def test_each_session_of_a_shared_run_equals_that_session_alone(voicechat, scena
         step += 1
     for k, (_, _, options) in SESSIONS.items():
         assert _outputs(events[k]) == _alone(voicechat, audio[k], **options), k
+
+
+def test_a_sessions_top_p_changes_its_codes_and_only_its_own(voicechat):
+    """The nucleus is a session option: 0.5 samples other codes than the checkpoint's
+    0.95 (so the shared-run scenario above tells per-row top_p from a shared one)."""
+    audio = question_signal(1.2, seed=0)
+    default = _alone(voicechat, audio, seed=2)
+    assert _alone(voicechat, audio, seed=2, top_p=0.5)["codes"] != default["codes"]
+    assert _alone(voicechat, audio, seed=2, top_p=None) == default
 
 
 def _same_codec_state(got, want) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..runtime.device_settings import MAX_GRAPH_COMMIT_OPS, check_graph_commit_ops
+from ..runtime.options import check_temperature, check_top_p
 
 
 def parse_args(
@@ -60,6 +61,28 @@ def check_device_options(parser: argparse.ArgumentParser, args: argparse.Namespa
     except ValueError as error:
         parser.error(str(error))
     check_memory_budget(parser, args)
+
+
+def add_sampling(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                 whose: str = "") -> None:
+    """mlx-lm's ``--temperature`` / ``--top-p``, with the reference's defaults."""
+    parser.add_argument("--temperature", "--temp", type=float, default=0.0,
+                        help=f"text sampling temperature{whose}; the reference decodes "
+                             "greedily, so 0 (the default) is the only value this model takes")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help=f"nucleus of the speech head's mixture components{whose}, in "
+                             "(0, 1] (default: the checkpoint's tts_config.top_p, 0.95 in "
+                             "the release, as the reference)")
+
+
+def check_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 naming the flag when ``--temperature`` / ``--top-p`` ask for what this
+    model cannot do (the session options' own checks)."""
+    try:
+        check_temperature(args.temperature, "--temperature")
+        check_top_p(args.top_p, "--top-p")
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def check_memory_budget(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -8,7 +8,6 @@ checkpoint (see :mod:`mlx_voicechat_plugin.hosts.pickup`).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -19,10 +18,12 @@ from . import progress
 from .common import (
     add_graph_commit_ops,
     add_memory_budget,
+    add_sampling,
     check_audio_file,
     check_device_options,
     check_model,
     check_output_file,
+    check_sampling,
     parse_args,
     run_main,
     UsageError,
@@ -32,9 +33,6 @@ from .progress import add_quiet
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
 
-
-# The reference's VoiceChat path picks each text token by argmax: temperature 0.
-REFERENCE_TEMPERATURE = 0.0
 OFFLINE_HINT = "mlx-voicechat generate --model CKPT --audio question.wav --output-audio answer.wav"
 
 
@@ -57,13 +55,7 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
     parser.add_argument("-p", "--prompt", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--extra-decoding-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--temperature", "--temp", type=float, default=REFERENCE_TEMPERATURE,
-                        help="text sampling temperature; the reference decodes greedily, so "
-                             "0 (the default) is the only value this model takes")
-    parser.add_argument("--top-p", type=float, default=None,
-                        help="nucleus of the speech head's mixture components, in (0, 1] "
-                             "(default: the checkpoint's tts_config.top_p, 0.95 in the "
-                             "release, as the reference)")
+    add_sampling(parser)
     parser.add_argument(
         "-n", "--max-tokens", "--max-new-tokens", dest="max_tokens", type=int,
         help="accepted for host compatibility and ignored: one token per 80 ms frame",
@@ -123,16 +115,6 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
     return args
 
 
-def check_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Exit 2 naming the flag when ``--temperature`` / ``--top-p`` ask for what this
-    model cannot do (mlx-lm's names, the reference's defaults)."""
-    if args.temperature != REFERENCE_TEMPERATURE:
-        parser.error(f"--temperature {args.temperature:g}: this model decodes its text "
-                     "greedily, as the reference does; 0 is the only value it takes")
-    if args.top_p is not None and not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
-        parser.error(f"--top-p must be in (0, 1], got {args.top_p:g}")
-
-
 def check_paths(args: argparse.Namespace) -> None:
     """What the command line names, before the model loads (:class:`UsageError`)."""
     check_model(args.model)
@@ -157,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with progress.step(args, f"loading {args.model}"):
         model, processor = load(args.model, memory_budget=args.memory_budget)
-    if args.top_p is not None:  # read by the speech head at each step
-        model.config.tts_config.top_p = args.top_p
     key = compile_policy.model_key(read_config(model.model_path))
     compile_policy.apply(args.compile, long_running=False, key=key)
     loaded = time.perf_counter()
@@ -178,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         use_language_cache=not args.no_language_cache,
         context_seconds=args.context_seconds,
+        top_p=args.top_p,
         tools=tools,
     )
     with progress.bar(args, "answering", "frame") as update:

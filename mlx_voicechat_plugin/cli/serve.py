@@ -22,8 +22,10 @@ from ..server.transport.ice import ICEConfig
 from .common import (
     add_graph_commit_ops,
     add_memory_budget,
+    add_sampling,
     check_device_options,
     check_model,
+    check_sampling,
     parse_args,
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -109,6 +111,7 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                          help="on SIGTERM, refuse new sessions and let open ones finish for "
                               "up to this long, then close the rest (1001) and exit 0; a "
                               "second SIGTERM stops at once (default: %(default)s)")
+    add_sampling(parser.add_argument_group("sampling"), " of a session that does not set its own")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-message-bytes", type=int, default=defaults.max_message_bytes,
                         help="largest client message, checked before decoding (default: "
@@ -239,6 +242,7 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool,
     if host is not None:
         parser.set_defaults(host=host.host, port=host.port)
     args = parse_args(parser, argv, tolerate_unknown, report=False)
+    check_sampling(parser, args)
     try:
         args.limits = ServerLimits.from_dict(vars(args))
     except ValueError as exc:

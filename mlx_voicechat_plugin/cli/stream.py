@@ -27,7 +27,7 @@ def run_stream(session: Any, args: argparse.Namespace, started: float, loaded: f
         system_prompt=args.system_prompt, seed=args.seed,
         max_streaming_seconds=args.max_streaming_seconds,
         use_language_cache=not args.no_language_cache, profile=args.profile,
-        context_seconds=args.context_seconds,
+        context_seconds=args.context_seconds, top_p=args.top_p,
     )
     total = -(-len(audio) // frame)
     samples: list[np.ndarray] = []

@@ -209,7 +209,8 @@ class EarTTS(nn.Module):
         hidden = self._run_backbone(audio, self._text(subword_ids, subword_mask), cache)
         return hidden, cache
 
-    def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | None = None) -> mx.array:
+    def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | None = None,
+                       top_p: Sequence[float | None] | None = None) -> mx.array:
         """Depth loop of ``B`` sessions: guided hidden ``[2B, T, dims]`` -> codes ``[B, T, Q]`` int32.
 
         ``hidden`` is laid out ``[cond_0 .. cond_{B-1}; uncond_0 .. uncond_{B-1}]``
@@ -220,6 +221,11 @@ class EarTTS(nn.Module):
         draws from ``rngs[b]``'s keys only, so its codes and its stream end as
         that session run alone leaves them. Without key streams the draws come
         from MLX's global random state, in the same order.
+
+        ``top_p``: each session's nucleus (``None``, or a row's ``None``: the
+        config's ``top_p``), an input of the compiled loop, so a row's codes
+        are the same beside rows of any other nucleus. Without key streams
+        every row takes the config's.
         """
         if rngs is None:
             return self._depth_loop(hidden, None)
@@ -239,11 +245,17 @@ class EarTTS(nn.Module):
             # The module state is an input, so later weight updates are seen.
             self._compiled_depth = mx.compile(self._compiled_loop, inputs=self.state)
         masked = self._masked_codes(hidden.shape[0] // GUIDED_ROWS, hidden.shape[1])
-        return self._compiled_depth(hidden, keys, masked, *self._codebook_tables().arrays())
+        default = self.config.top_p
+        nucleus = mx.array([default if p is None else p
+                            for p in (top_p or [None] * len(rngs))], dtype=mx.float32)
+        if nucleus.shape[0] != len(rngs):
+            raise ValueError(f"generate_codes: {nucleus.shape[0]} top_p values for {len(rngs)} sessions")
+        return self._compiled_depth(hidden, keys, masked, nucleus,
+                                    *self._codebook_tables().arrays())
 
     def _compiled_loop(self, hidden: mx.array, keys: mx.array, masked: mx.array,
-                       *books: Any) -> mx.array:
-        return self._depth_loop(hidden, KeyRows(keys), books, masked)
+                       top_p: mx.array, *books: Any) -> mx.array:
+        return self._depth_loop(hidden, KeyRows(keys), books, masked, top_p)
 
     def _masked_codes(self, batch: int, length: int) -> mx.array:
         """``[batch, length, Q]`` int32 codes all ``mask_code``: where the depth loop
@@ -292,6 +304,7 @@ class EarTTS(nn.Module):
         rng: KeyStream | None,
         codebooks: tuple[Any, ...] | None = None,
         codes: mx.array | None = None,
+        top_p: mx.array | None = None,
     ) -> mx.array:
         config = self.config
         if hidden.shape[0] % 2:
@@ -313,7 +326,7 @@ class EarTTS(nn.Module):
             mu, logs = self.mog_head(
                 (embedded + guided).reshape(hidden.shape),
                 guidance_scale=config.guidance_scale,
-                top_p=config.top_p,
+                top_p=config.top_p if top_p is None else top_p,
                 key=next_key(rng),
             )
             noise = draw(mx.random.normal, mu.shape, next_key(rng))

@@ -87,16 +87,24 @@ def next_key(rng: Any) -> Keys:
     return None if rng is None else rng.next()
 
 
-def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
+def top_p_mask(logits: mx.array, top_p: float | mx.array) -> mx.array:
     """Set logits outside the nucleus of mass ``top_p`` to ``-inf``.
 
     A component survives while the probability mass of the components ranked
     above it is below ``top_p`` (so the most likely one always survives).
+    ``top_p`` may be one value per row (``[rows, 1]`` float32): a row at 1 keeps
+    every component, and each row's mask equals the scalar one's.
     """
+    if isinstance(top_p, mx.array):
+        return _nucleus(logits, top_p, every=top_p >= 1.0)
     if top_p >= 1.0:
         return logits
     if top_p <= 0.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    return _nucleus(logits, top_p)
+
+
+def _nucleus(logits: mx.array, top_p: float | mx.array, every: mx.array | None = None) -> mx.array:
     probs = mx.softmax(logits.astype(mx.float32), axis=-1)
     order = mx.stop_gradient(mx.argsort(probs, axis=-1))  # ascending
     ranked = mx.take_along_axis(probs, order, axis=-1)
@@ -105,6 +113,8 @@ def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
     keep = mx.put_along_axis(
         mx.zeros(ranked.shape, dtype=mx.bool_), order, above < top_p, axis=-1
     )
+    if every is not None:
+        keep = keep | every
     return mx.where(keep, logits, -float("inf"))
 
 
@@ -199,11 +209,12 @@ class MoGHead(nn.Module):
         self,
         x: mx.array,
         guidance_scale: float = 0.0,
-        top_p: float = 1.0,
+        top_p: float | mx.array = 1.0,
         key: Keys = None,
     ) -> tuple[mx.array, mx.array]:
         """``x`` [B, T, dims] (``[cond; uncond]`` when guided) -> (mu, logs).
 
+        ``top_p``: one nucleus for every row, or one per output row (``[B]`` float32).
         ``key`` seeds the Gumbel draw; ``None`` uses MLX's global random state;
         keys ``[B, 2]``, one per output row (per cond row when guided), draw
         each row from its own key.
@@ -216,6 +227,8 @@ class MoGHead(nn.Module):
             x = apply_guidance(x, guidance_scale)
             batch //= 2
         logits, logs, shared = project(self, "fused_heads", self.heads(), x)
+        if isinstance(top_p, mx.array):  # per output row, over its positions
+            top_p = mx.repeat(top_p, length)[:, None]
         logits = top_p_mask(logits, top_p)
         component = gumbel_argmax(
             logits, key, draw_shape=(batch, length, self.num_predictions)

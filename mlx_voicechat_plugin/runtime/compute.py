@@ -104,12 +104,13 @@ class ConversationState(ListeningRow):
 
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
                  *, start: WarmStart, seed: int, use_language_cache: bool,
-                 context: tuple[ContextWindow, ContextWindow] | None = None):
+                 context: tuple[ContextWindow, ContextWindow] | None = None,
+                 top_p: float | None = None):
         self.perception: PerceptionSource | None = perception  # None: a batch's rows
         self.batch: TimelineBatch | None = None  # the batch holding its rows, if one does
         self.batch_row = 0  # its row there
         self.timeline: Timeline | None = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
-                                  context=context)
+                                  context=context, top_p=top_p)
         self.rnnt = rnnt
         self.codec: CodecState | None = model.tts_model.audio_codec.make_state()
 
@@ -143,7 +144,9 @@ class ConversationState(ListeningRow):
         counts, timeline, codec = meta_state
         perception, timeline_arrays, rnnt, codec_arrays = split_state(state, counts)
         self.perception.state, self.rnnt.state = perception, rnnt
+        top_p = self.timeline.top_p  # a session option: the snapshot's rows take this one's
         self.timeline = Timeline.from_state(self.timeline.model, timeline_arrays, timeline)
+        self.timeline.top_p = top_p
         self.codec = CodecState.from_state(codec_arrays, codec)
 
     @property

@@ -63,7 +63,7 @@ class Conversation:
         self.compute = ConversationState(
             model, perception, parent.new_rnnt_state(), start=start,
             seed=options.seed, use_language_cache=options.use_language_cache,
-            context=self.shape.windows(),
+            context=self.shape.windows(), top_p=options.top_p,
         )
         hidden = config.special_text_ids
         self.text = TokenText(parent.tokenizer, hidden, TEXT_KEEP_CHARS)

@@ -70,6 +70,28 @@ def buffered_samples(seconds: float, sample_rate: int, frame_samples: int) -> in
     return max(int(seconds * sample_rate), frame_samples)
 
 
+def check_temperature(value: object, what: str = "temperature") -> float:
+    """The text channel's temperature: only 0 (the reference's VoiceChat path decodes
+    its text greedily; nothing samples it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 0:
+        raise ValueError(
+            f"{what} must be 0 (the model's text channel is decoded greedily, as the "
+            f"reference's), got {brief(value)}"
+        )
+    return 0.0
+
+
+def check_top_p(value: object, what: str = "top_p") -> float | None:
+    """The speech head's nucleus: ``None`` (the checkpoint's ``tts_config.top_p``) or a
+    number in (0, 1]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or not 0 < value <= 1:
+        raise ValueError(f"{what} must be in (0, 1], got {brief(value)}")
+    return float(value)
+
+
 @dataclass(kw_only=True)
 class StreamLimits:
     """What the streaming shell (:class:`~.streaming.StreamingShell`) enforces, for
@@ -115,6 +137,10 @@ class ConversationOptions(StreamLimits):
     profile: bool = False
     # Emit ``TurnEnded`` at the text channel's EOS (the GA dialect's responses).
     turn_events: bool = False
+    # mlx-lm's sampling names. The text channel is greedy (the reference's): 0 only.
+    temperature: float = 0.0
+    # The speech head's nucleus; None: the checkpoint's tts_config.top_p.
+    top_p: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -126,6 +152,8 @@ class ConversationOptions(StreamLimits):
         if self.max_prompt_tokens is not None:
             check_positive_int(self.max_prompt_tokens, "max_prompt_tokens")
         self.context_seconds = check_context_seconds(self.context_seconds)
+        self.temperature = check_temperature(self.temperature)
+        self.top_p = check_top_p(self.top_p)
 
 
 @dataclass

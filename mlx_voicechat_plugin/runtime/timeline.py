@@ -73,7 +73,8 @@ class Timeline:
     """The speaking recurrence of ``B`` conversations, in mlx-lm's cache style.
 
     Per row: the Nemotron-H state (:class:`~..models.duplex.LanguageState`),
-    the EAR-TTS backbone caches, the key stream of the TTS draws and the
+    the EAR-TTS backbone caches, the key stream of the TTS draws, the speech
+    head's nucleus ``top_p`` (a session option; ``None``: the checkpoint's) and the
     position; over all rows: the previous text and function tokens
     (``(B, 1)``) and the previous codes (``(B, 1, Q)``). A conversation's own
     timeline has one row. :meth:`merge` makes one timeline of many rows for a
@@ -86,9 +87,12 @@ class Timeline:
 
     def __init__(self, model: Model, start: WarmStart, *, seed: int = 0,
                  use_language_cache: bool = True,
-                 context: tuple[ContextWindow, ContextWindow] | None = None):
-        """``context``: the LLM's and the backbone's bounded contexts (``None``: unbounded)."""
+                 context: tuple[ContextWindow, ContextWindow] | None = None,
+                 top_p: float | None = None):
+        """``context``: the LLM's and the backbone's bounded contexts (``None``: unbounded);
+        ``top_p``: the speech head's nucleus (``None``: the checkpoint's ``tts_config.top_p``)."""
         self._bind(model)
+        self.top_p = [top_p]
         pad = mx.array([[self.config.pad_token_id]], dtype=mx.int32)
         language, speech = (None, None) if context is None else context
         self._set_rows([0], [model.stt_model.make_state(use_language_cache, language)],
@@ -127,12 +131,14 @@ class Timeline:
         """One timeline of the rows' conversations, in order (one row: that row itself)."""
         if len(rows) == 1:
             return rows[0]
-        return rows[0]._with(
+        merged = rows[0]._with(
             [p for t in rows for p in t.positions], [s for t in rows for s in t.language],
             [c for t in rows for c in t.tts_caches], [r for t in rows for r in t.rngs],
             [stack_rows([getattr(t, name) for t in rows])
              for name in ("prev_text", "prev_function", "prev_codes")],
         )
+        merged.top_p = [p for t in rows for p in t.top_p]
+        return merged
 
     def _stack_language(self) -> None:
         """Rows whose language states are all ready step as one stacked state from now on
@@ -165,6 +171,7 @@ class Timeline:
         own = self._with([self.positions.pop(index)], [row], [caches], [rng],
                          [own_row(a, index) for a in (self.prev_text, self.prev_function,
                                                       self.prev_codes)])
+        own.top_p = [self.top_p.pop(index)]
         self.prev_text, self.prev_function, self.prev_codes = (
             drop_row(a, index) for a in (self.prev_text, self.prev_function, self.prev_codes))
         return own
@@ -216,6 +223,7 @@ class Timeline:
         timeline = object.__new__(cls)
         timeline._bind(model)
         timeline._set_rows(*cls._rows_from_state(state, meta_state))
+        timeline.top_p = [None] * timeline.batch_size  # a session option, not state
         return timeline
 
     @staticmethod
@@ -334,7 +342,8 @@ class Timeline:
                                        [ids[b][0] for b in talking])
             mx.async_eval(hidden)  # computes while the depth loop is built
             clock.sub_stage("tts.backbone", hidden)
-            made = tts.generate_codes(hidden, [self.rngs[b] for b in talking])
+            made = tts.generate_codes(hidden, [self.rngs[b] for b in talking],
+                                      [self.top_p[b] for b in talking])
             clock.sub_stage("tts.mog_head", made)
             for j, b in enumerate(talking):
                 codes[b] = made[j : j + 1]

@@ -13,7 +13,8 @@ from typing import Any
 
 from ..runtime.options import (
     DEFAULT_CONTEXT_SECONDS, buffered_samples, check_context_seconds, check_count,
-    check_non_negative, check_positive_int, check_positive_seconds,
+    check_non_negative, check_positive_int, check_positive_seconds, check_temperature,
+    check_top_p,
 )
 
 MIB = 1 << 20
@@ -62,6 +63,10 @@ class ServerLimits:
     batch_fill: bool = True  # past the unbatched capacity, wait for every streaming session
     # Seconds of conversation a session's attention keeps after its prompt (None: unbounded).
     context_seconds: float | None = DEFAULT_CONTEXT_SECONDS
+    # A session's sampling where its client sets none (mlx-lm's names; the reference's:
+    # greedy text, the checkpoint's tts_config.top_p when None).
+    temperature: float = 0.0
+    top_p: float | None = None
     # A session whose connection drops (no close) waits this long to be resumed (0: off).
     resume_seconds: float = 15.0
     # Seconds of frames whose events a session keeps for a resume's replay.
@@ -104,6 +109,8 @@ class ServerLimits:
         check_non_negative(self.resume_seconds, "resume_seconds")
         check_positive_seconds(self.max_replay_seconds, "max_replay_seconds")
         object.__setattr__(self, "context_seconds", check_context_seconds(self.context_seconds))
+        object.__setattr__(self, "temperature", check_temperature(self.temperature))
+        object.__setattr__(self, "top_p", check_top_p(self.top_p))
         if not isinstance(self.batch_fill, bool):
             raise ValueError(f"batch_fill must be true or false, got {self.batch_fill!r}")
 

@@ -9,7 +9,8 @@ the client's field and the limit. The server's bounds apply here:
 ``--max-session-seconds`` caps ``max_streaming_seconds``, and
 ``--max-prompt-tokens`` and ``--max-transcript-bytes`` are set, and
 ``--context-seconds`` is a session's bounded context (a client may ask for a
-shorter one).
+shorter one); ``--temperature`` / ``--top-p`` are the sampling of a session
+whose client sets none.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def session_options(limits: ServerLimits, fields: Mapping[str, str],
                     **values: Any) -> ConversationOptions:
     """The session's options from the client's ``values`` (``fields`` names them)."""
     values.setdefault("context_seconds", None)
+    for name in ("temperature", "top_p"):
+        if values.get(name) is None:
+            values[name] = getattr(limits, name)
     try:
         options = ConversationOptions(max_prompt_tokens=limits.max_prompt_tokens, **values)
     except (TypeError, ValueError) as exc:

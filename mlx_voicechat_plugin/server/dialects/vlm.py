@@ -36,7 +36,8 @@ MODALITIES = ("text", "audio")
 # The runtime's option -> the client's field, in error messages.
 FIELDS = {"system_prompt": "session.system_prompt", "seed": "session.seed",
           "max_streaming_seconds": "session.max_streaming_seconds",
-          "context_seconds": "session.context_seconds"}
+          "context_seconds": "session.context_seconds",
+          "temperature": "session.temperature", "top_p": "session.top_p"}
 
 
 # --- client messages ----------------------------------------------------
@@ -52,6 +53,8 @@ class SessionUpdate:
     tools: list[Any] | None = None  # validated by the runtime when the session opens
     output_modalities: tuple[str, ...] = MODALITIES
     context_seconds: Any = None  # the bounded context (None: the server's)
+    temperature: Any = None  # mlx-lm's sampling names (None: the server's --temperature)
+    top_p: Any = None  # the speech head's nucleus (None: the server's --top-p)
 
     @property
     def text_only(self) -> bool:
@@ -99,7 +102,8 @@ def parse_session(payload: Any) -> SessionUpdate:
     seed = payload.get("seed")
     return SessionUpdate(payload.get("system_prompt"), 0 if seed is None else seed,
                          payload.get("max_streaming_seconds"), tools, modalities,
-                         payload.get("context_seconds"))
+                         payload.get("context_seconds"), payload.get("temperature"),
+                         payload.get("top_p"))
 
 
 def parse_modalities(value: Any) -> tuple[str, ...]:
@@ -203,7 +207,8 @@ class VLMDialect(Dialect):
         options = session_options(
             self.limits, FIELDS, system_prompt=update.system_prompt, seed=update.seed,
             max_streaming_seconds=update.max_streaming_seconds, tools=update.tools,
-            context_seconds=update.context_seconds)
+            context_seconds=update.context_seconds, temperature=update.temperature,
+            top_p=update.top_p)
         # Text-only: perception + RNNT, the user transcript.
         opened = transcription_options(self.limits, options) if update.text_only else options
         details = await self.session.open_session(opened)
