@@ -210,6 +210,40 @@ def fit_sessions(plan: MemoryPlan, max_sessions: int,
     return sessions, state, line
 
 
+# /v1/audio/transcriptions' default bounds at their least: OpenAI's per-file limit
+# (25 MiB, what its clients expect) and ten minutes of audio.
+UPLOAD_FLOOR_BYTES = 25 * 2**20
+TRANSCRIPTION_FLOOR_SECONDS = 600.0
+# At most this many times the floors (an hour of audio, 150 MiB a file).
+TRANSCRIPTION_MAX_SCALE = 6.0
+# The decoded PCM the host holds for a file: float32 at 16 kHz (3.84 MB a minute).
+PCM_BYTES_PER_SECOND = 16_000 * 4
+# Share of what the plan leaves the sessions (MemoryPlan.left) that the file
+# transcriptions in flight may hold on the host.
+TRANSCRIPTION_SHARE = 0.05
+
+
+def transcription_host_bytes(upload_bytes: int, seconds: float) -> int:
+    """What one file transcription holds on the host at most: the upload (two copies
+    while it is parsed) and its decoded PCM (the device's share is constant:
+    the streaming encoder's windows, whatever the file's length)."""
+    return 2 * upload_bytes + int(seconds * PCM_BYTES_PER_SECOND)
+
+
+def transcription_bounds(plan: MemoryPlan | None, in_flight: int) -> tuple[int, float]:
+    """The default ``(max_upload_bytes, max_transcription_seconds)`` of a file
+    transcription: the floors (25 MiB, 600 s) scaled so that ``in_flight`` of them
+    hold at most :data:`TRANSCRIPTION_SHARE` of what ``plan`` leaves, never below
+    the floors and at most :data:`TRANSCRIPTION_MAX_SCALE` times them. Without a
+    plan (a model loaded by a caller's own loader): the floors."""
+    if plan is None:
+        return UPLOAD_FLOOR_BYTES, TRANSCRIPTION_FLOOR_SECONDS
+    each = plan.left * TRANSCRIPTION_SHARE / max(in_flight, 1)
+    floor = transcription_host_bytes(UPLOAD_FLOOR_BYTES, TRANSCRIPTION_FLOOR_SECONDS)
+    scale = min(max(each / floor, 1.0), TRANSCRIPTION_MAX_SCALE)
+    return int(UPLOAD_FLOOR_BYTES * scale), TRANSCRIPTION_FLOOR_SECONDS * scale
+
+
 def wire(plan: MemoryPlan) -> None:
     """On Metal, wire up to the budget (as mlx-lm wires the recommended working set), so
     the weights are not paged out between frames; a no-op elsewhere."""

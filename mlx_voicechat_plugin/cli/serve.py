@@ -224,11 +224,12 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              f"{defaults.max_transcript_bytes // 1024} KiB)")
     limits.add_argument("--max-upload-bytes", type=int, default=defaults.max_upload_bytes,
                         help="largest /v1/audio/transcriptions file (413 past it; default: "
-                             f"{defaults.max_upload_bytes // MIB} MiB)")
+                             "None; then what the memory budget allows, at least OpenAI's "
+                             "25 MiB, as docs/serving.md says)")
     limits.add_argument("--max-transcription-seconds", type=float,
                         default=defaults.max_transcription_seconds,
                         help="seconds of audio one transcription file may hold (400 past it; "
-                             "default: %(default)s)")
+                             "default: None; then what the memory budget allows, at least 600)")
     limits.add_argument("--max-transcriptions-in-flight", type=int,
                         default=defaults.max_transcriptions_in_flight,
                         help="file transcriptions admitted at once (429 past it; default: %(default)s)")

@@ -55,8 +55,10 @@ class ServerLimits:
     max_sessions: int = 1  # realtime sessions served at once (engine slots)
     max_state_bytes: int | None = None  # measured session state in all, before refusing more
     max_transcript_bytes: int = 64 * 1024  # a text-only session's transcript (UTF-8)
-    max_upload_bytes: int = 25 * MIB  # one /v1/audio/transcriptions file
-    max_transcription_seconds: float = 600.0  # audio one file may hold
+    # One /v1/audio/transcriptions file, and the audio it may hold (None: what the
+    # memory budget allows, transcription_limits).
+    max_upload_bytes: int | None = None
+    max_transcription_seconds: float | None = None
     max_transcriptions_in_flight: int = 4  # file transcriptions admitted and not finished
     max_buffered_seconds: float = 2.0  # audio one session may queue ahead of the engine
     batch_wait_ms: float = DEFAULT_BATCH_WAIT_MS  # a step's collection deadline (0: never wait)
@@ -94,16 +96,20 @@ class ServerLimits:
         runtime's checks; the message names the field (``serve`` prints it)."""
         for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
                      "max_prompt_tokens", "max_connections", "max_connections_per_client",
-                     "max_sessions", "max_transcript_bytes", "max_upload_bytes",
+                     "max_sessions", "max_transcript_bytes",
                      "max_transcriptions_in_flight", "max_detached_per_key",
                      "max_replay_bytes", "max_item_bytes", "max_minted_bytes"):
             check_positive_int(getattr(self, name), name)
+        if self.max_upload_bytes is not None:
+            check_positive_int(self.max_upload_bytes, "max_upload_bytes")
+        if self.max_transcription_seconds is not None:
+            check_positive_seconds(self.max_transcription_seconds, "max_transcription_seconds")
         if self.max_state_bytes is not None:
             check_positive_int(self.max_state_bytes, "max_state_bytes")
         check_count(self.prompt_cache_bytes, "prompt_cache_bytes")
         for name in ("max_session_seconds", "update_timeout", "idle_timeout", "send_timeout",
                      "max_session_wall_seconds", "header_timeout", "body_timeout",
-                     "max_transcription_seconds", "max_buffered_seconds"):
+                     "max_buffered_seconds"):
             check_positive_seconds(getattr(self, name), name)
         check_non_negative(self.batch_wait_ms, "batch_wait_ms")
         check_non_negative(self.resume_seconds, "resume_seconds")
@@ -113,6 +119,18 @@ class ServerLimits:
         object.__setattr__(self, "top_p", check_top_p(self.top_p))
         if not isinstance(self.batch_fill, bool):
             raise ValueError(f"batch_fill must be true or false, got {self.batch_fill!r}")
+
+    def transcription_limits(self, plan: Any) -> tuple[int, float]:
+        """``(max_upload_bytes, max_transcription_seconds)`` of the transcription route:
+        those set, the rest what the memory budget allows
+        (:func:`~..budget.transcription_bounds` of the loaded model's ``plan``:
+        OpenAI's 25 MiB and 600 s at least)."""
+        from ..budget import transcription_bounds
+
+        upload, seconds = transcription_bounds(plan, self.max_transcriptions_in_flight)
+        return (upload if self.max_upload_bytes is None else self.max_upload_bytes,
+                seconds if self.max_transcription_seconds is None
+                else self.max_transcription_seconds)
 
     @property
     def resumable(self) -> bool:

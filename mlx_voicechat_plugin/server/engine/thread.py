@@ -137,6 +137,11 @@ class Engine:
         return self.voicechat.config
 
     @property
+    def memory_plan(self) -> Any:
+        """The loaded model's memory plan (``None``: not loaded, or a loader of its own)."""
+        return getattr(getattr(self.voicechat, "model", None), "memory_plan", None)
+
+    @property
     def language(self) -> str:
         """The language the checkpoint transcribes."""
         from ...runtime.transcribe import checkpoint_language
@@ -245,7 +250,7 @@ class Engine:
 
     def _fit_to_memory(self) -> None:
         """Size the session bounds to what the model's memory plan leaves, and say so."""
-        plan = getattr(getattr(self.voicechat, "model", None), "memory_plan", None)
+        plan = self.memory_plan
         if plan is None:  # a loader of its own (tests): the bounds stay as given
             return
         from ...budget import fit_sessions

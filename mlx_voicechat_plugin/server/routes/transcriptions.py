@@ -102,12 +102,13 @@ def transcriptions_router(engine: Engine, served: tuple[str, ...], limits: Serve
                                      "retry later", None, "rate_limit_exceeded").response()
         submitted = False
         try:
-            body = await read_body(request, limits.max_upload_bytes + FORM_SLACK_BYTES)
-            form, data = await parse_multipart(request, body, limits.max_upload_bytes)
+            max_upload, max_seconds = limits.transcription_limits(engine.memory_plan)
+            body = await read_body(request, max_upload + FORM_SLACK_BYTES)
+            form, data = await parse_multipart(request, body, max_upload)
             language = engine.language
             parsed = parse_form(form, data, served, language)
             audio = await asyncio.to_thread(decode_audio, parsed.data,
-                                            limits.max_transcription_seconds)
+                                            max_seconds)
             loop = asyncio.get_running_loop()
             deltas: asyncio.Queue = asyncio.Queue()
             def post_deltas(step: list[Any]) -> None:  # engine thread: UserTranscriptDeltas
