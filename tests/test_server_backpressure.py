@@ -116,3 +116,11 @@ def test_the_pending_event_bound_is_a_flag():
     assert args.limits.max_pending_events == 7 and args.limits.send_timeout == 2.0
     with pytest.raises(ValueError):
         ServerLimits(max_pending_events=0)
+
+
+def test_the_pending_byte_bound_is_a_flag():
+    args = serve.parse(["-m", "ckpt", "--max-pending-bytes", "65536"], "serve", False)
+    assert args.limits.max_pending_bytes == 65536
+    assert serve.parse(["-m", "ckpt"], "serve", False).limits.max_pending_bytes == 8 * 2**20
+    with pytest.raises(ValueError, match="max_pending_bytes"):
+        ServerLimits(max_pending_bytes=0)

@@ -122,6 +122,61 @@ def test_an_item_flood_leaves_the_servers_memory_flat(process, compression, item
     assert grown < 150, f"RSS grew {grown:.0f} MiB under the item flood"
 
 
+def peak_rss(pid: int, stop: threading.Event, peak: list[float]) -> None:
+    while not stop.is_set():
+        peak[0] = max(peak[0], rss_mib(pid))
+        time.sleep(0.02)
+
+
+NOT_READ_ITEMS = 40  # ~80 MiB of item echoes: far past the 8 MiB bound, inside 256 events
+
+
+def test_a_client_that_never_reads_its_echoes_is_closed_past_the_pending_bytes(process):
+    """The outbox counted events, not bytes: a client sending 1 MiB items and reading
+    nothing made the server queue up to 256 echoes of ~1 MiB. Past ``--max-pending-bytes``
+    (8 MiB) of unsent events it is closed (1008 "client is not reading"), and the
+    server's RSS peaks within 64 MiB of where it was."""
+    with connect(process.ws(GA), additional_headers=AUTH) as ws:  # the parse's arenas
+        assert recv(ws)["type"] == "session.created"
+        for index in range(3):
+            send(ws, text_item(index))
+            until_type(ws, "conversation.item.done")
+            send(ws, {"type": "conversation.item.delete", "item_id": f"item_flood{index}"})
+            until_type(ws, "conversation.item.deleted")
+    pid = process.process.pid
+    start, peak, stop = rss_mib(pid), [0.0], threading.Event()
+    sampler = threading.Thread(target=peak_rss, args=(pid, stop, peak), daemon=True)
+    client = RawClient(process.port, GA, headers=AUTH)
+    sampler.start()
+    try:
+        for index in range(NOT_READ_ITEMS):
+            try:
+                client.send_frame(text_item(index).encode())
+                client.send_json({"type": "conversation.item.delete",
+                                  "item_id": f"item_flood{index}"})
+            except OSError:  # the server has closed it
+                break
+        # Now read: the connection ends (its close frame, or a reset once the close
+        # frame waited 2 s) rather than waiting for more.
+        closing: tuple[int, str] | None = None
+        client.sock.settimeout(30)
+        try:
+            while True:
+                opcode, payload = client.read_frame()
+                if opcode == 0x8:
+                    closing = struct.unpack("!H", payload[:2])[0], payload[2:].decode()
+                    break
+        except (EOFError, ConnectionResetError):
+            pass
+    finally:
+        stop.set()
+        sampler.join()
+        client.close()
+    assert closing is None or closing == (1008, "client is not reading"), closing
+    grown = peak[0] - start
+    assert grown < 64, f"RSS peaked {grown:.0f} MiB above the start"
+
+
 def test_a_message_of_a_million_values_is_refused_and_the_session_goes_on(server):
     """Finding 1 and 4: what a message's JSON costs the server follows its values, not
     its bytes; past 20,000 values it is an ``invalid_request`` (parsed off the loop)."""

@@ -22,7 +22,7 @@ from mlx_voicechat_plugin.server.dialects import GA, VLM
 from mlx_voicechat_plugin.server.dialects.base import BINARY_REFUSED
 from mlx_voicechat_plugin.server.engine import Engine
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.messages import AudioOut, Ending
+from mlx_voicechat_plugin.server.messages import AudioOut, ClientNotReading, Ending, JsonOut
 from mlx_voicechat_plugin.server.transport.memory import MemoryTransport
 
 FRAME = 1280  # samples of one 80 ms frame at 16 kHz
@@ -203,3 +203,22 @@ def test_a_detached_session_is_released_when_its_deadline_passes(engine):
 
     released, in_use = asyncio.run(scenario())
     assert released and in_use == 0
+
+
+def test_unread_bytes_past_the_bound_mean_the_client_is_not_reading_a_replay_apart():
+    """Like the WebSocket's outbox: new events count against ``max_pending_bytes`` until
+    read (the last one may pass it), a resume's replay never does."""
+    big = JsonOut({"type": "x", "pad": "x" * 1000})
+    transport = MemoryTransport(max_pending_bytes=2500)
+    transport.promise([big] * 10)  # promised: 10 KB, none of it unread
+    for _ in range(3):
+        transport.send(big)  # 0, ~1 KB, ~2 KB unread before each
+    with pytest.raises(ClientNotReading, match="bytes of events"):
+        transport.send(big)
+
+    async def read_all() -> None:
+        for _ in range(13):
+            await transport.take()
+
+    asyncio.run(read_all())
+    transport.send(big)  # read: room again

@@ -215,6 +215,10 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
     limits.add_argument("--max-pending-events", type=int, default=defaults.max_pending_events,
                         help="unsent events a connection may queue before it is closed "
                              "(1008, 'client is not reading'; default: %(default)s)")
+    limits.add_argument("--max-pending-bytes", type=int, default=defaults.max_pending_bytes,
+                        help="bytes of unsent events (as sent) a connection may queue before "
+                             "it is closed (1008, 'client is not reading'); a resume's replay "
+                             f"is not counted (default: {defaults.max_pending_bytes // MIB} MiB)")
     limits.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
                         help="seconds queued events and the close frame may take at the end "
                              "(default: %(default)s)")

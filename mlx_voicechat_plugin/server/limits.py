@@ -32,6 +32,12 @@ DEFAULT_BATCH_WAIT_MS = 30.0
 # loop. Detached sessions give their slots to newcomers anyway: this bounds
 # what one key keeps while the server has room.
 DEFAULT_MAX_DETACHED_PER_KEY = 4
+# Bytes of new events one connection may leave unsent before its client counts as
+# not reading. A reading client's backlog is a few events: a normal session's
+# largest steady stream, 80 ms audio deltas (24 kHz PCM16 as base64, ~5 KiB each),
+# fills 8 MiB only after ~1,600 unread deltas (~2 minutes of speech), far past the
+# 256-event bound; what reaches it is large events left unread (1 MiB item echoes).
+DEFAULT_MAX_PENDING_BYTES = 8 * MIB
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,8 @@ class ServerLimits:
     update_timeout: float = 30.0
     idle_timeout: float = 120.0
     max_pending_events: int = 256  # unsent events before a client counts as not reading
+    # Bytes of unsent new events (as sent) before a client counts as not reading.
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
     send_timeout: float = 10.0  # longest wait for queued events (and the close) at the end
     max_session_wall_seconds: float = 1800.0  # a connection's whole life, whatever it sends
     max_failed_updates: int = 3  # failed session.update messages before close 1008
@@ -94,7 +102,8 @@ class ServerLimits:
     def __post_init__(self) -> None:
         """Every bound checked once, here (the engine and the pool trust them), with the
         runtime's checks; the message names the field (``serve`` prints it)."""
-        for name in ("max_message_bytes", "max_pending_events", "max_failed_updates",
+        for name in ("max_message_bytes", "max_pending_events", "max_pending_bytes",
+                     "max_failed_updates",
                      "max_prompt_tokens", "max_connections", "max_connections_per_client",
                      "max_sessions", "max_transcript_bytes",
                      "max_transcriptions_in_flight", "max_detached_per_key",

@@ -119,4 +119,5 @@ class Hangup(Exception):
 
 
 class ClientNotReading(Exception):
-    """The client left ``max_pending`` events unread (or stopped accepting them)."""
+    """The client left ``max_pending`` events, or ``max_pending_bytes``, unread (or stopped
+    accepting them)."""

@@ -204,7 +204,8 @@ class Calls:
         call_id: list[str] = []
         transport = self.transport_class(self.limits.max_pending_events,
                                          self.limits.send_timeout,
-                                         on_end=lambda: self.open.pop(call_id[0], None))
+                                         on_end=lambda: self.open.pop(call_id[0], None),
+                                         max_pending_bytes=self.limits.max_pending_bytes)
         connection = connect(transport, dialect, engine, self.model_id, self.limits,
                              self.mcp)
         call_id.append(name(connection.session_id))

@@ -129,7 +129,7 @@ class Realtime:
             return
         limits = self.limits
         transport = WebSocketTransport(websocket, limits.max_pending_events, limits.send_timeout,
-                                       subprotocol)
+                                       subprotocol, max_pending_bytes=limits.max_pending_bytes)
         opener = ephemeral if ephemeral is not None else key  # what the token is bound to
         if token is not None:
             connection = await self.resuming(websocket, transport, dialect, token, opener)

@@ -7,7 +7,8 @@ frames (:meth:`~MemoryTransport.put`) or hangs up
 (:meth:`~MemoryTransport.hang_up`), and reads what was sent, typed
 (:attr:`~MemoryTransport.sent`) or as a WebSocket client would see it
 (:meth:`~MemoryTransport.events`). Like the WebSocket's outbox, at most
-``max_pending`` messages wait unread before the client counts as not reading.
+``max_pending`` messages, or ``max_pending_bytes`` of them as serialized, wait
+unread (a resume's replay apart) before the client counts as not reading.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import asyncio
 import json
 from typing import Any
 
+from ..limits import DEFAULT_MAX_PENDING_BYTES
 from ..messages import PLAYBACK, ClientNotReading, Ending, Hangup, Outgoing
+from .outbox import frame_bytes
 from .websocket import Received, serialize
 
 
@@ -26,12 +29,15 @@ class MemoryTransport:
     plays_audio = False  # like a WebSocket's client, the test plays what it reads
     joins_audio = False  # one receive, one message
 
-    def __init__(self, max_pending: int = 256):
+    def __init__(self, max_pending: int = 256,
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES):
         self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
         self.inbox: asyncio.Queue[Received] = asyncio.Queue()
         self.sent: list[Outgoing] = []  # every message sent, in order
         self.read = 0  # messages the client has taken (:meth:`take`)
         self.promised_until = 0  # sent[:promised_until] was a replay: never unread
+        self.ends = [0]  # ends[i]: serialized bytes of sent[:i] (a replay's counted as 0)
         self.arrived = asyncio.Event()  # set whenever a message is sent
         self.accepted = False
         self.closed: tuple[Ending, str] | None = None  # the ending and its reason, once closed
@@ -49,14 +55,20 @@ class MemoryTransport:
             return  # about a track's playback: not for this transport
         if self.closed is not None:
             raise ClientNotReading("the transport is closed")
-        if len(self.sent) - max(self.read, self.promised_until) >= self.max_pending:
+        unread = max(self.read, self.promised_until)
+        if len(self.sent) - unread >= self.max_pending:
             raise ClientNotReading(f"{self.max_pending} events are waiting unread")
+        if self.ends[-1] - self.ends[unread] >= self.max_pending_bytes:
+            raise ClientNotReading(f"{self.ends[-1] - self.ends[unread]} bytes of events "
+                                   "are waiting unread")
         self.sent.append(message)
+        self.ends.append(self.ends[-1] + frame_bytes(serialize(message)))
         self.arrived.set()
 
     def promise(self, messages: list[Outgoing]) -> None:
         """A resume's replay: queued whatever is unread (it never counts as unread)."""
         self.sent.extend(m for m in messages if not isinstance(m, PLAYBACK))
+        self.ends.extend([self.ends[-1]] * (len(self.sent) - len(self.ends) + 1))
         self.promised_until = len(self.sent)
         self.arrived.set()
 

@@ -2,7 +2,8 @@
 
 Events are queued, never awaited on the socket, so a client that stops
 reading fills the queue instead of the server's memory: once
-``max_pending`` new frames wait unsent, :meth:`Outbox.put` raises
+``max_pending`` new frames, or ``max_pending_bytes`` of them (UTF-8, counted
+until the socket has taken each), wait unsent, :meth:`Outbox.put` raises
 :class:`ClientNotReading` and the connection is closed. A resume's replay
 is promised, not new (:meth:`Outbox.promise`): its frames go first and are
 written as the client reads them, counted apart (the replay log bounds them),
@@ -16,17 +17,25 @@ from typing import Any
 
 from ..messages import NOT_READING, ClientNotReading
 
-__all__ = ["NOT_READING", "ClientNotReading", "Outbox"]
+__all__ = ["NOT_READING", "ClientNotReading", "Outbox", "frame_bytes"]
+
+
+def frame_bytes(text: str) -> int:
+    """The UTF-8 size of a text frame (its length when it is ASCII, as most are)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 class Outbox:
     """Frames for one WebSocket, written in order by one background task."""
 
-    def __init__(self, websocket: Any, max_pending: int):
+    def __init__(self, websocket: Any, max_pending: int, max_pending_bytes: int):
         self.ws = websocket
         self.max_pending = max_pending
-        self.queue: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()  # (frame, promised)
+        self.max_pending_bytes = max_pending_bytes
+        # (frame, its bytes, promised); a promised frame's bytes are 0: never counted
+        self.queue: asyncio.Queue[tuple[str, int, bool]] = asyncio.Queue()
         self.promised = 0  # promised frames not yet written
+        self.pending_bytes = 0  # new frames' bytes queued or being written
         self.failed: BaseException | None = None
         self.task: asyncio.Task | None = None
 
@@ -38,7 +47,11 @@ class Outbox:
             raise ClientNotReading(f"the connection stopped sending: {type(self.failed).__name__}")
         if self.queue.qsize() - self.promised >= self.max_pending:
             raise ClientNotReading(f"{self.max_pending} events are waiting unread")
-        self.queue.put_nowait((text, False))
+        if self.pending_bytes >= self.max_pending_bytes:
+            raise ClientNotReading(f"{self.pending_bytes} bytes of events are waiting unread")
+        size = frame_bytes(text)
+        self.pending_bytes += size
+        self.queue.put_nowait((text, size, False))
 
     def promise(self, texts: list[str]) -> None:
         """Queue frames already promised to the client (a resume's replay): they never
@@ -47,11 +60,11 @@ class Outbox:
             raise ClientNotReading(f"the connection stopped sending: {type(self.failed).__name__}")
         for text in texts:
             self.promised += 1
-            self.queue.put_nowait((text, True))
+            self.queue.put_nowait((text, 0, True))
 
     async def _write(self) -> None:
         while True:
-            text, promised = await self.queue.get()
+            text, size, promised = await self.queue.get()
             try:
                 await self.ws.send_text(text)
             except Exception as exc:  # the client went away mid-send
@@ -59,6 +72,7 @@ class Outbox:
                 return
             finally:
                 self.promised -= promised
+                self.pending_bytes -= size
                 self.queue.task_done()
 
     async def drain(self, timeout: float) -> bool:

@@ -12,7 +12,9 @@ the client's SDP offer and makes the answer (candidates gathered as
   :data:`MAX_AUDIO_BACKLOG` frames is dropped (media cannot wait), and more
   than ``max_pending`` unread messages end the call;
 - out: each :class:`~..messages.JsonOut` as JSON text on the data channel
-  (queued, bounded, until the channel opens); an
+  (queued until the channel opens); more than ``max_pending`` events waiting
+  for it, or ``max_pending_bytes`` unsent (queued or buffered on the
+  channel), end the call as a client not reading; an
   :class:`~..messages.AudioOut`'s audio on the call's audio track
   (:class:`~.rtc_media.SpeechTrack`), and its event, which only carries it,
   not at all; the transport plays the audio itself (:attr:`plays_audio`): a
@@ -40,6 +42,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from ..messages import (AudioIn, AudioMark, AudioOut, ClearAudio, ClientNotReading, Ending,
                         Hangup, Outgoing)
 from .ice import ICEConfig, quick_consent
+from .outbox import frame_bytes
 from .rtc_media import RATE, SpeechTrack, read_track
 from .websocket import serialize
 
@@ -47,7 +50,6 @@ logger = logging.getLogger(__name__)
 
 EVENTS_CHANNEL = "oai-events"  # the data channel a client opens for the events (OpenAI's name)
 MAX_AUDIO_BACKLOG = 100  # 20 ms frames (2 s) waiting for the connection before dropping
-MAX_CHANNEL_BYTES = 4 * 2**20  # unsent bytes on the data channel: the client is not reading
 ENDED_STATES = ("failed", "closed")
 
 Received = Union[str, bytes, AudioIn, AudioMark, Hangup]
@@ -83,8 +85,9 @@ class WebRTCTransport:
     joins_audio = True  # a receive takes the track's audio queued by then, as one chunk
 
     def __init__(self, max_pending: int, send_timeout: float,
-                 on_end: Callable[[], None] | None = None):
+                 on_end: Callable[[], None] | None = None, *, max_pending_bytes: int):
         self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
         self.send_timeout = send_timeout
         self.on_end = on_end
         self.pc: Any = None
@@ -95,6 +98,7 @@ class WebRTCTransport:
         self.dropped = 0  # audio frames dropped: the connection was not taking them
         self.channel: Any = None
         self.unsent: deque[str] = deque()  # events made before the data channel opened
+        self.unsent_bytes = 0
         self.speech = SpeechTrack(on_mark=self._put)
         self.reader: asyncio.Task | None = None
         self.stopped = False
@@ -226,18 +230,22 @@ class WebRTCTransport:
             return
         text = serialize(message)
         channel = self.channel
+        waiting = self.unsent_bytes + (channel.bufferedAmount if channel is not None else 0)
+        if waiting >= self.max_pending_bytes:
+            raise ClientNotReading(f"{waiting} bytes of events wait on the data channel")
         if channel is None or channel.readyState != "open" or self.unsent:
             if len(self.unsent) >= self.max_pending:
                 raise ClientNotReading(f"{len(self.unsent)} events wait for the data channel")
             self.unsent.append(text)
+            self.unsent_bytes += frame_bytes(text)
             return
-        if channel.bufferedAmount > MAX_CHANNEL_BYTES:
-            raise ClientNotReading(f"{channel.bufferedAmount} bytes wait on the data channel")
         channel.send(text)
 
     def _flush(self) -> None:
         while self.unsent and self.channel.readyState == "open":
-            self.channel.send(self.unsent.popleft())
+            text = self.unsent.popleft()
+            self.unsent_bytes -= frame_bytes(text)
+            self.channel.send(text)
 
     async def drain(self) -> bool:
         """Let the queued events go out; ``False`` if they took past the send timeout."""

@@ -7,7 +7,7 @@ A :class:`WebSocketTransport` runs on the event loop. It accepts the upgrade
 session's typed messages (:mod:`..messages`) in order through a bounded
 :class:`~.outbox.Outbox`: each serialized here (:func:`serialize`: stamped
 with an ``event_id``, compact JSON, a message's audio as base64 in its
-event's field). It closes for an :class:`~..messages.Ending` with the close
+event's field), at most ``max_pending`` events or ``max_pending_bytes`` unsent. It closes for an :class:`~..messages.Ending` with the close
 code that says it (:data:`CLOSE_CODES`). It knows no dialect: what a frame
 means, and what is sent, is the dialect's business.
 """
@@ -58,11 +58,11 @@ class WebSocketTransport:
     joins_audio = False  # one receive, one frame: the connection may read ahead
 
     def __init__(self, websocket: Any, max_pending: int, send_timeout: float,
-                 subprotocol: str | None = None):
+                 subprotocol: str | None = None, *, max_pending_bytes: int):
         self.ws = websocket
         self.subprotocol = subprotocol  # selected at accept (a browser's "realtime")
         self.send_timeout = send_timeout
-        self.outbox = Outbox(websocket, max_pending)
+        self.outbox = Outbox(websocket, max_pending, max_pending_bytes)
 
     async def accept(self) -> None:
         await self.ws.accept(subprotocol=self.subprotocol)
