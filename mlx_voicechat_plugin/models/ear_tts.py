@@ -209,7 +209,7 @@ class EarTTS(nn.Module):
         hidden = self._run_backbone(audio, self._text(subword_ids, subword_mask), cache)
         return hidden, cache
 
-    def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | None = None) -> mx.array:
+    def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | Any = None) -> mx.array:
         """Depth loop of ``B`` sessions: guided hidden ``[2B, T, dims]`` -> codes ``[B, T, Q]`` int32.
 
         ``hidden`` is laid out ``[cond_0 .. cond_{B-1}; uncond_0 .. uncond_{B-1}]``
@@ -218,8 +218,10 @@ class EarTTS(nn.Module):
         ``2 * depth_passes`` keys are taken up front, in the order the loop
         consumes them (per pass: component sample, then noise), and row ``b``
         draws from ``rngs[b]``'s keys only, so its codes and its stream end as
-        that session run alone leaves them. Without key streams the draws come
-        from MLX's global random state, in the same order.
+        that session run alone leaves them. ``rngs`` may instead be a batch's
+        stacked keys (not a list: ``len`` rows, ``take(n)`` giving ``[B, n, 2]``).
+        Without key streams the draws come from MLX's global random state, in the
+        same order.
         """
         if rngs is None:
             return self._depth_loop(hidden, None)
@@ -229,9 +231,11 @@ class EarTTS(nn.Module):
                 f"expected {GUIDED_ROWS} per session for {len(rngs)} key streams"
             )
         count = 2 * self.depth_passes
-        kind = type(rngs[0])
+        kind = type(rngs[0]) if isinstance(rngs, (list, tuple)) else None
         take_many = getattr(kind, "take_many", None)
-        if take_many is not None and all(type(r) is kind for r in rngs):
+        if kind is None:
+            keys = rngs.take(count)  # a batch's stacked keys: one computation
+        elif take_many is not None and all(type(r) is kind for r in rngs):
             keys = take_many(list(rngs), count)  # every session's keys in one computation
         else:
             keys = mx.stack([take_keys(rng, count) for rng in rngs])
