@@ -248,15 +248,18 @@ def test_key_streams_without_take_are_drawn_key_by_key(model):
 def test_many_key_streams_take_their_keys_in_one_computation_exactly():
     import numpy as np
 
+    from mlx_voicechat_plugin.runtime.rng import KeyRows
+
     together = [RandomStream(seed) for seed in (0, 5, 2**64 - 1)]
     alone = [RandomStream(seed) for seed in (0, 5, 2**64 - 1)]
+    rows = KeyRows.merge(together)
     for count in (10, 10, 4):
-        many = RandomStream.take_many(together, count)
+        many = rows.take(count)
         one = mx.stack([s.take(count) for s in alone])
         assert np.array_equal(np.array(many), np.array(one))
-        assert all(np.array_equal(np.array(a.key), np.array(b.key))
-                   for a, b in zip(together, alone))
-    assert RandomStream.take_many(together[:1], 3).shape == (1, 3, 2)
+    for b in range(2):
+        assert np.array_equal(np.array(rows.remove(0)), np.array(alone[b].key))
+    assert np.array_equal(np.array(rows.keys), np.array(alone[2].key[None]))
 
 
 def test_a_batch_holds_its_rows_keys_stacked_and_gives_each_back_on_removal():

@@ -231,12 +231,10 @@ class EarTTS(nn.Module):
                 f"expected {GUIDED_ROWS} per session for {len(rngs)} key streams"
             )
         count = 2 * self.depth_passes
-        kind = type(rngs[0]) if isinstance(rngs, (list, tuple)) else None
-        take_many = getattr(kind, "take_many", None)
-        if kind is None:
+        if not isinstance(rngs, (list, tuple)):
             keys = rngs.take(count)  # a batch's stacked keys: one computation
-        elif take_many is not None and all(type(r) is kind for r in rngs):
-            keys = take_many(list(rngs), count)  # every session's keys in one computation
+        elif len(rngs) == 1:
+            keys = take_keys(rngs[0], count)[None]
         else:
             keys = mx.stack([take_keys(rng, count) for rng in rngs])
         if self._compiled_depth is None:

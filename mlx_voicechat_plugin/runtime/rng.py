@@ -118,14 +118,3 @@ class RandomStream:
         """The keys of the next ``count`` draws, stacked ``[count, 2]`` (same as ``next`` each)."""
         self.key, keys = _chain(count)(self.key)
         return keys
-
-    @staticmethod
-    def take_many(streams: list["RandomStream"], count: int) -> mx.array:
-        """:meth:`take` of every stream, ``[B, count, 2]``, as one computation for all of
-        them (each stream's keys and its next key equal its own :meth:`take`)."""
-        if len(streams) == 1:
-            return streams[0].take(count)[None]
-        keys, subs = _chains(count)(mx.stack([s.key for s in streams]))
-        for b, stream in enumerate(streams):
-            stream.key = keys[b]
-        return subs
