@@ -248,43 +248,41 @@ def test_key_streams_without_take_are_drawn_key_by_key(model):
 def test_many_key_streams_take_their_keys_in_one_computation_exactly():
     import numpy as np
 
+    from mlx_voicechat_plugin.runtime.rng import KeyRows
+
     together = [RandomStream(seed) for seed in (0, 5, 2**64 - 1)]
     alone = [RandomStream(seed) for seed in (0, 5, 2**64 - 1)]
+    rows = KeyRows.merge(together)
     for count in (10, 10, 4):
-        many = RandomStream.take_many(together, count)
+        many = rows.take(count)
         one = mx.stack([s.take(count) for s in alone])
         assert np.array_equal(np.array(many), np.array(one))
-        assert all(np.array_equal(np.array(a.key), np.array(b.key))
-                   for a, b in zip(together, alone))
-    assert RandomStream.take_many(together[:1], 3).shape == (1, 3, 2)
+    for b in range(2):
+        assert np.array_equal(np.array(rows.remove(0)), np.array(alone[b].key))
+    assert np.array_equal(np.array(rows.keys), np.array(alone[2].key[None]))
 
 
-def test_streams_drawing_together_keep_their_keys_stacked_until_one_draws_otherwise():
-    """While the same streams draw together their keys stay one stacked array (no
-    stack, no slice a draw); one stream drawing alone, or a different set drawing,
-    ends that, and every stream's keys and draws stay its own throughout."""
+def test_a_batch_holds_its_rows_keys_stacked_and_gives_each_back_on_removal():
+    """A batch's keys are one stacked array while its rows draw together (their streams
+    hold none), each row's draws its own; a removed row takes its key back exactly."""
     import numpy as np
+
+    from mlx_voicechat_plugin.runtime.rng import KeyRows
 
     seeds = (0, 5, 2**64 - 1)
     together = [RandomStream(seed) for seed in seeds]
     alone = [RandomStream(seed) for seed in seeds]
-
-    def check(many, members, count):
-        one = mx.stack([alone[b].take(count) for b in members])
+    rows = KeyRows.merge(together)
+    assert len(rows) == 3 and all(s.key is None and s.state == [] for s in together)
+    for count in (4, 6, 6):
+        many = rows.take(count)
+        one = mx.stack([s.take(count) for s in alone])
         assert np.array_equal(np.array(many), np.array(one))
-        assert all(np.array_equal(np.array(a.key), np.array(b.key))
-                   for a, b in zip(together, alone))
-
-    check(RandomStream.take_many(together, 4), [0, 1, 2], 4)
-    held = together[0]._held[0]
-    for _ in range(3):  # steady: the same holder, its keys replaced in place
-        check(RandomStream.take_many(together, 6), [0, 1, 2], 6)
-        assert all(s._held == (held, b) for b, s in enumerate(together))
+    together[1].key = rows.remove(1)
+    assert len(rows) == 2 and np.array_equal(np.array(together[1].key), np.array(alone[1].key))
     assert np.array_equal(np.array(together[1].take(2)), np.array(alone[1].take(2)))
-    assert together[1]._held is None and not held.holds(together)
-    check(RandomStream.take_many(together, 4), [0, 1, 2], 4)  # stacked again
-    assert together[0]._held[0] is not held
-    check(RandomStream.take_many(together[1:], 3), [1, 2], 3)  # another set
-    check(RandomStream.take_many(together, 5), [0, 1, 2], 5)
+    rows = KeyRows.merge([rows, together[1]])  # appended after the others
+    check = mx.stack([alone[b].take(3) for b in (0, 2, 1)])
+    assert np.array_equal(np.array(rows.take(3)), np.array(check))
     together[2].state = []  # released
     assert together[2].key is None and together[2].state == []

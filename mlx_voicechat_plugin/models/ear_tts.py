@@ -209,7 +209,7 @@ class EarTTS(nn.Module):
         hidden = self._run_backbone(audio, self._text(subword_ids, subword_mask), cache)
         return hidden, cache
 
-    def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | None = None,
+    def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | Any = None,
                        top_p: Sequence[float | None] | None = None) -> mx.array:
         """Depth loop of ``B`` sessions: guided hidden ``[2B, T, dims]`` -> codes ``[B, T, Q]`` int32.
 
@@ -219,8 +219,10 @@ class EarTTS(nn.Module):
         ``2 * depth_passes`` keys are taken up front, in the order the loop
         consumes them (per pass: component sample, then noise), and row ``b``
         draws from ``rngs[b]``'s keys only, so its codes and its stream end as
-        that session run alone leaves them. Without key streams the draws come
-        from MLX's global random state, in the same order.
+        that session run alone leaves them. ``rngs`` may instead be a batch's
+        stacked keys (not a list: ``len`` rows, ``take(n)`` giving ``[B, n, 2]``).
+        Without key streams the draws come from MLX's global random state, in the
+        same order.
 
         ``top_p``: each session's nucleus (``None``, or a row's ``None``: the
         config's ``top_p``), an input of the compiled loop, so a row's codes
@@ -235,10 +237,10 @@ class EarTTS(nn.Module):
                 f"expected {GUIDED_ROWS} per session for {len(rngs)} key streams"
             )
         count = 2 * self.depth_passes
-        kind = type(rngs[0])
-        take_many = getattr(kind, "take_many", None)
-        if take_many is not None and all(type(r) is kind for r in rngs):
-            keys = take_many(list(rngs), count)  # every session's keys in one computation
+        if not isinstance(rngs, (list, tuple)):
+            keys = rngs.take(count)  # a batch's stacked keys: one computation
+        elif len(rngs) == 1:
+            keys = take_keys(rngs[0], count)[None]
         else:
             keys = mx.stack([take_keys(rng, count) for rng in rngs])
         if self._compiled_depth is None:

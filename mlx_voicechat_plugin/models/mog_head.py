@@ -50,9 +50,7 @@ def draw(sampler: Callable[..., mx.array], shape: tuple[int, ...], key: Keys) ->
 class KeyStream(Protocol):
     """A source of PRNG keys, one per draw (e.g. ``runtime.rng.RandomStream``).
 
-    A stream may also offer ``take(n)``: the next ``n`` keys stacked, in one call;
-    and its class ``take_many(streams, n)``: ``take(n)`` of many streams at once,
-    ``[B, n, 2]``.
+    A stream may also offer ``take(n)``: the next ``n`` keys stacked, in one call.
     """
 
     def next(self) -> mx.array: ...

@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import mlx.core as mx
 
+from ..models.rows import drop_row, own_row
 from ..quoting import brief
 
 
@@ -51,22 +52,40 @@ def check_seed(seed: object, what: str = "seed") -> int:
     return seed
 
 
-class HeldKeys:
-    """The keys of streams advanced together (:meth:`RandomStream.take_many`), kept
-    stacked ``[B, 2]`` between draws: while the same streams draw together, each draw
-    reads and replaces this one array, and a stream's ``key`` is its row of it."""
+class KeyRows:
+    """The keys of a batch's rows stacked ``[B, 2]``: while a stream is a row here this
+    is its key's only copy (its :class:`RandomStream` holds none), and one draw of
+    every row is one computation on this array."""
 
-    def __init__(self, streams: list["RandomStream"]):
-        self.streams = streams
-        self.keys = mx.stack([s.key for s in streams])
-        for row, stream in enumerate(streams):
-            stream._key, stream._held = None, (self, row)  # the stack is its only copy
+    def __init__(self, keys: mx.array):
+        self.keys = keys
 
-    def holds(self, streams: list["RandomStream"]) -> bool:
-        """Exactly these streams, in this order, none advanced on its own since."""
-        return len(streams) == len(self.streams) and all(
-            s is t and s._held is not None and s._held[0] is self
-            for s, t in zip(streams, self.streams))
+    @classmethod
+    def merge(cls, parts: list["KeyRows | RandomStream"]) -> "KeyRows":
+        """The rows of ``parts`` in order: a stream's key moves here (it keeps none)."""
+        keys = []
+        for part in parts:
+            if isinstance(part, KeyRows):
+                keys.append(part.keys)
+            else:
+                keys.append(part.key[None])
+                part.key = None
+        return cls(mx.concatenate(keys))
+
+    def __len__(self) -> int:
+        return self.keys.shape[0]
+
+    def take(self, count: int) -> mx.array:
+        """:meth:`RandomStream.take` of every row, ``[B, count, 2]``, as one computation;
+        each row's keys and next key equal its own ``take``."""
+        self.keys, subs = _chains(count)(self.keys)
+        return subs
+
+    def remove(self, index: int) -> mx.array:
+        """Row ``index``'s key (a copy); the others stay stacked."""
+        key = own_row(self.keys, index)[0]
+        self.keys = drop_row(self.keys, index)
+        return key
 
 
 class RandomStream:
@@ -74,18 +93,6 @@ class RandomStream:
 
     def __init__(self, seed: int):
         self.key: mx.array | None = mx.random.key(check_seed(seed))
-
-    @property
-    def key(self) -> mx.array | None:
-        """Its key: its own, or its row of the keys it draws with others (:class:`HeldKeys`)."""
-        if self._held is not None:
-            held, row = self._held
-            return held.keys[row]
-        return self._key
-
-    @key.setter
-    def key(self, value: mx.array | None) -> None:
-        self._key, self._held = value, None
 
     @property
     def state(self) -> list[mx.array]:
@@ -111,15 +118,3 @@ class RandomStream:
         """The keys of the next ``count`` draws, stacked ``[count, 2]`` (same as ``next`` each)."""
         self.key, keys = _chain(count)(self.key)
         return keys
-
-    @staticmethod
-    def take_many(streams: list["RandomStream"], count: int) -> mx.array:
-        """:meth:`take` of every stream, ``[B, count, 2]``, as one computation for all of
-        them (each stream's keys and its next key equal its own :meth:`take`). The
-        streams' keys stay stacked until one of them draws alone or with others."""
-        if len(streams) == 1:
-            return streams[0].take(count)[None]
-        first = streams[0]._held
-        held = first[0] if first is not None and first[0].holds(streams) else HeldKeys(streams)
-        held.keys, subs = _chains(count)(held.keys)
-        return subs

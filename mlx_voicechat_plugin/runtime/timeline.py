@@ -39,7 +39,7 @@ from ..models.kv_arena import release as release_caches
 from ..models.model import Model
 from ..models.rows import drop_row, own_row, stack_rows, take_rows
 from .profile import NO_CLOCK, FrameClock
-from .rng import RandomStream
+from .rng import KeyRows, RandomStream
 from .warm_start import WarmStart
 
 logger = logging.getLogger(__name__)
@@ -108,8 +108,9 @@ class Timeline:
 
     def _set_rows(self, positions: list[int], language: list[LanguageState],
                   tts_caches: list[Any], rngs: list[RandomStream],
-                  prev: Sequence[mx.array]) -> None:
+                  prev: Sequence[mx.array], keys: KeyRows | None = None) -> None:
         self.positions, self.language, self.tts_caches, self.rngs = positions, language, tts_caches, rngs
+        self.keys = keys  # the rows' keys while stacked (their streams hold none)
         self.prev_text, self.prev_function, self.prev_codes = prev
 
     @property
@@ -136,6 +137,7 @@ class Timeline:
             [c for t in rows for c in t.tts_caches], [r for t in rows for r in t.rngs],
             [stack_rows([getattr(t, name) for t in rows])
              for name in ("prev_text", "prev_function", "prev_codes")],
+            KeyRows.merge([p for t in rows for p in ([t.keys] if t.keys is not None else t.rngs)]),
         )
         merged.top_p = [p for t in rows for p in t.top_p]
         return merged
@@ -166,7 +168,8 @@ class Timeline:
         else:
             row = self.language.pop(index)
         caches, rng = self.tts_caches.pop(index), self.rngs.pop(index)
-        rng.key = rng.key  # its own key from now on, not its row of the others'
+        if self.keys is not None:
+            rng.key = self.keys.remove(index)
         release_caches([*caches, *(row.cache or [])], keep=True)
         own = self._with([self.positions.pop(index)], [row], [caches], [rng],
                          [own_row(a, index) for a in (self.prev_text, self.prev_function,
@@ -174,6 +177,8 @@ class Timeline:
         own.top_p = [self.top_p.pop(index)]
         self.prev_text, self.prev_function, self.prev_codes = (
             drop_row(a, index) for a in (self.prev_text, self.prev_function, self.prev_codes))
+        if self.keys is not None and self.batch_size == 1:  # the last row's key is its own again
+            self.rngs[0].key, self.keys = self.keys.keys[0], None
         return own
 
     # --- state ------------------------------------------------------------------
@@ -182,7 +187,8 @@ class Timeline:
         if self.prev_codes is None:  # released
             return []
         return [*(s.state for s in self.language), *(cache_state(c) for c in self.tts_caches),
-                *(r.state for r in self.rngs), [self.prev_text, self.prev_function, self.prev_codes]]
+                *(r.state if self.keys is None else [self.keys.keys[b]]
+                  for b, r in enumerate(self.rngs)), [self.prev_text, self.prev_function, self.prev_codes]]
 
     @property
     def state(self) -> list[mx.array]:
@@ -206,7 +212,8 @@ class Timeline:
         language = self.language[0]
         return ((language.row_nbytes(index) if isinstance(language, LanguageRows)
                  else self.language[index].nbytes) + state_nbytes(self.tts_caches[index])
-                + sum(a.nbytes for a in self.rngs[index].state)
+                + (sum(a.nbytes for a in self.rngs[index].state) if self.keys is None
+                   else self.keys.keys.nbytes // len(self.keys))
                 + sum(a.nbytes // a.shape[0]
                       for a in (self.prev_text, self.prev_function, self.prev_codes)))
 
@@ -243,6 +250,7 @@ class Timeline:
             language.release()
         for rng in self.rngs:
             rng.state = []
+        self.keys = None
         for caches in self.tts_caches:
             release_caches(caches)  # rows an arena holds for this conversation
         self.tts_caches = [[] for _ in self.tts_caches]
@@ -342,8 +350,13 @@ class Timeline:
                                        [ids[b][0] for b in talking])
             mx.async_eval(hidden)  # computes while the depth loop is built
             clock.sub_stage("tts.backbone", hidden)
-            made = tts.generate_codes(hidden, [self.rngs[b] for b in talking],
-                                      [self.top_p[b] for b in talking])
+            keys: Any = [self.rngs[b] for b in talking]
+            if self.keys is not None:
+                keys = self.keys if len(talking) == self.batch_size else KeyRows(
+                    take_rows(self.keys.keys, talking))
+            made = tts.generate_codes(hidden, keys, [self.top_p[b] for b in talking])
+            if isinstance(keys, KeyRows) and keys is not self.keys:
+                self.keys.keys[mx.array(talking)] = keys.keys  # type: ignore[union-attr]
             clock.sub_stage("tts.mog_head", made)
             for j, b in enumerate(talking):
                 codes[b] = made[j : j + 1]
