@@ -15,6 +15,7 @@ from ..runtime.options import (
     DEFAULT_CONTEXT_SECONDS, buffered_samples, check_context_seconds, check_count,
     check_non_negative, check_positive_int, check_positive_seconds,
 )
+from ..runtime.tool_failures import DEFAULT_TOOL_TIMEOUT
 
 MIB = 1 << 20
 # The transport accepts a little more than ``max_message_bytes`` so that a
@@ -76,6 +77,8 @@ class ServerLimits:
     # Bytes of minted sessions (their JSON) the unexpired ephemeral keys hold, all
     # together; a mint past them is refused (429).
     max_minted_bytes: int = 16 * MIB
+    # Seconds a client-run tool call may wait for its function_call_output.
+    tool_timeout: float = DEFAULT_TOOL_TIMEOUT
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "ServerLimits":
@@ -103,6 +106,7 @@ class ServerLimits:
         check_non_negative(self.batch_wait_ms, "batch_wait_ms")
         check_non_negative(self.resume_seconds, "resume_seconds")
         check_positive_seconds(self.max_replay_seconds, "max_replay_seconds")
+        check_positive_seconds(self.tool_timeout, "tool_timeout")
         object.__setattr__(self, "context_seconds", check_context_seconds(self.context_seconds))
         if not isinstance(self.batch_fill, bool):
             raise ValueError(f"batch_fill must be true or false, got {self.batch_fill!r}")
