@@ -33,6 +33,8 @@ def mcp_call(book: ResponseBook, event: ServerToolCall, out: Out) -> None:
     item_id, index = new_id("mcp"), len(response.output)
     item = {"id": item_id, "type": "mcp_call", "server_label": event.server_label,
             "name": event.name, "arguments": ""}
+    if event.approval_request_id:  # its mcp_approval_request came first
+        item["approval_request_id"] = event.approval_request_id
     where = {"response_id": response.id, "item_id": item_id, "output_index": index}
     out.append({"type": "response.output_item.added", "response_id": response.id,
                 "output_index": index, "item": item})
