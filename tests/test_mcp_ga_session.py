@@ -117,6 +117,14 @@ def test_require_approval_is_honoured(server, mcp_server, mcp_log, monkeypatch, 
     requests = [e for e in events if e["type"] == "conversation.item.added"
                 and e["item"]["type"] == "mcp_approval_request"]
     assert bool(requests) == asked
+    added = [e["item"] for e in events if e["type"] == "conversation.item.added"
+             and e["item"]["type"] in ("mcp_approval_request", "mcp_call")]
+    if asked:  # the request first, then the call naming it, as OpenAI's
+        assert [i["type"] for i in added] == ["mcp_approval_request", "mcp_call"]
+        assert added[1]["approval_request_id"] == added[0]["id"] == item["approval_request_id"]
+    else:
+        assert [i["type"] for i in added] == ["mcp_call"]
+        assert "approval_request_id" not in item
     if approve is False:  # denied: not run, and the model hears so
         assert item["error"]["message"].startswith("denied: ")
         assert len(calls(mcp_log)) == before

@@ -101,6 +101,11 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                        help="a URL pattern (fnmatch, e.g. 'https://mcp.example.com/*') a GA "
                             "session's mcp tool may connect to; none by default. Loopback, "
                             "private and link-local hosts need a pattern naming the host")
+    tools.add_argument("--tool-timeout", type=float, default=defaults.tool_timeout,
+                       metavar="SECONDS",
+                       help="how long a call the client runs may wait for its "
+                            "function_call_output before the model hears a timeout "
+                            "(default: %(default)s; an MCP server's own: its timeout key)")
     replica = parser.add_argument_group("replicas (behind a balancer: docs/replicas.md)")
     replica.add_argument("--agent-port", type=int, default=None,
                          help="answer HAProxy's agent-check on this TCP port (same host as "

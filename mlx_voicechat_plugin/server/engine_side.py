@@ -16,6 +16,7 @@ import numpy as np
 
 from ..runtime.options import ConversationOptions
 from ..runtime.pool import PoolFull
+from ..runtime.tool_failures import DEFAULT_MAX_RESULT_BYTES
 from .engine.commands import OpenOptions, SessionDetails
 from .engine.feed import InputFeed
 from .engine.thread import Engine
@@ -57,6 +58,7 @@ class EngineSide:
     connected_at: float
     open: bool
     server_tools: Any  # SessionTools | None: the tools the server runs
+    client_calls: Any  # ClientCalls: the calls the client runs, on their clocks
 
     def active(self) -> None:
         raise NotImplementedError
@@ -70,6 +72,7 @@ class EngineSide:
         if self.server_tools is not None:  # the server's tools beside the session's
             options = self.server_tools.offer(options)
         if self.open:  # opened before: closed, to be opened again
+            self.client_calls.forget()
             self.life.move_engine(Stage.NEW)
             await self.engine.close(self.session_id)
         if self.slot_pending:  # admitted while only detached sessions held the slots
@@ -147,7 +150,9 @@ class EngineSide:
             await self.engine_call(self.engine.sync(self.session_id))
 
     async def tool_output(self, call_id: str, output: str) -> None:
-        """A tool result: its tokens enter the timeline at the next frames."""
+        """A tool result: its tokens enter the timeline at the next frames. One over the
+        result bound reaches the model as a ``too_large`` failure and is the client's
+        ``tool_call_failed``; one after its call timed out is refused."""
         if not self.tools_set:
             raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
                                 "function_call_output needs tools registered in session.update")
@@ -155,12 +160,17 @@ class EngineSide:
             raise ProtocolError(ErrorCode.INVALID_REQUEST,
                                 f"tool call {call_id} is run by the server; it takes no "
                                 "function_call_output")
+        max_bytes = (self.server_tools.manager.max_result_bytes if self.server_tools is not None
+                     else DEFAULT_MAX_RESULT_BYTES)
+        output, failure = self.client_calls.answer(call_id, output, max_bytes)
         try:
             await self.engine.tool_result(self.session_id, call_id, output)
         except ValueError as exc:  # unknown / answered call_id, non-ASCII output
             raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
         except Exception as exc:
             raise inference_error(exc) from None
+        if failure is not None:
+            raise ProtocolError(ErrorCode.TOOL_CALL_FAILED, f"tool call {call_id}: {failure}")
 
     async def flush(self, pad_partial: bool = True) -> list:
         """Run the audio queued so far (the partial frame padded, if asked) and end the

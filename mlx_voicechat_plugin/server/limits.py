@@ -16,6 +16,7 @@ from ..runtime.options import (
     check_non_negative, check_positive_int, check_positive_seconds, check_temperature,
     check_top_p,
 )
+from ..runtime.tool_failures import DEFAULT_TOOL_TIMEOUT
 
 MIB = 1 << 20
 # The transport accepts a little more than ``max_message_bytes`` so that a
@@ -91,6 +92,8 @@ class ServerLimits:
     # Bytes of minted sessions (their JSON) the unexpired ephemeral keys hold, all
     # together; a mint past them is refused (429).
     max_minted_bytes: int = 16 * MIB
+    # Seconds a client-run tool call may wait for its function_call_output.
+    tool_timeout: float = DEFAULT_TOOL_TIMEOUT
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "ServerLimits":
@@ -123,6 +126,7 @@ class ServerLimits:
         check_non_negative(self.batch_wait_ms, "batch_wait_ms")
         check_non_negative(self.resume_seconds, "resume_seconds")
         check_positive_seconds(self.max_replay_seconds, "max_replay_seconds")
+        check_positive_seconds(self.tool_timeout, "tool_timeout")
         object.__setattr__(self, "context_seconds", check_context_seconds(self.context_seconds))
         object.__setattr__(self, "temperature", check_temperature(self.temperature))
         object.__setattr__(self, "top_p", check_top_p(self.top_p))

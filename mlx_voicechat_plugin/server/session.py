@@ -33,6 +33,7 @@ from .engine.thread import Engine
 from .engine_side import EngineSide
 from .lifecycle import Lifecycle, Stage, Tie
 from .limits import ServerLimits
+from .client_calls import ClientCalls
 from .mcp.session_tools import SessionTools
 from .messages import ClientNotReading, Hangup, Outgoing
 from .peers import Link, SessionDialect, Watcher
@@ -98,6 +99,7 @@ class Session(EngineSide):
         self._tasks: set[asyncio.Task] = set()
         self._expiry: asyncio.Task | None = None  # a detached session's deadline
         self.server_tools: SessionTools | None = None  # the tools the server runs (MCP)
+        self.client_calls = ClientCalls(self, limits.tool_timeout)  # the tools the client runs
         self.dialect: SessionDialect = dialect(self, model_id)
 
     # --- its states, read (moved only by the methods below) ----------------------------
@@ -162,6 +164,7 @@ class Session(EngineSide):
         self.frames_seen += 1
         if self.server_tools is not None:
             events = self.server_tools.observe(events)
+        self.client_calls.observe(events)
         self.deliver(self.dialect.translate(events))
 
     def deliver(self, messages: list[Outgoing]) -> None:

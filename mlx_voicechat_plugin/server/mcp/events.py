@@ -16,9 +16,11 @@ from ...runtime.events import ToolCall
 
 @dataclass(frozen=True)
 class ServerToolCall(ToolCall):
-    """A call of a tool the server runs (its server's label)."""
+    """A call of a tool the server runs (its server's label; the approval request it
+    waits on, if it needs one: announced before the call)."""
 
     server_label: str = ""
+    approval_request_id: str = ""
 
 
 @dataclass(frozen=True)

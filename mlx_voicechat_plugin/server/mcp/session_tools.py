@@ -121,20 +121,15 @@ class SessionTools:
         waiting.set_result(approve)
 
     async def _approval(self, call: ServerToolCall, tool: McpTool) -> None:
-        """Wait for the client's approval of ``call`` (within the tool's timeout), else
-        a ``denied`` failure."""
-        approval_id = new_id("mcpr")
-        waiting = asyncio.get_running_loop().create_future()
-        self.approvals[approval_id] = waiting
-        self.session.deliver(self.session.dialect.translate([ApprovalRequest(
-            self.session.frames_seen, approval_id, call.call_id, call.name, call.server_label,
-            call.arguments)]))
+        """Wait for the client's approval of ``call`` (its request was announced with
+        it; within the tool's timeout), else a ``denied`` failure."""
+        waiting = self.approvals[call.approval_request_id]
         try:
             approved = await asyncio.wait_for(waiting, tool.timeout)
         except asyncio.TimeoutError:
             raise ToolFailure(DENIED, f"no approval within {tool.timeout:g} s") from None
         finally:
-            self.approvals.pop(approval_id, None)
+            self.approvals.pop(call.approval_request_id, None)
         if not approved:
             raise ToolFailure(DENIED, "the user did not approve this call; it was not run")
 
@@ -153,8 +148,15 @@ class SessionTools:
                 self.cancel_all("the response was cancelled", tell=True)
             if type(event) is ToolCall and event.name in self.offered:
                 tool = self.offered[event.name]
+                approval_id = new_id("mcpr") if tool.approval else ""
                 event = ServerToolCall(event.frame_index, event.call_id, event.name,
-                                       event.arguments, server_label=tool.server)
+                                       event.arguments, server_label=tool.server,
+                                       approval_request_id=approval_id)
+                if approval_id:  # its request first, as OpenAI's: the call names it
+                    self.approvals[approval_id] = asyncio.get_running_loop().create_future()
+                    out.append(ApprovalRequest(event.frame_index, approval_id, event.call_id,
+                                               event.name, event.server_label,
+                                               event.arguments))
                 self._start(event, tool)
             out.append(event)
         return out
@@ -165,7 +167,7 @@ class SessionTools:
 
     async def _run(self, call: ServerToolCall, tool: McpTool, generation: int) -> None:
         try:
-            if tool.approval:
+            if call.approval_request_id:
                 await self._approval(call, tool)
             arguments = json.loads(call.arguments)
             if tool.owned:
@@ -220,6 +222,7 @@ class SessionTools:
         calls, self.inflight = self.inflight, {}
         for task, call in calls.values():
             task.cancel()
+            self.approvals.pop(call.approval_request_id, None)
             logger.info("%s call %s (%s) cancelled: %s", self.session.session_id,
                         call.call_id, call.name, reason)
             if tell:

@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...mcp.events import ServerToolCall, ToolOutput
-from ...wire import new_id
+from ...wire import ErrorCode, new_id
 from .audio import OutputAudio
+from .config import error_event
 from .turns import Out, ResponseBook
 
 
@@ -32,6 +33,8 @@ def mcp_call(book: ResponseBook, event: ServerToolCall, out: Out) -> None:
     item_id, index = new_id("mcp"), len(response.output)
     item = {"id": item_id, "type": "mcp_call", "server_label": event.server_label,
             "name": event.name, "arguments": ""}
+    if event.approval_request_id:  # its mcp_approval_request came first
+        item["approval_request_id"] = event.approval_request_id
     where = {"response_id": response.id, "item_id": item_id, "output_index": index}
     out.append({"type": "response.output_item.added", "response_id": response.id,
                 "output_index": index, "item": item})
@@ -47,9 +50,15 @@ def mcp_call(book: ResponseBook, event: ServerToolCall, out: Out) -> None:
 
 
 def mcp_output(book: ResponseBook, event: ToolOutput, out: Out) -> None:
-    """The call ended: completed with its output, or failed with its error."""
+    """The call ended: completed with its output, or failed with its error (a call the
+    client runs, its timeout: a ``tool_call_failed`` error naming the call)."""
     entry = book.mcp_calls.pop(event.call_id, None)
     if entry is None:
+        if event.failure and not event.server_label:
+            out.append(error_event(ErrorCode.TOOL_CALL_FAILED,
+                                   f"{event.failure}: {event.message}",
+                                   param=next((ga for ga, runtime in book.calls.items()
+                                               if runtime == event.call_id), event.call_id)))
         return
     response_id, index, item = entry
     done: dict[str, Any] = dict(item)
