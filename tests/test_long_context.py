@@ -135,7 +135,7 @@ def test_rows_at_different_wrap_points_batch_as_each_alone(model, start):
         merged = Timeline.merge(rows)
         audio = mx.concatenate([_audio(model, 10 * b + position) for b in range(len(rows))])
         steps = merged.step(audio)
-        rows = [merged.extract(b) for b in range(len(rows))]
+        rows = [merged.remove(b) for b in reversed(range(len(rows)))][::-1]
         for b, (step, twin) in enumerate(zip(steps, alone)):
             (want,) = twin.step(_audio(model, 10 * b + position))
             assert (step.text_id, step.function_id) == (want.text_id, want.function_id)
