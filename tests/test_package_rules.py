@@ -71,10 +71,30 @@ def test_no_module_reaches_into_another_modules_private_names():
     assert offenders == []
 
 
-MAX_MODULE_LINES = 400  # one concept per module (mlx-lm's shape): split one that passes it
+MAX_MODULE_LINES = 400  # code lines: one concept per module (mlx-lm's shape), however long
 
 
-def test_no_module_is_over_400_lines():
+def code_lines(source: str) -> int:
+    """Lines holding code: not blank, not a comment alone, not inside a docstring."""
+    tree = ast.parse(source)
+    docstring_lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.body and isinstance(node.body[0], ast.Expr) \
+                and isinstance(node.body[0].value, ast.Constant) \
+                and isinstance(node.body[0].value.value, str):
+            docstring_lines.update(range(node.body[0].lineno, node.body[0].end_lineno + 1))
+    return sum(1 for number, line in enumerate(source.splitlines(), 1)
+               if line.strip() and not line.strip().startswith("#")
+               and number not in docstring_lines)
+
+
+def test_code_lines_leave_out_docstrings_comments_and_blank_lines():
+    source = '"""Module.\n\nMore."""\n\n# a comment\ndef f():\n    """One."""\n    return 1\n'
+    assert code_lines(source) == 2
+
+
+def test_no_module_is_over_400_code_lines():
     long = {str(path.relative_to(PACKAGE)): lines for path in sorted(PACKAGE.rglob("*.py"))
-            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+            if (lines := code_lines(path.read_text())) > MAX_MODULE_LINES}
     assert long == {}
