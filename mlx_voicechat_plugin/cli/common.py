@@ -7,7 +7,7 @@ import logging
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..runtime.device_settings import MAX_GRAPH_COMMIT_OPS, check_graph_commit_ops
 from ..runtime.options import check_temperature, check_top_p
@@ -63,7 +63,7 @@ def check_device_options(parser: argparse.ArgumentParser, args: argparse.Namespa
     check_memory_budget(parser, args)
 
 
-def add_sampling(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+def add_sampling(parser: Any,
                  whose: str = "") -> None:
     """mlx-lm's ``--temperature`` / ``--top-p``, with the reference's defaults."""
     parser.add_argument("--temperature", "--temp", type=float, default=0.0,

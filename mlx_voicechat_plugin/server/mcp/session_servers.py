@@ -17,7 +17,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ...runtime.tool_failures import DEFAULT_TOOL_TIMEOUT
 
@@ -69,7 +69,7 @@ class UrlPolicy:
             raise UrlRefused("server_url must be an http(s) URL")
         if parts.username or parts.password:
             raise UrlRefused("server_url may not carry credentials (use headers)")
-        bare = parts._replace(query="", fragment="").geturl()
+        bare = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
         matched = [p for p in self.patterns if fnmatch.fnmatchcase(bare, p)]
         if not matched:
             raise UrlRefused(f"server_url {parts.scheme}://{parts.hostname}{parts.path} is not "

@@ -24,11 +24,11 @@ from .turns import Out, ResponseBook
 def mcp_call(book: ResponseBook, event: ServerToolCall, out: Out) -> None:
     """The call's item and its arguments, in the open response (one opens if none)."""
     if book.response is None:
-        book._start(out, int(event.frame_index))
+        book.start_response(out, int(event.frame_index))
     response = book.response
-    book._announce(out)
+    book.announce(out)
     if response.message is not None:
-        book._close_message(out)  # its audio's resampler flushed: the speech after the
+        book.close_message(out)  # its audio's resampler flushed: the speech after the
         response.audio = OutputAudio(book.config.output_format, book.model_rate)  # call, anew
     item_id, index = new_id("mcp"), len(response.output)
     item = {"id": item_id, "type": "mcp_call", "server_label": event.server_label,
@@ -38,7 +38,7 @@ def mcp_call(book: ResponseBook, event: ServerToolCall, out: Out) -> None:
     where = {"response_id": response.id, "item_id": item_id, "output_index": index}
     out.append({"type": "response.output_item.added", "response_id": response.id,
                 "output_index": index, "item": item})
-    book._add_item(item, out, "conversation.item.added")
+    book.add_item(item, out, "conversation.item.added")
     out.append({"type": "response.mcp_call_arguments.delta", **where, "delta": event.arguments})
     out.append({"type": "response.mcp_call_arguments.done", **where,
                 "arguments": event.arguments})
@@ -71,6 +71,6 @@ def mcp_output(book: ResponseBook, event: ToolOutput, out: Out) -> None:
         kind = "response.mcp_call.completed"
     item.update(done)  # the response's output holds the item as it ends
     out.append({"type": kind, "item_id": item["id"], "output_index": index})
-    book._add_item(done, out, "conversation.item.done")
+    book.add_item(done, out, "conversation.item.done")
     out.append({"type": "response.output_item.done", "response_id": response_id,
                 "output_index": index, "item": done})

@@ -89,7 +89,7 @@ def listing_started(book: ResponseBook, server: SessionMcpServer) -> tuple[str, 
     item = {"id": item_id, "type": "mcp_list_tools", "server_label": server.label,
             "tools": []}
     out: Out = []
-    book._add_item(item, out, "conversation.item.added")
+    book.add_item(item, out, "conversation.item.added")
     out.append({"type": "mcp_list_tools.in_progress", "item_id": item_id})
     return item_id, out
 
@@ -101,7 +101,7 @@ def listing_done(book: ResponseBook, item_id: str, server: SessionMcpServer,
                        "input_schema": t.get("inputSchema") or {}}
                       for name, t in tools.items()]}
     out: Out = [{"type": "mcp_list_tools.completed", "item_id": item_id}]
-    book._add_item(item, out, "conversation.item.done")
+    book.add_item(item, out, "conversation.item.done")
     return out
 
 
@@ -113,8 +113,8 @@ def approval_request(book: ResponseBook, event: ApprovalRequest, out: Out) -> No
     item = {"id": event.approval_id, "type": "mcp_approval_request",
             "server_label": event.server_label, "name": event.name,
             "arguments": event.arguments}
-    book._add_item(item, out, "conversation.item.added")
-    book._add_item(item, out, "conversation.item.done")
+    book.add_item(item, out, "conversation.item.added")
+    book.add_item(item, out, "conversation.item.done")
 
 
 def approval_response(item: dict[str, Any]) -> tuple[dict[str, Any], str, bool]:

@@ -181,9 +181,9 @@ class GAResponses(ResponseBook):
         if self.response is None:
             if self.server_frames:
                 return  # the server's silence was for an answer that has ended
-            self._start(out, frame)
+            self.start_response(out, frame)
         response = self.response
-        self._announce(out)
+        self.announce(out)
         if response.message is None:
             self._start_message(out)
         response.spoke = True
@@ -197,10 +197,10 @@ class GAResponses(ResponseBook):
 
     def _tool_call(self, event: ToolCall, out: Out) -> None:
         if self.response is None:
-            self._start(out, int(event.frame_index))
+            self.start_response(out, int(event.frame_index))
         response = self.response
-        self._announce(out)
-        self._close_message(out)
+        self.announce(out)
+        self.close_message(out)
         item_id = new_id("item")
         index = len(response.output)
         call_id = "call_" + event.call_id.removeprefix("call_")[: MAX_CALL_ID_CHARS - 5]
@@ -210,14 +210,14 @@ class GAResponses(ResponseBook):
                  "call_id": call_id}
         out.append({"type": "response.output_item.added", "response_id": response.id,
                     "output_index": index, "item": item})
-        self._add_item(item, out, "conversation.item.added")
+        self.add_item(item, out, "conversation.item.added")
         out.append({"type": "response.function_call_arguments.delta", **where,
                     "delta": event.arguments})
         out.append({"type": "response.function_call_arguments.done", **where,
                     "name": event.name, "arguments": event.arguments})
         done = ga_items.function_call(item_id, call_id, event.name, event.arguments,
                                       "completed")
-        self._add_item(done, out, "conversation.item.done")
+        self.add_item(done, out, "conversation.item.done")
         out.append({"type": "response.output_item.done", "response_id": response.id,
                     "output_index": index, "item": done})
         response.output.append(done)
@@ -260,7 +260,7 @@ class GAResponses(ResponseBook):
             self._close_user(out, stopped=False)
         if self.config.turn_detection is None and self.response is None \
                 and self._audio_out and not self.ended:
-            self._start(None, self.frame + 1)
+            self.start_response(None, self.frame + 1)
         return out
 
     def cancel(self) -> Out | None:
@@ -317,14 +317,14 @@ class GAResponses(ResponseBook):
         if self.response is None:
             if self.ended:
                 return None
-            self._start(None, self.frame + 1)
+            self.start_response(None, self.frame + 1)
         elif self.response.announced:
             if self.waiting or self.ended:
                 return None
             self.waiting.append(metadata)
             return out
         self.response.metadata = metadata
-        self._announce(out)
+        self.announce(out)
         return out
 
     def delete(self, item_id: Any) -> dict[str, Any]:
@@ -356,7 +356,7 @@ class GAResponses(ResponseBook):
         item's JSON, when already made."""
         out: Out = []
         data = self.items.encode(item) if data is None else data
-        self._add_item(item, out, "conversation.item.added", client=True, data=data)
-        self._add_item(item, out, "conversation.item.done", client=True, data=data)
+        self.add_item(item, out, "conversation.item.added", client=True, data=data)
+        self.add_item(item, out, "conversation.item.done", client=True, data=data)
         return out
 

@@ -153,7 +153,7 @@ class ResponseBook:
     def _audio_out(self) -> bool:
         return "audio" in self.config.output_modalities
 
-    def _add_item(self, item: dict[str, Any], out: Out, kind: str,
+    def add_item(self, item: dict[str, Any], out: Out, kind: str,
                   client: bool = False, data: bytes | None = None) -> None:
         # First: a client's item past the budget is refused.
         self.items.put(item, client, data)
@@ -163,7 +163,7 @@ class ResponseBook:
 
     # --- responses -------------------------------------------------------
 
-    def _start(self, out: Out | None, frame: int,
+    def start_response(self, out: Out | None, frame: int,
                metadata: Any = None) -> None:
         """A new response from ``frame``; announced now unless ``out`` is ``None``."""
         bound = self._frames(self.config.max_response_seconds)
@@ -172,9 +172,9 @@ class ResponseBook:
         response.audio = OutputAudio(self.config.output_format, self.model_rate)
         self.response = response
         if out is not None:
-            self._announce(out)
+            self.announce(out)
 
-    def _announce(self, out: Out) -> None:
+    def announce(self, out: Out) -> None:
         response = self.response
         if not response.announced:
             response.announced = True
@@ -188,7 +188,7 @@ class ResponseBook:
         item = ga_items.assistant_message(message.id)
         out.append({"type": "response.output_item.added", "response_id": response.id,
                     "output_index": message.output_index, "item": item})
-        self._add_item(item, out, "conversation.item.added")
+        self.add_item(item, out, "conversation.item.added")
         out.append({"type": "response.content_part.added", **self._part(response),
                     "part": ga_items.content_part(self._audio_out, "")})
 
@@ -202,7 +202,7 @@ class ResponseBook:
         return {"response_id": response.id, "item_id": response.message.id,
                 "output_index": response.message.output_index, "content_index": 0}
 
-    def _close_message(self, out: Out, status: str = "completed") -> None:
+    def close_message(self, out: Out, status: str = "completed") -> None:
         response = self.response
         message = response.message if response is not None else None
         if message is None:
@@ -222,22 +222,22 @@ class ResponseBook:
         item = ga_items.assistant_message(
             message.id, "completed" if status == "completed" else "incomplete",
             [ga_items.message_content(self._audio_out, message.text)])
-        self._add_item(item, out, "conversation.item.done")
+        self.add_item(item, out, "conversation.item.done")
         out.append({"type": "response.output_item.done", "response_id": response.id,
                     "output_index": message.output_index, "item": item})
         response.output.insert(message.output_index, item)
         response.message = None
 
     def _finish(self, out: Out, status: str) -> None:
-        self._announce(out)
-        self._close_message(out, status)
+        self.announce(out)
+        self.close_message(out, status)
         response = self.response
         self.response = None
         body = self._response_object(response, status)
         out.append({"type": "response.done", "response": body,
                     "voicechat": {**response.pace.wire(), "session": self.session_pace.wire()}})
         if self.waiting:  # the request that waited opens its response
-            self._start(out, self.frame + 1, metadata=self.waiting.pop())
+            self.start_response(out, self.frame + 1, metadata=self.waiting.pop())
             if self.ended:  # the stream is over: that response ends at once
                 self._finish(out, "cancelled")
 
@@ -266,8 +266,8 @@ class ResponseBook:
         out.append({"type": "input_audio_buffer.committed",
                     "previous_item_id": self.last_item_id, "item_id": user.id})
         item = ga_items.user_message(user.id, user.text)
-        self._add_item(item, out, "conversation.item.added")
-        self._add_item(item, out, "conversation.item.done")
+        self.add_item(item, out, "conversation.item.added")
+        self.add_item(item, out, "conversation.item.done")
         out.append({"type": "conversation.item.input_audio_transcription.completed",
                     "item_id": user.id, "content_index": 0, "transcript": user.text,
                     "usage": {"type": "duration",
