@@ -46,11 +46,28 @@ def test_plugin_cli_answers_and_writes_audio(tiny_ckpt, question_wav, tmp_path):
     assert _wav_info(out) == (22050, 1, 2)
 
 
-def test_cli_ignores_n_with_a_note(tiny_ckpt, question_wav):
+def test_cli_max_tokens_is_the_answer_length_after_the_question(tiny_ckpt, question_wav,
+                                                                 tmp_path):
+    short, longer = tmp_path / "short.wav", tmp_path / "longer.wav"
+    for out, n in ((short, "1"), (longer, "6")):
+        done = _run(["-m", "mlx_voicechat_plugin.cli.main", "generate", "-m", str(tiny_ckpt),
+                     "--audio", str(question_wav), "-n", n, "--output-audio", str(out)])
+        assert done.returncode == 0, done.stderr
+    # Five more tokens are five more 80 ms frames of answer (1764 samples each).
+    assert out_frames(longer) - out_frames(short) == 5 * 1764
+
+
+def out_frames(path):
+    import wave
+    with wave.open(str(path)) as w:
+        return w.getnframes()
+
+
+def test_cli_max_tokens_and_extra_seconds_are_one_choice(tiny_ckpt, question_wav):
     done = _run(["-m", "mlx_voicechat_plugin.cli.main", "generate", "-m", str(tiny_ckpt),
-                 "--audio", str(question_wav), "-n", "50", "--extra-decoding-seconds", "0"])
-    assert done.returncode == 0, done.stderr
-    assert "-n/--max-tokens is ignored" in done.stderr
+                 "--audio", str(question_wav), "-n", "5", "--extra-decoding-seconds", "1"])
+    assert done.returncode == 2
+    assert "--max-tokens" in done.stderr and "--extra-decoding-seconds" in done.stderr
 
 
 @pytest.mark.parametrize("flag", ["--image", "--video"])
@@ -70,8 +87,7 @@ def test_cli_without_audio_points_to_offline_command(tiny_ckpt):
 def test_mlx_vlm_generate_routes_to_plugin(tiny_ckpt, question_wav, tmp_path):
     out = tmp_path / "vlm.wav"
     done = _run(["-m", "mlx_vlm.generate", "--model", str(tiny_ckpt), "--audio", str(question_wav),
-                 "--output-audio", str(out), "--extra-decoding-seconds", "0.5",
-                 "--max-tokens", "100", "--temperature", "0.0"])
+                 "--output-audio", str(out), "--max-tokens", "6", "--temperature", "0.0"])
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("[user] ")
     assert out.is_file()

@@ -370,6 +370,10 @@ def _sweep_cases(ckpt: Path, question: Path, tmp: Path) -> list[tuple[list[str],
         (["serve", "-m", ckpt, "--agent-port", "70000"], 2, "--agent-port"),
         (["serve", "-m", ckpt, "--port", "-5"], 2, "--port"),
         (["compare", ckpt, tmp / "nope", "--audio", question], 2, "no such checkpoint"),
+        (["compare", ckpt, ckpt, "--audio", question, "--top-p", "0"], 2, "--top-p"),
+        (["compare", ckpt, ckpt, "--audio", question, "--temperature", "1"], 2,
+         "--temperature"),
+        (["generate", "-m", ckpt, "--audio", question, "-n", "0"], 2, "--max-tokens"),
         (["demo", "--out", tmp / "notes.txt"], 2, "is a file"),
     ]
 

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 import numpy as np
 
 from . import progress
-from .common import check_audio_file, check_model, parse_args, run_main
+from .common import (add_sampling, check_audio_file, check_model, check_sampling, parse_args,
+                     run_main)
 from .progress import add_quiet
 
 if TYPE_CHECKING:
@@ -214,6 +215,7 @@ def compare_checkpoints(a: str | Path, b: str | Path, audio: Any, *,
                         budgets: tuple[float | None, float | None] = (None, None),
                         seed: int = 0, system_prompt: str | None = None,
                         extra_decoding_seconds: float = 3.0,
+                        temperature: float = 0.0, top_p: float | None = None,
                         step: Callable[[str], ContextManager[Any]] = lambda what: nullcontext()
                         ) -> Report:
     """Run the question ``audio`` through ``a`` and ``b`` (see the module docstring);
@@ -231,7 +233,8 @@ def compare_checkpoints(a: str | Path, b: str | Path, audio: Any, *,
     rate = ModelConfig.from_dict(read_config(resolve_path(a))).input_sample_rate
     question = load_waveform(audio, rate)
     options = dict(seed=seed, system_prompt=system_prompt,
-                   extra_decoding_seconds=extra_decoding_seconds)
+                   extra_decoding_seconds=extra_decoding_seconds,
+                   temperature=temperature, top_p=top_p)
     with step(f"B ({b}): loading and answering"):
         side_b, voicechat, _ = _run("B", str(b), budgets[1], question, options, None)
     del voicechat
@@ -265,6 +268,7 @@ def build_parser(prog: str = "mlx-voicechat compare") -> argparse.ArgumentParser
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-p", "--system-prompt", dest="system_prompt")
     parser.add_argument("--extra-decoding-seconds", type=float, default=3.0)
+    add_sampling(parser, " of both sides")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--verbose", action="store_true", help="an error's traceback")
     add_quiet(parser)
@@ -286,6 +290,7 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
         args.b = args.a
     if args.extra_decoding_seconds < 0:
         parser.error("--extra-decoding-seconds must be >= 0")
+    check_sampling(parser, args)
     return args
 
 
@@ -296,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
     report = compare_checkpoints(args.a, args.b, args.audio, budgets=args.budgets,
                                  seed=args.seed, system_prompt=args.system_prompt,
                                  extra_decoding_seconds=args.extra_decoding_seconds,
+                                 temperature=args.temperature, top_p=args.top_p,
                                  step=lambda what: progress.step(args, what))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
     return 0

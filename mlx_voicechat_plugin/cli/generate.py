@@ -33,6 +33,8 @@ from .progress import add_quiet
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
 
+DEFAULT_EXTRA_SECONDS = 3.0
+FRAME_SECONDS = 0.08  # the model emits one text token per 80 ms frame
 OFFLINE_HINT = "mlx-voicechat generate --model CKPT --audio question.wav --output-audio answer.wav"
 
 
@@ -53,12 +55,15 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
     parser.add_argument("--system-prompt", "--system", dest="system_prompt",
                         help="the system prompt (default: the checkpoint's)")
     parser.add_argument("-p", "--prompt", nargs="+", help=argparse.SUPPRESS)
-    parser.add_argument("--extra-decoding-seconds", type=float, default=3.0)
+    parser.add_argument("--extra-decoding-seconds", type=float, default=None,
+                        help="seconds decoded after the question's audio ends "
+                             f"(default: {DEFAULT_EXTRA_SECONDS})")
     parser.add_argument("--seed", type=int, default=0)
     add_sampling(parser)
     parser.add_argument(
         "-n", "--max-tokens", "--max-new-tokens", dest="max_tokens", type=int,
-        help="accepted for host compatibility and ignored: one token per 80 ms frame",
+        help="tokens decoded after the question's audio ends, one per 80 ms frame "
+             "(mlx-lm's name for the answer's length; instead of --extra-decoding-seconds)",
     )
     parser.add_argument("--image", nargs="*", help=argparse.SUPPRESS)
     parser.add_argument("--video", nargs="*", help=argparse.SUPPRESS)
@@ -110,8 +115,14 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
     if args.stream and args.tools_json:
         parser.error("--tools-json runs the offline flow; use the server for live tool calls")
     if args.max_tokens is not None:
-        print("note: -n/--max-tokens is ignored; the answer length follows the audio "
-              "plus --extra-decoding-seconds", file=sys.stderr)
+        if args.max_tokens < 1:
+            parser.error(f"--max-tokens must be a positive integer, got {args.max_tokens}")
+        if args.extra_decoding_seconds is not None:
+            parser.error("--max-tokens and --extra-decoding-seconds both set the answer's "
+                         "length; give one")
+        args.extra_decoding_seconds = args.max_tokens * FRAME_SECONDS
+    elif args.extra_decoding_seconds is None:
+        args.extra_decoding_seconds = DEFAULT_EXTRA_SECONDS
     return args
 
 
