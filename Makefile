@@ -53,9 +53,12 @@ livekit:
 	else echo "Node unavailable: the LiveKit test will skip"; fi
 
 # pytest exits 5 when it collects nothing; treat that as a failure of the
-# suite's wiring rather than silently passing.
+# suite's wiring rather than silently passing. The files run in parallel, one
+# worker a core (pytest-xdist; TEST_WORKERS=0 runs them in this process), each
+# file whole on one worker so its module fixtures (servers, models) start once.
+TEST_WORKERS ?= auto
 test: $(VENV)/.installed browser haproxy livekit
-	$(PY) -m pytest -q tests; rc=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
 # The real-checkpoint tests (tests/test_real_checkpoint.py): load, offline and

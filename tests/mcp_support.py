@@ -109,7 +109,7 @@ def mcp_server(mcp_log):
     server.stop()
 
 
-def ga_until(ws, kind: str, events: list[dict], timeout: float = 30) -> dict:
+def ga_until(ws, kind: str, events: list[dict], timeout: float = 90) -> dict:
     """GA events (each validated strictly, kept in ``events``) up to one of ``kind``."""
     from ga_schema import check
     from server_support import recv

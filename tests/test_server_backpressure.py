@@ -31,7 +31,7 @@ from mlx_voicechat_plugin.cli import serve
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
 
-LIMITS = ServerLimits(max_pending_events=4, send_timeout=1.0, update_timeout=5, idle_timeout=5)
+LIMITS = ServerLimits(max_pending_events=16, send_timeout=1.0, update_timeout=5, idle_timeout=5)
 CHUNK_FRAMES = 8
 MAX_CHUNKS = 60  # ~480 frames: far more than the socket buffers and the queue hold
 SEND_BUFFER = 4096  # accepted sockets inherit it; keeps the kernel from absorbing megabytes

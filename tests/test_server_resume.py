@@ -409,13 +409,13 @@ def test_a_made_up_ephemeral_key_cannot_tell_live_ended_and_unknown_tokens_apart
 # --- a replay larger than the outbox ------------------------------------------------
 
 
-PENDING_BYTES = 16 * 1024  # a few audio deltas
+PENDING_BYTES = 32 * 1024  # a few audio deltas
 SEND_BUFFER = 4096  # accepted sockets inherit it: the replay waits in the outbox, not the kernel
 
 
 @pytest.fixture(scope="module", params=["events", "bytes"])
 def small_outbox(tiny_ckpt, request):
-    bound = ({"max_pending_events": 8} if request.param == "events"
+    bound = ({"max_pending_events": 16} if request.param == "events"
              else {"max_pending_bytes": PENDING_BYTES})
     limits = ServerLimits(update_timeout=5, idle_timeout=5, resume_seconds=10, **bound)
     live = LiveServer(create_app(tiny_ckpt, limits=limits, api_key_env=None))
@@ -428,7 +428,7 @@ def test_a_replay_twice_the_outbox_is_delivered_in_order_and_the_session_goes_on
     past ``--max-pending-events`` said ``session.resumed``, sent what fit, then closed
     1008 ("client is not reading") and released the session it had promised. A replay
     is promised, so it is not counted against ``--max-pending-bytes`` either."""
-    server, frames = small_outbox, 20
+    server, frames = small_outbox, 40
     client = RawClient(server.port)
     token = event(client)["session"]["resume_token"]
     client.send_json({"type": "session.update", "session": {}})
