@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .engine.thread import Engine
 from .limits import ServerLimits
@@ -42,9 +42,11 @@ from .mcp.manager import McpManager
 from .mcp.session_tools import SessionTools
 from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending,
                        Finished, Hangup, Outgoing)
-from .peers import SessionDialect
 from .session import Session
 from .wire import OFF_LOOP_CHARS, ErrorCode, ProtocolError
+
+if TYPE_CHECKING:  # for the types only
+    from .dialects.base import Dialect
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +95,7 @@ def raised(received: str | bytes | AudioIn | AudioMark | Hangup
     return received
 
 
-def connect(transport: Transport, dialect: Callable[[Session, str], SessionDialect],
+def connect(transport: Transport, dialect: Callable[[Session, str], Dialect],
             engine: Engine, model_id: str, limits: ServerLimits,
             mcp: McpManager | None = None) -> Connection:
     """A new session spoken in ``dialect`` (a :class:`~.dialects.base.Dialect` class),

@@ -63,7 +63,7 @@ from ...mcp.session_servers import SessionMcpServer, UrlRefused
 from ....runtime.tool_failures import ToolFailure
 from .playback import Playback
 from .responses import GAResponses, outgoing
-from .turns import ItemStore, Out
+from .records import ItemStore, Out
 
 logger = logging.getLogger(__name__)
 
