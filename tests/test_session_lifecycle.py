@@ -21,11 +21,11 @@ from mlx_voicechat_plugin.runtime.options import ConversationOptions
 from mlx_voicechat_plugin.server.connection import Connection, connect
 from mlx_voicechat_plugin.server.dialects import VLM
 from mlx_voicechat_plugin.server.engine import Engine
-from mlx_voicechat_plugin.server.lifecycle import (
+from mlx_voicechat_plugin.server.session.lifecycle import (
     ENGINE_MOVES, LINK_MOVES, Lifecycle, Stage, Tie, TransitionRefused,
 )
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.session import Session
+from mlx_voicechat_plugin.server.session.session import Session
 from mlx_voicechat_plugin.server.transport.memory import MemoryTransport
 from mlx_voicechat_plugin.server.wire import ProtocolError
 

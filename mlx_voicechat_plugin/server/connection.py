@@ -7,17 +7,17 @@ conversation (:class:`~.messages.Finished`), a deadline of the session
 its events (:attr:`~.messages.Ending.NOT_READING`) or the client leaving.
 Each message is size-checked here, parsed (a long one in a worker thread, so
 no client's message holds the loop) and acted on by the dialect, and
-answered after the audio queued before it (:meth:`~.session.Session.settle`).
+answered after the audio queued before it (:meth:`~.session.session.Session.settle`).
 While one is handled the next is read ahead (not over a transport whose
 receive joins queued audio: WebRTC's), so a client that leaves frees its
 slot at once, whatever the server was doing.
 The session sends through the connection (it is the session's
-:class:`~.session.Link`) to the transport, which serializes and closes with
+:class:`~.session.peers.Link`) to the transport, which serializes and closes with
 its own codes. Audio payloads are never logged; client values are never
 used as paths.
 
 When the transport ends the session is released, unless it outlives it
-(:meth:`~.session.Session.outlives`: a resumable session whose link dropped
+(:meth:`~.session.session.Session.outlives`: a resumable session whose link dropped
 with no close, or one asked to): then it is detached, and a later
 connection over a new transport (``Connection(transport, session,
 resumed=True, last_seq=N)``) takes it on: the dialect's ``session.resumed``
@@ -42,7 +42,7 @@ from .mcp.manager import McpManager
 from .mcp.session_tools import SessionTools
 from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending,
                        Finished, Hangup, Outgoing)
-from .session import Session
+from .session.session import Session
 from .wire import OFF_LOOP_CHARS, ErrorCode, ProtocolError
 
 if TYPE_CHECKING:  # for the types only

@@ -13,7 +13,7 @@ whose session has not reserved yet counts the least a session reserves.
 The pool checks a session's own reservation again when it opens, with its
 real options (:class:`~..runtime.pool.PoolFull`).
 
-A session detached from its transport (awaiting a resume, :mod:`..resume`)
+A session detached from its transport (awaiting a resume, :mod:`..session.resume`)
 keeps its slot only while no one else needs it: a reservation that finds
 the server full (made with ``reclaim``: for a session that is real, one
 configured or sending audio, never for a connection that has only opened)
@@ -46,7 +46,7 @@ DRAINING = "the server is shutting down; connect again to reach another replica"
 
 
 class Reclaimer(Protocol):
-    """Who may give up a held slot for a newcomer (the detached sessions: :mod:`..resume`)."""
+    """Who may give up a held slot for a newcomer (the detached sessions: :mod:`..session.resume`)."""
 
     def reclaim(self) -> bool:
         """End the longest-detached session, its slot free at once; ``False`` if none."""

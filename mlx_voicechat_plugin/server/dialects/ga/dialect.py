@@ -50,7 +50,7 @@ from ....runtime.options import ConversationOptions
 from ....quoting import brief
 from ...engine.pace import FramePace
 from ...messages import AudioIn, AudioMark, Ending, Finished, JsonOut, Outgoing
-from ...session import Session, stream_full
+from ...session.session import Session, stream_full
 from ..client_options import session_options, transcription_options
 from ...wire import (OFF_LOOP_CHARS, ErrorCode, ProtocolError, init_failed, invalid,
                     load_object, new_id, parse_tool_output)

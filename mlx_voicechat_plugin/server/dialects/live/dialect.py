@@ -41,7 +41,7 @@ import numpy as np
 from ....quoting import brief
 from ....runtime.options import ConversationOptions
 from ...messages import AudioIn, Ending, Finished, JsonOut, Outgoing
-from ...session import Session, stream_full
+from ...session.session import Session, stream_full
 from ...wire import (ErrorCode, ProtocolError, bounded, decode_base64, load_object,
                      pcm16_samples)
 from ..base import Dialect

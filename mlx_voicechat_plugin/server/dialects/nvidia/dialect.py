@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...messages import Ending, Finished, JsonOut, Outgoing
-from ...session import Session
+from ...session.session import Session
 from ...wire import (
     ErrorCode, ProtocolError, ToolOutput, bounded, decode_base64, invalid, pcm16_samples,
 )

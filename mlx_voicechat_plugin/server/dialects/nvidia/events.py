@@ -57,7 +57,7 @@ class Counters:
 
     def received(self, samples: int) -> None:
         """``samples`` of input accepted, at the client's rate (the session counts them:
-        :attr:`~...session.Session.samples_received`; ``/metrics`` here)."""
+        :attr:`~...session.session.Session.samples_received`; ``/metrics`` here)."""
         if self.metrics is not None:
             self.metrics.received.labels(self.dialect).inc(samples / self.input_rate)
 

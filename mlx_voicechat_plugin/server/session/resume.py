@@ -51,8 +51,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from ..quoting import brief
-from .limits import DEFAULT_MAX_DETACHED_PER_KEY
+from ...quoting import brief
+from ..limits import DEFAULT_MAX_DETACHED_PER_KEY
 from .session import SLOT_TAKEN, Session
 
 logger = logging.getLogger(__name__)

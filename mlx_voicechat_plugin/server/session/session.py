@@ -2,15 +2,15 @@
 
 A :class:`Session` runs on the event loop. It opens the engine session
 (:meth:`~Session.open_session`, with the typed options its dialect built:
-:mod:`.dialects.client_options`), hands audio to the bounded
-:class:`~.engine.feed.InputFeed`, queues markers behind it
+:mod:`..dialects.client_options`), hands audio to the bounded
+:class:`~..engine.feed.InputFeed`, queues markers behind it
 (:meth:`~Session.settle`, tool results): dialects reach the engine only through
 its calls, each failure the client's error (``session_initialization_failed``,
 ``server_busy``, ``inference_error``). It is the engine's sink: once per
 engine cycle it is handed how late the frames ran, their runtime events, a
 frame's error and its markers' replies (:meth:`~Session.on_handoff`), which its
-dialect (:attr:`~Session.dialect`, :mod:`.dialects`) turns into typed messages
-(:mod:`.messages`) for the attached :class:`Link` (a connection, over a
+dialect (:attr:`~Session.dialect`, :mod:`..dialects`) turns into typed messages
+(:mod:`..messages`) for the attached :class:`Link` (a connection, over a
 transport), numbered and kept a while (:mod:`.replay`). A resumable session
 outlives a link that dropped or that a resume takes (:mod:`.resume`), as one
 asked to (:meth:`~Session.outlives`): detached (:meth:`~Session.detach`: slot
@@ -28,26 +28,26 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 import numpy as np
 
-from ..runtime.options import ConversationOptions
-from ..runtime.pool import PoolFull
-from ..runtime.streaming import ContextLimit, TranscriptLimit
-from ..runtime.tool_failures import DEFAULT_MAX_RESULT_BYTES
-from .engine.channel import Handoff
-from .engine.commands import Close, OpenOptions, SessionDetails
-from .engine.feed import InputFeed
-from .engine.pace import FramePace
-from .engine.thread import Engine
+from ...runtime.options import ConversationOptions
+from ...runtime.pool import PoolFull
+from ...runtime.streaming import ContextLimit, TranscriptLimit
+from ...runtime.tool_failures import DEFAULT_MAX_RESULT_BYTES
+from ..engine.channel import Handoff
+from ..engine.commands import Close, OpenOptions, SessionDetails
+from ..engine.feed import InputFeed
+from ..engine.pace import FramePace
+from ..engine.thread import Engine
 from .lifecycle import Lifecycle, Stage, Tie
-from .limits import ServerLimits
+from ..limits import ServerLimits
 from .client_calls import ClientCalls
-from .mcp.session_tools import SessionTools
-from .messages import ClientNotReading, Hangup, Outgoing
+from ..mcp.session_tools import SessionTools
+from ..messages import ClientNotReading, Hangup, Outgoing
 from .peers import Link, Watcher
 from .replay import ReplayLog
-from .wire import ErrorCode, ProtocolError, inference_error, init_failed, new_session_id
+from ..wire import ErrorCode, ProtocolError, inference_error, init_failed, new_session_id
 
 if TYPE_CHECKING:  # the dialects sit above the session: named here for the types only
-    from .dialects.base import Dialect
+    from ..dialects.base import Dialect
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Session:
 
     def __init__(self, engine: Engine, limits: ServerLimits,
                  dialect: "Callable[[Session, str], Dialect]", model_id: str):
-        """A new session, spoken in ``dialect`` (a :class:`~.dialects.base.Dialect` class,
+        """A new session, spoken in ``dialect`` (a :class:`~..dialects.base.Dialect` class,
         built here for this session) serving ``model_id``."""
         self.engine = engine
         self.limits = limits

@@ -1,14 +1,14 @@
 """What a :class:`~.session.Session` talks to, by their shapes: the :class:`Link` its
 messages go to (a connection, over its transport) and the :class:`Watcher` that keeps
 track of its transports (:mod:`.resume`). Its dialect is a
-:class:`~.dialects.base.Dialect`, named for the types only (the dialects sit above it)."""
+:class:`~..dialects.base.Dialect`, named for the types only (the dialects sit above it)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
-from .messages import Outgoing
+from ..messages import Outgoing
 
 if TYPE_CHECKING:
     from .session import Session
