@@ -233,7 +233,8 @@ def test_a_resumed_connection_attaches_a_detached_session(engine):
 def test_no_module_but_the_session_writes_its_states():
     """No assignment to a session's lifecycle, its states or its old flags outside
     session.py / lifecycle.py."""
-    written = {"life", "stage", "tie", "configured", "open", "detached", "claimed",
+    written = {"life", "stage", "tie", "is_open", "opening_or_open", "detached_or_claimed",
+               "claimed", "configured", "open", "detached",
                "released", "outlives_transport", "keep_alive", "dialect", "resume_token"}
     offenders = []
     for path in SERVER.rglob("*.py"):

@@ -212,7 +212,7 @@ class Connection:
         session = self.session
         if session.outlives(receiving.result()):
             session.detach()
-        elif session.open and not session.configured:
+        elif session.opening_or_open and not session.is_open:
             session.free_slot()  # a prefill in flight: watch() stops it
         else:
             session.let_go()
@@ -296,7 +296,7 @@ class Connection:
                 self.receiving.cancel()
             # A hangup detached one that outlives its transport; a superseded
             # transport's session belongs to the resume that took it.
-            if not (session.detached or self.superseded):
+            if not (session.detached_or_claimed or self.superseded):
                 await session.release()
             await self.transport.stop()
 

@@ -126,27 +126,28 @@ class Session:
     # --- its states, read (moved only by the methods below) ----------------------------
 
     @property
-    def open(self) -> bool:
-        """The engine may hold its stream (opening, open): a release closes it."""
+    def opening_or_open(self) -> bool:
+        """Stage OPENING or OPEN: the engine may hold its stream, a release closes it."""
         return self.life.stage in (Stage.OPENING, Stage.OPEN)
 
     @property
-    def configured(self) -> bool:
-        """The engine holds its open stream (a completed ``session.update``)."""
+    def is_open(self) -> bool:
+        """Stage OPEN: the engine holds its open stream (a completed ``session.update``)."""
         return self.life.stage is Stage.OPEN
 
     @property
-    def detached(self) -> bool:
-        """Its transport ended and it awaits a resume (being claimed or not)."""
+    def detached_or_claimed(self) -> bool:
+        """Tie DETACHED or CLAIMED: its transport ended and it awaits a resume."""
         return self.life.tie in (Tie.DETACHED, Tie.CLAIMED)
 
     @property
     def claimed(self) -> bool:
-        """A resume of it is being accepted: another is refused."""
+        """Tie CLAIMED: a resume of it is being accepted, another is refused."""
         return self.life.tie is Tie.CLAIMED
 
     @property
     def released(self) -> bool:
+        """Tie RELEASED: ended, no transport will carry it again."""
         return self.life.tie is Tie.RELEASED
 
     # --- what its makers ask of it, once -------------------------------------------------
@@ -174,7 +175,7 @@ class Session:
             raise init_failed("the session is closing")
         if self.server_tools is not None:  # the server's tools beside the session's
             options = self.server_tools.offer(options)
-        if self.open:  # opened before: closed, to be opened again
+        if self.opening_or_open:  # opened before: closed, to be opened again
             self.client_calls.forget()
             self.life.move_engine(Stage.NEW)
             await self.engine.close(self.session_id)
@@ -451,7 +452,7 @@ class Session:
         wall = (self.connected_at + self.limits.max_session_wall_seconds,
                 f"session open for {self.limits.max_session_wall_seconds:g} s "
                 "(--max-session-wall-seconds)")
-        if not self.configured:
+        if not self.is_open:
             due = (self.connected_at + self.limits.update_timeout,
                    f"session.update not received within {self.limits.update_timeout:g} s")
         else:
@@ -477,7 +478,7 @@ class Session:
             self.halted.set_result(exc)
         if self.feed is not None:
             self.feed.halt(exc)
-        if self.detached:
+        if self.detached_or_claimed:
             self.end_detached(str(exc) or type(exc).__name__)
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task:
@@ -498,7 +499,7 @@ class Session:
         """Queue the engine's close (cancelling unflushed audio), then free the slot, now:
         the engine runs its commands in order, so a client reconnecting at once is admitted
         and its session opens after this one is gone. Safe to call again."""
-        if self.open:
+        if self.opening_or_open:
             if self.life.stage is Stage.OPENING:  # its prefill stops between positions
                 self.engine.abort(self.session_id)
             self.life.move_engine(Stage.CLOSING)

@@ -208,7 +208,7 @@ class GADialect(Dialect):
         elif kind == "input_audio_buffer.append":
             await self.append_audio(message.get("audio"), event.media)
         elif kind == "input_audio_buffer.commit":
-            if not session.configured and self.config.turn_detection is None:
+            if not session.is_open and self.config.turn_detection is None:
                 # the response owed needs a timeline
                 await self.open_engine(self.config, self.requested)
             self.emit(self.responses.commit())
@@ -248,7 +248,7 @@ class GADialect(Dialect):
         if self.config.output_modalities == ("text",):
             raise invalid("a session with output_modalities ['text'] transcribes the user "
                           "only and makes no responses")
-        if not self.session.configured:
+        if not self.session.is_open:
             await self.open_engine(self.config, self.requested)
         events = self.responses.request(params)
         if events is None:
@@ -340,7 +340,7 @@ class GADialect(Dialect):
     # --- audio ------------------------------------------------------------
 
     async def append_audio(self, audio: Any, media: AudioIn | None = None) -> None:
-        if not self.session.configured:
+        if not self.session.is_open:
             await self.open_engine(self.config, self.requested)
         source = self.input if media is None else self.media.input
         try:
@@ -362,7 +362,7 @@ class GADialect(Dialect):
     # --- owed responses: the timeline runs on silence -------------------------
 
     def owed(self) -> bool:
-        return self.session.configured and self.responses.owes
+        return self.session.is_open and self.responses.owes
 
     async def run_owed(self) -> None:
         """The session's timer (on the loop, with or without a transport): while a
@@ -421,7 +421,7 @@ class GADialect(Dialect):
             return
         if isinstance(item, dict) and item.get("type") == "function_call_output":
             output = parse_tool_output(item)
-            if not self.session.configured:
+            if not self.session.is_open:
                 raise ProtocolError(ErrorCode.TOOLS_NOT_SET, "function_call_output needs tools "
                                     "registered in session.update")
             call_id = self.responses.runtime_call_id(output.call_id)

@@ -353,7 +353,7 @@ class LiveDialect(Dialect):
     async def close(self) -> None:
         """Drain the input's tail, run the frames, then ``session.closed``."""
         session = self.session
-        if session.configured and self.input is not None:
+        if session.is_open and self.input is not None:
             await session.feed_audio(self.input(np.zeros(0, np.float32), last=True), sent=0)
             events = await session.flush()
             session.send_all(self.timeline.translate(events) + self.timeline.tail())
