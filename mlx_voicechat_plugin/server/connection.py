@@ -36,6 +36,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from .engine.admission import Slot
 from .engine.thread import Engine
 from .limits import ServerLimits
 from .mcp.manager import McpManager
@@ -261,15 +262,12 @@ class Connection:
                 if not engine.ready:
                     self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
-                admission = engine.admission
-                if not (self.admitted or await admission.reserve(self.session_id,
-                                                                 reclaim=False, count=False)):
-                    # A detached session's slot goes to a real session only: this one
-                    # takes it when it opens (configured, or sending audio).
-                    session.slot_pending = admission.reclaimable > 0 and not admission.draining
-                    if not (session.slot_pending or admission.try_reserve(self.session_id)):
-                        self.send_error(ErrorCode.SERVER_BUSY, admission.refusal)
+                if not self.admitted:
+                    slot = await engine.admission.accept(self.session_id)
+                    if slot is Slot.REFUSED:
+                        self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
                         raise Finished(Ending.BUSY)
+                    session.slot_pending = slot is Slot.DEFERRED  # taken when it opens
                 logger.info("%s connected", self.session_id)
                 greeting = self.dialect.greet()
                 if greeting is not None:  # a dialect whose client speaks first has none

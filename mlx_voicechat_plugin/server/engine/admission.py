@@ -1,7 +1,7 @@
 """Who may open a realtime session now: the server's one admission rule, over the pool's ledger.
 
 A connection holds a slot from the moment it is accepted until it ends
-(:meth:`Admission.try_reserve` / :meth:`Admission.release`, on every exit
+(:meth:`Admission.accept` / :meth:`Admission.release`, on every exit
 path), so a refusal comes at once, as ``server_busy`` / close 1013. A slot
 is refused while the replica drains (:mod:`.drain`), beyond
 ``--max-sessions``, or when the state committed would pass
@@ -32,6 +32,7 @@ a slot runs on the event loop.
 from __future__ import annotations
 
 import asyncio
+from enum import Enum
 from typing import Any, Protocol
 
 from ...runtime.ledger import ReservationLedger
@@ -43,6 +44,14 @@ from ...runtime.pool import admission_error
 SETTLE_TURNS = 16
 # Why a session is refused while the replica drains (:mod:`.drain`).
 DRAINING = "the server is shutting down; connect again to reach another replica"
+
+
+class Slot(Enum):
+    """What :meth:`Admission.accept` gave a connection just accepted."""
+
+    HELD = "held"  # a slot of its own
+    DEFERRED = "deferred"  # a detached session's, taken when it opens (:meth:`Admission.reserve`)
+    REFUSED = "refused"  # none (:attr:`Admission.refusal`, counted)
 
 
 class Reclaimer(Protocol):
@@ -73,6 +82,17 @@ class Admission:
     def reclaim_from(self, reclaimer: Reclaimer) -> None:
         """Let a reservation that finds the server full take a slot ``reclaimer`` gives up."""
         self.reclaimer = reclaimer
+
+    async def accept(self, session_id: str) -> Slot:
+        """The slot of a connection just accepted: a free one is held; a detached
+        session's goes to a real session only, so when only those are left the slot is
+        deferred to the session's open (configured, sending audio, a call answered),
+        where :meth:`reserve` takes it; refused (counted) when none is left."""
+        if await self.reserve(session_id, reclaim=False, count=False):
+            return Slot.HELD
+        if self.reclaimable > 0 and not self.draining:
+            return Slot.DEFERRED
+        return Slot.HELD if self.try_reserve(session_id) else Slot.REFUSED
 
     async def reserve(self, session_id: str, reclaim: bool = True, count: bool = True) -> bool:
         """:meth:`try_reserve` on the event loop, for a connection that finds the server
