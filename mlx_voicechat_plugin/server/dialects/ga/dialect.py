@@ -33,7 +33,8 @@ session (session object :mod:`.config`, responses :mod:`.responses`, items
   Items are kept as their JSON bytes within ``--max-item-bytes``; a client's item
   past it is an ``invalid_request`` error and the session goes on.
 - Audio from a media track (a WebRTC call, :class:`~...messages.AudioIn`) is an
-  ``input_audio_buffer.append`` of GA ``audio/pcm`` (:class:`.audio.MediaInput`).
+  ``input_audio_buffer.append``, its 48 kHz resampled once, straight to the model's
+  rate (:class:`.audio.MediaInput`).
 """
 
 from __future__ import annotations
@@ -342,16 +343,17 @@ class GADialect(Dialect):
     async def append_audio(self, audio: Any, media: AudioIn | None = None) -> None:
         if not self.session.is_open:
             await self.open_engine(self.config, self.requested)
-        source = self.input if media is None else self.media.input
         try:
-            sent = self.input.decode(audio) if media is None \
-                else self.media.decode(media.data, media.sample_rate)
+            if media is None:
+                taken = self.input.decode(audio)
+                samples, sent = self.input.resample(taken), taken.shape[0]
+            else:
+                samples, sent = self.media.decode(media.data, media.sample_rate)
         except FormatError as exc:
             raise invalid(str(exc)) from None
-        samples = source.resample(sent)
         if samples.shape[0]:
             self.last_audio = time.monotonic()
-        await self.session.feed_audio(samples, sent=sent.shape[0])
+        await self.session.feed_audio(samples, sent=sent)
 
     async def push_frame(self, chunk: np.ndarray) -> None:
         """One frame of server-made input, queued behind the client's audio (the same
