@@ -315,7 +315,7 @@ class Connection:
             if not self.transport.joins_audio:
                 self.receive()
             try:
-                async with self.session.turn:
+                async with self.session.acting:
                     await self.handle(message)
             except ProtocolError as exc:
                 self.send_error(exc.code, exc.message)

@@ -1,7 +1,7 @@
 """Who may open a realtime session now: the server's one admission rule, over the pool's ledger.
 
 A connection holds a slot from the moment it is accepted until it ends
-(:meth:`Admission.accept` / :meth:`Admission.release`, on every exit
+(:meth:`Admission.accept` / :meth:`Admission.free`, on every exit
 path), so a refusal comes at once, as ``server_busy`` / close 1013. A slot
 is refused while the replica drains (:mod:`.drain`), beyond
 ``--max-sessions``, or when the state committed would pass
@@ -38,10 +38,10 @@ from typing import Any, Protocol
 from ...runtime.ledger import ReservationLedger
 from ...runtime.pool import admission_error
 
-# Loop turns a connection that finds the server full waits for a session whose client
+# Loop passes a connection that finds the server full waits for a session whose client
 # has just left to let its slot go (:meth:`Admission.reserve`): a close or reset reaches
-# that session's connection through its transport's reader in a few turns.
-SETTLE_TURNS = 16
+# that session's connection through its transport's reader in a few passes.
+SETTLE_PASSES = 16
 # Why a session is refused while the replica drains (:mod:`.drain`).
 DRAINING = "the server is shutting down; connect again to reach another replica"
 
@@ -98,9 +98,9 @@ class Admission:
         """:meth:`try_reserve` on the event loop, for a connection that finds the server
         full while a session's client has just left (a close or a reset the loop has
         received but not yet handed to that session's connection): the loop runs a few
-        turns first, so the ending session's slot is free for the newcomer before any
+        passes first, so the ending session's slot is free for the newcomer before any
         detached session is asked for its own."""
-        for _ in range(SETTLE_TURNS):
+        for _ in range(SETTLE_PASSES):
             if self.try_reserve(session_id, count=False, reclaim=False):
                 return True
             await asyncio.sleep(0)
@@ -128,7 +128,8 @@ class Admission:
             self._refused.inc()
         return False
 
-    def release(self, session_id: str) -> None:
+    def free(self, session_id: str) -> None:
+        """Free ``session_id``'s slot (its session ended, or let its slot go)."""
         with self.ledger.lock:
             self.ledger.slots.discard(session_id)
 

@@ -97,7 +97,7 @@ class Session:
         self.last_activity = self.connected_at  # last audio or successful request
         self._keep_alive: Callable[[], bool] | None = None  # while true, idle time stops
         # One thing acts on the session at a time: a client message, a timer's step.
-        self.turn = asyncio.Lock()
+        self.acting = asyncio.Lock()
         # Resolves with the exception that ends the conversation (a client not
         # reading, a full stream): the connection raises it at its next wait.
         self.halted: asyncio.Future = self.event_loop.create_future()
@@ -493,7 +493,7 @@ class Session:
         """The transport ended while the engine session opens (its prefill is being
         stopped): the slot is free at once for whoever connects meanwhile; the engine
         runs its commands in order, so the newcomer's open follows this one's end."""
-        self.engine.admission.release(self.session_id)
+        self.engine.admission.free(self.session_id)
 
     def let_go(self) -> None:
         """Queue the engine's close (cancelling unflushed audio), then free the slot, now:
@@ -504,7 +504,7 @@ class Session:
                 self.engine.abort(self.session_id)
             self.life.move_engine(Stage.CLOSING)
             self.closing = self.engine.submit(Close(self.session_id))
-        self.engine.admission.release(self.session_id)
+        self.engine.admission.free(self.session_id)
 
     async def release(self) -> None:
         """:meth:`let_go`, stop the session's timers, then wait for the engine to have

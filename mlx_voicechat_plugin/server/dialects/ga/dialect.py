@@ -389,7 +389,7 @@ class GADialect(Dialect):
                 except asyncio.TimeoutError:
                     pass
                 continue
-            async with session.turn:  # audio may have come while the lock was awaited
+            async with session.acting:  # audio may have come while the lock was awaited
                 if self.owed() and time.monotonic() >= self.last_audio + STREAM_LULL_SECONDS:
                     session.active()
                     await self.continue_on_silence()
