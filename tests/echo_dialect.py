@@ -50,7 +50,7 @@ class EchoDialect(Dialect):
             options = session_options(self.limits, {"seed": "seed"}, seed=message.get("seed", 0))
             details = await session.open_session(options)
             self.send({"type": "ready", "frame_samples": details.frame_samples})
-        elif not session.configured:
+        elif not session.is_open:
             raise invalid("send start first")
         elif message["op"] == "audio":
             try:

@@ -163,7 +163,7 @@ def test_admission_and_the_pool_keep_one_ledger(voicechat):
     assert ledger.committed_bytes() == pool.reserved["a"] > least  # its own reservation
     pool.close("a")
     assert ledger.committed_bytes() == least  # the slot is still held
-    admission.release("a")
+    admission.free("a")
     assert ledger.committed_bytes() == 0 and admission.free_slots() == 2
 
 

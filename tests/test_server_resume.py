@@ -441,7 +441,7 @@ def test_a_replay_twice_the_outbox_is_delivered_in_order_and_the_session_goes_on
         pass
     abort(client)
     session = server.app.state.resumes.sessions[token]
-    until(lambda: session.detached, "the detach")
+    until(lambda: session.detached_or_claimed, "the detach")
     # The events after session.updated were lost on the way: all of them are asked again.
     client = RawClient(server.port, resume_path("/v1/realtime", token, last))
     resumed = event(client)
@@ -516,7 +516,7 @@ def test_a_full_server_takes_the_slot_of_the_key_holding_the_most(three_slots, m
         client.send_json({"type": "session.update", "session": {}})
         assert event(client)["type"] == "session.updated"
         client.close()
-        until(lambda: resumes.sessions[hoard[-1]].detached, "the detach")
+        until(lambda: resumes.sessions[hoard[-1]].detached_or_claimed, "the detach")
     newcomer = RawClient(server.port, headers=first)
     assert event(newcomer)["type"] == "session.created"
     newcomer.send_json({"type": "session.update", "session": {}})

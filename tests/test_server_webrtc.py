@@ -9,13 +9,14 @@ the server's track. Every ICE candidate is on 127.0.0.1.
 
 How "the same question" is made honest: Opus is lossy, so the audio the model hears over
 WebRTC is not the question's samples, and the tiny random model's text follows every
-sample. The server takes a call's audio as GA ``audio/pcm`` (the track's 48 kHz resampled
-to GA's 24 kHz PCM16, then appended as ``input_audio_buffer.append`` audio is), so the
-test keeps the 24 kHz PCM16 chunks the call appended (what the model heard after the Opus
-round trip, the network and the jitter buffer) and sends exactly those chunks over the
-GA WebSocket, with the same session. The transcripts and the assistant's text must then be
-equal event for event, exactly; that the chunks are the question is checked by their
-level and length, and the model's speech through Opus by its energy and length.
+sample. The server takes a call's audio as an ``input_audio_buffer.append`` (the track's
+48 kHz PCM16 resampled once, straight to the model's rate: ``MediaInput``), so the test
+keeps the 48 kHz PCM16 chunks the call took (what the model heard after the Opus round
+trip, the network and the jitter buffer) and sends exactly those chunks over the GA
+WebSocket, with the same session, its appends taken as the call's are (``TrackAudio``:
+a WebSocket client cannot send 48 kHz). The transcripts and the assistant's text must
+then be equal event for event, exactly; that the chunks are the question is checked by
+their level and length, and the model's speech through Opus by its energy and length.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from rtc_support import LOOPBACK, Caller, opus_round_trip, question_48k  # noqa:
 
 from mlx_voicechat_plugin.server.app import create_app  # noqa: E402
 from mlx_voicechat_plugin.server.dialects.ga import dialect as ga_dialect  # noqa: E402
-from mlx_voicechat_plugin.server.dialects.ga.audio import MediaInput  # noqa: E402
+from mlx_voicechat_plugin.server.dialects.ga.audio import (  # noqa: E402
+    InputAudio, MediaInput, Resampler)
 from mlx_voicechat_plugin.server.limits import ServerLimits  # noqa: E402
 from mlx_voicechat_plugin.server.transport.ice import ICEConfig  # noqa: E402
 
@@ -120,28 +122,45 @@ def websocket_call(server: LiveServer, chunks: list[bytes], done: int) -> dict:
     return {"events": events, "audio": np.frombuffer(audio, dtype="<i2")}
 
 
+TRACK_RATE = 48_000  # the rate of the audio a call's track hands over (Opus's)
+
+
+class TrackAudio(InputAudio):
+    """A WebSocket append of a call's track audio (48 kHz PCM16, base64), taken as the
+    call's session takes it: :class:`MediaInput`, resampled once."""
+
+    def __init__(self, fmt, model_rate: int):
+        super().__init__(fmt, model_rate)
+        self.track, self.resample = MediaInput(model_rate), Resampler(model_rate, model_rate)
+
+    def decode(self, audio) -> np.ndarray:
+        return self.track.decode(base64.b64decode(audio), TRACK_RATE)[0]
+
+
 @pytest.fixture(scope="module")
 def calls(server):
     """The call over WebRTC, then its heard audio over the GA WebSocket."""
     import _pytest.monkeypatch
 
     appended: list[bytes] = []
-    ga_pcm = MediaInput.ga_pcm
+    decode = MediaInput.decode
 
-    def keep(self, data: bytes, rate: int) -> bytes:
-        appended.append(ga_pcm(self, data, rate))
-        return appended[-1]
+    def keep(self, data: bytes, rate: int):
+        assert rate == TRACK_RATE
+        appended.append(data)
+        return decode(self, data, rate)
 
     patch = _pytest.monkeypatch.MonkeyPatch()
     patch.setattr(ga_dialect, "STREAM_LULL_SECONDS", LULL_SECONDS)
     try:
-        patch.setattr(MediaInput, "ga_pcm", keep)
+        patch.setattr(MediaInput, "decode", keep)
         try:
             rtc = asyncio.run(webrtc_call(server))
         finally:
-            patch.setattr(MediaInput, "ga_pcm", ga_pcm)
+            patch.setattr(MediaInput, "decode", decode)
         server.wait_idle()
         done = responses(rtc["events"], "done")
+        patch.setattr(ga_dialect, "InputAudio", TrackAudio)
         ws = websocket_call(server, appended, done)
     finally:
         patch.undo()
@@ -193,10 +212,10 @@ def test_the_model_heard_the_question_through_opus(calls):
     heard = np.frombuffer(b"".join(calls["appended"]), dtype="<i2")
     sent = question_48k(QUESTION_SECONDS, SILENCE_SECONDS)
     # the jitter buffer keeps the last few 20 ms frames of a track that stopped
-    assert sent.shape[0] / 2 - 0.2 * 24_000 <= heard.shape[0] <= sent.shape[0] / 2
-    question = int(QUESTION_SECONDS * 48_000)
+    assert sent.shape[0] - 0.2 * TRACK_RATE <= heard.shape[0] <= sent.shape[0]
+    question = int(QUESTION_SECONDS * TRACK_RATE)
     opus = rms(opus_round_trip(sent)[:question]) / rms(sent[:question])
-    assert abs(rms(heard[:question // 2]) / rms(sent[:question]) - opus) < 0.05
+    assert abs(rms(heard[:question]) / rms(sent[:question]) - opus) < 0.05
 
 
 def test_the_models_speech_comes_on_the_track_at_its_level_and_length(calls):

@@ -267,11 +267,11 @@ def test_a_refused_offer_ends_no_detached_session(server):
         assert got["type"] != "error", got
     client.close()  # dropped with no close frame: detached, holding the one slot
     resumes = server.app.state.resumes
-    until(lambda: resumes.sessions[token].detached, "the detach")
+    until(lambda: resumes.sessions[token].detached_or_claimed, "the detach")
     response = post(server, CALLS, content="not an offer",
                     headers={"Content-Type": "application/sdp"})
     assert "SDP offer" in error_of(response, 400)
-    assert token in resumes.sessions and resumes.sessions[token].detached
+    assert token in resumes.sessions and resumes.sessions[token].detached_or_claimed
     resumed = RawClient(server.port, resume_path("/openai/v1/realtime", token, got["seq"]),
                         headers=auth)
     assert event(resumed)["type"] == "session.resumed"

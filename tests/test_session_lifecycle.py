@@ -21,11 +21,11 @@ from mlx_voicechat_plugin.runtime.options import ConversationOptions
 from mlx_voicechat_plugin.server.connection import Connection, connect
 from mlx_voicechat_plugin.server.dialects import VLM
 from mlx_voicechat_plugin.server.engine import Engine
-from mlx_voicechat_plugin.server.lifecycle import (
+from mlx_voicechat_plugin.server.session.lifecycle import (
     ENGINE_MOVES, LINK_MOVES, Lifecycle, Stage, Tie, TransitionRefused,
 )
 from mlx_voicechat_plugin.server.limits import ServerLimits
-from mlx_voicechat_plugin.server.session import Session
+from mlx_voicechat_plugin.server.session.session import Session
 from mlx_voicechat_plugin.server.transport.memory import MemoryTransport
 from mlx_voicechat_plugin.server.wire import ProtocolError
 
@@ -233,7 +233,8 @@ def test_a_resumed_connection_attaches_a_detached_session(engine):
 def test_no_module_but_the_session_writes_its_states():
     """No assignment to a session's lifecycle, its states or its old flags outside
     session.py / lifecycle.py."""
-    written = {"life", "stage", "tie", "configured", "open", "detached", "claimed",
+    written = {"life", "stage", "tie", "is_open", "opening_or_open", "detached_or_claimed",
+               "claimed", "configured", "open", "detached",
                "released", "outlives_transport", "keep_alive", "dialect", "resume_token"}
     offenders = []
     for path in SERVER.rglob("*.py"):

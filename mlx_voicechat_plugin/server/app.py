@@ -33,7 +33,7 @@ from .mcp.manager import McpManager
 from .keys import EphemeralKeys
 from .operations.drain import DEFAULT_DRAIN_SECONDS, Drain
 from .operations.replica import ReplicaStatus, add_replica_metrics, agent_line, replica_status
-from .resume import Resumes
+from .session.resume import Resumes
 from .routes.access import API_KEY_ENV, Access
 from .routes.browser import browser_router
 from .routes.calls import Calls

@@ -7,17 +7,17 @@ conversation (:class:`~.messages.Finished`), a deadline of the session
 its events (:attr:`~.messages.Ending.NOT_READING`) or the client leaving.
 Each message is size-checked here, parsed (a long one in a worker thread, so
 no client's message holds the loop) and acted on by the dialect, and
-answered after the audio queued before it (:meth:`~.session.Session.settle`).
+answered after the audio queued before it (:meth:`~.session.session.Session.settle`).
 While one is handled the next is read ahead (not over a transport whose
 receive joins queued audio: WebRTC's), so a client that leaves frees its
 slot at once, whatever the server was doing.
 The session sends through the connection (it is the session's
-:class:`~.session.Link`) to the transport, which serializes and closes with
+:class:`~.session.peers.Link`) to the transport, which serializes and closes with
 its own codes. Audio payloads are never logged; client values are never
 used as paths.
 
 When the transport ends the session is released, unless it outlives it
-(:meth:`~.session.Session.outlives`: a resumable session whose link dropped
+(:meth:`~.session.session.Session.outlives`: a resumable session whose link dropped
 with no close, or one asked to): then it is detached, and a later
 connection over a new transport (``Connection(transport, session,
 resumed=True, last_seq=N)``) takes it on: the dialect's ``session.resumed``
@@ -34,17 +34,20 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from .engine.admission import Slot
 from .engine.thread import Engine
 from .limits import ServerLimits
 from .mcp.manager import McpManager
 from .mcp.session_tools import SessionTools
 from .messages import (NOT_READING, AudioIn, AudioMark, ClientNotReading, Ending,
                        Finished, Hangup, Outgoing)
-from .peers import SessionDialect
-from .session import Session
+from .session.session import Session
 from .wire import OFF_LOOP_CHARS, ErrorCode, ProtocolError
+
+if TYPE_CHECKING:  # for the types only
+    from .dialects.base import Dialect
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +96,7 @@ def raised(received: str | bytes | AudioIn | AudioMark | Hangup
     return received
 
 
-def connect(transport: Transport, dialect: Callable[[Session, str], SessionDialect],
+def connect(transport: Transport, dialect: Callable[[Session, str], Dialect],
             engine: Engine, model_id: str, limits: ServerLimits,
             mcp: McpManager | None = None) -> Connection:
     """A new session spoken in ``dialect`` (a :class:`~.dialects.base.Dialect` class),
@@ -210,7 +213,7 @@ class Connection:
         session = self.session
         if session.outlives(receiving.result()):
             session.detach()
-        elif session.open and not session.configured:
+        elif session.opening_or_open and not session.is_open:
             session.free_slot()  # a prefill in flight: watch() stops it
         else:
             session.let_go()
@@ -259,15 +262,12 @@ class Connection:
                 if not engine.ready:
                     self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
-                admission = engine.admission
-                if not (self.admitted or await admission.reserve(self.session_id,
-                                                                 reclaim=False, count=False)):
-                    # A detached session's slot goes to a real session only: this one
-                    # takes it when it opens (configured, or sending audio).
-                    session.slot_pending = admission.reclaimable > 0 and not admission.draining
-                    if not (session.slot_pending or admission.try_reserve(self.session_id)):
-                        self.send_error(ErrorCode.SERVER_BUSY, admission.refusal)
+                if not self.admitted:
+                    slot = await engine.admission.accept(self.session_id)
+                    if slot is Slot.REFUSED:
+                        self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
                         raise Finished(Ending.BUSY)
+                    session.slot_pending = slot is Slot.DEFERRED  # taken when it opens
                 logger.info("%s connected", self.session_id)
                 greeting = self.dialect.greet()
                 if greeting is not None:  # a dialect whose client speaks first has none
@@ -294,7 +294,7 @@ class Connection:
                 self.receiving.cancel()
             # A hangup detached one that outlives its transport; a superseded
             # transport's session belongs to the resume that took it.
-            if not (session.detached or self.superseded):
+            if not (session.detached_or_claimed or self.superseded):
                 await session.release()
             await self.transport.stop()
 
@@ -315,7 +315,7 @@ class Connection:
             if not self.transport.joins_audio:
                 self.receive()
             try:
-                async with self.session.turn:
+                async with self.session.acting:
                     await self.handle(message)
             except ProtocolError as exc:
                 self.send_error(exc.code, exc.message)

@@ -12,7 +12,7 @@ docs/development.md.
 - :mod:`.vlm`: mlx-vlm's realtime dialect at ``/v1/realtime`` (events: :mod:`.vlm_events`).
 - :mod:`.ga`: OpenAI Realtime GA at ``/openai/v1/realtime``, a package
   (:mod:`.ga.dialect`; its session config :mod:`.ga.config`, :mod:`.ga.responses`,
-  :mod:`.ga.turns`, :mod:`.ga.items`, :mod:`.ga.audio`, :mod:`.ga.playback`).
+  :mod:`.ga.records`, :mod:`.ga.items`, :mod:`.ga.audio`, :mod:`.ga.playback`).
 - :mod:`.nvidia`: NVIDIA's VoiceChat protocol at ``/nvidia/v1/realtime``, a package
   (:mod:`.nvidia.dialect`, its client messages :mod:`.nvidia.messages`, its
   events :mod:`.nvidia.events`).

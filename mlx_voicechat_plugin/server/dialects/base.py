@@ -1,7 +1,7 @@
 """What a wire dialect is: the client's messages read, acted on, and the runtime's events told.
 
 A :class:`Dialect` subclass is one wire language (mlx-vlm's, OpenAI Realtime
-GA's); one instance serves one :class:`~..session.Session` and holds the
+GA's); one instance serves one :class:`~..session.session.Session` and holds the
 dialect's state of it (a GA session's responses, its audio formats), so the
 state lives as long as the session, through any number of transports. It
 runs on the event loop.
@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from ..engine.pace import FramePace
 from ..messages import AudioIn, AudioMark, Ending, Finished, JsonOut, Outgoing
-from ..session import Session, stream_full
+from ..session.session import Session, stream_full
 from ..wire import ErrorCode, ProtocolError, invalid
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class Dialect:
 
     def paced(self, pace: FramePace) -> None:
         """How late the frames of the hand-off about to be translated ran (the session
-        sums them in :attr:`~..session.Session.pace`); by default not told."""
+        sums them in :attr:`~..session.session.Session.pace`); by default not told."""
 
     def limit_reached(self) -> None:
         """A frame failed at ``max_streaming_seconds`` (its error goes out); by default

@@ -186,7 +186,7 @@ class VLMDialect(Dialect):
             await self.configure(message)
             session.active()
             return
-        if not session.configured:
+        if not session.is_open:
             raise invalid("send session.update before audio")
         if isinstance(message, ToolOutput):
             await session.tool_output(message.call_id, message.output)
@@ -202,7 +202,7 @@ class VLMDialect(Dialect):
             raise Finished(Ending.DONE)
 
     async def configure(self, update: SessionUpdate) -> None:
-        if self.session.configured:
+        if self.session.is_open:
             raise invalid("the active session cannot be reconfigured")
         options = session_options(
             self.limits, FIELDS, system_prompt=update.system_prompt, seed=update.seed,

@@ -1,7 +1,7 @@
 """Who may open a realtime session now: the server's one admission rule, over the pool's ledger.
 
 A connection holds a slot from the moment it is accepted until it ends
-(:meth:`Admission.try_reserve` / :meth:`Admission.release`, on every exit
+(:meth:`Admission.accept` / :meth:`Admission.free`, on every exit
 path), so a refusal comes at once, as ``server_busy`` / close 1013. A slot
 is refused while the replica drains (:mod:`.drain`), beyond
 ``--max-sessions``, or when the state committed would pass
@@ -13,7 +13,7 @@ whose session has not reserved yet counts the least a session reserves.
 The pool checks a session's own reservation again when it opens, with its
 real options (:class:`~..runtime.pool.PoolFull`).
 
-A session detached from its transport (awaiting a resume, :mod:`..resume`)
+A session detached from its transport (awaiting a resume, :mod:`..session.resume`)
 keeps its slot only while no one else needs it: a reservation that finds
 the server full (made with ``reclaim``: for a session that is real, one
 configured or sending audio, never for a connection that has only opened)
@@ -32,21 +32,30 @@ a slot runs on the event loop.
 from __future__ import annotations
 
 import asyncio
+from enum import Enum
 from typing import Any, Protocol
 
 from ...runtime.ledger import ReservationLedger
 from ...runtime.pool import admission_error
 
-# Loop turns a connection that finds the server full waits for a session whose client
+# Loop passes a connection that finds the server full waits for a session whose client
 # has just left to let its slot go (:meth:`Admission.reserve`): a close or reset reaches
-# that session's connection through its transport's reader in a few turns.
-SETTLE_TURNS = 16
+# that session's connection through its transport's reader in a few passes.
+SETTLE_PASSES = 16
 # Why a session is refused while the replica drains (:mod:`.drain`).
 DRAINING = "the server is shutting down; connect again to reach another replica"
 
 
+class Slot(Enum):
+    """What :meth:`Admission.accept` gave a connection just accepted."""
+
+    HELD = "held"  # a slot of its own
+    DEFERRED = "deferred"  # a detached session's, taken when it opens (:meth:`Admission.reserve`)
+    REFUSED = "refused"  # none (:attr:`Admission.refusal`, counted)
+
+
 class Reclaimer(Protocol):
-    """Who may give up a held slot for a newcomer (the detached sessions: :mod:`..resume`)."""
+    """Who may give up a held slot for a newcomer (the detached sessions: :mod:`..session.resume`)."""
 
     def reclaim(self) -> bool:
         """End the longest-detached session, its slot free at once; ``False`` if none."""
@@ -74,13 +83,24 @@ class Admission:
         """Let a reservation that finds the server full take a slot ``reclaimer`` gives up."""
         self.reclaimer = reclaimer
 
+    async def accept(self, session_id: str) -> Slot:
+        """The slot of a connection just accepted: a free one is held; a detached
+        session's goes to a real session only, so when only those are left the slot is
+        deferred to the session's open (configured, sending audio, a call answered),
+        where :meth:`reserve` takes it; refused (counted) when none is left."""
+        if await self.reserve(session_id, reclaim=False, count=False):
+            return Slot.HELD
+        if self.reclaimable > 0 and not self.draining:
+            return Slot.DEFERRED
+        return Slot.HELD if self.try_reserve(session_id) else Slot.REFUSED
+
     async def reserve(self, session_id: str, reclaim: bool = True, count: bool = True) -> bool:
         """:meth:`try_reserve` on the event loop, for a connection that finds the server
         full while a session's client has just left (a close or a reset the loop has
         received but not yet handed to that session's connection): the loop runs a few
-        turns first, so the ending session's slot is free for the newcomer before any
+        passes first, so the ending session's slot is free for the newcomer before any
         detached session is asked for its own."""
-        for _ in range(SETTLE_TURNS):
+        for _ in range(SETTLE_PASSES):
             if self.try_reserve(session_id, count=False, reclaim=False):
                 return True
             await asyncio.sleep(0)
@@ -108,7 +128,8 @@ class Admission:
             self._refused.inc()
         return False
 
-    def release(self, session_id: str) -> None:
+    def free(self, session_id: str) -> None:
+        """Free ``session_id``'s slot (its session ended, or let its slot go)."""
         with self.ledger.lock:
             self.ledger.slots.discard(session_id)
 

@@ -11,7 +11,7 @@ is resolved on the loop in its place among that session's events.
 
 A session's events leave the engine as runtime events (:mod:`..runtime.events`),
 never as JSON: the :class:`Open` command names the session's sink (its
-:class:`~..session.Session`), which has its dialect translate them on its event loop.
+:class:`~..session.session.Session`), which has its dialect translate them on its event loop.
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ class JobCounter:
             self.in_flight += 1
             return True
 
-    def release(self) -> None:
+    def ended(self) -> None:
+        """One admitted transcription ended (however it ended)."""
         with self._lock:
             self.in_flight = max(self.in_flight - 1, 0)
 

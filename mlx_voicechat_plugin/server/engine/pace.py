@@ -5,7 +5,7 @@ wall time (80 ms) per frame: the server fell behind the client's audio for
 it. The engine counts this for the whole server (``/metrics``:
 ``voicechat_late_frames_total``); a :class:`FramePace` counts it for one
 session, on the engine thread for one cycle (the hand-off's, :mod:`.channel`)
-and summed on the session's event loop (:class:`~..session.Session`), so a
+and summed on the session's event loop (:class:`~..session.session.Session`), so a
 dialect can tell the client how its own frames went without the server's
 API key (the GA dialect's ``voicechat`` extension on ``response.done``).
 """

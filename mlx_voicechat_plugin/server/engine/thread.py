@@ -329,7 +329,7 @@ class Engine:
             self._loaded()
             steps = self.transcriber().steps(command.audio, **command.options)
         except Exception as exc:
-            self.transcriptions.release()
+            self.transcriptions.ended()
             command.reply(error=exc)
             return
 
@@ -339,7 +339,7 @@ class Engine:
             command.reply(value, error=error)
 
         self._jobs.add(StepJob(steps, reply, command.on_delta, command.cancel,
-                               self.transcriptions.release))
+                               self.transcriptions.ended))
 
     def _add_open(self, command: Open) -> None:
         """Open a session as a job (its prefill in slices, :meth:`Stepper.open_steps`);

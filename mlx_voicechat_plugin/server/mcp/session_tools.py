@@ -1,11 +1,11 @@
 """The tools one session's calls run on the server: offered at open, run, fed back, cancelled.
 
-:class:`SessionTools` belongs to one :class:`~..session.Session`. At each engine open
+:class:`SessionTools` belongs to one :class:`~..session.session.Session`. At each engine open
 it adds the tools the server runs (the operator's MCP tools; a name the session
 defines itself stays the session's) to the session's own (:meth:`offer`). Each
 frame's events pass through :meth:`observe` before the dialect translates them: a
 call of a server-run tool becomes a :class:`~.events.ServerToolCall` and runs in
-a task of the session (:meth:`~..session.Session.spawn`); its end is a
+a task of the session (:meth:`~..session.session.Session.spawn`); its end is a
 :class:`~.events.ToolOutput` the dialect shows, and its output (the result, or
 the typed failure) goes to the model as a tool result. A cancelled response
 (barge-in, ``response.cancel``) cancels the calls in flight (the model hears
@@ -33,7 +33,7 @@ from .manager import McpConnection, McpManager, McpTool, offer
 from .session_servers import SessionMcpServer, UrlRefused
 
 if TYPE_CHECKING:
-    from ..session import Session
+    from ..session.session import Session
 
 logger = logging.getLogger(__name__)
 

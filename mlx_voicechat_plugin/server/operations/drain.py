@@ -58,7 +58,7 @@ class Drain:
         self.open: dict[asyncio.Task, Any] = {}  # connection task -> its Connection
         self.ended: set[asyncio.Task] = set()  # tasks the stop cancelled
         self._runner: asyncio.Task | None = None
-        self.resumes = resumes  # the detached sessions (:mod:`..resume`), ended at the start
+        self.resumes = resumes  # the detached sessions (:mod:`..session.resume`), ended at the start
 
     @property
     def draining(self) -> bool:

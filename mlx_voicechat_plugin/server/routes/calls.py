@@ -33,6 +33,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from ..connection import Connection, connect
 from ..dialects.ga.dialect import REALTIME_PATH, GADialect
 from ..dialects.ga.config import GAConfig, merge_session
+from ..engine.admission import Slot
 from ..engine.thread import Engine
 from ..keys import MINTED_ELSEWHERE, EphemeralKey, EphemeralKeys, KeyRefused, is_ephemeral
 from ..limits import ServerLimits
@@ -211,12 +212,11 @@ class Calls:
         call_id.append(name(connection.session_id))
         admission = engine.admission
         # A detached session's slot goes to a call only once its offer is answered.
-        held = await admission.reserve(connection.session_id, reclaim=False, count=False)
-        if not held and not admission.reclaimable:
-            held = admission.try_reserve(connection.session_id)  # the refusal, counted
-            if not held:
-                await connection.session.release()
-                raise CallRefused(429, "server_busy", admission.refusal)
+        slot = await admission.accept(connection.session_id)
+        if slot is Slot.REFUSED:
+            await connection.session.release()
+            raise CallRefused(429, "server_busy", admission.refusal)
+        held = slot is Slot.HELD
         connection.admitted = True
         self.open[call_id[0]] = (transport, key)
         try:

@@ -14,7 +14,7 @@ WebRTC call does (:meth:`~..dialects.base.Dialect.bind`): the first message
 handled is that ``session.update``, and what it fixes stays fixed.
 
 With ``--resume-seconds`` each new session gets a resume token
-(:mod:`..resume`); an upgrade with ``?resume_token=...&last_seq=N`` (after
+(:mod:`..session.resume`); an upgrade with ``?resume_token=...&last_seq=N`` (after
 the same key and ``Origin`` checks) re-attaches the session it names, in its
 own dialect (taking it from an old connection the server still holds), or is
 denied with the reason (404 unknown, 410 ended, 403 another key's, 409 being
@@ -40,7 +40,7 @@ from ..limits import ServerLimits
 from ..mcp.manager import McpManager
 from ..messages import Hangup
 from ..operations.drain import Drain
-from ..resume import REPLICA_HEADER, Refused, Resumes
+from ..session.resume import REPLICA_HEADER, Refused, Resumes
 from ..transport.websocket import WebSocketTransport
 from ..wire import CloseCode
 from ..keys import MINTED_ELSEWHERE, EphemeralKeys, KeyRefused

@@ -134,7 +134,7 @@ def transcriptions_router(engine: Engine, served: tuple[str, ...], limits: Serve
             return error.response()
         finally:
             if not submitted:
-                engine.transcriptions.release()
+                engine.transcriptions.ended()
 
     async def translations(request: Request) -> Response:
         return RequestError(400, "this model transcribes only: translations are not "

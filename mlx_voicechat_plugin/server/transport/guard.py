@@ -109,7 +109,7 @@ class ConnectionGuard:
                 why = f"{len(self.open)} connections open, none idle (--max-connections)"
             else:
                 if evict is not None:  # counted no more from now: its close comes later
-                    self._release(id(evict[0].transport))
+                    self._forget(id(evict[0].transport))
                 self.open[id(transport)] = address
                 self.per_client[address] += 1
                 if protocol is not None:
@@ -136,11 +136,12 @@ class ConnectionGuard:
                                                       item[1].guard_since))
         return protocol, self.open[ident]
 
-    def release(self, transport: asyncio.BaseTransport) -> None:
+    def lost(self, transport: asyncio.BaseTransport) -> None:
+        """``transport``'s connection ended: counted no more."""
         with self._lock:
-            self._release(id(transport))
+            self._forget(id(transport))
 
-    def _release(self, ident: int) -> None:
+    def _forget(self, ident: int) -> None:
         self.protocols.pop(ident, None)
         address = self.open.pop(ident, None)
         if address is not None:
@@ -243,7 +244,7 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._guard_cancel()
-            guard.release(self.transport)
+            guard.lost(self.transport)
             super().connection_lost(exc)
 
     class GuardedWS(ws_base):  # type: ignore[misc, valid-type]
@@ -272,7 +273,7 @@ def uvicorn_protocols(guard: ConnectionGuard) -> dict[str, Any]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._guard_timer.cancel()
-            guard.release(self.transport)
+            guard.lost(self.transport)
             super().connection_lost(exc)
 
         def keepalive_timeout(self) -> None:

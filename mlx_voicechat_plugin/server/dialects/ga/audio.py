@@ -114,29 +114,30 @@ class InputAudio:
 
 
 class MediaInput:
-    """Audio from a media track (WebRTC: PCM16 at 48 kHz) taken as GA ``audio/pcm``: each
-    chunk is resampled to GA's 24 kHz PCM16 (:meth:`ga_pcm`), then goes the way an
-    ``input_audio_buffer.append`` of that audio goes, whatever the session's input format
-    (OpenAI's WebRTC ignores it too). The WebSocket fed the same 24 kHz bytes gives the
-    model the same samples."""
+    """Audio from a media track (WebRTC: PCM16 at the track's 48 kHz) -> model samples,
+    resampled once, straight to ``model_rate``, whatever the session's input format
+    (OpenAI's WebRTC ignores it too). It counts as the samples of GA ``audio/pcm``
+    (24 kHz) it lasts: what a resume reports as received."""
 
     def __init__(self, model_rate: int):
-        self.input = InputAudio(AudioFormat(), model_rate)
-        self.to_ga: Resampler | None = None
+        self.model_rate = model_rate
+        self.resample: Resampler | None = None  # the track's rate -> the model's
+        self.taken = 0  # track samples since the rate was last set
+        self.counted = 0  # those, counted at GA's rate
 
-    def ga_pcm(self, data: bytes, rate: int) -> bytes:
-        """The track's PCM16 at ``rate`` -> GA's 24 kHz PCM16."""
-        if self.to_ga is None or self.to_ga.in_rate != rate:
-            self.to_ga = Resampler(rate, RATES[PCM])
+    def decode(self, data: bytes, rate: int) -> tuple[np.ndarray, int]:
+        """The track's PCM16 at ``rate`` -> the model's samples, and how many samples of
+        GA ``audio/pcm`` they count as."""
+        if self.resample is None or self.resample.in_rate != rate:
+            self.resample, self.taken, self.counted = Resampler(rate, self.model_rate), 0, 0
         try:
             samples = pcm16_samples(data, "media")
         except ValueError as exc:
             raise FormatError(str(exc)) from None
-        return pcm16_bytes(self.to_ga(samples))
-
-    def decode(self, data: bytes, rate: int) -> np.ndarray:
-        """The track's PCM16 at ``rate`` -> the samples of GA ``audio/pcm`` (24 kHz)."""
-        return decode(self.input.format, self.ga_pcm(data, rate))
+        self.taken += samples.shape[0]
+        counted = self.taken * RATES[PCM] // rate - self.counted
+        self.counted += counted
+        return self.resample(samples), counted
 
 
 class OutputAudio:

@@ -33,7 +33,8 @@ session (session object :mod:`.config`, responses :mod:`.responses`, items
   Items are kept as their JSON bytes within ``--max-item-bytes``; a client's item
   past it is an ``invalid_request`` error and the session goes on.
 - Audio from a media track (a WebRTC call, :class:`~...messages.AudioIn`) is an
-  ``input_audio_buffer.append`` of GA ``audio/pcm`` (:class:`.audio.MediaInput`).
+  ``input_audio_buffer.append``, its 48 kHz resampled once, straight to the model's
+  rate (:class:`.audio.MediaInput`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from ....runtime.options import ConversationOptions
 from ....quoting import brief
 from ...engine.pace import FramePace
 from ...messages import AudioIn, AudioMark, Ending, Finished, JsonOut, Outgoing
-from ...session import Session, stream_full
+from ...session.session import Session, stream_full
 from ..client_options import session_options, transcription_options
 from ...wire import (OFF_LOOP_CHARS, ErrorCode, ProtocolError, init_failed, invalid,
                     load_object, new_id, parse_tool_output)
@@ -63,7 +64,7 @@ from ...mcp.session_servers import SessionMcpServer, UrlRefused
 from ....runtime.tool_failures import ToolFailure
 from .playback import Playback
 from .responses import GAResponses, outgoing
-from .turns import ItemStore, Out
+from .records import ItemStore, Out
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ class GADialect(Dialect):
         elif kind == "input_audio_buffer.append":
             await self.append_audio(message.get("audio"), event.media)
         elif kind == "input_audio_buffer.commit":
-            if not session.configured and self.config.turn_detection is None:
+            if not session.is_open and self.config.turn_detection is None:
                 # the response owed needs a timeline
                 await self.open_engine(self.config, self.requested)
             self.emit(self.responses.commit())
@@ -248,7 +249,7 @@ class GADialect(Dialect):
         if self.config.output_modalities == ("text",):
             raise invalid("a session with output_modalities ['text'] transcribes the user "
                           "only and makes no responses")
-        if not self.session.configured:
+        if not self.session.is_open:
             await self.open_engine(self.config, self.requested)
         events = self.responses.request(params)
         if events is None:
@@ -340,18 +341,19 @@ class GADialect(Dialect):
     # --- audio ------------------------------------------------------------
 
     async def append_audio(self, audio: Any, media: AudioIn | None = None) -> None:
-        if not self.session.configured:
+        if not self.session.is_open:
             await self.open_engine(self.config, self.requested)
-        source = self.input if media is None else self.media.input
         try:
-            sent = self.input.decode(audio) if media is None \
-                else self.media.decode(media.data, media.sample_rate)
+            if media is None:
+                taken = self.input.decode(audio)
+                samples, sent = self.input.resample(taken), taken.shape[0]
+            else:
+                samples, sent = self.media.decode(media.data, media.sample_rate)
         except FormatError as exc:
             raise invalid(str(exc)) from None
-        samples = source.resample(sent)
         if samples.shape[0]:
             self.last_audio = time.monotonic()
-        await self.session.feed_audio(samples, sent=sent.shape[0])
+        await self.session.feed_audio(samples, sent=sent)
 
     async def push_frame(self, chunk: np.ndarray) -> None:
         """One frame of server-made input, queued behind the client's audio (the same
@@ -362,7 +364,7 @@ class GADialect(Dialect):
     # --- owed responses: the timeline runs on silence -------------------------
 
     def owed(self) -> bool:
-        return self.session.configured and self.responses.owes
+        return self.session.is_open and self.responses.owes
 
     async def run_owed(self) -> None:
         """The session's timer (on the loop, with or without a transport): while a
@@ -387,7 +389,7 @@ class GADialect(Dialect):
                 except asyncio.TimeoutError:
                     pass
                 continue
-            async with session.turn:  # audio may have come while the lock was awaited
+            async with session.acting:  # audio may have come while the lock was awaited
                 if self.owed() and time.monotonic() >= self.last_audio + STREAM_LULL_SECONDS:
                     session.active()
                     await self.continue_on_silence()
@@ -421,7 +423,7 @@ class GADialect(Dialect):
             return
         if isinstance(item, dict) and item.get("type") == "function_call_output":
             output = parse_tool_output(item)
-            if not self.session.configured:
+            if not self.session.is_open:
                 raise ProtocolError(ErrorCode.TOOLS_NOT_SET, "function_call_output needs tools "
                                     "registered in session.update")
             call_id = self.responses.runtime_call_id(output.call_id)

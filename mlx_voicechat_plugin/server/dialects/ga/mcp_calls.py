@@ -12,16 +12,19 @@ end at the call (the client runs nothing): the model speaks on once the result i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...mcp.events import ServerToolCall, ToolOutput
 from ...wire import ErrorCode, new_id
 from .audio import OutputAudio
 from .config import error_event
-from .turns import Out, ResponseBook
+from .records import Out
+
+if TYPE_CHECKING:  # the responses call these modules: for the type only
+    from .responses import GAResponses
 
 
-def mcp_call(book: ResponseBook, event: ServerToolCall, out: Out) -> None:
+def mcp_call(book: GAResponses, event: ServerToolCall, out: Out) -> None:
     """The call's item and its arguments, in the open response (one opens if none)."""
     if book.response is None:
         book.start_response(out, int(event.frame_index))
@@ -49,7 +52,7 @@ def mcp_call(book: ResponseBook, event: ServerToolCall, out: Out) -> None:
     book.mcp_calls[event.call_id] = (response.id, index, running)
 
 
-def mcp_output(book: ResponseBook, event: ToolOutput, out: Out) -> None:
+def mcp_output(book: GAResponses, event: ToolOutput, out: Out) -> None:
     """The call ended: completed with its output, or failed with its error (a call the
     client runs, its timeout: a ``tool_call_failed`` error naming the call)."""
     entry = book.mcp_calls.pop(event.call_id, None)

@@ -16,13 +16,16 @@ A listing is ``conversation.item.added`` (an ``mcp_list_tools`` item),
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...mcp.events import ApprovalRequest
 from ...mcp.session_servers import APPROVALS, SessionMcpServer
 from ...wire import init_failed, invalid, new_id
 from .config import is_mcp
-from .turns import Out, ResponseBook
+from .records import Out
+
+if TYPE_CHECKING:  # the responses call these modules: for the type only
+    from .responses import GAResponses
 
 _LABEL = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 _KEYS = frozenset({"type", "server_label", "server_url", "headers", "allowed_tools",
@@ -84,7 +87,7 @@ def parse_mcp_tools(tools: list[Any]) -> list[SessionMcpServer]:
 # --- events -------------------------------------------------------------------------
 
 
-def listing_started(book: ResponseBook, server: SessionMcpServer) -> tuple[str, Out]:
+def listing_started(book: GAResponses, server: SessionMcpServer) -> tuple[str, Out]:
     item_id = new_id("mcpl")
     item = {"id": item_id, "type": "mcp_list_tools", "server_label": server.label,
             "tools": []}
@@ -94,7 +97,7 @@ def listing_started(book: ResponseBook, server: SessionMcpServer) -> tuple[str, 
     return item_id, out
 
 
-def listing_done(book: ResponseBook, item_id: str, server: SessionMcpServer,
+def listing_done(book: GAResponses, item_id: str, server: SessionMcpServer,
                  tools: dict[str, dict[str, Any]]) -> Out:
     item = {"id": item_id, "type": "mcp_list_tools", "server_label": server.label,
             "tools": [{"name": name, "description": t.get("description") or "",
@@ -109,7 +112,7 @@ def listing_failed(item_id: str, error: dict[str, Any]) -> Out:
     return [{"type": "mcp_list_tools.failed", "item_id": item_id}, error]
 
 
-def approval_request(book: ResponseBook, event: ApprovalRequest, out: Out) -> None:
+def approval_request(book: GAResponses, event: ApprovalRequest, out: Out) -> None:
     item = {"id": event.approval_id, "type": "mcp_approval_request",
             "server_label": event.server_label, "name": event.name,
             "arguments": event.arguments}

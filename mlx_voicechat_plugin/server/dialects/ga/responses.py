@@ -51,8 +51,7 @@ responses. The mapping, one frame's runtime events at a time:
   ``metadata``; a second request while one waits is refused
   (``conversation_already_has_active_response``).
 
-How each response and user item opens and closes is :mod:`.turns`'
-(:class:`~.turns.ResponseBook`, the base of :class:`GAResponses`).
+What :class:`GAResponses` keeps is :mod:`.records`'.
 :meth:`GAResponses.translate` and the request methods all run on the
 session's event loop (the engine hands the runtime events over there), so
 the state has one thread and no lock.
@@ -61,7 +60,10 @@ the state has one thread and no lock.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
+
+import numpy as np
 
 from ....runtime.events import (
     AssistantTextDelta,
@@ -77,12 +79,14 @@ from ....runtime.events import (
 )
 from ...mcp.events import ApprovalRequest, ServerToolCall, ToolOutput
 from ...engine.pace import FramePace
+from ...limits import ServerLimits
 from ...messages import AudioOut, JsonOut, Outgoing
 from ...wire import ProtocolError, invalid, new_id
 from . import items as ga_items
 from . import mcp_calls, mcp_tools
-from .config import error_event
-from .turns import Out, ResponseBook, UserItem
+from .audio import OutputAudio
+from .config import GAConfig, error_event
+from .records import ItemStore, Message, Out, Response, UserItem
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +102,171 @@ def outgoing(out: Out) -> list[Outgoing]:
     return [item if isinstance(item, AudioOut) else JsonOut(item) for item in out]
 
 
-class GAResponses(ResponseBook):
-    """The state of one GA session's conversation: its open response and user item."""
+class GAResponses:
+    """One GA session's conversation: its open response and user item, how each opens and
+    closes (the events of each step), and which step a runtime event or request takes."""
+
+    def __init__(self, config: GAConfig, model_rate: int = 22_050,
+                 frame_seconds: float = 0.08, max_item_bytes: int = ServerLimits.max_item_bytes):
+        self.config = config
+        self.model_rate, self.frame_seconds = model_rate, frame_seconds
+        self.response: Response | None = None
+        self.user: UserItem | None = None
+        self.last_item_id: str | None = None
+        # The items as last sent (``conversation.item.retrieve``), oldest first.
+        self.items = ItemStore(max_item_bytes)
+        self.user_from = 0  # the first frame of the user's audio not yet committed
+        self.calls: dict[str, str] = {}  # GA call_id -> the runtime's call_id
+        # A server-run call's runtime call_id -> its response id, output index and item.
+        self.mcp_calls: dict[str, tuple[str, int, dict[str, Any]]] = {}
+        self.failure: str | None = None  # the message of a response ending as failed
+        # The frames now translated are the server's silence (an owed response's
+        # continuation), not client audio: they open no new response.
+        self.server_frames = False
+        self.muted_since: int | None = None  # a cancelled utterance's last text frame
+        self.frame = 0  # the latest frame seen
+        self.ended = False  # the stream ended (Done / Cancelled)
+        self.waiting: list[Any] = []  # a response.create's metadata, while one is active
+        self.session_pace = FramePace()  # the session's (its own object, summed by it)
+
+    def configure(self, config: GAConfig, model_rate: int | None = None,
+                  frame_seconds: float | None = None) -> None:
+        self.config = config
+        self.model_rate = model_rate or self.model_rate
+        self.frame_seconds = frame_seconds or self.frame_seconds
+
+    # --- helpers ----------------------------------------------------------
+
+    def _frames(self, seconds: float) -> int:
+        return max(1, math.ceil(seconds / self.frame_seconds - 1e-9))
+
+    def _ms(self, frame: int) -> int:
+        return int(round(frame * self.frame_seconds * 1000))
+
+    @property
+    def _audio_out(self) -> bool:
+        return "audio" in self.config.output_modalities
+
+    def add_item(self, item: dict[str, Any], out: Out, kind: str,
+                  client: bool = False, data: bytes | None = None) -> None:
+        # First: a client's item past the budget is refused.
+        self.items.put(item, client, data)
+        out.append({"type": kind, "previous_item_id": self.last_item_id, "item": item})
+        if kind == "conversation.item.added":
+            self.last_item_id = item["id"]
+
+    # --- responses -------------------------------------------------------
+
+    def start_response(self, out: Out | None, frame: int,
+               metadata: Any = None) -> None:
+        """A new response from ``frame``; announced now unless ``out`` is ``None``."""
+        bound = self._frames(self.config.max_response_seconds)
+        response = Response(new_id("resp"), frame, frame, frame + bound - 1,
+                             metadata=metadata)
+        response.audio = OutputAudio(self.config.output_format, self.model_rate)
+        self.response = response
+        if out is not None:
+            self.announce(out)
+
+    def announce(self, out: Out) -> None:
+        response = self.response
+        if not response.announced:
+            response.announced = True
+            out.append({"type": "response.created",
+                        "response": self._response_object(response)})
+
+    def _start_message(self, out: Out) -> None:
+        response = self.response
+        message = Message(new_id("item"), len(response.output))
+        response.message = message
+        item = ga_items.assistant_message(message.id)
+        out.append({"type": "response.output_item.added", "response_id": response.id,
+                    "output_index": message.output_index, "item": item})
+        self.add_item(item, out, "conversation.item.added")
+        out.append({"type": "response.content_part.added", **self._part(response),
+                    "part": ga_items.content_part(self._audio_out, "")})
+
+    def _audio_delta(self, response: Response, data: bytes) -> AudioOut:
+        """``response.output_audio.delta`` with ``data`` (the client's format) apart."""
+        fmt = response.audio.format
+        return AudioOut({"type": "response.output_audio.delta", **self._part(response),
+                         "delta": None}, "delta", data, fmt.type, fmt.rate)
+
+    def _part(self, response: Response) -> dict[str, Any]:
+        return {"response_id": response.id, "item_id": response.message.id,
+                "output_index": response.message.output_index, "content_index": 0}
+
+    def close_message(self, out: Out, status: str = "completed") -> None:
+        response = self.response
+        message = response.message if response is not None else None
+        if message is None:
+            return
+        where = self._part(response)
+        if self._audio_out:
+            tail = response.audio.encoded(np.zeros(0, np.float32), last=True)  # its resampler's
+            if tail:
+                out.append(self._audio_delta(response, tail))
+            out.append({"type": "response.output_audio.done", **where})
+            out.append({"type": "response.output_audio_transcript.done", **where,
+                        "transcript": message.text})
+        else:
+            out.append({"type": "response.output_text.done", **where, "text": message.text})
+        out.append({"type": "response.content_part.done", **where,
+                    "part": ga_items.content_part(self._audio_out, message.text)})
+        item = ga_items.assistant_message(
+            message.id, "completed" if status == "completed" else "incomplete",
+            [ga_items.message_content(self._audio_out, message.text)])
+        self.add_item(item, out, "conversation.item.done")
+        out.append({"type": "response.output_item.done", "response_id": response.id,
+                    "output_index": message.output_index, "item": item})
+        response.output.insert(message.output_index, item)
+        response.message = None
+
+    def _finish(self, out: Out, status: str) -> None:
+        self.announce(out)
+        self.close_message(out, status)
+        response = self.response
+        self.response = None
+        body = self._response_object(response, status)
+        out.append({"type": "response.done", "response": body,
+                    "voicechat": {**response.pace.wire(), "session": self.session_pace.wire()}})
+        if self.waiting:  # the request that waited opens its response
+            self.start_response(out, self.frame + 1, metadata=self.waiting.pop())
+            if self.ended:  # the stream is over: that response ends at once
+                self._finish(out, "cancelled")
+
+    def _response_object(self, response: Response, status: str = "in_progress") -> dict:
+        usage = None
+        if status != "in_progress":
+            heard = max(self.frame - response.first_frame + 1, 0)
+            usage = ga_items.usage(heard, response.text_tokens, response.audio_frames)
+        return ga_items.response_object(response.id, self.config, response.output,
+                                        response.metadata, status, usage, self.failure)
+
+    # --- the user item -------------------------------------------------------
+
+    def _close_user(self, out: Out, stopped: bool) -> str:
+        """End the user's item (``committed`` and the item); its id, or a new one if none."""
+        user = self.user
+        self.user = None
+        # The audio this commit transcribed: every frame heard since the previous one.
+        heard = max(self.frame + 1 - self.user_from, 0)
+        self.user_from = self.frame + 1
+        if user is None:
+            return new_id("item")
+        if stopped and self.config.turn_detection is not None:
+            out.append({"type": "input_audio_buffer.speech_stopped",
+                        "audio_end_ms": self._ms(user.last_frame + 1), "item_id": user.id})
+        out.append({"type": "input_audio_buffer.committed",
+                    "previous_item_id": self.last_item_id, "item_id": user.id})
+        item = ga_items.user_message(user.id, user.text)
+        self.add_item(item, out, "conversation.item.added")
+        self.add_item(item, out, "conversation.item.done")
+        out.append({"type": "conversation.item.input_audio_transcription.completed",
+                    "item_id": user.id, "content_index": 0, "transcript": user.text,
+                    "usage": {"type": "duration",
+                              "seconds": round(heard * self.frame_seconds, 3)}})
+        return user.id
 
     # --- one frame's events ---------------------------------------------------
 

@@ -10,7 +10,7 @@ arguments and ``call_id`` arrive as the Responses API carries them, and the clie
 answers with ``response.item.create`` (a ``function_call_output``) and
 ``response.create``. A ``client`` delegation carries no task text, so a client could not
 run a function from it. The result goes to the model as a tool result
-(:meth:`~...session.Session.tool_output`); ``response.create`` then ends the delegated
+(:meth:`~...session.session.Session.tool_output`); ``response.create`` then ends the delegated
 response (the Live model speaks the result itself: there is no backend model here).
 """
 

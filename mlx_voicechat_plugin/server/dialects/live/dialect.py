@@ -41,7 +41,7 @@ import numpy as np
 from ....quoting import brief
 from ....runtime.options import ConversationOptions
 from ...messages import AudioIn, Ending, Finished, JsonOut, Outgoing
-from ...session import Session, stream_full
+from ...session.session import Session, stream_full
 from ...wire import (ErrorCode, ProtocolError, bounded, decode_base64, load_object,
                      pcm16_samples)
 from ..base import Dialect
@@ -353,7 +353,7 @@ class LiveDialect(Dialect):
     async def close(self) -> None:
         """Drain the input's tail, run the frames, then ``session.closed``."""
         session = self.session
-        if session.configured and self.input is not None:
+        if session.is_open and self.input is not None:
             await session.feed_audio(self.input(np.zeros(0, np.float32), last=True), sent=0)
             events = await session.flush()
             session.send_all(self.timeline.translate(events) + self.timeline.tail())

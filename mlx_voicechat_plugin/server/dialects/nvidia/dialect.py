@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...messages import Ending, Finished, JsonOut, Outgoing
-from ...session import Session
+from ...session.session import Session
 from ...wire import (
     ErrorCode, ProtocolError, ToolOutput, bounded, decode_base64, invalid, pcm16_samples,
 )
@@ -114,7 +114,7 @@ class NvidiaDialect(Dialect):
                               "audio frame")
             await self.configure(updated(self.config, message.session))
         elif isinstance(message, ToolOutput):
-            if not (self.session.configured and self.session.tools_set):
+            if not (self.session.is_open and self.session.tools_set):
                 raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
                                     "function_call_output needs tools in session.update")
             await self.session.tool_output(message.call_id, message.output)
@@ -147,7 +147,7 @@ class NvidiaDialect(Dialect):
         except ValueError as exc:
             self.counters.dropped()
             raise invalid(str(exc)) from None
-        if not self.session.configured:
+        if not self.session.is_open:
             await self.configure(self.config)
         self.audio_started = True
         self.counters.received(samples.shape[0])
@@ -156,7 +156,7 @@ class NvidiaDialect(Dialect):
     async def close(self) -> None:
         """Drain the residual input, complete the response, then ``session.end``."""
         session = self.session
-        if session.configured:
+        if session.is_open:
             await session.feed_audio(self.input(np.zeros(0, np.float32), last=True), sent=0)
             events = await session.flush()
             session.send_all(self.output.translate(events))

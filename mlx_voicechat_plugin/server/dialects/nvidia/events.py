@@ -57,7 +57,7 @@ class Counters:
 
     def received(self, samples: int) -> None:
         """``samples`` of input accepted, at the client's rate (the session counts them:
-        :attr:`~...session.Session.samples_received`; ``/metrics`` here)."""
+        :attr:`~...session.session.Session.samples_received`; ``/metrics`` here)."""
         if self.metrics is not None:
             self.metrics.received.labels(self.dialect).inc(samples / self.input_rate)
 
@@ -145,7 +145,7 @@ class Conversation:
             event = {"type": "response.output_audio.delta", **self._ids(), "delta": None}
             out.append(AudioOut(event, "delta", data, "pcm16", OUTPUT_RATE))
             self.counters.sent()
-            self.heard(data)
+            self.packet_out(data)
 
     # --- the turns -----------------------------------------------------------------------
 
@@ -173,7 +173,7 @@ class Conversation:
         self.user_item, self.user_text = None, ""
         self.awaiting = self.user_spoke_at
 
-    def heard(self, packet: bytes) -> None:
+    def packet_out(self, packet: bytes) -> None:
         """A packet went out: the first audible one after the user stopped is the answer."""
         if self.awaiting is None:
             return

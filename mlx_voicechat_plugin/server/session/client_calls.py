@@ -3,13 +3,13 @@
 A call of a function tool the session defined (not one the server runs) waits for
 the client's ``function_call_output``. :class:`ClientCalls` starts its clock when
 the call reaches the session (``--tool-timeout``, default
-:data:`~..runtime.tool_failures.DEFAULT_TOOL_TIMEOUT`, as an MCP server's
+:data:`~...runtime.tool_failures.DEFAULT_TOOL_TIMEOUT`, as an MCP server's
 ``timeout``); when no output came by then, the model hears a ``timeout``
-:class:`~..runtime.tool_failures.ToolFailure` and the client sees its dialect's
-failure (a :class:`~.mcp.events.ToolOutput` with no server), and an output that
+:class:`~...runtime.tool_failures.ToolFailure` and the client sees its dialect's
+failure (a :class:`~..mcp.events.ToolOutput` with no server), and an output that
 comes later is dropped, logged and answered with an error naming the call. An
 output passes the gate a server-run result passes
-(:func:`~..runtime.tool_failures.bounded_output`): one over the bound reaches the
+(:func:`~...runtime.tool_failures.bounded_output`): one over the bound reaches the
 model as a ``too_large`` failure and the client is told.
 """
 
@@ -20,10 +20,10 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..runtime.events import ToolCall
-from ..runtime.tool_failures import TIMEOUT, ToolFailure, bounded_output
-from .mcp.events import ToolOutput
-from .wire import ErrorCode, ProtocolError
+from ...runtime.events import ToolCall
+from ...runtime.tool_failures import TIMEOUT, ToolFailure, bounded_output
+from ..mcp.events import ToolOutput
+from ..wire import ErrorCode, ProtocolError
 
 if TYPE_CHECKING:
     from .session import Session

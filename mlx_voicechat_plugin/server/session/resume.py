@@ -51,8 +51,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from ..quoting import brief
-from .limits import DEFAULT_MAX_DETACHED_PER_KEY
+from ...quoting import brief
+from ..limits import DEFAULT_MAX_DETACHED_PER_KEY
 from .session import SLOT_TAKEN, Session
 
 logger = logging.getLogger(__name__)
@@ -127,13 +127,13 @@ class Resumes:
               registry=registry).set_function(lambda: float(self.detached_now()))
 
     def detached_now(self) -> int:
-        return sum(1 for s in list(self.sessions.values()) if s.detached)
+        return sum(1 for s in list(self.sessions.values()) if s.detached_or_claimed)
 
     def waiting(self) -> list[Session]:
         """The detached sessions still awaiting a resume (none being resumed or ending),
         longest-detached first."""
         return sorted((s for s in list(self.sessions.values())
-                       if s.detached and not (s.claimed or s.ended or s.released)),
+                       if s.detached_or_claimed and not (s.claimed or s.ended or s.released)),
                       key=lambda s: s.detached_at)
 
     # --- slots for newcomers (the engine's admission asks) -----------------------------
@@ -195,7 +195,7 @@ class Resumes:
         self.sessions.pop(token, None)
         digest = self.keys.pop(token, key_digest(None))
         self.owners.pop(token, None)
-        if session.detached:
+        if session.detached_or_claimed:
             self._count("expired")
         self.ended[token] = (session.ended or "the session ended", digest)
         while len(self.ended) > ENDED_KEPT:
@@ -229,10 +229,10 @@ class Resumes:
         if not session.replay.held(seq):
             reason = (f"the events after seq {seq} are no longer held "
                       f"(--max-replay-seconds {session.limits.max_replay_seconds:g})")
-            if session.detached:  # nobody can be made whole: end it
+            if session.detached_or_claimed:  # nobody can be made whole: end it
                 session.end_detached(reason)
             raise Refused(410, "session_expired", f"the session cannot be resumed: {reason}")
-        if not session.detached and not self.take_over(session):
+        if not session.detached_or_claimed and not self.take_over(session):
             raise Refused(409, "session_attached", "the session is attached to another "
                                                    "connection and cannot be taken now")
         session.claim()
@@ -246,7 +246,7 @@ class Resumes:
         stops reading and closes; the session is detached, ready to be claimed.
         ``False`` (nothing done) when there is no link to take or the server drains."""
         link = session.link
-        if (link is None or session.detached or session.released or session.claimed
+        if (link is None or session.detached_or_claimed or session.released or session.claimed
                 or session.resume_token is None or session.engine.admission.draining):
             return False
         link.supersede()
@@ -256,6 +256,6 @@ class Resumes:
 
     async def end_all(self, reason: str) -> None:
         """Release every detached session (the replica drains or stops)."""
-        for session in [s for s in self.sessions.values() if s.detached]:
+        for session in [s for s in self.sessions.values() if s.detached_or_claimed]:
             session.end_detached(reason)
             await session.release()

@@ -5,7 +5,7 @@ gap-free, per session, across transports: :meth:`ReplayLog.stamp`) and kept
 here while it may still be unacknowledged: a client that drops its
 connection and resumes with the last ``seq`` it read is sent every event
 after it (:meth:`ReplayLog.after`), in order. Events are kept as the text
-sent (:class:`~.messages.JsonText`, audio as its bytes), never as parsed
+sent (:class:`~..messages.JsonText`, audio as its bytes), never as parsed
 trees. The log is bounded: at most ``max_frames`` frames' events
 (``--max-replay-seconds``), ``max_bytes`` of them (``--max-replay-bytes``:
 a client's echoed items count at their size), and a cap on their count for
@@ -24,8 +24,8 @@ from collections import deque
 from dataclasses import replace
 from typing import NamedTuple
 
-from .messages import PLAYBACK, AudioOut, JsonOut, JsonText, Outgoing
-from .wire import dumps, new_id
+from ..messages import PLAYBACK, AudioOut, JsonOut, JsonText, Outgoing
+from ..wire import dumps, new_id
 
 # Events kept per frame of the bound (a frame makes a handful), plus this many more.
 EVENTS_PER_FRAME = 8

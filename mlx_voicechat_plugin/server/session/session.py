@@ -2,13 +2,15 @@
 
 A :class:`Session` runs on the event loop. It opens the engine session
 (:meth:`~Session.open_session`, with the typed options its dialect built:
-:mod:`.dialects.client_options`), hands audio to the bounded
-:class:`~.engine.feed.InputFeed`, queues markers behind it
-(:meth:`~Session.settle`, tool results) and is the engine's sink: once per
+:mod:`..dialects.client_options`), hands audio to the bounded
+:class:`~..engine.feed.InputFeed`, queues markers behind it
+(:meth:`~Session.settle`, tool results): dialects reach the engine only through
+its calls, each failure the client's error (``session_initialization_failed``,
+``server_busy``, ``inference_error``). It is the engine's sink: once per
 engine cycle it is handed how late the frames ran, their runtime events, a
 frame's error and its markers' replies (:meth:`~Session.on_handoff`), which its
-dialect (:attr:`~Session.dialect`, :mod:`.dialects`) turns into typed messages
-(:mod:`.messages`) for the attached :class:`Link` (a connection, over a
+dialect (:attr:`~Session.dialect`, :mod:`..dialects`) turns into typed messages
+(:mod:`..messages`) for the attached :class:`Link` (a connection, over a
 transport), numbered and kept a while (:mod:`.replay`). A resumable session
 outlives a link that dropped or that a resume takes (:mod:`.resume`), as one
 asked to (:meth:`~Session.outlives`): detached (:meth:`~Session.detach`: slot
@@ -22,23 +24,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
-from ..runtime.streaming import ContextLimit, TranscriptLimit
-from .engine.channel import Handoff
-from .engine.commands import Close, SessionDetails
-from .engine.feed import InputFeed
-from .engine.pace import FramePace
-from .engine.thread import Engine
-from .engine_side import EngineSide
+import numpy as np
+
+from ...runtime.options import ConversationOptions
+from ...runtime.pool import PoolFull
+from ...runtime.streaming import ContextLimit, TranscriptLimit
+from ...runtime.tool_failures import DEFAULT_MAX_RESULT_BYTES
+from ..engine.channel import Handoff
+from ..engine.commands import Close, OpenOptions, SessionDetails
+from ..engine.feed import InputFeed
+from ..engine.pace import FramePace
+from ..engine.thread import Engine
 from .lifecycle import Lifecycle, Stage, Tie
-from .limits import ServerLimits
+from ..limits import ServerLimits
 from .client_calls import ClientCalls
-from .mcp.session_tools import SessionTools
-from .messages import ClientNotReading, Hangup, Outgoing
-from .peers import Link, SessionDialect, Watcher
+from ..mcp.session_tools import SessionTools
+from ..messages import ClientNotReading, Hangup, Outgoing
+from .peers import Link, Watcher
 from .replay import ReplayLog
-from .wire import ErrorCode, new_session_id
+from ..wire import ErrorCode, ProtocolError, inference_error, init_failed, new_session_id
+
+if TYPE_CHECKING:  # the dialects sit above the session: named here for the types only
+    from ..dialects.base import Dialect
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +64,24 @@ def stream_full(exc: BaseException) -> bool:
     return isinstance(exc, ContextLimit) and not isinstance(exc, TranscriptLimit)
 
 
-class Session(EngineSide):
+def abandon(future: asyncio.Future) -> None:
+    """Take ``future``'s outcome, now or when it comes, for nobody: its caller left."""
+    def taken(done: asyncio.Future) -> None:
+        if not done.cancelled():
+            done.exception()
+
+    if future.done():
+        taken(future)
+    else:
+        future.add_done_callback(taken)
+
+
+class Session:
     """One client's session in the engine, with or without a transport attached."""
 
     def __init__(self, engine: Engine, limits: ServerLimits,
-                 dialect: "Callable[[Session, str], SessionDialect]", model_id: str):
-        """A new session, spoken in ``dialect`` (a :class:`~.dialects.base.Dialect` class,
+                 dialect: "Callable[[Session, str], Dialect]", model_id: str):
+        """A new session, spoken in ``dialect`` (a :class:`~..dialects.base.Dialect` class,
         built here for this session) serving ``model_id``."""
         self.engine = engine
         self.limits = limits
@@ -76,7 +97,7 @@ class Session(EngineSide):
         self.last_activity = self.connected_at  # last audio or successful request
         self._keep_alive: Callable[[], bool] | None = None  # while true, idle time stops
         # One thing acts on the session at a time: a client message, a timer's step.
-        self.turn = asyncio.Lock()
+        self.acting = asyncio.Lock()
         # Resolves with the exception that ends the conversation (a client not
         # reading, a full stream): the connection raises it at its next wait.
         self.halted: asyncio.Future = self.event_loop.create_future()
@@ -100,32 +121,33 @@ class Session(EngineSide):
         self._expiry: asyncio.Task | None = None  # a detached session's deadline
         self.server_tools: SessionTools | None = None  # the tools the server runs (MCP)
         self.client_calls = ClientCalls(self, limits.tool_timeout)  # the tools the client runs
-        self.dialect: SessionDialect = dialect(self, model_id)
+        self.dialect: "Dialect" = dialect(self, model_id)
 
     # --- its states, read (moved only by the methods below) ----------------------------
 
     @property
-    def open(self) -> bool:
-        """The engine may hold its stream (opening, open): a release closes it."""
+    def opening_or_open(self) -> bool:
+        """Stage OPENING or OPEN: the engine may hold its stream, a release closes it."""
         return self.life.stage in (Stage.OPENING, Stage.OPEN)
 
     @property
-    def configured(self) -> bool:
-        """The engine holds its open stream (a completed ``session.update``)."""
+    def is_open(self) -> bool:
+        """Stage OPEN: the engine holds its open stream (a completed ``session.update``)."""
         return self.life.stage is Stage.OPEN
 
     @property
-    def detached(self) -> bool:
-        """Its transport ended and it awaits a resume (being claimed or not)."""
+    def detached_or_claimed(self) -> bool:
+        """Tie DETACHED or CLAIMED: its transport ended and it awaits a resume."""
         return self.life.tie in (Tie.DETACHED, Tie.CLAIMED)
 
     @property
     def claimed(self) -> bool:
-        """A resume of it is being accepted: another is refused."""
+        """Tie CLAIMED: a resume of it is being accepted, another is refused."""
         return self.life.tie is Tie.CLAIMED
 
     @property
     def released(self) -> bool:
+        """Tie RELEASED: ended, no transport will carry it again."""
         return self.life.tie is Tie.RELEASED
 
     # --- what its makers ask of it, once -------------------------------------------------
@@ -143,6 +165,142 @@ class Session(EngineSide):
     def keep_alive_while(self, busy: Callable[[], bool]) -> None:
         """While ``busy()`` (a GA response owed), idle time does not count."""
         self._keep_alive = busy
+
+    # --- its calls into the engine (each failure the client's error) --------------------
+
+    async def open_session(self, options: OpenOptions) -> SessionDetails:
+        """Open the engine session (closing one opened before), watching the transport
+        while its prompt prefills; a failure is ``session_initialization_failed``."""
+        if self.life.stage in (Stage.CLOSING, Stage.CLOSED):  # its client left meanwhile
+            raise init_failed("the session is closing")
+        if self.server_tools is not None:  # the server's tools beside the session's
+            options = self.server_tools.offer(options)
+        if self.opening_or_open:  # opened before: closed, to be opened again
+            self.client_calls.forget()
+            self.life.move_engine(Stage.NEW)
+            await self.engine.close(self.session_id)
+        if self.slot_pending:  # admitted while only detached sessions held the slots
+            admission = self.engine.admission
+            if not await admission.reserve(self.session_id):
+                raise ProtocolError(ErrorCode.SERVER_BUSY, admission.refusal)
+            self.slot_pending = False
+        self.event_loop, self.frames_run = asyncio.get_running_loop(), 0
+        self.received_at_open = self.samples_received
+        opening = self.engine.open(self.session_id, options, self)
+        self.life.move_engine(Stage.OPENING)  # the engine may hold a stream: release closes it
+        try:
+            await (self.link.watch(opening) if self.link is not None
+                   else self.wait_opening(opening))
+        except BaseException:
+            # The client left (or the task was cancelled) while it opened: the open's
+            # outcome (a stopped prefill's PrefillCancelled) is ours to take, not the
+            # garbage collector's to log as never retrieved.
+            abandon(opening)
+            raise
+        try:
+            details = opening.result()
+        except PoolFull as exc:  # its reservation does not fit --max-state-bytes
+            raise ProtocolError(ErrorCode.SERVER_BUSY, str(exc)) from None
+        except Exception as exc:
+            raise init_failed(str(exc)) from None
+        if self.life.stage is not Stage.OPENING:  # let go meanwhile: its close is queued
+            raise init_failed("the session was closed while it opened")
+        self.life.move_engine(Stage.OPEN)
+        self.tools_set = isinstance(options, ConversationOptions) and options.tools is not None
+        self.details = details
+        return details
+
+    async def wait_opening(self, opening: asyncio.Future) -> None:
+        """Wait for the engine to open the session with no transport: its prefill is
+        stopped at the wall-clock cap."""
+        remaining = self.connected_at + self.limits.max_session_wall_seconds - time.monotonic()
+        done, _ = await asyncio.wait({opening}, timeout=max(remaining, 0))
+        if not done:
+            self.engine.abort(self.session_id)
+            await asyncio.wait({opening})
+
+    async def feed_audio(self, samples: np.ndarray, sent: int | None = None) -> None:
+        """Client audio at the session's input rate, queued (not awaited: its frames run
+        in batched steps with the other sessions' and their events come back in order);
+        the session counts as active. ``sent``: the samples the client sent for it, at
+        the rate it sends (by default ``samples`` themselves), counted here, once, in
+        :attr:`samples_received` (a resume's figure, NVIDIA's ``session.end``)."""
+        self.samples_received += samples.shape[0] if sent is None else sent
+        if not samples.shape[0]:
+            return
+        self.active()
+        await self.input_feed().append(samples)
+
+    @property
+    def heard_since_open(self) -> bool:
+        """Whether the engine stream took input since it opened: client audio, or frames
+        run (the server's silence too)."""
+        return self.frames_run > 0 or self.samples_received > self.received_at_open
+
+    def input_feed(self) -> InputFeed:
+        """The session's bounded input queue (``--max-buffered-seconds``)."""
+        if self.feed is None:
+            bound = self.limits.buffered_samples(self.details.input_sample_rate,
+                                                 self.details.frame_samples)
+            self.feed = InputFeed(self.engine, self.session_id, bound, self)
+            if self.halted.done():
+                self.feed.halt(self.halted.result())
+        return self.feed
+
+    async def settle(self) -> None:
+        """Wait until the audio queued so far has run and its events went out: what
+        the client sends besides audio is answered in order, after them."""
+        if self.feed is not None:
+            await self.engine_call(self.engine.sync(self.session_id))
+
+    async def tool_output(self, call_id: str, output: str) -> None:
+        """A tool result: its tokens enter the timeline at the next frames. One over the
+        result bound reaches the model as a ``too_large`` failure and is the client's
+        ``tool_call_failed``; one after its call timed out is refused."""
+        if not self.tools_set:
+            raise ProtocolError(ErrorCode.TOOLS_NOT_SET,
+                                "function_call_output needs tools registered in session.update")
+        if self.server_tools is not None and self.server_tools.runs(call_id):
+            raise ProtocolError(ErrorCode.INVALID_REQUEST,
+                                f"tool call {call_id} is run by the server; it takes no "
+                                "function_call_output")
+        max_bytes = (self.server_tools.manager.max_result_bytes if self.server_tools is not None
+                     else DEFAULT_MAX_RESULT_BYTES)
+        output, failure = self.client_calls.answer(call_id, output, max_bytes)
+        try:
+            await self.engine.tool_result(self.session_id, call_id, output)
+        except ValueError as exc:  # unknown / answered call_id, non-ASCII output
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        except Exception as exc:
+            raise inference_error(exc) from None
+        if failure is not None:
+            raise ProtocolError(ErrorCode.TOOL_CALL_FAILED, f"tool call {call_id}: {failure}")
+
+    async def flush(self, pad_partial: bool = True) -> list:
+        """Run the audio queued so far (the partial frame padded, if asked) and end the
+        turn; its runtime events (an engine failure is the client's ``inference_error``)."""
+        return await self.engine_call(self.engine.flush(self.session_id, pad_partial))
+
+    async def cancel(self) -> list:
+        """Drop the audio queued and cancel the response; its runtime events."""
+        return await self.engine_call(self.engine.cancel(self.session_id))
+
+    async def push(self, samples: np.ndarray) -> None:
+        """One frame of server-made input (silence), queued behind the client's audio;
+        waits for it to run (its events come as any frame's)."""
+        await self.engine_call(self.engine.push(self.session_id, samples))
+
+    @property
+    def client_metrics(self) -> Any:
+        """The engine's per-client figures (``/metrics``), or ``None``."""
+        return getattr(self.engine.metrics, "clients", None)
+
+    async def engine_call(self, call: Any) -> Any:
+        """Await an engine command; its failure is the client's ``inference_error``."""
+        try:
+            return await call
+        except Exception as exc:
+            raise inference_error(exc) from None
 
     # --- the engine's hand-offs (on the loop) ------------------------------------------
 
@@ -294,7 +452,7 @@ class Session(EngineSide):
         wall = (self.connected_at + self.limits.max_session_wall_seconds,
                 f"session open for {self.limits.max_session_wall_seconds:g} s "
                 "(--max-session-wall-seconds)")
-        if not self.configured:
+        if not self.is_open:
             due = (self.connected_at + self.limits.update_timeout,
                    f"session.update not received within {self.limits.update_timeout:g} s")
         else:
@@ -320,7 +478,7 @@ class Session(EngineSide):
             self.halted.set_result(exc)
         if self.feed is not None:
             self.feed.halt(exc)
-        if self.detached:
+        if self.detached_or_claimed:
             self.end_detached(str(exc) or type(exc).__name__)
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task:
@@ -335,18 +493,18 @@ class Session(EngineSide):
         """The transport ended while the engine session opens (its prefill is being
         stopped): the slot is free at once for whoever connects meanwhile; the engine
         runs its commands in order, so the newcomer's open follows this one's end."""
-        self.engine.admission.release(self.session_id)
+        self.engine.admission.free(self.session_id)
 
     def let_go(self) -> None:
         """Queue the engine's close (cancelling unflushed audio), then free the slot, now:
         the engine runs its commands in order, so a client reconnecting at once is admitted
         and its session opens after this one is gone. Safe to call again."""
-        if self.open:
+        if self.opening_or_open:
             if self.life.stage is Stage.OPENING:  # its prefill stops between positions
                 self.engine.abort(self.session_id)
             self.life.move_engine(Stage.CLOSING)
             self.closing = self.engine.submit(Close(self.session_id))
-        self.engine.admission.release(self.session_id)
+        self.engine.admission.free(self.session_id)
 
     async def release(self) -> None:
         """:meth:`let_go`, stop the session's timers, then wait for the engine to have
