@@ -287,21 +287,21 @@ def test_one_clients_megabyte_messages_never_hold_the_loop_past_200_ms(server):
     assert max(lags) < 0.2, f"the loop stalled {max(lags) * 1000:.0f} ms"
 
 
-ATTACK_WINDOWS = 5  # each between two quiet ones
-WINDOW_SECONDS = 2.0
+ATTACK_WINDOWS = 8  # each between two quiet ones
+WINDOW_SECONDS = 1.5
 
 
 def test_one_clients_megabyte_messages_add_under_200_ms_to_a_victims_worst_audio_gap(process):
     """Finding 4, as the acceptance says it: another session's audio stalled up to 1.8 s
     while a client sent 1 MiB messages of empty objects. A victim streams 80 ms frames in
-    real time to ``serve`` (its own process) while, in 2 s windows that alternate, an
+    real time to ``serve`` (its own process) while, in 1.5 s windows that alternate, an
     attacker process sends such messages with permessage-deflate, each as soon as the
     last is answered, or sends nothing. On a shared machine a quiet window's worst gap
     between two audio deltas alone ranges from under 100 ms to over 1 s, so the windows
     the machine disturbed least are compared: the least-disturbed attack window's worst
     gap is under 200 ms above the least-disturbed quiet window's. A loop held by each
     message (0.65 s and more before the fix) shows in every attack window; the machine's
-    noise would have to hit all five to fail the rule (``bench.victim_gap`` measures it
+    noise would have to hit all eight to fail the rule (``bench.victim_gap`` measures it
     with more attackers and windows)."""
     attacker = Attacker(process.ws(GA), API_KEY, "deflate")
     try:
