@@ -10,11 +10,12 @@ attacker sending), then each attack followed by a quiet one. An attack is one
 or more attacker connections on the GA route, each in its own process, sending
 ``conversation.item.create`` messages of about 340,000 empty objects (just
 under the 1 MiB message limit; ~1 KiB on the wire with permessage-deflate) in
-a loop, each waiting for its answer: with the server's key (plain, then
-deflate), with an ephemeral key minted from it (deflate), then all three at
-once (each attacker's first message, the server's first parse of one, is sent
-before the windows). An attack's window ends once its attackers' last messages
-are answered; the ``--settle-seconds`` after it count in no window.
+a loop, each waiting for its answer (``--attacks``): with the server's key
+(``plain``, then ``deflate``), with an ephemeral key minted from it
+(``ephemeral``, deflate), then ``all`` three at once. Each attacker's first
+message (the server's first parse of one) is sent before the windows. An
+attack's window ends once its attackers' last messages are answered; the
+``--settle-seconds`` after it count in no window.
 
 Per window it prints the victim's largest and p99 gap between consecutive
 audio deltas (by the later delta's arrival), its largest and p99 lateness
@@ -57,10 +58,10 @@ EMPTIES = 340_000  # empty objects in a message just under the 1 MiB limit
 # Attacks: (key, compression) of each attacker connection; "ephemeral" is a key
 # minted from the server's (POST .../client_secrets).
 ATTACKS: dict[str, list[tuple[str, str | None]]] = {
-    "same key, plain": [("server", None)],
-    "same key, deflate": [("server", "deflate")],
-    "ephemeral key, deflate": [("ephemeral", "deflate")],
-    "all three at once": [("server", None), ("server", "deflate"), ("ephemeral", "deflate")],
+    "plain": [("server", None)],
+    "deflate": [("server", "deflate")],
+    "ephemeral": [("ephemeral", "deflate")],
+    "all": [("server", None), ("server", "deflate"), ("ephemeral", "deflate")],
 }
 QUIET = "quiet"
 FLOOD_ID = "item_flood"
@@ -321,7 +322,7 @@ def added_to_worst_gap(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, fl
 
 
 def describe(row: dict[str, Any]) -> str:
-    return (f"{row['window']:>24}: gap max/p99 {row['gap_max_ms']:7.1f}/"
+    return (f"{row['window']:>9}: gap max/p99 {row['gap_max_ms']:7.1f}/"
             f"{row['gap_p99_ms']:6.1f} ms, "
             f"lateness max/p99 {row['late_max_ms']:7.1f}/{row['late_p99_ms']:6.1f} ms, "
             f"/health max {row['health_max_ms']:7.1f} ms, {row['deltas']} deltas in "
@@ -332,12 +333,14 @@ def describe(row: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.victim_gap", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--window-seconds", type=float, default=4.0)
+    parser.add_argument("--window-seconds", type=float, default=4.0,
+                        help="each window's length (default %(default)s)")
     parser.add_argument("--settle-seconds", type=float, default=0.5,
                         help="after an attack, time that counts in no window (default "
                              "%(default)s)")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="times every attack (and the quiet window after it) runs")
+                        help="times every attack (and the quiet window after it) runs "
+                             "(default %(default)s)")
     parser.add_argument("--attacks", nargs="+", choices=list(ATTACKS), default=list(ATTACKS))
     parser.add_argument("--interval", type=float, default=0.0,
                         help="an attacker's messages start this many seconds apart at the "
