@@ -63,6 +63,7 @@ class StreamFigures:
     updated_s: float = float("nan")
     first_audio_s: float = float("nan")
     lateness_s: list[float] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # each audio delta's (perf_counter)
     frames_sent: int = 0
     audio_frames: int = 0
     commit_to_done_s: float = float("nan")
@@ -115,7 +116,9 @@ def send_times(mode: str, frames: int, t0: float, burst: int) -> list[float]:
 
 
 def run_stream(url: str, audio: np.ndarray, headers: dict[str, str], start: Start,
-               offset_s: float, mode: str = "paced", burst: int = 10) -> StreamFigures:
+               offset_s: float, mode: str = "paced", burst: int = 10,
+               until: threading.Event | None = None) -> StreamFigures:
+    """One stream's figures; it stops sending early (then commits) once ``until`` is set."""
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
@@ -154,6 +157,8 @@ def run_stream(url: str, audio: np.ndarray, headers: dict[str, str], start: Star
             t0 = start.wait() + offset_s
             for k, (frame, when) in enumerate(zip(frames, send_times(mode, len(frames), t0,
                                                                      burst))):
+                if until is not None and until.is_set():
+                    break
                 delay = when - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
@@ -173,6 +178,7 @@ def run_stream(url: str, audio: np.ndarray, headers: dict[str, str], start: Star
             start.wait()
     audio_events = [(t, e) for t, e in received if e.get("type") == "response.audio.delta"]
     figures.audio_frames = len(audio_events)
+    figures.arrivals = [t for t, _ in audio_events]
     if audio_events:
         figures.first_audio_s = audio_events[0][0] - figures.started
     done = [t for t, e in received if e.get("type") == "response.done"]
