@@ -481,3 +481,23 @@ def test_an_sdp_offer_with_repeated_m_sections_is_a_400(server, copies):
                           headers={**AUTH, "Content-Type": "application/sdp"}, timeout=60)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "sdp"
+
+
+def test_a_message_past_the_values_bound_is_refused_before_it_is_parsed(monkeypatch):
+    """Three attackers' 1 MiB messages of ``{}`` held the interpreter's lock a tenth of a
+    second each while parsed, counted and freed: one past the bound by its commas alone
+    (outside strings) is refused unparsed; commas inside strings do not count."""
+    from types import SimpleNamespace
+
+    from mlx_voicechat_plugin.server import wire
+
+    parsed: list[int] = []
+    monkeypatch.setattr(wire, "json", SimpleNamespace(
+        loads=lambda text: parsed.append(len(text)) or json.loads(text)))
+    flood = json.dumps({"type": "conversation.item.create", "item": {"content": [{}] * 340_000}})
+    with pytest.raises(Exception, match="20000 JSON values"):
+        wire.load_object(flood)
+    assert parsed == []
+    prose = json.dumps({"type": "session.update", "session": {"instructions": "a, " * 30_000}})
+    assert wire.load_object(prose)["session"]["instructions"].startswith("a, ")
+    assert parsed == [len(prose)]
