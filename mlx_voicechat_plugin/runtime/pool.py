@@ -195,9 +195,11 @@ class StreamPool:
         if reason is not None:
             raise PoolFull(reason)
         if isinstance(options, ConversationOptions):
-            stream = self.voicechat.create_streaming_session(options=options, defer_start=True)
+            stream = self.voicechat.create_streaming_session(options=options, defer_start=True,
+                                                             framed_by_caller=True)
         else:
-            stream = self.voicechat.create_transcription_stream(options=options)
+            stream = self.voicechat.create_transcription_stream(options=options,
+                                                                framed_by_caller=True)
         self.sessions[session_id] = stream
         try:
             self._reserve(session_id, stream, options)
