@@ -157,7 +157,7 @@ def test_admission_and_the_pool_keep_one_ledger(voicechat):
     ledger = ReservationLedger()
     pool = StreamPool(voicechat, max_sessions=2, max_state_bytes=10**9,
                        default_options=options, ledger=ledger)
-    admission, least = Admission(2, 10**9, ledger, Refused()), pool.least_reservation()
+    admission, least = Admission(ledger, Refused()), pool.least_reservation()
     assert admission.try_reserve("a") and ledger.committed_bytes() == least  # not open yet
     pool.open("a", ConversationOptions(context_seconds=WINDOW, system_prompt="Hi."))
     assert ledger.committed_bytes() == pool.reserved["a"] > least  # its own reservation

@@ -112,9 +112,9 @@ def test_a_draining_replica_reports_drain_and_no_capacity():
     assert (read["health"], read["admin"], read["maxconn"]) == (None, "drain", None)
 
 
-def open_session_ledger() -> ReservationLedger:
+def open_session_ledger(max_sessions: int = 3) -> ReservationLedger:
     """One open session reserving 40 bytes of state; a new one reserves at least 40."""
-    ledger = ReservationLedger()
+    ledger = ReservationLedger(max_sessions)
     ledger.reserved["open"], ledger.least, ledger.state_bytes = 40, 40, 10
     return ledger
 
@@ -125,12 +125,12 @@ class NoCounter:
 
 
 def test_free_slots_count_the_slots_and_none_at_the_state_budget():
-    admission = Admission(3, None, open_session_ledger(), NoCounter())
+    admission = Admission(open_session_ledger(), NoCounter())
     assert admission.try_reserve("open")
     assert admission.free_slots() == 2
-    admission.max_state_bytes = 100  # room for one more reservation of 40
+    admission.ledger.bound(3, 100)  # room for one more reservation of 40
     assert admission.free_slots() == 1
-    admission.max_state_bytes = 40  # the open session's reservation is the whole budget
+    admission.ledger.bound(3, 40)  # the open session's reservation is the whole budget
     assert admission.free_slots() == 0
 
 
@@ -318,7 +318,7 @@ class FakeEngine:
     ready, running, load_error = True, True, None
 
     def __init__(self) -> None:
-        self.admission = Admission(self.max_sessions, None, open_session_ledger(), NoCounter())
+        self.admission = Admission(open_session_ledger(self.max_sessions), NoCounter())
         self.admission.try_reserve("open")
 
 

@@ -290,6 +290,22 @@ def test_one_sessions_bad_input_fails_only_that_session(voicechat):
     pool.close_all()
 
 
+def test_a_pool_session_holds_no_framer_its_caller_frames_and_hands_the_partial(voicechat):
+    from mlx_voicechat_plugin.runtime.options import TranscriptionOptions
+
+    pool = StreamPool(voicechat, max_sessions=2)
+    talk, text = pool.open("talk"), pool.open("text", TranscriptionOptions())
+    assert talk.framer is None and text.framer is None  # the server's channel holds the one
+    with pytest.raises(RuntimeError, match="handed whole frames"):
+        talk.push_audio(np.zeros(FRAME, np.float32))
+    pool.step({"talk": question_signal(0.08)})
+    assert pool.state_bytes == talk.nbytes + text.nbytes  # state only: no PCM of its own
+    padded = pool.flush("talk", partial=question_signal(0.08)[: FRAME // 2])
+    assert padded[-1].frame_index == 2  # the partial frame ran, zero-padded
+    assert pool.flush("text")[-1].frame_index == 0  # no partial: none runs
+    pool.close_all()
+
+
 def test_slots_and_state_budget_refuse_clearly_and_free_on_close(voicechat):
     pool = StreamPool(voicechat, max_sessions=2)
     pool.open("one")

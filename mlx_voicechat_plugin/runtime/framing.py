@@ -9,10 +9,11 @@ PCM before the first marker; a marker is due once no whole frame can be cut
 before it, and the partial frame before it stays (the samples after the
 marker complete it) unless :meth:`Framer.take_partial` takes it.
 
-:class:`~.streaming.StreamingShell` frames what ``push_audio`` is given with
-one; the server's session channel (:mod:`..server.engine.channel`) frames a
-client's appends with another and hands the stream whole frames. A framer is
-driven from one thread.
+A stream has exactly one: a :class:`~.streaming.StreamingShell` of its own
+frames what ``push_audio`` is given with its framer; a pool's stream has none,
+and the server's session channel (:mod:`..server.engine.channel`) frames the
+client's appends with the one it holds and hands the stream whole frames. A
+framer is driven from one thread.
 """
 
 from __future__ import annotations

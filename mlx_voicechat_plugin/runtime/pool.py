@@ -42,7 +42,7 @@ from .events import Event
 from .compute import TimelineBatch
 from .hearing import HearingBatch
 from .ledger import ReservationLedger
-from .options import ConversationOptions, TranscriptionOptions, check_positive_int
+from .options import ConversationOptions, TranscriptionOptions
 from .reservation import Reservations
 from .streaming import StreamingShell, step_cores
 from .timeline import PrefillCancelled
@@ -52,32 +52,6 @@ logger = logging.getLogger(__name__)
 
 class PoolFull(RuntimeError):
     """No slot (``max_sessions``) or no state budget (``max_state_bytes``) is left."""
-
-
-def check_budgets(max_sessions: int, max_state_bytes: int | None) -> None:
-    check_positive_int(max_sessions, "max_sessions")
-    if max_state_bytes is not None:
-        check_positive_int(max_state_bytes, "max_state_bytes")
-
-
-def admission_error(in_use: int, max_sessions: int, state_bytes: int,
-                    max_state_bytes: int | None, next_bytes: int = 0) -> str | None:
-    """Why one more session would be refused (``in_use`` slots taken), or ``None``.
-
-    ``state_bytes`` is what the open sessions reserve (:mod:`.reservation`; their
-    worst case, which their measured state never passes), ``next_bytes`` the least
-    a new session reserves.
-    """
-    if in_use >= max_sessions:
-        if max_sessions == 1:
-            return "another realtime VoiceChat session is already active"
-        return (f"all {max_sessions} realtime session slots are in use "
-                f"(--max-sessions {max_sessions})")
-    if max_state_bytes is not None and (state_bytes >= max_state_bytes
-                                        or state_bytes + next_bytes > max_state_bytes):
-        return (f"sessions reserve {state_bytes} bytes of state; one more needs {next_bytes} "
-                f"and the --max-state-bytes budget is {max_state_bytes}")
-    return None
 
 
 @dataclass
@@ -104,11 +78,10 @@ class StreamPool:
         """``default_options``: what a session gets when its client asks for nothing (the
         server's bounds), the least a new session reserves at admission. ``ledger``: where
         the reservations are kept (a server's admission reads the same one)."""
-        check_budgets(max_sessions, max_state_bytes)
+        self.ledger = ledger or ReservationLedger()
+        self.ledger.bound(max_sessions, max_state_bytes)  # admission's bounds are the pool's
         self.default_options = default_options or ConversationOptions()
         self.voicechat = voicechat
-        self.max_sessions = max_sessions
-        self.max_state_bytes = max_state_bytes
         self.sessions: dict[str, StreamingShell] = {}
         # The stepping conversations' timelines and codec states, merged while the same
         # ones step.
@@ -120,7 +93,6 @@ class StreamPool:
         self._state_bytes = 0
         self._stale = False
         self.reservations = Reservations(voicechat)
-        self.ledger = ledger or ReservationLedger()
         self.reserved = self.ledger.reserved  # session -> its worst-case state bytes
         # Measured and computed now, not at the first open (nor on another thread).
         self._least = self.ledger.least = (0 if max_state_bytes is None
@@ -144,9 +116,8 @@ class StreamPool:
         return self._least
 
     def admission_error(self) -> str | None:
-        """Why one more session would be refused now, or ``None``."""
-        return admission_error(len(self.sessions), self.max_sessions, self.reserved_bytes,
-                               self.max_state_bytes, self.least_reservation())
+        """Why one more session would be refused now (the ledger's rule), or ``None``."""
+        return self.ledger.refusal(len(self.sessions), self.reserved_bytes)
 
     @property
     def state_bytes(self) -> int:
@@ -195,9 +166,11 @@ class StreamPool:
         if reason is not None:
             raise PoolFull(reason)
         if isinstance(options, ConversationOptions):
-            stream = self.voicechat.create_streaming_session(options=options, defer_start=True)
+            stream = self.voicechat.create_streaming_session(options=options, defer_start=True,
+                                                             framed_by_caller=True)
         else:
-            stream = self.voicechat.create_transcription_stream(options=options)
+            stream = self.voicechat.create_transcription_stream(options=options,
+                                                                framed_by_caller=True)
         self.sessions[session_id] = stream
         try:
             self._reserve(session_id, stream, options)
@@ -216,17 +189,15 @@ class StreamPool:
                  options: ConversationOptions | TranscriptionOptions) -> None:
         """Reserve the new session's worst-case state (its prompt is known now, before
         its prefill); :class:`PoolFull` when it does not fit the budget."""
-        if self.max_state_bytes is None:
+        if self.ledger.max_state_bytes is None:
             return
         if isinstance(options, ConversationOptions):
             need = self.reservations.of(options, stream.core.shape.prompt)
         else:  # perception and the RNNT: a part of a conversation's fixed state
             need = self.reservations.fixed_bytes()
-        taken = self.reserved_bytes
-        if taken + need > self.max_state_bytes:
-            raise PoolFull(f"a new session reserves {need} bytes of state; with the "
-                           f"{taken} bytes the open sessions reserve that passes "
-                           f"--max-state-bytes {self.max_state_bytes}")
+        reason = self.ledger.refusal(len(self.sessions) - 1, self.reserved_bytes, need)
+        if reason is not None:  # the others' slots and reservations, and its own
+            raise PoolFull(reason)
         self.reserved[session_id] = need
 
     def get(self, session_id: str) -> StreamingShell:

@@ -1,12 +1,15 @@
 """The one streaming shell: PCM chunks of any size in, frames through a core, events out.
 
 :class:`StreamingShell` owns what every realtime stream does the same way: it
-cuts PCM into 1280-sample frames (keeping the partial one: its
-:class:`~.framing.Framer`, the one the server's channels use), bounds the
-buffered samples, the stream's length and its transcript
+bounds the stream's length and its transcript
 (:class:`~.options.StreamLimits`), zero-pads the partial frame at ``flush``,
 ends with ``Done`` or ``Cancelled`` and releases the state on every exit
-path. A frame is computed by its core, one of:
+path. A stream of its own also cuts the PCM ``push_audio`` is given into
+1280-sample frames (keeping the partial one, its buffered samples bounded)
+with a :class:`~.framing.Framer`; a stream framed by its caller (a
+:class:`~.pool.StreamPool`'s: the server's session channel holds the framer)
+has none and is handed whole frames, so every stream has exactly one framer.
+A frame is computed by its core, one of:
 
 - :class:`~.conversation.Conversation`: the full duplex conversation (every
   network advances one frame from persistent state,
@@ -93,7 +96,10 @@ class StreamingShell:
 
     text_only = False
 
-    def __init__(self, core: Core, options: StreamLimits, config: "ModelConfig"):
+    def __init__(self, core: Core, options: StreamLimits, config: "ModelConfig",
+                 framed_by_caller: bool = False):
+        """``framed_by_caller``: the caller cuts the frames and hands them over (a pool's
+        stream), so the stream holds no framer and ``push_audio`` is refused."""
         self.core = core
         self.options = options
         self.frame_samples = config.frame_samples
@@ -103,7 +109,8 @@ class StreamingShell:
             if options.max_streaming_seconds is None
             else int(options.max_streaming_seconds / config.frame_duration)
         )
-        self.framer = Framer(self.frame_samples)  # what push_audio is given, framed
+        # What push_audio is given, framed; None where the caller frames.
+        self.framer: Framer | None = None if framed_by_caller else Framer(self.frame_samples)
         self.closed = False
 
     @property
@@ -116,8 +123,8 @@ class StreamingShell:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the stream's state arrays (caches, carries, buffered PCM)."""
-        return self.core.compute.nbytes + self.framer.nbytes
+        """Bytes of the stream's state arrays (caches, carries, its own buffered PCM)."""
+        return self.core.compute.nbytes + (0 if self.framer is None else self.framer.nbytes)
 
     def start_steps(self) -> Iterator[int]:
         """A deferred start (a conversation's system-prompt prefill), one position per
@@ -160,6 +167,10 @@ class StreamingShell:
         raises before anything is buffered, and the stream stays usable.
         """
         self._check_open()
+        if self.framer is None:
+            raise RuntimeError("this stream is handed whole frames by its caller (a pool's "
+                               "session: StreamPool.step); push_audio is for a stream of its "
+                               "own (VoiceChat.create_streaming_session)")
         rate = self.sample_rate if sample_rate is None else sample_rate
         if rate != self.sample_rate:
             raise ValueError(f"sample_rate must be {self.sample_rate} Hz, got {rate}")
@@ -175,7 +186,8 @@ class StreamingShell:
 
     def drop_pending(self) -> None:
         """Forget buffered PCM (after :class:`ContextLimit`)."""
-        self.framer.clear()
+        if self.framer is not None:
+            self.framer.clear()
 
     def _frame(self, frame: np.ndarray) -> list[Event]:
         self.check_frame()
@@ -203,10 +215,12 @@ class StreamingShell:
     def flush(self, pad_partial: bool = True, partial: np.ndarray | None = None) -> list[Event]:
         """End the input: optionally zero-pad and run the partial frame, then the core's
         closing events and ``Done``; the stream is closed afterwards. The partial frame
-        is the framer's, or ``partial`` from a caller that framed the audio itself (its
-        own :class:`~.framing.Framer`, as the server's channels do)."""
+        is the stream's own framer's, or ``partial`` from a caller that framed the audio
+        itself (as the server's channels do; none: no partial frame)."""
         self._check_open()
-        if partial is None:
+        if self.framer is None:
+            partial = np.zeros((0,), np.float32) if partial is None else partial
+        elif partial is None:
             partial = self.framer.take_partial()
         elif self.framer.buffered:
             raise ValueError("flush(partial=...) is for a caller that framed its audio "
@@ -239,7 +253,7 @@ class StreamingShell:
         """Release every state array (the books stay readable)."""
         if not self.closed:
             self.closed = True
-            self.framer.clear()
+            self.drop_pending()
             self.core.close()
 
 
@@ -248,10 +262,11 @@ class ConversationStream(StreamingShell):
     :class:`~.conversation.Conversation`): every frame goes through the
     streaming encoder and the same conversation an offline turn runs."""
 
-    def __init__(self, parent: "VoiceChat", options: ConversationOptions, defer_start: bool = False):
+    def __init__(self, parent: "VoiceChat", options: ConversationOptions, defer_start: bool = False,
+                 framed_by_caller: bool = False):
         perception = parent.new_perception_stream(options.use_perception_cache)
         conversation = Conversation(parent, options, perception, defer_start)
-        super().__init__(conversation, options, parent.config)
+        super().__init__(conversation, options, parent.config, framed_by_caller)
         self.model = parent.model
         self.config = parent.config
 

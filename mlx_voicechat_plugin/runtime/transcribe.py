@@ -159,12 +159,12 @@ class Transcriber:
                 return done.value
 
     def create_stream(self, options: TranscriptionOptions | None = None,
-                      **kwargs: Any) -> "TranscriptionStream":
+                      framed_by_caller: bool = False, **kwargs: Any) -> "TranscriptionStream":
         if options is None:
             options = TranscriptionOptions(**kwargs)
         elif kwargs:
             raise TypeError("pass either TranscriptionOptions or keyword options, not both")
-        return TranscriptionStream(self.voicechat, options)
+        return TranscriptionStream(self.voicechat, options, framed_by_caller)
 
 
 class ListeningState(ListeningRow):
@@ -245,8 +245,10 @@ class TranscriptionStream(StreamingShell):
 
     text_only = True
 
-    def __init__(self, voicechat: "VoiceChat", options: TranscriptionOptions):
-        super().__init__(TranscriptCore(voicechat, options), options, voicechat.config)
+    def __init__(self, voicechat: "VoiceChat", options: TranscriptionOptions,
+                 framed_by_caller: bool = False):
+        super().__init__(TranscriptCore(voicechat, options), options, voicechat.config,
+                         framed_by_caller)
 
     @property
     def state(self) -> list[mx.array]:

@@ -144,19 +144,22 @@ class VoiceChat:
                                 self._encoder)
 
     def create_streaming_session(self, options: ConversationOptions | None = None,
-                                 defer_start: bool = False, **kwargs: Any):
+                                 defer_start: bool = False, framed_by_caller: bool = False,
+                                 **kwargs: Any):
         """A streaming session; ``defer_start``: its prompt prefill is left to
-        :meth:`~.streaming.StreamingShell.start_steps`."""
+        :meth:`~.streaming.StreamingShell.start_steps`; ``framed_by_caller``: it is handed
+        whole frames (a pool's session) and holds no framer."""
         from .streaming import ConversationStream
 
-        return ConversationStream(self, _options(options, kwargs), defer_start)
+        return ConversationStream(self, _options(options, kwargs), defer_start, framed_by_caller)
 
     def create_transcription_stream(self, options: TranscriptionOptions | None = None,
-                                    **kwargs: Any):
-        """A transcript-only stream (perception and the RNNT)."""
+                                    framed_by_caller: bool = False, **kwargs: Any):
+        """A transcript-only stream (perception and the RNNT); ``framed_by_caller`` as for
+        :meth:`create_streaming_session`."""
         from .transcribe import Transcriber
 
-        return Transcriber(self).create_stream(options, **kwargs)
+        return Transcriber(self).create_stream(options, framed_by_caller, **kwargs)
 
     # --- offline ---------------------------------------------------------------
 

@@ -1,17 +1,18 @@
-"""Who may open a realtime session now: the server's one admission rule, over the pool's ledger.
+"""Who may open a realtime session now: the ledger's one admission rule, at a connection's accept.
 
 A connection holds a slot from the moment it is accepted until it ends
 (:meth:`Admission.accept` / :meth:`Admission.free`, on every exit
 path), so a refusal comes at once, as ``server_busy`` / close 1013. A slot
 is refused while the replica drains (:mod:`.drain`), beyond
 ``--max-sessions``, or when the state committed would pass
-``--max-state-bytes``. Slots and reservations are kept in one record, the
+``--max-state-bytes``: :meth:`~..runtime.ledger.ReservationLedger.refusal`.
+Slots, reservations and the bounds are kept in one record, the
 :class:`~..runtime.ledger.ReservationLedger` the session pool writes the
 open sessions' reservations into (their worst-case state,
 :mod:`~..runtime.reservation`, never their current, growing size); a slot
 whose session has not reserved yet counts the least a session reserves.
-The pool checks a session's own reservation again when it opens, with its
-real options (:class:`~..runtime.pool.PoolFull`).
+The pool asks the same rule again when a session opens, with its real
+options (:class:`~..runtime.pool.PoolFull`).
 
 A session detached from its transport (awaiting a resume, :mod:`..session.resume`)
 keeps its slot only while no one else needs it: a reservation that finds
@@ -36,7 +37,6 @@ from enum import Enum
 from typing import Any, Protocol
 
 from ...runtime.ledger import ReservationLedger
-from ...runtime.pool import admission_error
 
 # Loop passes a connection that finds the server full waits for a session whose client
 # has just left to let its slot go (:meth:`Admission.reserve`): a close or reset reaches
@@ -65,14 +65,10 @@ class Reclaimer(Protocol):
 
 
 class Admission:
-    """Realtime session slots under ``max_sessions`` and ``max_state_bytes``, held in
-    ``ledger`` (the one the engine's session pool is given); ``refused`` counts the
-    refusals."""
+    """Realtime session slots held in ``ledger`` (the one the engine's session pool is
+    given), within its bounds; ``refused`` counts the refusals."""
 
-    def __init__(self, max_sessions: int, max_state_bytes: int | None,
-                 ledger: ReservationLedger, refused: Any):
-        self.max_sessions = max_sessions
-        self.max_state_bytes = max_state_bytes
+    def __init__(self, ledger: ReservationLedger, refused: Any):
         self.ledger = ledger
         self._refused = refused
         self.refusal = ""  # why the last reservation was refused
@@ -113,9 +109,8 @@ class Admission:
         ledger = self.ledger
         while True:
             with ledger.lock:
-                reason = DRAINING if self.draining else admission_error(
-                    len(ledger.slots), self.max_sessions, ledger.committed_bytes(),
-                    self.max_state_bytes, ledger.least)
+                reason = DRAINING if self.draining else ledger.refusal(
+                    len(ledger.slots), ledger.committed_bytes())
                 if reason is None:
                     ledger.slots.add(session_id)
                     return True
@@ -160,9 +155,6 @@ class Admission:
         """Sessions :meth:`try_reserve` would admit now, by the same rule (draining aside):
         the detached sessions' slots and reservations count as free."""
         detached = self.reclaimable_sessions()
-        free = self.max_sessions - self.sessions_in_use + len(detached)
-        if self.max_state_bytes is not None:
-            room = self.max_state_bytes - self.ledger.committed_bytes(free=set(detached))
-            least = self.ledger.least
-            free = min(free, room // least) if least > 0 else (free if room > 0 else 0)
-        return max(free, 0)
+        ledger = self.ledger
+        return ledger.admissible(self.sessions_in_use - len(detached),
+                                 ledger.committed_bytes(free=set(detached)))

@@ -79,12 +79,11 @@ class Engine:
         default); the default loader plans against it and, once loaded,
         ``max_sessions`` and ``max_state_bytes`` are fitted to what it leaves
         (:func:`~...budget.fit_sessions`)."""
-        # The bounds are checked once, by ServerLimits (the server) or StreamPool.
+        # Slots, reservations and their bounds (checked there): admission's and the pool's.
+        self.ledger = ReservationLedger(max_sessions, max_state_bytes)
         self.batch_wait = float(batch_wait)  # the collection deadline of a step
         self.batch_fill = batch_fill  # stretch it to fill batches once sessions need batching
         self.step_costs = StepCosts()  # measured step seconds by batch size (warm-up and live)
-        self.max_sessions = max_sessions
-        self.max_state_bytes = max_state_bytes
         self.session_defaults = session_defaults  # a session's options when its client sets none
         self.pool: StreamPool | None = None
         self.metrics = EngineMetrics(max_sessions)
@@ -97,9 +96,7 @@ class Engine:
         self.loaded = threading.Event()
         self._commands: queue.Queue[Command | None] = queue.Queue()
         self._aborts: dict[str, threading.Event] = {}  # session -> stop its prefill
-        self.ledger = ReservationLedger()  # slots and reservations: admission's and the pool's
-        self.admission = Admission(max_sessions, max_state_bytes, self.ledger,
-                                   self.metrics.refused)
+        self.admission = Admission(self.ledger, self.metrics.refused)
         self._jobs = JobQueue()  # engine thread only
         self.transcriptions = JobCounter()  # admitted file transcriptions not yet finished
         self.metrics.transcriptions_in_flight.set_function(lambda: self.transcriptions.in_flight)
@@ -109,6 +106,16 @@ class Engine:
         self.warm_batch_sizes: tuple[int, ...] = ()  # compiled at start-up
         self._thread = threading.Thread(target=self._run, name="mlx-voicechat-engine",
                                         daemon=True)
+
+    @property
+    def max_sessions(self) -> int:
+        """``--max-sessions``, fitted to memory at load (the ledger's bound)."""
+        return self.ledger.max_sessions
+
+    @property
+    def max_state_bytes(self) -> int | None:
+        """``--max-state-bytes``, fitted to memory at load (the ledger's bound)."""
+        return self.ledger.max_state_bytes
 
     # --- lifecycle ------------------------------------------------------
 
@@ -231,6 +238,7 @@ class Engine:
             self._fit_to_memory()
             self.pool = StreamPool(self.voicechat, self.max_sessions, self.max_state_bytes,
                                     self.session_defaults, self.ledger)
+            self._report_admission()
             self.metrics.watch_reserved(lambda: self.admission.reserved_bytes)
             if self.prompt_cache_bytes is not None:
                 self.voicechat.prompt_cache = PromptCache(self.prompt_cache_bytes)
@@ -257,9 +265,19 @@ class Engine:
 
         sessions, state, line = fit_sessions(plan, self.max_sessions, self.max_state_bytes)
         (logger.warning if sessions < self.max_sessions else logger.info)("%s", line)
-        self.max_sessions = self.admission.max_sessions = sessions
-        self.max_state_bytes = self.admission.max_state_bytes = state
+        self.ledger.bound(sessions, state)
         self.metrics.capacity.set(sessions)
+
+    def _report_admission(self) -> None:
+        """Say how many sessions with the default options the bounds admit (the ledger's
+        rule on an empty server), and warn when none is."""
+        admitted = self.ledger.admissible(0, 0)
+        if admitted == 0:
+            logger.warning("no realtime session will be admitted: %s",
+                           self.ledger.refusal(0, 0))
+        else:
+            logger.info("the bounds admit %d realtime session(s) with the default options "
+                        "(each reserving %d bytes of state)", admitted, self.ledger.least)
 
     def _serve(self) -> None:
         frame_seconds = self.config.frame_duration if self.voicechat is not None else 0.08
