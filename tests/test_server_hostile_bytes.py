@@ -501,3 +501,35 @@ def test_a_message_past_the_values_bound_is_refused_before_it_is_parsed(monkeypa
     prose = json.dumps({"type": "session.update", "session": {"instructions": "a, " * 30_000}})
     assert wire.load_object(prose)["session"]["instructions"].startswith("a, ")
     assert parsed == [len(prose)]
+
+
+def test_a_connection_is_read_no_faster_than_its_rate_past_the_burst():
+    """A client sending megabyte messages back to back is read at the rate, not refused:
+    past the burst, each frame waits until the budget has refilled."""
+    from mlx_voicechat_plugin.server.transport.websocket import ReadRate, WebSocketTransport
+
+    class Socket:
+        async def receive(self):
+            return {"type": "websocket.receive", "text": "x" * MIB}
+
+    rate = 16 * MIB
+    transport = WebSocketTransport(Socket(), 8, 1.0, max_pending_bytes=MIB,
+                                   read_rate=ReadRate(rate, 2 * MIB))
+
+    async def read(frames: int) -> float:
+        started = time.monotonic()
+        for _ in range(frames):
+            assert len(await transport.receive()) == MIB
+        return time.monotonic() - started
+
+    assert asyncio.run(read(10)) >= (10 - 2) * MIB / rate * 0.95
+
+
+def test_the_read_rate_is_a_serve_flag_with_its_default():
+    from mlx_voicechat_plugin.cli.serve import build_parser
+
+    assert ServerLimits().max_read_bytes_per_second == 2 * MIB
+    args = build_parser().parse_args(["-m", "ckpt", "--max-read-bytes-per-second", "4096"])
+    assert args.max_read_bytes_per_second == 4096
+    with pytest.raises(ValueError, match="max_read_bytes_per_second"):
+        ServerLimits(max_read_bytes_per_second=0)

@@ -224,6 +224,12 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                         help="bytes of unsent events (as sent) a connection may queue before "
                              "it is closed (1008, 'client is not reading'); a resume's replay "
                              f"is not counted (default: {defaults.max_pending_bytes // MIB} MiB)")
+    limits.add_argument("--max-read-bytes-per-second", type=int,
+                        default=defaults.max_read_bytes_per_second,
+                        help="bytes a second one WebSocket's messages are read at, past a "
+                             "burst of four messages at --max-message-bytes; a faster client "
+                             "waits, it is not refused "
+                             f"(default: {defaults.max_read_bytes_per_second // MIB} MiB)")
     limits.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
                         help="seconds queued events and the close frame may take at the end "
                              "(default: %(default)s)")

@@ -53,6 +53,10 @@ class ServerLimits:
     # Bytes of unsent new events (as sent) before a client counts as not reading.
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
     send_timeout: float = 10.0  # longest wait for queued events (and the close) at the end
+    # Bytes a second one WebSocket's messages are read at, past a burst of four messages
+    # at the cap: a faster client waits (its socket pushes back), it is not refused.
+    # Real-time audio is ~64 KiB/s; a file client streams at ~30x real time under it.
+    max_read_bytes_per_second: int = 2 * MIB
     max_session_wall_seconds: float = 1800.0  # a connection's whole life, whatever it sends
     max_failed_updates: int = 3  # failed session.update messages before close 1008
     max_prompt_tokens: int = 2048  # system prompt + rendered tools, checked before prefill
@@ -106,6 +110,7 @@ class ServerLimits:
         """Every bound checked once, here (the engine and the pool trust them), with the
         runtime's checks; the message names the field (``serve`` prints it)."""
         for name in ("max_message_bytes", "max_pending_events", "max_pending_bytes",
+                     "max_read_bytes_per_second",
                      "max_failed_updates",
                      "max_prompt_tokens", "max_connections", "max_connections_per_client",
                      "max_sessions", "max_transcript_bytes",

@@ -41,7 +41,7 @@ from ..mcp.manager import McpManager
 from ..messages import Hangup
 from ..operations.drain import Drain
 from ..session.resume import REPLICA_HEADER, Refused, Resumes
-from ..transport.websocket import WebSocketTransport
+from ..transport.websocket import ReadRate, WebSocketTransport
 from ..wire import CloseCode
 from ..keys import MINTED_ELSEWHERE, EphemeralKeys, KeyRefused
 from .access import Access, ephemeral_token, query_key_ok, websocket_auth
@@ -128,8 +128,10 @@ class Realtime:
             await deny(websocket, 401, str(exc))
             return
         limits = self.limits
-        transport = WebSocketTransport(websocket, limits.max_pending_events, limits.send_timeout,
-                                       subprotocol, max_pending_bytes=limits.max_pending_bytes)
+        transport = WebSocketTransport(
+            websocket, limits.max_pending_events, limits.send_timeout, subprotocol,
+            max_pending_bytes=limits.max_pending_bytes,
+            read_rate=ReadRate(limits.max_read_bytes_per_second, 4 * limits.max_message_bytes))
         opener = ephemeral if ephemeral is not None else key  # what the token is bound to
         if token is not None:
             connection = await self.resuming(websocket, transport, dialect, token, opener)

@@ -7,7 +7,8 @@ A :class:`WebSocketTransport` runs on the event loop. It accepts the upgrade
 session's typed messages (:mod:`..messages`) in order through a bounded
 :class:`~.outbox.Outbox`: each serialized here (:func:`serialize`: stamped
 with an ``event_id``, compact JSON, a message's audio as base64 in its
-event's field), at most ``max_pending`` events or ``max_pending_bytes`` unsent. It closes for an :class:`~..messages.Ending` with the close
+event's field), at most ``max_pending`` events or ``max_pending_bytes`` unsent; it
+reads the client's frames no faster than its :class:`ReadRate`. It closes for an :class:`~..messages.Ending` with the close
 code that says it (:data:`CLOSE_CODES`). It knows no dialect: what a frame
 means, and what is sent, is the dialect's business.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from typing import Any, Union
 
 from ..messages import PLAYBACK, AudioOut, Ending, Hangup, JsonText, Outgoing
@@ -51,6 +53,30 @@ def serialize(message: Outgoing) -> str:
     return dumps(message.payload)
 
 
+class ReadRate:
+    """A connection's read budget: ``per_second`` bytes a second past a ``burst``.
+
+    A frame past the budget is handed over once the budget has refilled, so a client
+    sending faster waits on its own socket (the ASGI server reads no further frame
+    until this one is taken) and costs the server what the rate allows, not what its
+    connection can carry; nothing is refused.
+    """
+
+    def __init__(self, per_second: int, burst: int):
+        self.per_second = per_second
+        self.burst = burst
+        self.tokens = float(burst)
+        self.checked = time.monotonic()
+
+    def wait_for(self, size: int) -> float:
+        """Seconds to wait before a frame of ``size`` bytes is taken (charged now)."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.checked) * self.per_second)
+        self.checked = now
+        self.tokens -= size
+        return max(0.0, -self.tokens / self.per_second)
+
+
 class WebSocketTransport:
     """One client's WebSocket (Starlette's), as the connection sees it."""
 
@@ -58,11 +84,13 @@ class WebSocketTransport:
     joins_audio = False  # one receive, one frame: the connection may read ahead
 
     def __init__(self, websocket: Any, max_pending: int, send_timeout: float,
-                 subprotocol: str | None = None, *, max_pending_bytes: int):
+                 subprotocol: str | None = None, *, max_pending_bytes: int,
+                 read_rate: ReadRate | None = None):
         self.ws = websocket
         self.subprotocol = subprotocol  # selected at accept (a browser's "realtime")
         self.send_timeout = send_timeout
         self.outbox = Outbox(websocket, max_pending, max_pending_bytes)
+        self.read_rate = read_rate
 
     async def accept(self) -> None:
         await self.ws.accept(subprotocol=self.subprotocol)
@@ -74,7 +102,12 @@ class WebSocketTransport:
         if message["type"] == "websocket.disconnect":
             return Hangup(message.get("code", 1000))
         text = message.get("text")
-        return text if text is not None else message.get("bytes") or b""
+        frame = text if text is not None else message.get("bytes") or b""
+        if self.read_rate is not None:
+            wait = self.read_rate.wait_for(len(frame))
+            if wait:
+                await asyncio.sleep(wait)
+        return frame
 
     def send(self, message: Outgoing) -> None:
         """Queue ``message`` (:class:`~..messages.ClientNotReading` when the client does
