@@ -47,7 +47,7 @@ from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfi
 
 from ..config import TTSConfig
 from .context import ContextWindow, ring
-from .kv_arena import AttentionCores
+from .kv_arena import AttentionCores, KVArena
 from .layers import GatedFusion
 from .mog_head import KeyRows, KeyStream, MoGHead, draw, next_key, take_keys
 from .rvq import CodebookTables, rvq_assign, rvq_block, unmasking_schedule
@@ -355,6 +355,7 @@ class EarTTS(nn.Module):
         text: mx.array,
         caches: Sequence[Cache],
         text_ids: Sequence[int] | None = None,
+        arenas: Sequence[KVArena] | None = None,
     ) -> mx.array:
         """One backbone position of ``B`` sessions at any positions: ``[cond; uncond]``
         hidden ``[2B, 1, dims]`` (session ``b`` owns rows ``b`` and ``B + b``).
@@ -368,6 +369,8 @@ class EarTTS(nn.Module):
         (:class:`GemmaStep`, every one :meth:`~GemmaStep.ready`) run as one
         batch; otherwise each runs alone through the plain backbone, laid out
         the same. Every session's rows equal that session run alone.
+        ``arenas``: the sessions' rings as their batch stacked them, one per layer
+        (every session one position; ``caches`` then hold no arrays).
         """
         sessions = len(caches)
         if sessions == 0:
@@ -386,8 +389,9 @@ class EarTTS(nn.Module):
             )
         cond = [self.embed_subword.token(int(i)) for i in text_ids]
         step = self.gemma_step()
-        if all(step.ready(previous, cache) for cache in caches):  # every row one position
-            return step(caches, GUIDED_ROWS, previous, self._with_uncond(mx.concatenate(cond)))
+        if arenas is not None or all(step.ready(previous, cache) for cache in caches):
+            layers = arenas if arenas is not None else [list(c) for c in zip(*caches)]
+            return step(layers, GUIDED_ROWS, previous, self._with_uncond(mx.concatenate(cond)))
         # Off the compiled path (the stack would need a mask): each session
         # alone through the plain backbone, interleaved as the batch.
         rows = [
