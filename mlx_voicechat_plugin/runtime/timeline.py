@@ -13,7 +13,7 @@ The first position has no TTS step; its codes are the codec's silence codes.
 A :class:`Timeline` carries this recurrence for ``B`` conversations at once
 (one conversation is ``B = 1``): :func:`~.compute.advance_batch` runs one
 position of the stepping conversations' merged timeline, which a
-:class:`~.compute.TimelineBatch` keeps while the same conversations step and
+:class:`~.compute.Batch` keeps while the same conversations step and
 hands back row by row when they change, for offline and streaming
 conversations alike.
 """
