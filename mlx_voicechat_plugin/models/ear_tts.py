@@ -61,23 +61,17 @@ Cache = list[Any]
 GUIDED_ROWS = 2  # [cond; uncond] rows per session
 
 
+_BACKBONE_FIELDS = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "query_pre_attn_scalar",
+    "sliding_window", "sliding_window_pattern", "rope_global_base_freq", "rope_local_base_freq",
+)
+
+
 def _backbone_config(config: TTSConfig) -> GemmaConfig:
-    return GemmaConfig(
-        model_type="gemma3_text",
-        vocab_size=1,  # Gemma3Model insists on one; its embedding is removed.
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        rms_norm_eps=config.rms_norm_eps,
-        query_pre_attn_scalar=config.query_pre_attn_scalar,
-        sliding_window=config.sliding_window,
-        sliding_window_pattern=config.sliding_window_pattern,
-        rope_global_base_freq=config.rope_global_base_freq,
-        rope_local_base_freq=config.rope_local_base_freq,
-    )
+    # vocab_size: Gemma3Model insists on one; its embedding is removed.
+    return GemmaConfig(model_type="gemma3_text", vocab_size=1,
+                       **{name: getattr(config, name) for name in _BACKBONE_FIELDS})
 
 
 class EarTTS(nn.Module):
