@@ -58,7 +58,7 @@ def measure(voicechat, sessions: int, frames: int, leave: str) -> tuple[int, int
     warm.close_all()
     pool = pool_of()
     steady = [_step(pool, audio, keys, frame, samples) for frame in range(frames)][-1]
-    leaving = pool.get(keys[0]).nbytes
+    leaving = pool.nbytes(keys[0])
     getattr(pool, leave)(keys[0])
     after = _step(pool, audio, keys[1:], frames, samples)
     pool.close_all()

@@ -67,7 +67,7 @@ def test_a_steady_pool_step_stacks_and_slices_no_listening_state(voicechat, move
     for index in range(len(audio["a"]) // FRAME):
         result = pool.step({k: a[index * FRAME : (index + 1) * FRAME] for k, a in audio.items()})
         assert not result.errors
-        batch = pool.listening
+        batch = pool.batch.hearing
         held.append((batch.perception, batch.carry, [id(c) for _, c in batch.perception.encoders.groups],
                      dict(moves)))
         pool.state_bytes  # sizing the sessions reads their rows in place
@@ -76,7 +76,7 @@ def test_a_steady_pool_step_stacks_and_slices_no_listening_state(voicechat, move
     for perception, carry, groups, counted in held[1:]:  # ... and was the state since
         assert perception is first[0] and carry is first[1] and groups == first[2]
         assert counted == first[3]
-    assert len(first[2]) == 1 and len(pool.listening.members) == 3
+    assert len(first[2]) == 1 and len(pool.batch.members) == 3
     pool.close_all()
 
 
@@ -152,7 +152,7 @@ def test_rows_that_started_apart_batch_apart_until_their_windows_fill_then_as_on
             n = index - late_from
             step["late"] = audio["late"][n * FRAME : (n + 1) * FRAME]
         assert not pool.step(step).errors
-        groups.append(len(pool.listening.perception.encoders.groups))
+        groups.append(len(pool.batch.hearing.perception.encoders.groups))
     assert groups[late_from] == 2 and groups[late_from + window - 2] == 2
     assert groups[-1] == 1 and len(groups) > late_from + window + 1, groups
     for key, skip in (("early", 0), ("late", late_from)):

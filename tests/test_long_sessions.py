@@ -133,9 +133,8 @@ def test_measured_bytes_are_the_bytes_of_the_state_while_rings_share_an_arena(vo
     for i in range(30):
         start = (i * FRAME) % (len(signal) - FRAME)
         assert not pool.step({k: signal[start : start + FRAME] for k in keys}).errors
-        arenas = sum(getattr(c, "arena", None) is not None
-                     for caches in pool.batch.timeline.tts_caches for c in caches)
-        measured = [pool.get(k).nbytes for k in keys]  # from the rows, none taken out
+        arenas = pool.batch.timeline.arenas is not None
+        measured = [pool.nbytes(k) for k in keys]  # from the rows, none taken out
         assert pool.state_bytes == sum(measured)
         for key, nbytes in zip(keys, measured):  # each one's own state, read alone
             assert nbytes == sum(a.nbytes for a in pool.extract(key).core.compute.state)

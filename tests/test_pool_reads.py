@@ -59,7 +59,7 @@ def test_the_frame_after_a_session_leaves_peaks_as_a_steady_frame(voicechat, lea
     warm.close_all()
     pool = _pool(voicechat)
     steady = [_step(pool, KEYS, frame) for frame in range(4)][-1]
-    leaving = pool.get("a").nbytes
+    leaving = pool.nbytes("a")
     getattr(pool, leave)("a")
     after = _step(pool, KEYS[1:], 4)
     assert after <= steady + leaving, (after, steady, leaving)

@@ -178,7 +178,7 @@ def test_a_steady_pool_step_keeps_the_codec_stack_and_a_change_hands_each_row_it
         assert pool.batch.codec is held and held.groups[0][1] is stacked
     # No member keeps a copy of its own meanwhile; its bytes are read from its row.
     assert all(pool.sessions[k].core.compute.codec is None for k in joins)
-    assert [pool.sessions[k].core.compute.nbytes for k in joins] == [
+    assert [pool.batch.nbytes(pool.sessions[k].core.compute) for k in joins] == [
         alone[k].core.compute.nbytes for k in joins]
     solo = alone["a"].core.compute.codec  # a conversation alone: its own state, in place
     step("ac", 5)  # b pauses: its row goes back to it, the others stay stacked

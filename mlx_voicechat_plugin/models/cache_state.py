@@ -31,14 +31,8 @@ def cache_state(caches: Sequence[Any]) -> list[mx.array]:
 
 
 def state_nbytes(caches: Sequence[Any]) -> int:
-    """The bytes of :func:`cache_state` (``sum(a.nbytes for a in cache_state(caches))``),
-    without making its arrays where a cache can tell (``state_nbytes``: a ring that an
-    arena holds would otherwise slice the arena's rows to be sized)."""
-    total = 0
-    for cache in caches:
-        own = getattr(cache, "state_nbytes", None)
-        total += own if own is not None else sum(a.nbytes for a in cache.state if a is not None)
-    return total
+    """The bytes of :func:`cache_state`."""
+    return sum(a.nbytes for a in cache_state(caches))
 
 
 def cache_meta_state(caches: Sequence[Any]) -> MetaState:

@@ -25,7 +25,7 @@ from .cache_state import (
     state_nbytes,
 )
 from .context import ContextWindow, ring
-from .kv_arena import AttentionCores, release
+from .kv_arena import AttentionCores, KVArena, stack_layer
 from .perception import Perception
 from .rows import drop_row, own_row, stack_rows
 from .segments import SegmentedStep
@@ -71,29 +71,19 @@ class DuplexSTT(nn.Module):
         reads and advances ``states[b]``. Returns the position's text and function
         logits, ``(B, 1, V)`` each.
 
-        One state of stacked rows (:class:`LanguageRows`, a batch's between
-        frames) or one ready row (every Mamba2 state exists) runs through the
-        compiled runs (:class:`SegmentedStep`) as it is. Several one-row states
-        are stacked for this position where ready; a row at its first position,
-        or without a cache (full recompute), runs alone through the plain
-        modules. Every row equals that row run alone, bit for bit.
+        One state of stacked rows (:class:`LanguageRows`, a batch's) or one
+        ready row (every Mamba2 state exists) runs through the compiled runs
+        (:class:`SegmentedStep`) as it is. Several one-row states (a batch
+        whose rows are not all ready yet) each run alone: a ready one through
+        the compiled runs, one at its first position or without a cache (full
+        recompute) through the plain modules. Every row equals that row run
+        alone, bit for bit.
         """
-        ready = [b for b, s in enumerate(states) if self.ready(s)]
-        if len(states) == 1 and ready:  # one row, or a stacked batch
+        if len(states) == 1 and self.ready(states[0]):  # one row, or a stacked batch
             return self._segments(inputs_embeds, states[0].cache)
-        rows = [inputs_embeds[b : b + 1] for b in range(len(states))]
-        text: list[mx.array] = list(rows)
-        function: list[mx.array] = list(rows)
-        if ready:  # stacked for this position only, then each row's slices back
-            stacked = LanguageRows([states[b] for b in ready])
-            t, f = self._segments(mx.concatenate([rows[b] for b in ready]), stacked.cache)
-            for j, b in enumerate(ready):
-                stacked.extract(j)
-                text[b], function[b] = t[j : j + 1], f[j : j + 1]
-        for b, state in enumerate(states):
-            if b not in ready:
-                text[b], function[b] = self._alone(rows[b], state)
-        return mx.concatenate(text), mx.concatenate(function)
+        outs = [self._segments(inputs_embeds[b : b + 1], s.cache) if self.ready(s)
+                else self._alone(inputs_embeds[b : b + 1], s) for b, s in enumerate(states)]
+        return mx.concatenate([t for t, _ in outs]), mx.concatenate([f for _, f in outs])
 
     def ready(self, state: "LanguageState") -> bool:
         """``state`` steps through the compiled runs (stacked rows, or its Mamba2 states exist)."""
@@ -182,26 +172,25 @@ class LanguageState:
         return cls(None, list(state))
 
     def release(self) -> None:
-        release(self.cache or [])  # rows an arena holds for this conversation
         self.cache, self.history = None, []
 
 
 class LanguageRows(LanguageState):
     """Ready rows' language states stepped as one (mlx-lm's merged batch cache): each
     Mamba2 layer's states stacked ``[B, ...]`` in one ``ArraysCache``, each attention
-    layer the list of the rows' own KV caches. Made when the batch forms, emptying the
-    rows' own Mamba2 caches (the stack is their only copy); its rows take their slices
-    back (:meth:`extract`) when it changes."""
+    layer the rows' rings as one :class:`~.kv_arena.KVArena` (else the list of the rows'
+    own KV caches). Made when the batch forms, emptying the rows' own caches (the stack
+    is their only copy); its rows take their slices back (:meth:`extract`) when it
+    changes."""
 
     def __init__(self, rows: Sequence[LanguageState]):
         """``rows``: one-row states, or stacked ones whose rows are appended in order."""
         self.rows = [r for s in rows for r in (s.rows if isinstance(s, LanguageRows) else [s])]
         stacked: list[Any] = []  # every row is ready: its cache exists
         for layer in zip(*(s.cache for s in rows)):
-            stacked.append([c for entry in layer for c in (
-                entry if isinstance(entry, list) else [entry])]
-                if not isinstance(layer[0], ArraysCache) else ArraysCache.from_state(
-                    [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
+            stacked.append(stack_layer(layer, 1) if not isinstance(layer[0], ArraysCache)
+                           else ArraysCache.from_state(
+                               [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
         super().__init__(stacked)
         # A row's share of the stacked states (their shapes do not change while stacked).
         self._mamba_bytes = sum(a.nbytes for c in stacked if isinstance(c, ArraysCache)
@@ -222,11 +211,13 @@ class LanguageRows(LanguageState):
         for own, cache in zip(row.cache, self.cache):
             if isinstance(cache, ArraysCache):
                 own.cache = [own_row(a, index, copy) for a in cache.cache]
+            elif isinstance(cache, KVArena):
+                cache.extract(index, copy)
         return row
 
     @property
     def state(self) -> list[mx.array]:
-        """The stacked Mamba2 states and every row's KV caches (to evaluate them)."""
+        """The stacked Mamba2 states and the rows' KV rings (to evaluate them)."""
         return [a for c in self.cache for a in (cache_state(c) if isinstance(c, list)
                                                  else c.state)]
 
@@ -238,11 +229,14 @@ class LanguageRows(LanguageState):
         for layer in self.cache:
             if isinstance(layer, ArraysCache):
                 layer.cache = [drop_row(a, index) for a in layer.cache]
+            elif isinstance(layer, KVArena):
+                layer.filter([b for b in range(layer.sessions) if b != index])
             else:
                 layer.pop(index)
         return row
 
     def row_nbytes(self, index: int) -> int:
-        """Row ``index``'s share of the stacked states and its own KV caches' bytes."""
-        return self._mamba_bytes + state_nbytes(
-            [c[index] for c in self.cache if not isinstance(c, ArraysCache)])
+        """Row ``index``'s share of the stacked states and its KV rings' bytes."""
+        return self._mamba_bytes + sum(
+            c.row_nbytes(index) if isinstance(c, KVArena) else state_nbytes([c[index]])
+            for c in self.cache if not isinstance(c, ArraysCache))

@@ -47,7 +47,7 @@ from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfi
 
 from ..config import TTSConfig
 from .context import ContextWindow, ring
-from .kv_arena import AttentionCores
+from .kv_arena import AttentionCores, KVArena
 from .layers import GatedFusion
 from .mog_head import KeyRows, KeyStream, MoGHead, draw, next_key, take_keys
 from .rvq import CodebookTables, rvq_assign, rvq_block, unmasking_schedule
@@ -61,23 +61,17 @@ Cache = list[Any]
 GUIDED_ROWS = 2  # [cond; uncond] rows per session
 
 
+_BACKBONE_FIELDS = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "query_pre_attn_scalar",
+    "sliding_window", "sliding_window_pattern", "rope_global_base_freq", "rope_local_base_freq",
+)
+
+
 def _backbone_config(config: TTSConfig) -> GemmaConfig:
-    return GemmaConfig(
-        model_type="gemma3_text",
-        vocab_size=1,  # Gemma3Model insists on one; its embedding is removed.
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        rms_norm_eps=config.rms_norm_eps,
-        query_pre_attn_scalar=config.query_pre_attn_scalar,
-        sliding_window=config.sliding_window,
-        sliding_window_pattern=config.sliding_window_pattern,
-        rope_global_base_freq=config.rope_global_base_freq,
-        rope_local_base_freq=config.rope_local_base_freq,
-    )
+    # vocab_size: Gemma3Model insists on one; its embedding is removed.
+    return GemmaConfig(model_type="gemma3_text", vocab_size=1,
+                       **{name: getattr(config, name) for name in _BACKBONE_FIELDS})
 
 
 class EarTTS(nn.Module):
@@ -355,6 +349,7 @@ class EarTTS(nn.Module):
         text: mx.array,
         caches: Sequence[Cache],
         text_ids: Sequence[int] | None = None,
+        arenas: Sequence[KVArena] | None = None,
     ) -> mx.array:
         """One backbone position of ``B`` sessions at any positions: ``[cond; uncond]``
         hidden ``[2B, 1, dims]`` (session ``b`` owns rows ``b`` and ``B + b``).
@@ -368,6 +363,8 @@ class EarTTS(nn.Module):
         (:class:`GemmaStep`, every one :meth:`~GemmaStep.ready`) run as one
         batch; otherwise each runs alone through the plain backbone, laid out
         the same. Every session's rows equal that session run alone.
+        ``arenas``: the sessions' rings as their batch stacked them, one per layer
+        (every session one position; ``caches`` then hold no arrays).
         """
         sessions = len(caches)
         if sessions == 0:
@@ -386,8 +383,9 @@ class EarTTS(nn.Module):
             )
         cond = [self.embed_subword.token(int(i)) for i in text_ids]
         step = self.gemma_step()
-        if all(step.ready(previous, cache) for cache in caches):  # every row one position
-            return step(caches, GUIDED_ROWS, previous, self._with_uncond(mx.concatenate(cond)))
+        if arenas is not None or all(step.ready(previous, cache) for cache in caches):
+            layers = arenas if arenas is not None else [list(c) for c in zip(*caches)]
+            return step(layers, GUIDED_ROWS, previous, self._with_uncond(mx.concatenate(cond)))
         # Off the compiled path (the stack would need a mask): each session
         # alone through the plain backbone, interleaved as the batch.
         rows = [

@@ -71,14 +71,14 @@ class GemmaStep:
         forms = [RopeForm.of(layer.self_attn.rope) for layer in self.layers]
         return None if any(f is None for f in forms) else forms
 
-    def _rope_inputs(self, rows: Sequence[list[Any]], group: int) -> Callable[[int], tuple]:
+    def _rope_inputs(self, layers: Sequence[Any], group: int) -> Callable[[int], tuple]:
         """Layer ``i``'s RoPE input to its span: the offset per row, or with the forms,
         that layer's RoPE tables at those offsets, computed once per distinct offsets
         (every layer's, in a stack whose caches advance together), and its q/k norm
         weights per head (:meth:`_qk_weight`)."""
 
         def offsets(i: int) -> tuple[int, ...]:
-            return ring_offsets([c[i] for c in rows])
+            return ring_offsets(layers[i])
 
         def offset(key: tuple[int, ...]) -> mx.array:
             return mx.array(list(key) * group, dtype=mx.int32)
@@ -174,12 +174,13 @@ class GemmaStep:
             )
         )
 
-    def __call__(self, rows: Sequence[list[Any]], group: int, *inputs: mx.array) -> mx.array:
-        """One position of ``S = len(rows)`` independent streams in one batch.
+    def __call__(self, layers: Sequence[Any], group: int, *inputs: mx.array) -> mx.array:
+        """One position of ``S`` independent streams in one batch.
 
         Stream ``s`` owns the rows ``s, s + S, ..., s + (group - 1) S`` of the
-        batch (e.g. ``[cond; uncond]`` with ``group=2``), and its own caches
-        ``rows[s]``, which may sit at any offset. The fixed-shape spans run
+        batch (e.g. ``[cond; uncond]`` with ``group=2``), and its own caches,
+        which may sit at any offset: ``layers[i]`` is layer ``i``'s, the list of
+        every stream's cache or the :class:`~.kv_arena.KVArena` their batch stacked. The fixed-shape spans run
         once over all rows (RoPE with one offset per row); the attention core
         runs per stream on its rows and its own cache objects, never a padded
         common cache. Every stream's rows are bit-identical to the stream run
@@ -189,12 +190,12 @@ class GemmaStep:
         ``S = 1`` case.
         """
 
-        rope = self._rope_inputs(rows, group)
+        rope = self._rope_inputs(layers, group)
         x, q, k, v = self._enter(rope(0), *inputs)
         memo: StepArrays = {}  # this step's ring write indices and masks, shared by its layers
         for i, layer in enumerate(self.layers):
-            caches = [c[i] for c in rows]
-            out = self.cores(q, k, v, caches, group, layer.self_attn.scale,
+            caches = layers[i]
+            out = self.cores(q, k, v, caches, layer.self_attn.scale,
                              lambda: self._stream_cores(layer.self_attn, q, k, v, caches), memo)
             if i + 1 < len(self.layers):
                 x, q, k, v = self._between[i](x, out, rope(i + 1))

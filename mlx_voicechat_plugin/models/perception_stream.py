@@ -151,12 +151,11 @@ class PerceptionRows:
         self.mels.remove(index)  # writes its tail and counters back
         return stream
 
-    def split(self, stays: list[bool] | None = None) -> list[PerceptionStream]:
-        """Every stream with its row back as its own cache: a copy, or (``stays[b]``) a
-        slice for a row stacked again at once."""
-        for stream, cache in zip(self.streams, self.encoders.split(stays)):
+    def split(self) -> list[PerceptionStream]:
+        """Every stream with its row back as its own cache (a copy)."""
+        for stream, cache in zip(self.streams, self.encoders.split()):
             stream.cache = cache
-        self.mels.split(stays)  # the tails and counters go back to each stream's own
+        self.mels.split()  # the tails and counters go back to each stream's own
         return self.streams
 
     def push(self, frames: list[np.ndarray], clock: Any = None) -> tuple[mx.array, mx.array]:

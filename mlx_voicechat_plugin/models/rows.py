@@ -123,10 +123,9 @@ class RowGroups:
         self.groups = groups
         return own
 
-    def split(self, stays: Sequence[bool] | None = None) -> list[Any]:
-        """Every row's own state, in order: a copy, or (``stays[b]``) slices for a row
-        stacked again at once; the groups are given up."""
-        rows = [self.extract(b, not (stays and stays[b])) for b in range(self.size)]
+    def split(self) -> list[Any]:
+        """Every row's own state, in order (copies); the groups are given up."""
+        rows = [self.extract(b) for b in range(self.size)]
         self.groups = []
         return rows
 

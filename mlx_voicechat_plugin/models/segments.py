@@ -121,8 +121,8 @@ class _Attention:
     def __call__(self, x: mx.array, layers: Sequence[Any], memo: StepArrays) -> mx.array:
         q, k, v = self._pre(x)
         scale = self.layer.mixer.scale
-        caches = layers[self.slot]  # one stream's cache, or a batch's list of them
-        caches = caches if isinstance(caches, list) else [caches]
+        held = layers[self.slot]  # one stream's cache, a batch's list of them, or its arena
+        caches = held if isinstance(held, list) else [held]
 
         def alone() -> mx.array:
             if len(caches) == 1:  # one stream: its rows are the batch, nothing to slice
@@ -136,7 +136,7 @@ class _Attention:
                                                          scale=scale, mask=None))
             return stack_rows(outs)
 
-        return self._post(x, self.cores(q, k, v, caches, 1, scale, alone, memo))
+        return self._post(x, self.cores(q, k, v, held, scale, alone, memo))
 
 
 class SegmentedStep:

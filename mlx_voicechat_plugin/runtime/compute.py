@@ -18,7 +18,8 @@ builds the next and ``on_tokens`` decodes the token texts.
 A batch of rows (:func:`advance_batch`) runs every row's listening half
 (:class:`~.hearing.Hearing`: perception and the RNNT's tries, one batch for all rows),
 and the speaking half for the rows that are conversations; a transcript-only
-stream's row stops after the listening half (:class:`Heard`).
+stream's row stops after the listening half (:class:`Heard`). The rows' state
+between frames is a :class:`Batch`'s, the one owner while they step.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from ..models.perception_stream import PerceptionStream
 from ..models.rnnt import RNNTState
 from ..models.rows import take_rows
 from .hearing import Hearing, HearingBatch, ListeningRow
-from .held import HeldBatch
 from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep
 from .warm_start import WarmStart
@@ -98,8 +98,8 @@ class ConversationState(ListeningRow):
     conversation of the same model (the prompt cache restores a prefilled
     one). Host books (the transcript's text, the mel frontend's sample tail)
     stay with their streams. ``nbytes`` sizes the state, ``release`` drops it.
-    While a batch holds its rows, ``timeline`` and ``codec`` are ``None`` and
-    ``state`` raises: ``StreamPool.extract`` gives the rows back first.
+    While a batch holds its rows (:attr:`held`), ``timeline`` and ``codec`` are
+    ``None`` and ``state`` raises: ``StreamPool.extract`` gives the rows back first.
     """
 
     def __init__(self, model: Model, perception: PerceptionSource, rnnt: RNNTState,
@@ -107,8 +107,6 @@ class ConversationState(ListeningRow):
                  context: tuple[ContextWindow, ContextWindow] | None = None,
                  top_p: float | None = None):
         self.perception: PerceptionSource | None = perception  # None: a batch's rows
-        self.batch: TimelineBatch | None = None  # the batch holding its rows, if one does
-        self.batch_row = 0  # its row there
         self.timeline: Timeline | None = Timeline(model, start, seed=seed, use_language_cache=use_language_cache,
                                   context=context, top_p=top_p)
         self.rnnt = rnnt
@@ -151,26 +149,23 @@ class ConversationState(ListeningRow):
 
     @property
     def nbytes(self) -> int:
-        """The bytes of ``state`` (the timeline's sized from shapes where it can), read
-        from its rows where a batch holds them."""
+        """The bytes of ``state`` (the timeline's sized from shapes where it can)."""
         if self.released:
             return 0
-        if self.batch is None:
-            assert self.timeline is not None and self.codec is not None
-            held = self.timeline.nbytes + sum(a.nbytes for a in self.codec.state)
-        else:
-            held = self.batch.row_nbytes(self.batch_row)
-        return self.listening_nbytes() + held
+        self.check_own()
+        assert self.timeline is not None and self.codec is not None
+        return (self.listening_nbytes() + self.timeline.nbytes
+                + sum(a.nbytes for a in self.codec.state))
 
     @property
     def released(self) -> bool:
         """Whether :meth:`release` dropped the state (a batch's member holds its codec
         state in the batch's rows, not its own)."""
-        return self.codec is None and self.batch is None
+        return self.codec is None and not self.held
 
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
-        self.leave_batches()
+        self.check_own()
         self.perception = WholeSignal(mx.zeros((1, 0, 1)), mx.zeros((1, 0, 1)))
         assert self.timeline is not None
         self.timeline.release()
@@ -178,24 +173,46 @@ class ConversationState(ListeningRow):
         self.codec = None
 
 
-class TimelineBatch(HeldBatch):
-    """The timelines and codec streams of the conversations that step together, kept as
-    one between frames (:class:`~.held.HeldBatch`).
+class Batch:
+    """The rows of the sessions that step together: the one owner of their state while
+    they step (a pool holds one; a frame run alone makes its own).
 
-    While the same conversations step in the same order (a pool's steady
-    state), their frames run on one merged :class:`Timeline` and one stacked
-    :class:`~..models.codec_stream.CodecRows`, and no row is taken back out.
-    A member that leaves (:meth:`remove`: it pauses, or its state is read alone)
-    takes its rows back; one that joins is appended. A member's ``nbytes`` is
-    read from its rows without taking them out. One conversation is a batch of one.
+    ``members`` are the rows in order. Their listening half is :attr:`hearing`;
+    the conversations among them (:attr:`talkers`) step one merged
+    :class:`Timeline` and one stacked :class:`~..models.codec_stream.CodecRows`.
+    :meth:`update` is where membership changes, once: the members that leave
+    take their rows back (:meth:`extract`: mlx-lm's ``extract`` and ``filter``),
+    those that join are appended (``extend``), those that stay are not moved;
+    while the same rows step in the same order a frame stacks and slices
+    nothing. A member's bytes are read from its rows (:meth:`nbytes`).
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        self.members: list[ListeningRow] = []
+        self.hearing = HearingBatch()
+        self.talkers: list[ConversationState] = []
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
 
-    def _extend(self, states: list[ConversationState]) -> None:
+    def update(self, states: list[ListeningRow]) -> None:
+        """Hold ``states``' rows, in order. ``states`` lists the members that stay first,
+        in the batch's order (otherwise every member leaves and all join again)."""
+        for member in [m for m in self.members if all(m is not s for s in states)]:
+            self.extract(member)
+        if not all(a is b for a, b in zip(self.members, states)):
+            self.clear()
+        joiners = states[len(self.members):]
+        for state in joiners:
+            state.check_own()
+        self.hearing.extend(joiners)
+        talkers = [s for s in joiners if isinstance(s, ConversationState)]
+        if talkers:
+            self._extend_speech(talkers)
+        self.members = list(states)
+        for state in joiners:
+            state.held = True
+
+    def _extend_speech(self, states: list[ConversationState]) -> None:
         codecs = [s.codec for s in states]
         if any(c is None for c in codecs):
             raise ValueError("a released conversation cannot step")
@@ -205,23 +222,50 @@ class TimelineBatch(HeldBatch):
         else:
             self.timeline = Timeline.merge([self.timeline, *timelines])
             self.codec.extend(codecs)
+        self.talkers += states
         for state in states:  # its state is the batch's rows now; it keeps its books
             state.timeline = state.codec = None
 
-    def _remove(self, state: ConversationState, row: int) -> list[mx.array]:
+    def extract(self, member: ListeningRow) -> None:
+        """``member``'s rows given back as its own state (copies, evaluated now); the
+        other members stay stacked as they are, so the next frame forms nothing."""
+        row = next(b for b, m in enumerate(self.members) if m is member)
+        self.members.pop(row)
+        member.held = False
+        arrays = self.hearing.remove(row)
+        if isinstance(member, ConversationState):
+            arrays += self._remove_speech(member)
+        if self.members:  # a last member's rows are its own already
+            mx.eval(arrays)
+
+    def _remove_speech(self, state: ConversationState) -> list[mx.array]:
+        row = next(b for b, m in enumerate(self.talkers) if m is state)
+        self.talkers.pop(row)
         timeline, codec = self.timeline, self.codec
         assert timeline is not None and codec is not None
-        if not self.members:
+        if not self.talkers:
             self.timeline = self.codec = None
             state.timeline, state.codec = timeline, codec.extract(0)
             return []
         state.timeline, state.codec = timeline.remove(row), codec.remove(row)
         return [*state.timeline.state, *state.codec.state, *timeline.state, *codec.state]
 
-    def row_nbytes(self, row: int) -> int:
-        """The bytes of a member's timeline and codec state, read from its rows."""
-        assert self.timeline is not None and self.codec is not None
-        return self.timeline.row_nbytes(row) + self.codec.row_nbytes(row)
+    def clear(self) -> None:
+        """Every member takes its rows back."""
+        for member in list(self.members):
+            self.extract(member)
+
+    def nbytes(self, state: ListeningRow) -> int:
+        """The bytes of ``state``, read from its rows without taking them out while
+        this batch holds them."""
+        if not state.held:
+            return state.nbytes
+        held = self.hearing.row_nbytes(next(b for b, m in enumerate(self.members) if m is state))
+        if isinstance(state, ConversationState):
+            assert self.timeline is not None and self.codec is not None
+            row = next(b for b, m in enumerate(self.talkers) if m is state)
+            held += self.timeline.row_nbytes(row) + self.codec.row_nbytes(row)
+        return held
 
 
 def advance(
@@ -250,8 +294,7 @@ def advance_batch(
     forced: list[int | None],
     clock: FrameClock = NO_CLOCK,
     on_tokens: list[Callable[[TimelineStep], None] | None] | None = None,
-    batch: TimelineBatch | None = None,
-    listening: HearingBatch | None = None,
+    batch: Batch | None = None,
 ) -> list[FrameOutput | Heard]:
     """Advance many rows by one frame each, in one compute per stage where it batches.
 
@@ -261,22 +304,17 @@ def advance_batch(
     (perception, RNNT) runs in one batch; the speaking half only for the
     conversations. Each row's outputs equal :func:`advance` on it alone (the
     language model's attention-free runs and heads take all rows at once; every
-    row keeps its own caches). ``advance`` is this with one row. ``batch`` and
-    ``listening``: where the conversations' timelines and codec streams and every
-    row's listening state are kept between frames (a pool's: ``states`` lists the
-    members that stay first, in their order); without them, this frame's, whose
-    rows go back after it.
+    row keeps its own caches). ``advance`` is this with one row. ``batch``: the
+    caller's (a pool's), which holds ``states``' rows already
+    (:meth:`Batch.update`); without it, this frame's, whose rows go back after it.
     """
-    held = HearingBatch() if listening is None else listening
-    hearing = Hearing(held.join(states), frames, clock)
-    talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
-    talkers = [states[b] for b in talking]
     own = batch is None
-    batch = TimelineBatch() if batch is None else batch
-    timeline = codec_rows = None
-    if talkers:
-        batch.join(talkers)
-        timeline, codec_rows = batch.timeline, batch.codec
+    if batch is None:
+        batch = Batch()
+        batch.update(states)
+    hearing = Hearing(batch.hearing, frames, clock)
+    talking = [b for b, s in enumerate(states) if isinstance(s, ConversationState)]
+    timeline, codec_rows = batch.timeline, batch.codec
     ids = []
     if timeline is not None:
         tokens = timeline.listen(take_rows(hearing.projected, talking),
@@ -308,7 +346,7 @@ def advance_batch(
                 on_tokens[b](step)
     if speaking:
         mx.eval(*speaking)
-    if talkers:
+    if talking:
         clock.sub_stage("codec.decoder_istft")
         clock.stage("codec")
         host = {id(a): np.array(a) for a in (heard_codes, *batches)}
@@ -319,9 +357,7 @@ def advance_batch(
     for b, step, (heard, samples) in zip(talking, steps, outputs):
         results[b] = FrameOutput(step.text_id, step.function_id, step.function_forced,
                                  heard, samples, symbols[b])
-    if listening is None:  # this frame's batches: their rows go back (one row moves no data)
-        held.clear()
-    if own:
+    if own:  # this frame's batch: its rows go back (one row moves no data)
         batch.clear()
     return results
 

@@ -3,10 +3,9 @@
 Rows are every stream that steps: conversations and transcript-only streams
 (:class:`ListeningRow`). Their listening state (the encoder caches and
 subsampling tails, the RNNT carries) is kept stacked between frames by a
-:class:`HearingBatch` (a pool owns one), the same way
-:class:`~.compute.TimelineBatch` keeps the conversations' timelines
-(:mod:`.held`). :class:`Hearing` is one frame of the listening half in
-flight. One row is a batch of one through the same code.
+:class:`HearingBatch`, the listening half of a :class:`~.compute.Batch`.
+:class:`Hearing` is one frame of the listening half in flight. One row is a
+batch of one through the same code.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import mlx.core as mx
 from ..models.perception_stream import PerceptionRows, PerceptionStream
 from ..models.rnnt import RNNTCarry, RNNTFrame, RNNTState
 from ..models.rows import drop_row, stack_rows, take_rows
-from .held import HeldBatch
 from .profile import FrameClock
 
 
@@ -26,66 +24,52 @@ class ListeningRow:
     """A row of the listening half: a ``perception`` source and an ``rnnt`` state (a
     :class:`ConversationState`, or a transcript-only stream's state).
 
-    While the row steps in a :class:`HearingBatch` its carried arrays are rows of
-    the batch (its ``perception`` is ``None``, its ``rnnt`` keeps the books);
+    While a batch holds the row (:attr:`held`) its carried arrays are rows of the
+    batch (its ``perception`` is ``None``, its ``rnnt`` keeps the books);
     ``StreamPool.extract`` gives them back before one session's state is read.
     """
 
-    hearing: "HearingBatch | None" = None  # the batch holding its listening state, if one does
-    hearing_row = 0  # its row there
-    batch: Any = None  # the batch holding its timeline, if one does (conversations)
+    held = False  # its state is rows of a batch (set by the batch)
     perception: Any = None
     rnnt: RNNTState
 
     def check_own(self) -> None:
         """Its state is its own, not rows of a batch (which ``StreamPool.extract`` gives back)."""
-        if self.hearing is not None or self.batch is not None:
+        if self.held:
             raise RuntimeError("this session's state is rows of a pool's batch: read it "
                                "after StreamPool.extract(session_id)")
 
-    def leave_batches(self) -> None:
-        """Take its rows out of the batches holding them (copies of its rows only)."""
-        for held in (self.hearing, self.batch):
-            if held is not None:
-                held.remove(self)
-
     def listening_nbytes(self) -> int:
-        """The bytes of its perception state and RNNT carry (a held row's read from its
-        batch without taking it out)."""
-        if self.hearing is not None:
-            return self.hearing.row_nbytes(self.hearing_row)
+        """The bytes of its perception state and RNNT carry."""
         source = self.perception
         perception = 0 if source is None else (
             getattr(source, "nbytes", None) or sum(a.nbytes for a in source.state))
         return perception + self.rnnt.nbytes
 
 
-class HearingBatch(HeldBatch):
-    """The listening state of the rows that step together, kept stacked between frames
-    (:class:`~.held.HeldBatch`).
+class HearingBatch:
+    """The listening state of a batch's rows, kept stacked between frames.
 
     While the same rows step in the same order (a pool's steady state), their
     encoder caches and mel tails stay stacked (one ``PerceptionRows``) and
     their RNNT carries one ``RNNTCarry``: a frame stacks and slices nothing.
-    A member that leaves (:meth:`remove`) takes its rows back; one that joins
-    is appended. A member's bytes are read from its row without taking it out.
-    One row is a batch of one through the same code.
+    Rows that join are appended (:meth:`extend`); one that leaves takes its
+    rows back (:meth:`remove`). One row is a batch of one through the same code.
     """
 
-    slot = "hearing"
-
     def __init__(self) -> None:
-        super().__init__()
+        self.members: list[ListeningRow] = []
         # None: sources that push on their own (whole signals, streams without the cache)
         self.perception: PerceptionRows | None = None
         self.decoded: list[int] = []  # the members whose RNNT runs: the carry's rows
         self.carry: RNNTCarry | None = None  # formed at the first frame (its dtype)
 
-    def _extend(self, states: list[ListeningRow]) -> None:
+    def extend(self, states: list[ListeningRow]) -> None:
+        """Append ``states``' rows after the members'."""
         sources = [s.perception for s in states]
         cached = all(isinstance(s, PerceptionStream) and s.use_cache for s in sources)
         if not self.members:
-            self.perception = PerceptionRows.merge(sources) if cached else None
+            self.perception = PerceptionRows.merge(sources) if cached and states else None
         elif cached and self.perception is not None:
             self.perception.extend(sources)
         elif self.perception is not None:  # a source that pushes alone: every row does
@@ -104,8 +88,12 @@ class HearingBatch(HeldBatch):
             for r in rnnt:
                 r.carry = None  # held here
         self.decoded += joining
+        self.members += states
 
-    def _remove(self, state: ListeningRow, row: int) -> list[mx.array]:
+    def remove(self, row: int) -> list[mx.array]:
+        """Member ``row``'s rows given back as its own state (copies); the others stay
+        stacked. The arrays made."""
+        state = self.members.pop(row)
         perception, carry = self.perception, self.carry
         if perception is not None:
             state.perception = perception.remove(row)

@@ -7,7 +7,7 @@ every session that has a frame ready by one frame, ``flush`` / ``cancel`` /
 their reservations (:mod:`.reservation`: each session's worst-case state,
 computed from the config when it opens, before its prefill), which the
 measured bytes of their state arrays (:attr:`state_bytes`, summed from each
-session's ``nbytes``: at each change of membership, and after steps when read)
+session's :meth:`~StreamPool.nbytes`: at each change of membership, and after steps when read)
 never pass; a refused ``open`` raises
 :class:`PoolFull`, and a closed session's slot, reservation and state are
 free at once.
@@ -24,9 +24,13 @@ transcript-only stream, :class:`~.options.TranscriptionOptions`). A step runs
 its sessions' frames as one batched frame (:func:`~.streaming.step_cores`:
 every session's listening half, perception and the RNNT, in one batch, the
 speaking half for the conversations; stages whose rows are independent take
-every session at once, and each session keeps its own caches), so every
-session's ids, codes, samples and transcript equal those of that session run
-alone.
+every session at once), so every session's ids, codes, samples and transcript
+equal those of that session run alone. The pool holds one
+:class:`~.compute.Batch`, the stepping sessions' state as rows: ``step``
+decides its members once (those that leave extracted, those that join
+appended), and reading one session's state is a call on the pool
+(:meth:`~StreamPool.extract`, :meth:`~StreamPool.nbytes`) that copies or
+sizes that session's rows only.
 """
 
 from __future__ import annotations
@@ -39,8 +43,7 @@ from typing import Any, Generator
 import numpy as np
 
 from .events import Event
-from .compute import TimelineBatch
-from .hearing import HearingBatch
+from .compute import Batch
 from .ledger import ReservationLedger
 from .options import ConversationOptions, TranscriptionOptions
 from .reservation import Reservations
@@ -83,11 +86,7 @@ class StreamPool:
         self.default_options = default_options or ConversationOptions()
         self.voicechat = voicechat
         self.sessions: dict[str, StreamingShell] = {}
-        # The stepping conversations' timelines and codec states, merged while the same
-        # ones step.
-        self.batch = TimelineBatch()
-        # Every stepping session's listening state, stacked while the same ones step.
-        self.listening = HearingBatch()
+        self.batch = Batch()  # the stepping sessions' state, stacked while the same ones step
         # Measured at every change of membership; a step only marks it stale (it changes
         # every stepped session's state, and sizing them all is host work per row).
         self._state_bytes = 0
@@ -129,8 +128,13 @@ class StreamPool:
 
     def _measure(self) -> None:
         self._stale = False
-        self._state_bytes = self.ledger.state_bytes = sum(
-            s.nbytes for s in self.sessions.values())
+        self._state_bytes = self.ledger.state_bytes = sum(map(self.nbytes, self.sessions))
+
+    def nbytes(self, session_id: str) -> int:
+        """The bytes of a session's state arrays (caches, carries, buffered PCM), read
+        from its rows in place while the batch holds them."""
+        stream = self.get(session_id)
+        return self.batch.nbytes(stream.core.compute) + stream.framer.nbytes
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -244,12 +248,14 @@ class StreamPool:
                 self._fail(result, session_id, exc)
             else:
                 ready.append(session_id)
-        if ready:  # the batches' members that step first, in their order; then the others
-            order = {id(m): b for b, m in enumerate(self.listening.members)}
+        if ready:  # the batch's members that step first, in their order; then the others
+            order = {id(m): b for b, m in enumerate(self.batch.members)}
             ready.sort(key=lambda k: order.get(id(self.sessions[k].core.compute), len(order)))
-            outcomes = step_cores([self.sessions[k].core for k in ready],
-                                  [frames[k] for k in ready], self.batch,
-                                  self.listening)
+            cores = [self.sessions[k].core for k in ready]
+            states = [c.compute for c in cores]
+            if states != self.batch.members:  # membership decided here, once a step
+                self.batch.update(states)
+            outcomes = step_cores(cores, [frames[k] for k in ready], self.batch)
             result.frames = len(ready)
             for session_id, outcome in zip(ready, outcomes):
                 if isinstance(outcome, Exception):
@@ -261,18 +267,16 @@ class StreamPool:
         return result
 
     def extract(self, session_id: str) -> StreamingShell:
-        """The session with its state out of the pool's batches as its own (copies of its
+        """The session with its state out of the pool's batch as its own (copies of its
         rows only; the others stay stacked): what reading its state alone needs (a
-        snapshot, ``state``, ``nbytes`` of its own arrays). It joins again at its next step."""
+        snapshot, ``state``). It joins again at its next step."""
         stream = self.get(session_id)
         self._extract(stream)
         return stream
 
     def _extract(self, stream: StreamingShell) -> None:
-        state = stream.core.compute
-        for batch in (self.listening, self.batch):
-            if any(m is state for m in batch.members):
-                batch.remove(state)
+        if stream.core.compute.held:
+            self.batch.extract(stream.core.compute)
 
     @staticmethod
     def _fail(result: StepResult, session_id: str, exc: BaseException) -> None:

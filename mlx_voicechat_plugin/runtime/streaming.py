@@ -33,8 +33,7 @@ from .audio import as_pcm_chunk
 from .conversation import Conversation
 from .events import Cancelled, Done, Event
 from .framing import Chunk, Framer
-from .compute import TimelineBatch, advance_batch
-from .hearing import HearingBatch
+from .compute import Batch, advance_batch
 from .options import ConversationOptions, StreamLimits
 from .profile import Profile
 from .timeline import Timeline
@@ -313,23 +312,19 @@ class ConversationStream(StreamingShell):
 
 
 def step_cores(cores: list[Core], inputs: list[np.ndarray],
-               batch: TimelineBatch | None = None,
-               listening: HearingBatch | None = None) -> list[list[Event] | Exception]:
+               batch: Batch | None = None) -> list[list[Event] | Exception]:
     """One frame of many cores of one model: one batched compute, then each one's books.
 
     Every core's listening half (perception, RNNT) runs in one batch, the
     speaking half for the conversations among them. Each core gets its events,
     or the exception its own bookkeeping raised (the others' frames are
     unaffected); each equals that core's ``frame`` run alone. Not profiled.
-    ``batch``: the caller's (a pool's), where the conversations' timelines and codec
-    states stay merged while the same ones step (:class:`~.compute.TimelineBatch`);
-    ``listening``: the caller's, where every core's listening state stays stacked
-    while the same ones step (:class:`~.hearing.HearingBatch`).
+    ``batch``: the caller's (a pool's), holding the cores' rows already
+    (:meth:`~.compute.Batch.update`).
     """
     outs = advance_batch(cores[0].model, [c.compute for c in cores], inputs,
                          [c.next_forced() for c in cores],
-                         on_tokens=[c.decode_tokens for c in cores], batch=batch,
-                         listening=listening)
+                         on_tokens=[c.decode_tokens for c in cores], batch=batch)
     results: list[list[Event] | Exception] = []
     for core, out in zip(cores, outs):
         try:

@@ -13,7 +13,7 @@ The first position has no TTS step; its codes are the codec's silence codes.
 A :class:`Timeline` carries this recurrence for ``B`` conversations at once
 (one conversation is ``B = 1``): :func:`~.compute.advance_batch` runs one
 position of the stepping conversations' merged timeline, which a
-:class:`~.compute.TimelineBatch` keeps while the same conversations step and
+:class:`~.compute.Batch` keeps while the same conversations step and
 hands back row by row when they change, for offline and streaming
 conversations alike.
 """
@@ -35,7 +35,8 @@ from ..models.cache_state import (
 )
 from ..models.context import ContextWindow
 from ..models.duplex import LanguageRows, LanguageState
-from ..models.kv_arena import release as release_caches
+from ..models.ear_tts import GUIDED_ROWS
+from ..models.kv_arena import KVArena
 from ..models.model import Model
 from ..models.rows import drop_row, own_row, stack_rows, take_rows
 from .profile import NO_CLOCK, FrameClock
@@ -111,6 +112,8 @@ class Timeline:
                   prev: Sequence[mx.array], keys: KeyRows | None = None) -> None:
         self.positions, self.language, self.tts_caches, self.rngs = positions, language, tts_caches, rngs
         self.keys = keys  # the rows' keys while stacked (their streams hold none)
+        # The backbone's rings per layer while stacked (the rows' caches hold none).
+        self.arenas: list[KVArena] | None = None
         self.prev_text, self.prev_function, self.prev_codes = prev
 
     @property
@@ -140,20 +143,38 @@ class Timeline:
             KeyRows.merge([p for t in rows for p in ([t.keys] if t.keys is not None else t.rngs)]),
         )
         merged.top_p = [p for t in rows for p in t.top_p]
+        merged._stack([[p for t in rows for p in (
+            [t.arenas[i]] if t.arenas is not None else [c[i] for c in t.tts_caches])]
+            for i in range(len(rows[0].tts_caches[0]))])
         return merged
 
-    def _stack_language(self) -> None:
-        """Rows whose language states are all ready step as one stacked state from now on
-        (a joiner's rows appended to the stack); while one is not (a fresh
-        conversation's first position runs alone), every row steps on its own."""
-        language = self.language
-        if len(language) < 2:
+    def _stack(self, speech: list[list[Any]] | None = None) -> None:
+        """Rows that are all ready step as one stacked state: the language states as
+        :class:`LanguageRows`, the backbone's rings (``speech``, each layer's parts) as
+        one :class:`KVArena` a layer while every row talks (each row's own caches give
+        their arrays up). While one is not (a fresh conversation's first position),
+        every row steps on its own. Run when the rows change (:meth:`merge`) and after
+        a position at which one became ready."""
+        if self.batch_size < 2:
             return
+        language = self.language
         if all(map(self.model.stt_model.ready, language)):
-            self.language = [LanguageRows(language)]
-        elif any(isinstance(s, LanguageRows) for s in language):
+            if len(language) > 1:
+                self.language = [LanguageRows(language)]
+        else:
             self.language = [r for s in language for r in (
                 s.split() if isinstance(s, LanguageRows) else [s])]
+        if speech is None:
+            if self.arenas is not None:
+                return
+            speech = [list(layer) for layer in zip(*self.tts_caches)]
+        if all(p > 0 for p in self.positions) and all(
+                KVArena.fits(parts, GUIDED_ROWS) for parts in speech):
+            self.arenas = [KVArena.merge(parts, GUIDED_ROWS) for parts in speech]
+        else:
+            self.arenas = None
+            for part in (p for parts in speech for p in parts if isinstance(p, KVArena)):
+                part.split()
 
     def remove(self, index: int) -> "Timeline":
         """Row ``index`` as a one-row timeline of its own (copies, its rings out of their
@@ -170,7 +191,12 @@ class Timeline:
         caches, rng = self.tts_caches.pop(index), self.rngs.pop(index)
         if self.keys is not None:
             rng.key = self.keys.remove(index)
-        release_caches([*caches, *(row.cache or [])], keep=True)
+        rest = [b for b in range(len(self.positions)) if b != index]
+        for arena in self.arenas or ():
+            arena.extract(index)
+            arena.extract(rest[0]) if len(rest) == 1 else arena.filter(rest)
+        if len(rest) == 1:
+            self.arenas = None
         own = self._with([self.positions.pop(index)], [row], [caches], [rng],
                          [own_row(a, index) for a in (self.prev_text, self.prev_function,
                                                       self.prev_codes)])
@@ -187,6 +213,7 @@ class Timeline:
         if self.prev_codes is None:  # released
             return []
         return [*(s.state for s in self.language), *(cache_state(c) for c in self.tts_caches),
+                *(a.state for a in self.arenas or ()),
                 *(r.state if self.keys is None else [self.keys.keys[b]]
                   for b, r in enumerate(self.rngs)), [self.prev_text, self.prev_function, self.prev_codes]]
 
@@ -212,6 +239,7 @@ class Timeline:
         language = self.language[0]
         return ((language.row_nbytes(index) if isinstance(language, LanguageRows)
                  else self.language[index].nbytes) + state_nbytes(self.tts_caches[index])
+                + sum(a.row_nbytes(index) for a in self.arenas or ())
                 + (sum(a.nbytes for a in self.rngs[index].state) if self.keys is None
                    else self.keys.keys.nbytes // len(self.keys))
                 + sum(a.nbytes // a.shape[0]
@@ -250,9 +278,7 @@ class Timeline:
             language.release()
         for rng in self.rngs:
             rng.state = []
-        self.keys = None
-        for caches in self.tts_caches:
-            release_caches(caches)  # rows an arena holds for this conversation
+        self.keys = self.arenas = None
         self.tts_caches = [[] for _ in self.tts_caches]
         self.prev_text = self.prev_function = self.prev_codes = None
 
@@ -301,7 +327,6 @@ class Timeline:
         other work of the frame), then call :meth:`speak`.
         """
         stt = self.model.stt_model
-        self._stack_language()
         fused = stt.fuse(self.prev_text, audio, self.prev_function)
         text_logits, function_logits = stt.step(fused, self.language)
         rows = range(self.batch_size)
@@ -347,7 +372,7 @@ class Timeline:
             hidden = tts.backbone_step(take_rows(previous, talking),
                                        take_rows(tokens.text[:, None], talking),
                                        [self.tts_caches[b] for b in talking],
-                                       [ids[b][0] for b in talking])
+                                       [ids[b][0] for b in talking], self.arenas)
             mx.async_eval(hidden)  # computes while the depth loop is built
             clock.sub_stage("tts.backbone", hidden)
             keys: Any = [self.rngs[b] for b in talking]
@@ -370,6 +395,8 @@ class Timeline:
             steps.append(TimelineStep(self.positions[b], text_id, function_id, codes[b],
                                       tokens.forced[b]))
             self.positions[b] += 1
+        if len(talking) < self.batch_size:  # a row's first position: it is ready now
+            self._stack()
         return steps
 
     def step(

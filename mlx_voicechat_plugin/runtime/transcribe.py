@@ -183,11 +183,12 @@ class ListeningState(ListeningRow):
 
     @property
     def nbytes(self) -> int:
+        self.check_own()
         return self.listening_nbytes()
 
     def release(self) -> None:
         """Drop every array reference (the transcript stays readable)."""
-        self.leave_batches()
+        self.check_own()
         self.perception = None
         self.rnnt.release()
 
