@@ -299,7 +299,7 @@ def test_a_pool_session_holds_no_framer_its_caller_frames_and_hands_the_partial(
     with pytest.raises(RuntimeError, match="handed whole frames"):
         talk.push_audio(np.zeros(FRAME, np.float32))
     pool.step({"talk": question_signal(0.08)})
-    assert pool.state_bytes == talk.nbytes + text.nbytes  # state only: no PCM of its own
+    assert pool.state_bytes == pool.nbytes("talk") + pool.nbytes("text")  # state only: no PCM of its own
     padded = pool.flush("talk", partial=question_signal(0.08)[: FRAME // 2])
     assert padded[-1].frame_index == 2  # the partial frame ran, zero-padded
     assert pool.flush("text")[-1].frame_index == 0  # no partial: none runs

@@ -131,10 +131,10 @@ class StreamPool:
         self._state_bytes = self.ledger.state_bytes = sum(map(self.nbytes, self.sessions))
 
     def nbytes(self, session_id: str) -> int:
-        """The bytes of a session's state arrays (caches, carries, buffered PCM), read
-        from its rows in place while the batch holds them."""
-        stream = self.get(session_id)
-        return self.batch.nbytes(stream.core.compute) + stream.framer.nbytes
+        """The bytes of a session's state arrays (caches, carries), read from its rows in
+        place while the batch holds them (a pool's stream holds no framer: its caller
+        frames the audio)."""
+        return self.batch.nbytes(self.get(session_id).core.compute)
 
     # --- lifecycle ----------------------------------------------------------
 
