@@ -92,7 +92,7 @@ def run_pair(
     from mlx_vlm.utils import load as reference_load
 
     from mlx_voicechat_plugin import load
-    from mlx_voicechat_plugin.models.perception import log_mel
+    from mlx_voicechat_plugin.models.perception.perception import log_mel
     from mlx_voicechat_plugin.runtime.audio import load_waveform
 
     (ours, processor), (ref, ref_processor) = loaded or (

@@ -57,7 +57,7 @@ def run_stream_pair(
     decoded = np.array(model.tts_model.audio_codec.decode(mx.array(codes.T[None]))[0, 0])
 
     # Encoder: fresh perception streams over the same frames.
-    from mlx_voicechat_plugin.models.perception_stream import PerceptionStream, push_frames
+    from mlx_voicechat_plugin.models.perception.perception_stream import PerceptionStream, push_frames
 
     stream_a = PerceptionStream(model.stt_model.perception, model.config)
     probe = ref.create_session(ref_processor).create_streaming_session()

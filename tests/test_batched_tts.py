@@ -25,8 +25,8 @@ from mlx_voicechat_plugin.models.cache_state import (
     caches_from_state,
     copy_arrays,
 )
-from mlx_voicechat_plugin.models.mog_head import draw
-from mlx_voicechat_plugin.models.gemma_step import GemmaStep
+from mlx_voicechat_plugin.models.speech.mog_head import draw
+from mlx_voicechat_plugin.models.speech.gemma_step import GemmaStep
 from mlx_voicechat_plugin.runtime.rng import RandomStream
 from mlx_voicechat_plugin.runtime.warm_start import WarmStart
 

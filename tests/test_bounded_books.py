@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlx_voicechat_plugin.models.rnnt import RNNTState
+from mlx_voicechat_plugin.models.rnnt.rnnt import RNNTState
 from mlx_voicechat_plugin.runtime import tool_calls
 from mlx_voicechat_plugin.runtime.events import TokenText, ToolCall
 from mlx_voicechat_plugin.runtime.tool_calls import ToolChannel

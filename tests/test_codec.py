@@ -19,7 +19,7 @@ from mlx_audio.codec.models.nemotron_voicechat.config import (
 )
 
 from mlx_voicechat_plugin.config import CodecConfig
-from mlx_voicechat_plugin.models.codec import Codec
+from mlx_voicechat_plugin.models.codec.codec import Codec
 from mlx_voicechat_plugin.testing.configs import fixture_config
 
 LAYOUT = Path(__file__).parent / "data" / "checkpoint_layout_tiny.txt"
@@ -191,7 +191,7 @@ def test_flushed_stream_refuses_more_codes(ours, codes):
 
 
 def test_stacked_codebooks_decode_the_same_latents_with_one_gather(config):
-    from mlx_voicechat_plugin.models.codec_rvq import ProbabilisticRVQ
+    from mlx_voicechat_plugin.models.codec.codec_rvq import ProbabilisticRVQ
     from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 
     prvq = ProbabilisticRVQ(config)

@@ -101,7 +101,7 @@ def test_after_the_warm_up_speech_traces_nothing_new(tiny_ckpt, traces):
 
 
 def test_the_rnnt_later_tries_trace_once_per_batch_size(tiny_ckpt, traces):
-    from mlx_voicechat_plugin.models.rnnt import RNNTCarry
+    from mlx_voicechat_plugin.models.rnnt.rnnt import RNNTCarry
     from mlx_voicechat_plugin import load
 
     model, processor = load(tiny_ckpt)

@@ -17,9 +17,9 @@ from backbone_support import backbone_steps
 from mlx_audio.stt.models.nemotron_asr.rnnt import GreedyDecoderState
 
 from mlx_voicechat_plugin import load
-from mlx_voicechat_plugin.models.rvq import CodebookTables, rvq_assign, rvq_block
-from mlx_voicechat_plugin.models.perception_stream import MelStream, PerceptionStream, push_frames
-from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTFrame, RNNTState
+from mlx_voicechat_plugin.models.speech.rvq import CodebookTables, rvq_assign, rvq_block
+from mlx_voicechat_plugin.models.perception.perception_stream import MelStream, PerceptionStream, push_frames
+from mlx_voicechat_plugin.models.rnnt.rnnt import GreedyRNNT, RNNTFrame, RNNTState
 from mlx_voicechat_plugin.runtime.rng import RandomStream
 from mlx_voicechat_plugin.runtime.timeline import Timeline
 from mlx_voicechat_plugin.runtime.warm_start import WarmStart
@@ -229,7 +229,7 @@ def test_branchless_rnnt_equals_mlx_audio_greedy_decoder(small):
 def test_rnnt_tries_gather_each_symbols_first_layer_input_from_a_table(small):
     """A try reads the first LSTM layer's input part of its symbol from a table made at
     load (one gather, no embedding product), whose rows are that product's bits."""
-    from mlx_voicechat_plugin.models.prediction_step import input_part
+    from mlx_voicechat_plugin.models.rnnt.prediction_step import input_part
 
     model = small[0]
     stt, config = model.stt_model, model.config
@@ -247,7 +247,7 @@ def test_rnnt_tries_gather_each_symbols_first_layer_input_from_a_table(small):
 def test_rnnt_carries_merge_extract_and_set_state_row_for_row(small):
     """A carry of two streams run as one batch gives back each stream's own carry and
     symbols (``merge`` / ``extract``), and ``state`` set on a new carry restores it."""
-    from mlx_voicechat_plugin.models.rnnt import RNNTCarry
+    from mlx_voicechat_plugin.models.rnnt.rnnt import RNNTCarry
 
     model = small[0]
     stt, config = model.stt_model, model.config

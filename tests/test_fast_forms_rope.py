@@ -19,7 +19,7 @@ from backbone_support import backbone_steps
 
 from mlx_voicechat_plugin.models import fast_forms
 from mlx_voicechat_plugin.models.fast_forms import RopeForm, rms_norm
-from mlx_voicechat_plugin.models.gemma_step import GemmaStep
+from mlx_voicechat_plugin.models.speech.gemma_step import GemmaStep
 from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 from mlx_voicechat_plugin.runtime.timeline import Timeline
 

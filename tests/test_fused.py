@@ -8,7 +8,7 @@ import pytest
 
 from mlx_voicechat_plugin.models import fused as fused_module
 from mlx_voicechat_plugin.models.fused import fuse, fuse_projections, gated_mlp, project
-from mlx_voicechat_plugin.models.layers import GatedMLP
+from mlx_voicechat_plugin.models.speech.layers import GatedMLP
 from mlx_voicechat_plugin.models.weight_layout import relayout
 from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 
@@ -146,7 +146,7 @@ def test_a_block_without_projections_is_refused_by_name():
 
 def test_the_mog_heads_three_products_are_one_and_sample_the_same_latent():
     from mlx_voicechat_plugin.config import MoGConfig
-    from mlx_voicechat_plugin.models.mog_head import MoGHead
+    from mlx_voicechat_plugin.models.speech.mog_head import MoGHead
 
     mx.random.seed(3)
     head = MoGHead(32, 16, MoGConfig(intermediate_size=48, num_predictions=12, low_rank=4,

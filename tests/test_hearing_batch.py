@@ -8,8 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_voicechat_plugin.models.encoder_cache import EncoderCache
-from mlx_voicechat_plugin.models.rnnt import RNNTCarry
+from mlx_voicechat_plugin.models.perception.encoder_cache import EncoderCache
+from mlx_voicechat_plugin.models.rnnt.rnnt import RNNTCarry
 from mlx_voicechat_plugin.runtime.options import ConversationOptions, TranscriptionOptions
 from mlx_voicechat_plugin.runtime.pool import StreamPool
 from mlx_voicechat_plugin.testing.fixtures import question_signal

@@ -223,7 +223,7 @@ def test_rnnt_tries_counts_the_graphs_queued_by_tries_on_its_thread(tiny_ckpt):
 
     from mlx_voicechat_plugin import load
     from mlx_voicechat_plugin.instruments.rnnt_tries import RNNTTries
-    from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTCarry, RNNTFrame
+    from mlx_voicechat_plugin.models.rnnt.rnnt import GreedyRNNT, RNNTCarry, RNNTFrame
 
     model, processor = load(tiny_ckpt)
     greedy = model.create_session(processor).new_rnnt_state().greedy

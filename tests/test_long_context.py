@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mlx_voicechat_plugin.models.cache_state import copy_arrays
-from mlx_voicechat_plugin.models.context import ContextCache, ContextWindow, bound
+from mlx_voicechat_plugin.models.language.context import ContextCache, ContextWindow, bound
 from mlx_voicechat_plugin.runtime.reservation import ConversationShape, kv_bytes
 from mlx_voicechat_plugin.runtime.timeline import Timeline
 

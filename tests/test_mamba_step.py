@@ -1,6 +1,6 @@
 """One Mamba2 position through MambaStep is the upstream block's position, bit for bit.
 
-MambaStep (models/mamba_step.py) replaces, off Metal, upstream's chunked scan at
+MambaStep (models/language/mamba_step.py) replaces, off Metal, upstream's chunked scan at
 one position by the ops that survive at length one. It must return exactly what
 ``NemotronHBlock(x, mask=None, cache=...)`` returns, hidden state and both cache
 arrays, for any batch, dtype, grouping of B/C and state history, eager and
@@ -17,7 +17,7 @@ from mlx_vlm.models.nemotron_h.config import ModelConfig
 from mlx_vlm.models.nemotron_h.language import NemotronHBlock
 
 from mlx_voicechat_plugin import load
-from mlx_voicechat_plugin.models.mamba_step import MambaStep, use_upstream
+from mlx_voicechat_plugin.models.language.mamba_step import MambaStep, use_upstream
 from mlx_voicechat_plugin.models.segments import SegmentedStep
 from mlx_voicechat_plugin.testing.configs import CONFIGS, _text_config
 

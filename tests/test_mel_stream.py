@@ -16,7 +16,7 @@ from mlx_audio.stt.models.nemotron_asr import StreamingLogMelSpectrogram
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram_frames
 
 from mlx_voicechat_plugin.config import ModelConfig
-from mlx_voicechat_plugin.models.mel_stream import (
+from mlx_voicechat_plugin.models.perception.mel_stream import (
     MelRows, MelStream, device_groups, device_log_mel, host_frames)
 from mlx_voicechat_plugin.runtime import compile_policy
 from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count

@@ -9,8 +9,8 @@ import mlx.core as mx
 import pytest
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
 
-from mlx_voicechat_plugin.models.perception import log_mel
-from mlx_voicechat_plugin.models.rnnt import GreedyRNNT, RNNTState
+from mlx_voicechat_plugin.models.perception.perception import log_mel
+from mlx_voicechat_plugin.models.rnnt.rnnt import GreedyRNNT, RNNTState
 
 
 def _max_abs(a: mx.array, b: mx.array) -> float:

@@ -137,7 +137,7 @@ def test_a_steady_pool_step_keeps_the_codec_stack_and_a_change_hands_each_row_it
     batch forms (a late joiner's phase is its own group until it meets the others'), then
     stepped in place: a steady step merges and extracts nothing. A membership change hands
     each row back its own state, equal to that conversation's stepped alone."""
-    from mlx_voicechat_plugin.models.codec_stream import CodecRows, CodecState
+    from mlx_voicechat_plugin.models.codec.codec_stream import CodecRows, CodecState
 
     joins = {"a": 0, "b": 0, "c": 1}  # c joins a step late: a fresh stream, another phase
     audio = {k: question_signal(0.8, seed=i) for i, k in enumerate(joins)}
@@ -196,7 +196,7 @@ def test_a_held_batch_is_the_only_copy_of_its_members_mamba2_states(voicechat):
     batch changes each member gets its own back, equal to that conversation alone."""
     from mlx_vlm.models.cache import ArraysCache
 
-    from mlx_voicechat_plugin.models.duplex import LanguageRows
+    from mlx_voicechat_plugin.models.language.duplex import LanguageRows
 
     audio = {k: question_signal(0.6, seed=i) for i, k in enumerate("ab")}
     pool = StreamPool(voicechat, max_sessions=2)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mlx_voicechat_plugin.models.cache_state import copy_arrays
-from mlx_voicechat_plugin.models.codec_stream import CodecRows, CodecState
+from mlx_voicechat_plugin.models.codec.codec_stream import CodecRows, CodecState
 from mlx_voicechat_plugin.runtime.rng import RandomStream
 from mlx_voicechat_plugin.runtime.timeline import Timeline
 

@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from mlx_voicechat_plugin import load
-from mlx_voicechat_plugin.models.perception_stream import PerceptionStream, push_frames
+from mlx_voicechat_plugin.models.perception.perception_stream import PerceptionStream, push_frames
 from mlx_voicechat_plugin.testing.fixtures import conversation_signal, question_signal
 
 
@@ -60,7 +60,7 @@ def test_filling_windows_encode_as_projecting_each_length(small):
 def test_streams_filling_their_windows_together_batch_and_equal_each_alone(small, monkeypatch):
     """Streams that started on the same frame have equal cache shapes while their windows
     fill: they run as one batch, and every frame's output is each stream's own."""
-    from mlx_voicechat_plugin.models.encoder_stream import EncoderStream
+    from mlx_voicechat_plugin.models.perception.encoder_stream import EncoderStream
 
     model = small[0]
     perception = model.stt_model.perception
@@ -92,7 +92,7 @@ def test_streams_filling_their_windows_together_batch_and_equal_each_alone(small
 def test_encoder_caches_merge_extract_and_set_state_row_for_row(small):
     """mlx-lm's cache convention: ``merge`` stacks streams' caches, ``extract(i)`` gives
     stream ``i``'s back, and ``state`` set on a new cache restores its arrays."""
-    from mlx_voicechat_plugin.models.encoder_cache import EncoderCache
+    from mlx_voicechat_plugin.models.perception.encoder_cache import EncoderCache
 
     model = small[0]
     frame = model.config.frame_samples
@@ -125,7 +125,7 @@ def test_steady_streams_frame_and_subsample_with_the_kernels_of_one(small):
     """The mel frontend, the subsampling window (kept frames + new frames) and the encoder
     of streams with equal shapes, held stacked, are one graph: a step of four costs the
     kernels of one."""
-    from mlx_voicechat_plugin.models.perception_stream import PerceptionRows
+    from mlx_voicechat_plugin.models.perception.perception_stream import PerceptionRows
     from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 
     model = small[0]

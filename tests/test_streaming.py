@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_voicechat_plugin.models.perception_stream import push_frames
+from mlx_voicechat_plugin.models.perception.perception_stream import push_frames
 from mlx_voicechat_plugin.runtime.events import (
     AssistantTextDelta,
     Audio,

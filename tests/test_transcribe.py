@@ -94,9 +94,9 @@ def test_file_transcript_equals_the_streaming_path_exactly(transcriber, seconds,
 def test_a_file_runs_its_own_frames_through_the_streaming_encoder(transcriber, monkeypatch):
     """Counted: no whole-signal perception; one streaming perception frame per 80 ms of
     the file (the partial last one included), each committed to the RNNT."""
-    from mlx_voicechat_plugin.models.perception import Perception
-    from mlx_voicechat_plugin.models.perception_stream import PerceptionRows
-    from mlx_voicechat_plugin.models.rnnt import RNNTState
+    from mlx_voicechat_plugin.models.perception.perception import Perception
+    from mlx_voicechat_plugin.models.perception.perception_stream import PerceptionRows
+    from mlx_voicechat_plugin.models.rnnt.rnnt import RNNTState
 
     whole, pushed, committed = [0], [0], [0]
     encode_signal, push, commit = Perception.encode_signal, PerceptionRows.push, RNNTState.commit
@@ -293,8 +293,8 @@ def test_stream_budgets_must_be_positive_integers(transcriber, name):
 
 def test_only_perception_and_the_rnnt_run(transcriber, wav, monkeypatch):
     """No timeline (LLM + TTS), language model, speech decoder or codec work at all."""
-    from mlx_voicechat_plugin.models.codec import Codec, CodecDecoder
-    from mlx_voicechat_plugin.models.duplex import DuplexSTT
+    from mlx_voicechat_plugin.models.codec.codec import Codec, CodecDecoder
+    from mlx_voicechat_plugin.models.language.duplex import DuplexSTT
     from mlx_voicechat_plugin.runtime import timeline
 
     def boom(*args, **kwargs):

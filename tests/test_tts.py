@@ -18,14 +18,14 @@ from mlx_vlm.models.nemotron_voicechat import config as ref_config
 from mlx_vlm.models.nemotron_voicechat import tts as ref_tts
 
 from mlx_voicechat_plugin.config import TTSConfig
-from mlx_voicechat_plugin.models.ear_tts import EarTTS
-from mlx_voicechat_plugin.models.rvq import (
+from mlx_voicechat_plugin.models.speech.ear_tts import EarTTS
+from mlx_voicechat_plugin.models.speech.rvq import (
     codebook_norms,
     distance_in_one_product,
     rvq_assign,
     unmasking_schedule,
 )
-from mlx_voicechat_plugin.models.mog_head import top_p_mask
+from mlx_voicechat_plugin.models.speech.mog_head import top_p_mask
 from mlx_voicechat_plugin.instruments.kernels import graph_primitives
 from mlx_voicechat_plugin.testing.configs import fixture_config
 
@@ -339,10 +339,10 @@ def test_codes_vary_across_frames(pair):
 
 
 def _speech_decoder():
-    codec = pytest.importorskip("mlx_voicechat_plugin.models.codec")
+    codec = pytest.importorskip("mlx_voicechat_plugin.models.codec.codec")
     del codec
     from mlx_voicechat_plugin.config import CodecConfig
-    from mlx_voicechat_plugin.models.speech import SpeechDecoder
+    from mlx_voicechat_plugin.models.speech.speech import SpeechDecoder
 
     cfg = fixture_config("tiny")
     return SpeechDecoder(TTSConfig.from_dict(cfg["tts_config"]),
@@ -373,7 +373,7 @@ def test_compiled_depth_loop_sees_weight_updates():
     from mlx.utils import tree_flatten, tree_unflatten
 
     from mlx_voicechat_plugin.config import TTSConfig
-    from mlx_voicechat_plugin.models.ear_tts import EarTTS
+    from mlx_voicechat_plugin.models.speech.ear_tts import EarTTS
     from mlx_voicechat_plugin.runtime.rng import RandomStream
     from mlx_voicechat_plugin.testing.configs import fixture_config
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlx_voicechat_plugin.models.ear_tts import EarTTS
+from mlx_voicechat_plugin.models.speech.ear_tts import EarTTS
 from mlx_voicechat_plugin.models.remembered import ENV_CACHE_DIR
 from mlx_voicechat_plugin.runtime.events import Audio, AssistantTextDelta
 from mlx_voicechat_plugin.testing.fixtures import question_signal

@@ -16,8 +16,8 @@ from mlx.utils import tree_flatten
 
 from mlx_voicechat_plugin import load
 from mlx_voicechat_plugin.models import weight_layout
-from mlx_voicechat_plugin.models.perception_stream import PerceptionStream, push_frames
-from mlx_voicechat_plugin.models.prediction_step import held_lstm, lstm_step
+from mlx_voicechat_plugin.models.perception.perception_stream import PerceptionStream, push_frames
+from mlx_voicechat_plugin.models.rnnt.prediction_step import held_lstm, lstm_step
 from mlx_voicechat_plugin.models.weight_layout import (
     FrameUpsample, PointwiseConv1d, RowMajorLinear, RowMajorLSTM, layouts_agree, relayout,
 )

@@ -188,7 +188,7 @@ def _run(label: str, path: str, budget: float | None, question: Any, options: di
     """One side's run; ``forced``: the tokens to teacher-force (None: its own)."""
     import mlx.core as mx
 
-    from ..models.perception import log_mel
+    from ..models.perception.perception import log_mel
 
     model, processor = _load(path, budget)
     voicechat = model.create_session(processor)

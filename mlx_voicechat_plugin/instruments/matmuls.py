@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 CALLER_PACKAGES = ("mlx_voicechat_plugin", "mlx_vlm", "mlx_audio")
 # Shared helpers and blocks products pass through: a label names what called them.
 PASS_THROUGH = ("mlx_voicechat_plugin.models.fused", "mlx_voicechat_plugin.models.weight_layout",
-                "mlx_voicechat_plugin.models.layers")
+                "mlx_voicechat_plugin.models.speech.layers")
 
 _lock = threading.Lock()  # one instrument at a time checks and patches
 

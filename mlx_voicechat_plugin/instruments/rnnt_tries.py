@@ -19,7 +19,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from ..models.rnnt import GreedyRNNT
+from ..models.rnnt.rnnt import GreedyRNNT
 
 
 class RNNTTries:

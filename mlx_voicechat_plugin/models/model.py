@@ -14,10 +14,10 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..config import ModelConfig
-from .duplex import DuplexSTT
+from .language.duplex import DuplexSTT
 from .fast_forms import expand_layer_norms
 from .kv_arena import batched_by_default
-from .speech import SpeechDecoder
+from .speech.speech import SpeechDecoder
 from .fused import fuse_projections, fused_layers, unfuse
 from .remembered import ProbeVerdicts
 from .weight_layout import hold_matrices, relayout

@@ -25,7 +25,7 @@ from mlx_vlm.models.cache import ArraysCache
 
 from .fused import project
 from .kv_arena import AttentionCores, StepArrays
-from .mamba_step import MambaStep, use_upstream
+from .language.mamba_step import MambaStep, use_upstream
 from .rows import stack_rows
 
 MAMBA, ATTENTION = "M", "*"

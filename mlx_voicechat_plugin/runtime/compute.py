@@ -31,11 +31,11 @@ import mlx.core as mx
 import numpy as np
 
 from ..models.cache_state import split_state
-from ..models.codec_stream import CodecRows, CodecState
-from ..models.context import ContextWindow
+from ..models.codec.codec_stream import CodecRows, CodecState
+from ..models.language.context import ContextWindow
 from ..models.model import Model
-from ..models.perception_stream import PerceptionStream
-from ..models.rnnt import RNNTState
+from ..models.perception.perception_stream import PerceptionStream
+from ..models.rnnt.rnnt import RNNTState
 from ..models.rows import take_rows
 from .hearing import Hearing, HearingBatch, ListeningRow
 from .profile import NO_CLOCK, FrameClock

@@ -14,8 +14,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..models.perception_stream import PerceptionRows, PerceptionStream
-from ..models.rnnt import RNNTCarry, RNNTFrame, RNNTState
+from ..models.perception.perception_stream import PerceptionRows, PerceptionStream
+from ..models.rnnt.rnnt import RNNTCarry, RNNTFrame, RNNTState
 from ..models.rows import drop_row, stack_rows, take_rows
 from .profile import FrameClock
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from ..models.context import ContextWindow, window_capacity
-from ..models.ear_tts import GUIDED_ROWS
+from ..models.language.context import ContextWindow, window_capacity
+from ..models.speech.ear_tts import GUIDED_ROWS
 from .options import ConversationOptions
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from .timeline import Timeline
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
-    from ..models.perception_stream import PerceptionStream
+    from ..models.perception.perception_stream import PerceptionStream
     from .voicechat import VoiceChat
 
 

@@ -33,9 +33,9 @@ from ..models.cache_state import (
     split_state,
     state_nbytes,
 )
-from ..models.context import ContextWindow
-from ..models.duplex import LanguageRows, LanguageState
-from ..models.ear_tts import GUIDED_ROWS
+from ..models.language.context import ContextWindow
+from ..models.language.duplex import LanguageRows, LanguageState
+from ..models.speech.ear_tts import GUIDED_ROWS
 from ..models.kv_arena import KVArena
 from ..models.model import Model
 from ..models.rows import drop_row, own_row, stack_rows, take_rows

@@ -35,8 +35,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 
-from ..models.perception_stream import PerceptionStream
-from ..models.rnnt import RNNTState
+from ..models.perception.perception_stream import PerceptionStream
+from ..models.rnnt.rnnt import RNNTState
 from .audio import AudioInput, read_samples
 from .events import Event, TranscriptDone, UserTranscriptDelta
 from .compute import Heard, advance

@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
-from ..models.encoder_stream import EncoderStream
+from ..models.perception.encoder_stream import EncoderStream
 from ..models.model import Model
-from ..models.perception_stream import PerceptionStream
-from ..models.rnnt import GreedyRNNT, RNNTState
+from ..models.perception.perception_stream import PerceptionStream
+from ..models.rnnt.rnnt import GreedyRNNT, RNNTState
 from .audio import AudioInput, load_waveform
 from .conversation import Conversation, joined_audio
 from .events import Done, Event, FunctionDelta, ToolCall, ToolCallInvalid, UserTranscriptDelta

@@ -22,7 +22,7 @@ from ..models.cache_state import (
     caches_from_state,
     copy_arrays,
 )
-from ..models.context import ContextWindow, bound_all
+from ..models.language.context import ContextWindow, bound_all
 from ..models.model import Model
 from ..models.remembered import WARM_START_DIR, checkpoint_key, load_arrays, save_arrays
 

@@ -16,10 +16,10 @@ from mlx_vlm.models.base import create_attention_mask, scaled_dot_product_attent
 from mlx_vlm.models.gemma3.language import RMSNorm as GemmaRMSNorm
 from mlx_vlm.models.gemma3.language import clip_residual
 
-from . import fast_forms
-from .fast_forms import RopeForm, rms_norm
-from .fused import gated_mlp, project
-from .kv_arena import AttentionCores, StepArrays, ring_offsets
+from .. import fast_forms
+from ..fast_forms import RopeForm, rms_norm
+from ..fused import gated_mlp, project
+from ..kv_arena import AttentionCores, StepArrays, ring_offsets
 
 
 class GemmaStep:

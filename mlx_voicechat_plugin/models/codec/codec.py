@@ -20,11 +20,11 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_audio.dsp import hanning
 
-from ..config import CodecConfig
+from ...config import CodecConfig
 from .codec_rvq import ProbabilisticRVQ
 from .codec_stream import CodecRows, CodecState, SpectralSynthesis
-from .rows import take_rows
-from .fast_forms import fast_ops_expand, mean_var_norm
+from ..rows import take_rows
+from ..fast_forms import fast_ops_expand, mean_var_norm
 
 
 # Hidden width of a ConvNeXt block's pointwise MLP, in multiples of its channels.

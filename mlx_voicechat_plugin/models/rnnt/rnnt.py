@@ -34,8 +34,8 @@ from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
 from .prediction_step import lstm_step, shared_held_lstm, shared_symbol_inputs
-from .remembered import ProbeVerdicts
-from .rows import own_row, stack_rows
+from ..remembered import ProbeVerdicts
+from ..rows import own_row, stack_rows
 
 
 class RNNTCarry:

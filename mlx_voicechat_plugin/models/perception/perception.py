@@ -15,9 +15,9 @@ import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.audio import log_mel_spectrogram
 from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
 
-from ..config import AudioConfig
+from ...config import AudioConfig
 from .encoder_stream import WindowPositions
-from .remembered import WINDOW_POSITIONS_DIR, checkpoint_key, load_arrays, save_arrays
+from ..remembered import WINDOW_POSITIONS_DIR, checkpoint_key, load_arrays, save_arrays
 
 
 def log_mel(waveform: mx.array, config: AudioConfig) -> mx.array:

@@ -31,12 +31,12 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..config import ModelConfig
+from ...config import ModelConfig
 from .encoder_cache import EncoderCache
 from .encoder_stream import EncoderStream
 from .mel_stream import MelRows, MelStream, device_groups
 from .perception import Perception
-from .rows import RowGroups, stack_rows, take_row
+from ..rows import RowGroups, stack_rows, take_row
 
 
 class PerceptionStream:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from .fused import gated_mlp
+from ..fused import gated_mlp
 
 
 class OffsetRMSNorm(nn.Module):

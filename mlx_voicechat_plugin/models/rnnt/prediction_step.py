@@ -18,8 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.rnnt import PredictNetwork
 
-from .remembered import ProbeVerdicts
-from .weight_layout import RowMajorLSTM, layouts_agree, row_major
+from ..remembered import ProbeVerdicts
+from ..weight_layout import RowMajorLSTM, layouts_agree, row_major
 
 
 # Per LSTM layer: ``Wx`` and ``Wh`` in float32, stored transposed (``weight_layout``).

@@ -16,8 +16,8 @@ from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 from mlx_vlm.models.cache import ArraysCache, KVCache
 from mlx_vlm.models.nemotron_h.language import NemotronHModel
 
-from ..config import ModelConfig
-from .cache_state import (
+from ...config import ModelConfig
+from ..cache_state import (
     MetaState,
     cache_meta_state,
     cache_state,
@@ -25,10 +25,10 @@ from .cache_state import (
     state_nbytes,
 )
 from .context import ContextWindow, ring
-from .kv_arena import AttentionCores, KVArena, stack_layer
-from .perception import Perception
-from .rows import drop_row, own_row, stack_rows
-from .segments import SegmentedStep
+from ..kv_arena import AttentionCores, KVArena, stack_layer
+from ..perception.perception import Perception
+from ..rows import drop_row, own_row, stack_rows
+from ..segments import SegmentedStep
 
 
 class DuplexSTT(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..config import CodecConfig, TTSConfig
+from ...config import CodecConfig, TTSConfig
 from .ear_tts import EarTTS
 
 
@@ -31,7 +31,7 @@ class SpeechDecoder(nn.Module):
 
     def __init__(self, tts_config: TTSConfig, codec_config: CodecConfig):
         super().__init__()
-        from .codec import Codec  # written alongside; imported late on purpose
+        from ..codec.codec import Codec  # written alongside; imported late on purpose
 
         self._tts_config = tts_config  # a plain attribute: not a parameter
 

@@ -28,7 +28,7 @@ import mlx.nn as nn
 from mlx_audio.stt.models.nemotron_asr.conformer import Conformer
 
 from .encoder_cache import EncoderCache, SubsamplingTail
-from .fast_forms import attention_prescaled, fast_ops_expand
+from ..fast_forms import attention_prescaled, fast_ops_expand
 
 MEL_CONTEXT = 16  # >= causal receptive field of three stride-2, kernel-3 convs
 

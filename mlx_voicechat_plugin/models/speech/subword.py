@@ -15,7 +15,7 @@ from typing import Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..config import CharacterEncoderConfig
+from ...config import CharacterEncoderConfig
 from .layers import GatedMLP, OffsetRMSNorm
 
 # Additive score of masked keys (finite, so fully masked rows stay finite).

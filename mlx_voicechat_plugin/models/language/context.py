@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 from mlx_vlm.models.cache import KVCache, RotatingKVCache
 
-from .kv_arena import RingCache
+from ..kv_arena import RingCache
 
 
 @dataclass(frozen=True)

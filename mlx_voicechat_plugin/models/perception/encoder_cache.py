@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .rows import own_row, stack_rows
+from ..rows import own_row, stack_rows
 
 
 @dataclass

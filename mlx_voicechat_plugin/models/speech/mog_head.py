@@ -15,8 +15,8 @@ from typing import Any, Callable, Protocol, Union
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..config import MoGConfig
-from .fused import project
+from ...config import MoGConfig
+from ..fused import project
 from .layers import GatedMLP, OffsetRMSNorm
 
 # Guards of the Gumbel transform ``-log(-log(u))`` against log(0).

@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning
 
-from .rows import RowGroups, own_row, stack_rows
+from ..rows import RowGroups, own_row, stack_rows
 
 # The decoder's magnitude head saturates softly at this value (fixed by the
 # trained codec, not a config field).

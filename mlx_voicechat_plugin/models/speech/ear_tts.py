@@ -45,9 +45,9 @@ import mlx.nn as nn
 from mlx_vlm.models.cache import KVCache, RotatingKVCache
 from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfig
 
-from ..config import TTSConfig
-from .context import ContextWindow, ring
-from .kv_arena import AttentionCores, KVArena
+from ...config import TTSConfig
+from ..language.context import ContextWindow, ring
+from ..kv_arena import AttentionCores, KVArena
 from .layers import GatedFusion
 from .mog_head import KeyRows, KeyStream, MoGHead, draw, next_key, take_keys
 from .rvq import CodebookTables, rvq_assign, rvq_block, unmasking_schedule

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..config import CodecConfig
+from ...config import CodecConfig
 
 
 class Variance(nn.Module):

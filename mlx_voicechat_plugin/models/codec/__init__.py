@@ -1,0 +1,1 @@
+"""The speech codec: codes to 22.05 kHz waveform."""

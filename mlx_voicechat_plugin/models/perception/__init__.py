@@ -1,0 +1,1 @@
+"""Perception: log-mel, the cache-aware FastConformer and the projection to the LLM."""

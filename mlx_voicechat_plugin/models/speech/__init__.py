@@ -1,0 +1,1 @@
+"""EAR-TTS: the speech codes of each frame from the text channel."""
