@@ -1,4 +1,4 @@
-"""The listening half's batch is the state: a pool's steady step stacks and slices none of
+"""The hearing half's batch is the state: a pool's steady step stacks and slices none of
 its rows' encoder caches or RNNT carries, and a row that leaves takes its own state
 back, which goes on exactly as the row stepped alone."""
 
@@ -57,7 +57,7 @@ def _alone(voicechat, key: str):
     return voicechat.create_streaming_session(options=ConversationOptions(seed=ord(key[0])))
 
 
-def test_a_steady_pool_step_stacks_and_slices_no_listening_state(voicechat, moves):
+def test_a_steady_pool_step_stacks_and_slices_no_hearing_state(voicechat, moves):
     pool = StreamPool(voicechat, max_sessions=3)
     keys = ["a", "b", "text"]
     for key in keys:

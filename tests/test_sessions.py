@@ -67,7 +67,7 @@ SCENARIOS = {  # id -> (first step, seconds of audio, options)
         "c": (5, 1.6, dict(seed=3, system_prompt="You are a pirate.")),
     },
     # A session without the perception cache pushes its frames on its own; the
-    # others stay one listening batch.
+    # others stay one hearing batch.
     "one session without the perception cache": {
         "a": (0, 1.2, dict(seed=6)),
         "b": (1, 1.0, dict(seed=7, use_perception_cache=False)),

@@ -341,7 +341,7 @@ def test_text_only_streams_share_a_pool_step_with_full_sessions(session, transcr
     assert pool.state_bytes == 0
 
 
-def test_a_text_only_stream_joins_the_full_sessions_listening_batch(session, transcriber,
+def test_a_text_only_stream_joins_the_full_sessions_hearing_batch(session, transcriber,
                                                                    monkeypatch):
     """Stepped with two full sessions, a text-only stream's perception and RNNT rows run in
     the same batches as theirs (counted), and every session's outputs equal its own run alone."""

@@ -6,7 +6,7 @@ stream is the ``B = 1`` case of the same code, where both move no data: a
 single part is used as it is and a one-row array is its own row.
 
 A pool's batch holds its members' states stacked between frames (the
-timeline's language rows, the codec's ``CodecRows``, the listening half's
+timeline's language rows, the codec's ``CodecRows``, the hearing half's
 ``PerceptionRows`` and ``RNNTCarry``), so a steady frame stacks and slices
 nothing; these helpers run when the batch forms or changes. A frame's
 outputs go from one stage to the next as whole ``[B, ...]`` arrays, each

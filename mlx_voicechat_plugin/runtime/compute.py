@@ -8,17 +8,17 @@ deltas, tool calls, transcripts, audio framing) is
 :class:`~.conversation.Conversation`'s job, the same for offline and
 streaming conversations.
 
-The frame takes two evaluations, the listening half then the speaking half.
+The frame takes two evaluations, the hearing half then the speaking half.
 The first evaluates the encoder step, the RNNT's first try and the token ids
 (the TTS spells the text token on the host); the second the RNNT's other
 tries, the TTS codes and the codec samples. Work is started as soon as its
 graph is built (``async_eval``), so MLX computes one part while this thread
 builds the next and ``on_tokens`` decodes the token texts.
 
-A batch of rows (:func:`advance_batch`) runs every row's listening half
+A batch of rows (:func:`advance_batch`) runs every row's hearing half
 (:class:`~.hearing.Hearing`: perception and the RNNT's tries, one batch for all rows),
 and the speaking half for the rows that are conversations; a transcript-only
-stream's row stops after the listening half (:class:`Heard`). The rows' state
+stream's row stops after the hearing half (:class:`Heard`). The rows' state
 between frames is a :class:`Batch`'s, the one owner while they step.
 """
 
@@ -37,7 +37,7 @@ from ..models.model import Model
 from ..models.perception.perception_stream import PerceptionStream
 from ..models.rnnt.rnnt import RNNTState
 from ..models.rows import take_rows
-from .hearing import Hearing, HearingBatch, ListeningRow
+from .hearing import Hearing, HearingBatch, HearingRow
 from .profile import NO_CLOCK, FrameClock
 from .timeline import Timeline, TimelineStep
 from .warm_start import WarmStart
@@ -87,7 +87,7 @@ class Heard:
     symbols: list[int] | None
 
 
-class ConversationState(ListeningRow):
+class ConversationState(HearingRow):
     """Everything one conversation carries between frames, as one list of arrays.
 
     Perception source, Nemotron-H and EAR-TTS caches (in the :class:`Timeline`),
@@ -154,7 +154,7 @@ class ConversationState(ListeningRow):
             return 0
         self.check_own()
         assert self.timeline is not None and self.codec is not None
-        return (self.listening_nbytes() + self.timeline.nbytes
+        return (self.hearing_nbytes() + self.timeline.nbytes
                 + sum(a.nbytes for a in self.codec.state))
 
     @property
@@ -177,7 +177,7 @@ class Batch:
     """The rows of the sessions that step together: the one owner of their state while
     they step (a pool holds one; a frame run alone makes its own).
 
-    ``members`` are the rows in order. Their listening half is :attr:`hearing`;
+    ``members`` are the rows in order. Their hearing half is :attr:`hearing`;
     the conversations among them (:attr:`talkers`) step one merged
     :class:`Timeline` and one stacked :class:`~..models.codec_stream.CodecRows`.
     :meth:`update` is where membership changes, once: the members that leave
@@ -188,13 +188,13 @@ class Batch:
     """
 
     def __init__(self) -> None:
-        self.members: list[ListeningRow] = []
+        self.members: list[HearingRow] = []
         self.hearing = HearingBatch()
         self.talkers: list[ConversationState] = []
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
 
-    def update(self, states: list[ListeningRow]) -> None:
+    def update(self, states: list[HearingRow]) -> None:
         """Hold ``states``' rows, in order. ``states`` lists the members that stay first,
         in the batch's order (otherwise every member leaves and all join again)."""
         for member in [m for m in self.members if all(m is not s for s in states)]:
@@ -226,7 +226,7 @@ class Batch:
         for state in states:  # its state is the batch's rows now; it keeps its books
             state.timeline = state.codec = None
 
-    def extract(self, member: ListeningRow) -> None:
+    def extract(self, member: HearingRow) -> None:
         """``member``'s rows given back as its own state (copies, evaluated now); the
         other members stay stacked as they are, so the next frame forms nothing."""
         row = next(b for b, m in enumerate(self.members) if m is member)
@@ -255,7 +255,7 @@ class Batch:
         for member in list(self.members):
             self.extract(member)
 
-    def nbytes(self, state: ListeningRow) -> int:
+    def nbytes(self, state: HearingRow) -> int:
         """The bytes of ``state``, read from its rows without taking them out while
         this batch holds them."""
         if not state.held:
@@ -300,7 +300,7 @@ def advance_batch(
 
     Row ``b`` is ``states[b]`` with input ``frames[b]``: a :class:`ConversationState`
     (every network; a :class:`FrameOutput`) or a transcript-only row (anything with
-    a ``perception`` and an ``rnnt``; a :class:`Heard`). Every row's listening half
+    a ``perception`` and an ``rnnt``; a :class:`Heard`). Every row's hearing half
     (perception, RNNT) runs in one batch; the speaking half only for the
     conversations. Each row's outputs equal :func:`advance` on it alone (the
     language model's attention-free runs and heads take all rows at once; every

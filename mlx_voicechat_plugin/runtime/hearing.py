@@ -1,10 +1,10 @@
-"""The listening half of a frame: every row's perception and the RNNT's tries, as one batch.
+"""The hearing half of a frame: every row's perception and the RNNT's tries, as one batch.
 
 Rows are every stream that steps: conversations and transcript-only streams
-(:class:`ListeningRow`). Their listening state (the encoder caches and
+(:class:`HearingRow`). Their hearing state (the encoder caches and
 subsampling tails, the RNNT carries) is kept stacked between frames by a
-:class:`HearingBatch`, the listening half of a :class:`~.compute.Batch`.
-:class:`Hearing` is one frame of the listening half in flight. One row is a
+:class:`HearingBatch`, the hearing half of a :class:`~.compute.Batch`.
+:class:`Hearing` is one frame of the hearing half in flight. One row is a
 batch of one through the same code.
 """
 
@@ -20,8 +20,8 @@ from ..models.rows import drop_row, stack_rows, take_rows
 from .profile import FrameClock
 
 
-class ListeningRow:
-    """A row of the listening half: a ``perception`` source and an ``rnnt`` state (a
+class HearingRow:
+    """A row of the hearing half: a ``perception`` source and an ``rnnt`` state (a
     :class:`ConversationState`, or a transcript-only stream's state).
 
     While a batch holds the row (:attr:`held`) its carried arrays are rows of the
@@ -39,7 +39,7 @@ class ListeningRow:
             raise RuntimeError("this session's state is rows of a pool's batch: read it "
                                "after StreamPool.extract(session_id)")
 
-    def listening_nbytes(self) -> int:
+    def hearing_nbytes(self) -> int:
         """The bytes of its perception state and RNNT carry."""
         source = self.perception
         perception = 0 if source is None else (
@@ -48,7 +48,7 @@ class ListeningRow:
 
 
 class HearingBatch:
-    """The listening state of a batch's rows, kept stacked between frames.
+    """The hearing state of a batch's rows, kept stacked between frames.
 
     While the same rows step in the same order (a pool's steady state), their
     encoder caches and mel tails stay stacked (one ``PerceptionRows``) and
@@ -58,13 +58,13 @@ class HearingBatch:
     """
 
     def __init__(self) -> None:
-        self.members: list[ListeningRow] = []
+        self.members: list[HearingRow] = []
         # None: sources that push on their own (whole signals, streams without the cache)
         self.perception: PerceptionRows | None = None
         self.decoded: list[int] = []  # the members whose RNNT runs: the carry's rows
         self.carry: RNNTCarry | None = None  # formed at the first frame (its dtype)
 
-    def extend(self, states: list[ListeningRow]) -> None:
+    def extend(self, states: list[HearingRow]) -> None:
         """Append ``states``' rows after the members'."""
         sources = [s.perception for s in states]
         cached = all(isinstance(s, PerceptionStream) and s.use_cache for s in sources)
@@ -118,7 +118,7 @@ class HearingBatch:
         return self.carry
 
     def row_nbytes(self, row: int) -> int:
-        """The bytes of a member's listening state, read from its row."""
+        """The bytes of a member's hearing state, read from its row."""
         state = self.members[row]
         perception = (self.perception.row_nbytes(row) if self.perception is not None
                       else sum(a.nbytes for a in state.perception.state))
@@ -128,9 +128,9 @@ class HearingBatch:
 
 
 class Hearing:
-    """The listening half of one frame of ``B`` rows, in flight.
+    """The hearing half of one frame of ``B`` rows, in flight.
 
-    The rows' listening state is ``batch``'s (:class:`HearingBatch`): the
+    The rows' hearing state is ``batch``'s (:class:`HearingBatch`): the
     perception of every row, then the RNNT's first try of every row, queued
     for the frame's first evaluation (:attr:`arrays`); after it, :meth:`rest`
     queues the RNNT's other tries (after an emission) for the second, and

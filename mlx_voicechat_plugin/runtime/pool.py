@@ -22,7 +22,7 @@ A session is a streaming shell over a full conversation (opened with
 :class:`~.options.ConversationOptions`) or over perception and the RNNT only (a
 transcript-only stream, :class:`~.options.TranscriptionOptions`). A step runs
 its sessions' frames as one batched frame (:func:`~.streaming.step_cores`:
-every session's listening half, perception and the RNNT, in one batch, the
+every session's hearing half, perception and the RNNT, in one batch, the
 speaking half for the conversations; stages whose rows are independent take
 every session at once), so every session's ids, codes, samples and transcript
 equal those of that session run alone. The pool holds one

@@ -19,7 +19,7 @@ A frame is computed by its core, one of:
   transcript: :class:`~.transcribe.TranscriptionStream`.
 
 :func:`step_cores` runs one frame of many cores of one model as one batched
-frame (:func:`~.compute.advance_batch`): every core's listening half together,
+frame (:func:`~.compute.advance_batch`): every core's hearing half together,
 the speaking half for the conversations. A stream is driven from one thread.
 """
 
@@ -315,7 +315,7 @@ def step_cores(cores: list[Core], inputs: list[np.ndarray],
                batch: Batch | None = None) -> list[list[Event] | Exception]:
     """One frame of many cores of one model: one batched compute, then each one's books.
 
-    Every core's listening half (perception, RNNT) runs in one batch, the
+    Every core's hearing half (perception, RNNT) runs in one batch, the
     speaking half for the conversations among them. Each core gets its events,
     or the exception its own bookkeeping raised (the others' frames are
     unaffected); each equals that core's ``frame`` run alone. Not profiled.

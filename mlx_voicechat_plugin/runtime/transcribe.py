@@ -18,7 +18,7 @@ Here they run alone, from the same loaded weights:
   shell (:class:`~.streaming.StreamingShell`) over a :class:`TranscriptCore`.
   Per 80 ms frame the core runs the streaming mel frontend, the encoder step
   and the RNNT frame only, through the same batched frame as a full
-  conversation's listening half (:func:`~.compute.advance_batch`), so its
+  conversation's hearing half (:func:`~.compute.advance_batch`), so its
   transcript equals a full session's on the same input, and in a session pool
   its rows join the other sessions' perception and RNNT batches. It emits
   runtime events (:class:`UserTranscriptDelta`, one :class:`TranscriptDone` at
@@ -40,7 +40,7 @@ from ..models.rnnt.rnnt import RNNTState
 from .audio import AudioInput, read_samples
 from .events import Event, TranscriptDone, UserTranscriptDelta
 from .compute import Heard, advance
-from .hearing import ListeningRow
+from .hearing import HearingRow
 from .options import TranscriptionOptions, check_positive_int
 from .streaming import StreamingShell, TranscriptLimit
 
@@ -167,9 +167,9 @@ class Transcriber:
         return TranscriptionStream(self.voicechat, options, framed_by_caller)
 
 
-class ListeningState(ListeningRow):
+class HearingState(HearingRow):
     """A transcript-only stream's carried state: its perception stream and RNNT state
-    (the rows of the listening half, as in a :class:`~.compute.ConversationState`)."""
+    (the rows of the hearing half, as in a :class:`~.compute.ConversationState`)."""
 
     def __init__(self, perception: PerceptionStream, rnnt: RNNTState):
         self.perception: PerceptionStream | None = perception
@@ -184,7 +184,7 @@ class ListeningState(ListeningRow):
     @property
     def nbytes(self) -> int:
         self.check_own()
-        return self.listening_nbytes()
+        return self.hearing_nbytes()
 
     def release(self) -> None:
         """Drop every array reference (the transcript stays readable)."""
@@ -201,7 +201,7 @@ class TranscriptCore:
 
     def __init__(self, voicechat: "VoiceChat", options: TranscriptionOptions):
         self.model = voicechat.model
-        self.compute = ListeningState(voicechat.new_perception_stream(options.use_perception_cache),
+        self.compute = HearingState(voicechat.new_perception_stream(options.use_perception_cache),
                                       voicechat.new_rnnt_state())
         self.frame_index = 0
 
