@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx_audio.stt.models.nemotron_asr.attention import RelPositionMultiHeadAttention
 
-from mlx_voicechat_plugin.models import encoder_stream
+from mlx_voicechat_plugin.models.perception import encoder_stream
 from mlx_voicechat_plugin.models.fast_forms import attention_prescaled, fast_ops_expand
 from mlx_voicechat_plugin.instruments.kernels import graph_primitives, kernel_count
 

@@ -154,7 +154,7 @@ def test_compiled_the_mean_var_form_launches_one_kernel_fewer():
 
 
 def test_the_codec_channel_norm_uses_the_form_only_where_fast_ops_expand(monkeypatch):
-    from mlx_voicechat_plugin.models import codec
+    from mlx_voicechat_plugin.models.codec import codec
 
     norm = codec.ChannelNorm(16)
     calls = []

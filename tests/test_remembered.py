@@ -104,8 +104,8 @@ def test_a_second_session_reads_the_symbol_probe_and_the_window_positions_back(
     the encoder's window positions once per checkpoint; read back, both are the same
     bits as computed."""
     from mlx_voicechat_plugin import load
-    from mlx_voicechat_plugin.models import perception as perception_module
-    from mlx_voicechat_plugin.models import prediction_step
+    from mlx_voicechat_plugin.models.perception import perception as perception_module
+    from mlx_voicechat_plugin.models.rnnt import prediction_step
 
     runs = {"rows": 0, "positions": 0}
     rows_agree, positions = prediction_step._rows_agree, perception_module.WindowPositions
