@@ -80,7 +80,7 @@ def measure(side: str, checkpoint: str, seconds: float, offline_seconds: float,
     import mlx.core as mx
 
     from mlx_voicechat_plugin.config import ModelConfig
-    from mlx_voicechat_plugin.loader import read_config
+    from mlx_voicechat_plugin.checkpoint import read_config
     from mlx_voicechat_plugin.testing.fixtures import conversation_signal, question_signal
 
     wrap = (lambda x: x) if side == "plugin" else mx.array

@@ -19,7 +19,8 @@ from mlx_audio.stt.models.nemotron_asr.config import (
 )
 from mlx_vlm.models.nemotron_h.config import ModelConfig as TextConfig
 
-MODEL_TYPE = "nemotron_voicechat"
+from .checkpoint import MODEL_TYPE
+
 SUPPORTED_SPEAKERS = ("Aria",)
 
 T = TypeVar("T")

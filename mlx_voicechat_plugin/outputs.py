@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from .config import MODEL_TYPE
+from .checkpoint import MODEL_TYPE
 
 # What a checkpoint folder of this model may hold besides files (a hub snapshot's
 # download metadata is a hidden folder).

@@ -277,7 +277,8 @@ def test_the_license_is_the_apache_2_text_pyproject_declares():
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert "Apache License\n                           Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text
-    assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'license = "Apache-2.0"' in pyproject and 'license-files = ["LICENSE"]' in pyproject
 
 
 # --- the checkpoint conversion recipe ----------------------------------------

@@ -165,7 +165,7 @@ def test_a_truncated_checkpoint_names_the_file(tiny_ckpt, question, tmp_path):
 
 def test_load_tells_a_path_from_a_hub_id_and_names_what_is_missing(tiny_ckpt, tmp_path):
     from mlx_voicechat_plugin import load
-    from mlx_voicechat_plugin.loader import CheckpointError, is_hub_id
+    from mlx_voicechat_plugin.checkpoint import CheckpointError, is_hub_id
 
     for path in ("./nope", "/nope/x", "~/nope", "a/b/c", "nope"):
         assert not is_hub_id(path)

@@ -224,9 +224,9 @@ def check_audio_file(path: str | None, flag: str = "--audio") -> None:
 
 def check_model(name: str, flag: str = "--model") -> None:
     """:class:`UsageError` naming ``flag`` when ``name`` is a local checkpoint that is
-    missing or not whole (:func:`~..loader.check_checkpoint`); a hub id is checked
+    missing or not whole (:func:`~..checkpoint.check_checkpoint`); a hub id is checked
     when it loads."""
-    from ..loader import CheckpointError, check_checkpoint, is_hub_id, resolve_path
+    from ..checkpoint import CheckpointError, check_checkpoint, is_hub_id, resolve_path
 
     try:
         if Path(name).expanduser().exists() or not is_hub_id(name):

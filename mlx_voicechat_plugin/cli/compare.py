@@ -228,7 +228,7 @@ def compare_checkpoints(a: str | Path, b: str | Path, audio: Any, *,
     from ..runtime.transcribe import Transcriber
 
     from ..config import ModelConfig
-    from ..loader import read_config, resolve_path
+    from ..checkpoint import read_config, resolve_path
 
     rate = ModelConfig.from_dict(read_config(resolve_path(a))).input_sample_rate
     question = load_waveform(audio, rate)

@@ -138,14 +138,16 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_paths(args)  # before the networks' modules are imported: a mistake is told at once
+
     import mlx.core as mx
 
-    from ..loader import load, read_config
+    from ..checkpoint import read_config
+    from ..loader import load
     from ..runtime import compile_policy
     from ..runtime.audio import write_wav
     from ..runtime.device_settings import apply_graph_commit_ops
 
-    check_paths(args)
     apply_graph_commit_ops(args.graph_commit_ops)  # read once, at the GPU's first work
     started = time.perf_counter()
     with progress.step(args, f"loading {args.model}"):

@@ -87,16 +87,18 @@ def _write(text: str, output_path: str | None, fmt: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import mlx.core as mx
-
-    from ..loader import load, read_config
-    from ..runtime import compile_policy
-    from ..runtime.transcribe import Transcriber
-
     check_model(args.model)
     check_audio_file(args.audio)
     if args.output_path not in (None, "-"):
         check_output_file(f"{args.output_path}.{args.format}", "--output-path")
+
+    import mlx.core as mx
+
+    from ..checkpoint import read_config
+    from ..loader import load
+    from ..runtime import compile_policy
+    from ..runtime.transcribe import Transcriber
+
     started = time.perf_counter()
     with progress.step(args, f"loading {args.model}"):
         model, processor = load(args.model, memory_budget=args.memory_budget)

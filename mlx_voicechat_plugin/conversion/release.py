@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import MODEL_TYPE, ModelConfig
+from ..checkpoint import MODEL_TYPE
+from ..config import ModelConfig
 
 BASE_TOKENIZER_REPO = "nvidia/NVIDIA-Nemotron-Nano-9B-v2"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

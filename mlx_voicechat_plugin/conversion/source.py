@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import MODEL_TYPE
-from .release import BASE_TOKENIZER_REPO, is_release_config, runtime_config
+from ..checkpoint import MODEL_TYPE
 from .safetensors_io import CheckpointFileError, TensorEntry, read_header
 
 logger = logging.getLogger(__name__)
@@ -107,9 +106,12 @@ def read_tensors(path: Path) -> dict[str, TensorSpec]:
 def open_source(path: str | Path, tokenizer: str | Path | None = None,
                 allow_config_only: bool = False) -> Source:
     """The checkpoint at ``path`` in either layout. ``tokenizer``: the Nemotron Nano
-    9B v2 folder or hub id, for the release layout (default :data:`BASE_TOKENIZER_REPO`).
-    ``allow_config_only``: a folder with a config and no weights is accepted (a dry
-    run sizes the parts from the config's shapes)."""
+    9B v2 folder or hub id, for the release layout (default
+    :data:`~.release.BASE_TOKENIZER_REPO`). ``allow_config_only``: a folder with a
+    config and no weights is accepted (a dry run sizes the parts from the config's
+    shapes)."""
+    from .release import is_release_config, runtime_config  # the networks' configs
+
     path = _local(path)
     if not path.is_dir():
         raise ConversionError(f"source {path} is not a folder")
@@ -143,8 +145,8 @@ def open_source(path: str | Path, tokenizer: str | Path | None = None,
 
 def _local(path: str | Path) -> Path:
     """A local folder as is; a hub id (``owner/name``) is fetched; the loader's rule
-    (:func:`~..loader.resolve_path`), its errors as conversion errors."""
-    from ..loader import CheckpointError, resolve_path
+    (:func:`~..checkpoint.resolve_path`), its errors as conversion errors."""
+    from ..checkpoint import CheckpointError, resolve_path
 
     local = Path(path).expanduser()
     if local.exists():
@@ -156,6 +158,8 @@ def _local(path: str | Path) -> Path:
 
 
 def _tokenizer_folder(tokenizer: str | Path | None) -> Path:
+    from .release import BASE_TOKENIZER_REPO
+
     name = tokenizer or BASE_TOKENIZER_REPO
     local = Path(name).expanduser()
     if local.is_dir():

@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .conventions import MLX_AUDIO, MLX_VLM, HostServer, flag_value
 
 ENV_SWITCH = "MLX_VOICECHAT_HOST_PICKUP"
-# Same value as config.MODEL_TYPE; not imported from there because this module
+# Same value as checkpoint.MODEL_TYPE; not imported from there because this module
 # runs at every interpreter start and config imports MLX (a test pins them equal).
 MODEL_TYPE = "nemotron_voicechat"
 

@@ -49,7 +49,7 @@ def run_warm_up(voicechat: Any, max_sessions: int, costs: StepCosts, clear: Call
                 "steps of %s", max_sessions, time.perf_counter() - started, frames,
                 ", ".join(f"{n}: {1000 * costs.by_size[n]:.0f} ms"
                           for n in sorted(costs.by_size)))
-    from ...loader import read_config
+    from ...checkpoint import read_config
     from ...runtime import compile_policy
 
     path = getattr(voicechat.model, "model_path", None)
