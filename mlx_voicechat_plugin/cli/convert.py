@@ -52,7 +52,6 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..conversion.convert import convert, describe, plan_conversion
     from ..outputs import OutputRefused, check_output_folder
     from ..profiles import get_profile
 
@@ -62,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
             check_output_folder(args.out, "OUT", args.force, sources=[args.src])
         except OutputRefused as error:
             raise UsageError(str(error)) from None
+    # The networks' configs, imported once the command line is known to be sound.
+    from ..conversion.convert import convert, describe, plan_conversion
+
     if args.dry_run:
         source, plan = plan_conversion(args.src, profile, tokenizer=args.tokenizer)
         print(describe(source, plan))
