@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .budget import plan_memory, wire
-from .checkpoint import CheckpointError, check_checkpoint, read_config, resolve_path
+from .checkpoint import CheckpointError, check_checkpoint, resolve_path
 from .config import ModelConfig
 from .models.model import Model
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
+from ..runtime.options import DEFAULT_EXTRA_DECODING_SECONDS
 from . import progress
 from .common import (add_sampling, check_audio_file, check_model, check_sampling, parse_args,
                      run_main)
@@ -214,7 +215,7 @@ def _run(label: str, path: str, budget: float | None, question: Any, options: di
 def compare_checkpoints(a: str | Path, b: str | Path, audio: Any, *,
                         budgets: tuple[float | None, float | None] = (None, None),
                         seed: int = 0, system_prompt: str | None = None,
-                        extra_decoding_seconds: float = 3.0,
+                        extra_decoding_seconds: float = DEFAULT_EXTRA_DECODING_SECONDS,
                         temperature: float = 0.0, top_p: float | None = None,
                         step: Callable[[str], ContextManager[Any]] = lambda what: nullcontext()
                         ) -> Report:
@@ -267,7 +268,8 @@ def build_parser(prog: str = "mlx-voicechat compare") -> argparse.ArgumentParser
                         help="GiB the model may use: one value for both sides, or A's then B's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-p", "--system-prompt", dest="system_prompt")
-    parser.add_argument("--extra-decoding-seconds", type=float, default=3.0)
+    parser.add_argument("--extra-decoding-seconds", type=float,
+                        default=DEFAULT_EXTRA_DECODING_SECONDS)
     add_sampling(parser, " of both sides")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--verbose", action="store_true", help="an error's traceback")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from ..runtime.options import DEFAULT_CONTEXT_SECONDS
+from ..runtime.options import DEFAULT_CONTEXT_SECONDS, DEFAULT_EXTRA_DECODING_SECONDS
 from . import progress
 from .common import (
     add_graph_commit_ops,
@@ -33,7 +33,6 @@ from .progress import add_quiet
 if TYPE_CHECKING:
     from ..hosts.conventions import HostServer
 
-DEFAULT_EXTRA_SECONDS = 3.0
 FRAME_SECONDS = 0.08  # the model emits one text token per 80 ms frame
 OFFLINE_HINT = "mlx-voicechat generate --model CKPT --audio question.wav --output-audio answer.wav"
 
@@ -57,7 +56,7 @@ def build_parser(prog: str = "mlx-voicechat generate") -> argparse.ArgumentParse
     parser.add_argument("-p", "--prompt", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--extra-decoding-seconds", type=float, default=None,
                         help="seconds decoded after the question's audio ends "
-                             f"(default: {DEFAULT_EXTRA_SECONDS})")
+                             f"(default: {DEFAULT_EXTRA_DECODING_SECONDS})")
     parser.add_argument("--seed", type=int, default=0)
     add_sampling(parser)
     parser.add_argument(
@@ -122,7 +121,7 @@ def parse(argv: Sequence[str] | None, prog: str, tolerate_unknown: bool) -> argp
                          "length; give one")
         args.extra_decoding_seconds = args.max_tokens * FRAME_SECONDS
     elif args.extra_decoding_seconds is None:
-        args.extra_decoding_seconds = DEFAULT_EXTRA_SECONDS
+        args.extra_decoding_seconds = DEFAULT_EXTRA_DECODING_SECONDS
     return args
 
 

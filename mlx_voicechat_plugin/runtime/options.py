@@ -18,6 +18,7 @@ from .tools import DEFAULT_MAX_TOOLS
 # An offline turn takes at most this much input, and this much silence after it.
 MAX_INPUT_SECONDS = 20 * 60.0
 MAX_EXTRA_DECODING_SECONDS = 600.0
+DEFAULT_EXTRA_DECODING_SECONDS = 3.0  # decoded after the question when none is given
 
 
 def check_positive_seconds(value: object, what: str) -> float:

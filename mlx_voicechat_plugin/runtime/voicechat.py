@@ -30,6 +30,7 @@ from .conversation import Conversation, joined_audio
 from .events import Done, Event, FunctionDelta, ToolCall, ToolCallInvalid, UserTranscriptDelta
 from .compute import FrameOutput, WholeSignal
 from .options import (
+    DEFAULT_EXTRA_DECODING_SECONDS,
     MAX_INPUT_SECONDS,
     ConversationOptions,
     TranscriptionOptions,
@@ -189,7 +190,7 @@ class VoiceChat:
         audio: AudioInput,
         options: ConversationOptions | None = None,
         *,
-        extra_decoding_seconds: float = 3.0,
+        extra_decoding_seconds: float = DEFAULT_EXTRA_DECODING_SECONDS,
         sample_rate: int | None = None,
         tool_response: str | list[str] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
