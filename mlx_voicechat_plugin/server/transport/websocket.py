@@ -8,7 +8,8 @@ session's typed messages (:mod:`..messages`) in order through a bounded
 :class:`~.outbox.Outbox`: each serialized here (:func:`serialize`: stamped
 with an ``event_id``, compact JSON, a message's audio as base64 in its
 event's field), at most ``max_pending`` events or ``max_pending_bytes`` unsent; it
-reads the client's frames no faster than its :class:`ReadRate`. It closes for an :class:`~..messages.Ending` with the close
+reads the client's frames no faster than its :class:`ReadRate`. It closes for an
+:class:`~..messages.Ending` with the close
 code that says it (:data:`CLOSE_CODES`). It knows no dialect: what a frame
 means, and what is sent, is the dialect's business.
 """
