@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..quoting import brief, cut
@@ -50,7 +50,6 @@ _DECISION = (
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")  # the whole name (fullmatch)
 _TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "ack_messages"})
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
-_SCHEMA_TYPES = frozenset({"object", "string", "number", "integer", "boolean", "array", "null"})
 
 
 class ToolError(ValueError):
@@ -87,14 +86,7 @@ class Tool:
 
     def rendered(self) -> dict[str, Any]:
         """The dict the template writes: every key but ``type``."""
-        out: dict[str, Any] = {
-            "name": self.name,
-            "description": self.description,
-            "parameters": self.parameters,
-        }
-        if self.ack_messages is not None:
-            out["ack_messages"] = list(self.ack_messages)
-        return out
+        return {key: value for key, value in asdict(self).items() if value is not None}
 
 
 def _check_ascii_tree(value: Any, where: str) -> None:
@@ -107,39 +99,6 @@ def _check_ascii_tree(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _check_ascii_tree(item, f"{where}[{i}]")
-
-
-def _check_schema(schema: Any, where: str) -> None:
-    """The schema subset the validator understands, checked at registration."""
-    if not isinstance(schema, dict):
-        raise ToolError(f"{where} must be a JSON-schema object, got {type(schema).__name__}")
-    kinds = schema.get("type")
-    if kinds is not None:
-        for kind in kinds if isinstance(kinds, list) else [kinds]:
-            if kind not in _SCHEMA_TYPES:
-                raise ToolError(f"{where}.type {kind!r} is not one of {sorted(_SCHEMA_TYPES)}")
-    props = schema.get("properties", {})
-    if not isinstance(props, dict):
-        raise ToolError(f"{where}.properties must be an object")
-    for key, sub in props.items():
-        _check_schema(sub, f"{where}.properties.{key}")
-    required = schema.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        raise ToolError(f"{where}.required must be a list of property names")
-    if "enum" in schema and not isinstance(schema["enum"], list):
-        raise ToolError(f"{where}.enum must be a list")
-    if "items" in schema:
-        _check_schema(schema["items"], f"{where}.items")
-
-
-def check_json_schema(schema: dict[str, Any], where: str) -> None:
-    """``schema`` is a valid JSON Schema (draft 2020-12), else :class:`ToolError`."""
-    from jsonschema import Draft202012Validator, SchemaError
-
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        raise ToolError(f"{where} is not a valid JSON schema: {cut(exc.message, 200)}") from None
 
 
 def parse_tool(spec: Any, index: int) -> Tool:
@@ -161,8 +120,16 @@ def parse_tool(spec: Any, index: int) -> Tool:
     description = spec.get("description", "")
     require_ascii(description, f"{where}.description")
     parameters = spec.get("parameters", _EMPTY_OBJECT)
-    _check_schema(parameters, f"{where}.parameters")
-    check_json_schema(parameters, f"{where}.parameters")
+    if not isinstance(parameters, dict):
+        raise ToolError(f"{where}.parameters must be a JSON-schema object, "
+                        f"got {type(parameters).__name__}")
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        Draft202012Validator.check_schema(parameters)
+    except SchemaError as exc:
+        raise ToolError(f"{where}.parameters is not a valid JSON schema: "
+                        f"{cut(exc.message, 200)}") from None
     if parameters.get("type", "object") != "object":
         raise ToolError(f"{where}.parameters.type must be 'object'")
     _check_ascii_tree(parameters, f"{where}.parameters")
@@ -241,23 +208,6 @@ def render_tool_response(output: str) -> str:
 # --- arguments ---------------------------------------------------------
 
 
-_JSON_TYPES = {"object": "dict", "array": "list", "string": "str", "boolean": "bool",
-               "integer": "int", "number": "float", "null": "NoneType"}
-
-
-def _validator(schema: dict[str, Any]) -> Any:
-    """A JSON Schema (draft 2020-12) validator for ``schema`` (checked at registration)."""
-    from jsonschema import Draft202012Validator
-
-    return Draft202012Validator(schema)
-
-
-def _where(path: str, error: Any) -> str:
-    for part in error.absolute_path:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return path
-
-
 def _message(error: Any) -> str:
     """One violation in this module's words (jsonschema's own for the rarer keywords)."""
     if error.validator == "type":
@@ -278,8 +228,12 @@ def _message(error: Any) -> str:
 def schema_errors(value: Any, schema: dict[str, Any], path: str = "arguments") -> list[str]:
     """What is wrong with ``value`` under the JSON Schema ``schema`` (jsonschema, draft
     2020-12), one line per violation, each naming where (``arguments.xs[1]``)."""
-    errors = sorted(_validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
-    return [f"{_where(path, e)}: {_message(e)}" for e in errors]
+    from jsonschema import Draft202012Validator
+
+    errors = sorted(Draft202012Validator(schema).iter_errors(value),
+                    key=lambda e: list(e.absolute_path))
+    return [path + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path)
+            + f": {_message(e)}" for e in errors]
 
 
 def coerce_arguments(arguments: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
