@@ -71,28 +71,6 @@ class Transcription:
     truncated: bool  # the output reached ``max_new_tokens``
 
 
-class _Limited:
-    """Commits RNNT symbols into ``state``, keeping at most ``limit`` tokens."""
-
-    def __init__(self, state: RNNTState, limit: int | None):
-        self.state = state
-        self.limit = limit
-
-    @property
-    def full(self) -> bool:
-        return self.limit is not None and len(self.state.tokens) >= self.limit
-
-    def commit(self, symbols: mx.array | None) -> str | None:
-        state, before = self.state, self.state.text
-        delta = state.commit(symbols)
-        if self.limit is None or len(state.tokens) <= self.limit:
-            return delta
-        del state.tokens[self.limit :]
-        state.text = sp_vocab.decode(state.tokens, state.vocabulary).strip()
-        delta = state.text[len(before) :] if state.text.startswith(before) else state.text
-        return delta or None
-
-
 class Transcriber:
     """Transcription from a loaded VoiceChat model's perception and RNNT."""
 
@@ -110,7 +88,7 @@ class Transcriber:
         max_new_tokens: int | None = None,
         sample_rate: int | None = None,
         on_progress: Callable[[int, int], None] | None = None,
-    ) -> Generator[list[UserTranscriptDelta], None, Transcription]:
+    ) -> Generator[list[Event], None, Transcription]:
         """Transcribe ``audio`` step by step; yields each step's deltas, returns the result.
 
         The first step reads the file; each later one runs :data:`CHUNK_FRAMES`
@@ -124,28 +102,24 @@ class Transcriber:
         size = self.config.frame_samples
         frames = -(-samples.shape[0] // size)
         logger.info("transcription: %.2f s input, %d frames", duration, frames)
-        core = TranscriptCore(self.voicechat, TranscriptionOptions())
-        limited = _Limited(core.compute.rnnt, max_new_tokens)
+        core = TranscriptCore(self.voicechat, TranscriptionOptions(), max_new_tokens)
         try:
             yield []
-            while core.frame_index < frames and core.compute.rnnt.enabled and not limited.full:
-                deltas = []
+            while core.frame_index < frames and core.compute.rnnt.enabled and not core.full:
+                deltas: list[Event] = []
                 for t in range(core.frame_index, min(core.frame_index + CHUNK_FRAMES, frames)):
                     frame = samples[t * size : (t + 1) * size]
                     if frame.shape[0] < size:  # the partial last frame, as a stream's flush
                         frame = np.pad(frame, (0, size - frame.shape[0]))
-                    delta = limited.commit(advance(self.model, core.compute, frame).symbols)
-                    core.frame_index += 1
-                    if delta is not None:
-                        deltas.append(UserTranscriptDelta(t, delta, core.transcript))
-                    if limited.full:
+                    deltas += core.frame(frame)
+                    if core.full:
                         break
                 if on_progress is not None:
                     on_progress(core.frame_index, frames)
                 yield deltas
             rnnt = core.compute.rnnt
             return Transcription(rnnt.text, list(rnnt.tokens), duration, core.frame_index,
-                                 limited.full)
+                                 core.full)
         finally:
             core.close()
 
@@ -160,11 +134,8 @@ class Transcriber:
 
     def create_stream(self, options: TranscriptionOptions | None = None,
                       framed_by_caller: bool = False, **kwargs: Any) -> "TranscriptionStream":
-        if options is None:
-            options = TranscriptionOptions(**kwargs)
-        elif kwargs:
-            raise TypeError("pass either TranscriptionOptions or keyword options, not both")
-        return TranscriptionStream(self.voicechat, options, framed_by_caller)
+        """:meth:`~.voicechat.VoiceChat.create_transcription_stream`."""
+        return self.voicechat.create_transcription_stream(options, framed_by_caller, **kwargs)
 
 
 class HearingState(HearingRow):
@@ -195,15 +166,23 @@ class HearingState(HearingRow):
 
 class TranscriptCore:
     """The transcript-only core of a streaming shell: perception and the RNNT, as the
-    full conversation runs them (the same batched frame, without its speaking half)."""
+    full conversation runs them (the same batched frame, without its speaking half);
+    ``max_tokens``: the transcript keeps at most that many tokens."""
 
     decode_tokens = None  # no language model: no token texts to decode
 
-    def __init__(self, voicechat: "VoiceChat", options: TranscriptionOptions):
+    def __init__(self, voicechat: "VoiceChat", options: TranscriptionOptions,
+                 max_tokens: int | None = None):
         self.model = voicechat.model
         self.compute = HearingState(voicechat.new_perception_stream(options.use_perception_cache),
                                       voicechat.new_rnnt_state())
         self.frame_index = 0
+        self.max_tokens = max_tokens
+
+    @property
+    def full(self) -> bool:
+        """The transcript holds ``max_tokens`` tokens."""
+        return self.max_tokens is not None and len(self.compute.rnnt.tokens) >= self.max_tokens
 
     @property
     def transcript(self) -> str:
@@ -220,8 +199,13 @@ class TranscriptCore:
         return self.finish_frame(advance(self.model, self.compute, frame))
 
     def finish_frame(self, out: Heard) -> list[Event]:
-        rnnt = self.compute.rnnt
+        rnnt, before = self.compute.rnnt, self.compute.rnnt.text
         delta = rnnt.commit(out.symbols)
+        if self.max_tokens is not None and len(rnnt.tokens) > self.max_tokens:
+            del rnnt.tokens[self.max_tokens :]
+            rnnt.text = sp_vocab.decode(rnnt.tokens, rnnt.vocabulary).strip()
+            kept = rnnt.text[len(before) :] if rnnt.text.startswith(before) else rnnt.text
+            delta = kept or None
         events: list[Event] = []
         if delta is not None:
             events.append(UserTranscriptDelta(self.frame_index, delta, rnnt.text))

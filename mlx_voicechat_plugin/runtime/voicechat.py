@@ -75,11 +75,12 @@ def _tokenizer_of(processor: Any) -> Any:
     return tokenizer
 
 
-def _options(options: ConversationOptions | None, kwargs: dict[str, Any]) -> ConversationOptions:
+def _options(kind: type, options: Any, kwargs: dict[str, Any]) -> Any:
+    """``options`` (a ``kind``), or one made of the keyword options; not both."""
     if options is None:
-        return ConversationOptions(**kwargs)
+        return kind(**kwargs)
     if kwargs:
-        raise TypeError("pass either ConversationOptions or keyword options, not both")
+        raise TypeError(f"pass either {kind.__name__} or keyword options, not both")
     return options
 
 
@@ -152,15 +153,17 @@ class VoiceChat:
         whole frames (a pool's session) and holds no framer."""
         from .streaming import ConversationStream
 
-        return ConversationStream(self, _options(options, kwargs), defer_start, framed_by_caller)
+        return ConversationStream(self, _options(ConversationOptions, options, kwargs),
+                                  defer_start, framed_by_caller)
 
     def create_transcription_stream(self, options: TranscriptionOptions | None = None,
                                     framed_by_caller: bool = False, **kwargs: Any):
         """A transcript-only stream (perception and the RNNT); ``framed_by_caller`` as for
         :meth:`create_streaming_session`."""
-        from .transcribe import Transcriber
+        from .transcribe import TranscriptionStream
 
-        return Transcriber(self).create_stream(options, framed_by_caller, **kwargs)
+        return TranscriptionStream(self, _options(TranscriptionOptions, options, kwargs),
+                                   framed_by_caller)
 
     # --- offline ---------------------------------------------------------------
 
@@ -204,7 +207,7 @@ class VoiceChat:
         same turn (same seed) and each result, in order, is injected right
         after the corresponding valid call.
         """
-        options = _options(options, kwargs)
+        options = _options(ConversationOptions, options, kwargs)
         responses = [tool_response] if isinstance(tool_response, str) else list(tool_response or [])
         if responses and options.tools is None:
             raise ValueError("tool_response needs tools (tools_not_set)")
