@@ -18,7 +18,7 @@ session's worst case is known when it opens, from the config:
   model on a short probe stream and grown to the encoder's full window
   (:meth:`Reservations.fixed_bytes`), plus the PCM a session may buffer.
 
-:class:`~.pool.StreamPool` reserves :func:`session_reservation` of a
+:class:`~.pool.StreamPool` reserves :meth:`Reservations.of` of a
 session before its prefill and admits it only if the reservations of the
 open sessions and its own fit ``--max-state-bytes``, so growth never takes
 the measured state past the budget.
@@ -126,15 +126,6 @@ def minute_bytes(config: Any, minute: int = 1, warm: int = 0, prompt: int = 0) -
     return kv_bytes(config, shape, minute * frames) - kv_bytes(config, shape, (minute - 1) * frames)
 
 
-def session_reservation(config: Any, shape: ConversationShape, fixed: int,
-                        max_frames: int | None, buffered_samples: int | None = None) -> int:
-    """A session's worst-case state bytes: the fixed part, the KV caches at their
-    largest (a full ring, or ``max_frames`` frames), and its PCM buffer."""
-    frames = None if shape.recent is not None else max_frames
-    pcm = 0 if buffered_samples is None else buffered_samples * np.dtype(np.float32).itemsize
-    return fixed + kv_bytes(config, shape, frames) + pcm
-
-
 def fixed_state_sizes(voicechat: Any, frames: int) -> list[int]:
     """A probe stream's non-KV state bytes (no prompt, unbounded context) after each of
     its first ``frames`` frames of silence."""
@@ -178,20 +169,20 @@ class Reservations:
                         "to the encoder's %d-frame window", fixed, len(sizes), window)
         return self._fixed
 
-    def shape(self, prompt: int, context_seconds: float | None) -> ConversationShape:
-        vc = self.voicechat
-        return ConversationShape(prompt, vc.warm_start.positions,
-                            context_frames(context_seconds, vc.config.frame_duration))
-
     def of(self, options: Any, prompt: int) -> int:
-        """The reservation of a session with these options and ``prompt`` LLM positions."""
-        max_frames = (None if options.max_streaming_seconds is None
-                      else int(options.max_streaming_seconds / self.voicechat.config.frame_duration))
-        shape = self.shape(prompt, options.context_seconds)
-        if shape.recent is None and max_frames is None:
-            raise ValueError("a session without a bounded context (context_seconds) needs "
-                             "max_streaming_seconds to be reserved")
+        """The worst-case state bytes of a session with these options and ``prompt`` LLM
+        positions: the fixed part, the KV caches at their largest (a full ring, or every
+        frame of ``max_streaming_seconds``), and its PCM buffer."""
+        config = self.voicechat.config
+        shape = ConversationShape(prompt, self.voicechat.warm_start.positions,
+                                  context_frames(options.context_seconds, config.frame_duration))
+        frames = None
+        if shape.recent is None:
+            if options.max_streaming_seconds is None:
+                raise ValueError("a session without a bounded context (context_seconds) needs "
+                                 "max_streaming_seconds to be reserved")
+            frames = int(options.max_streaming_seconds / config.frame_duration)
         # PCM waiting for a frame: less than a frame once a push is split into frames.
-        pending = options.max_buffered_samples or self.voicechat.config.frame_samples
-        return session_reservation(self.voicechat.config, shape, self.fixed_bytes(), max_frames,
-                                   pending)
+        pending = options.max_buffered_samples or config.frame_samples
+        return (self.fixed_bytes() + kv_bytes(config, shape, frames)
+                + pending * np.dtype(np.float32).itemsize)
