@@ -41,7 +41,6 @@ class PromptCache:
             raise ValueError(f"max_bytes must be a non-negative integer, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self.bytes = 0
-        self.hits = self.misses = 0
         self._entries: OrderedDict[Hashable, tuple[Snapshot, int]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -53,10 +52,8 @@ class PromptCache:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                self.misses += 1
                 return None
             self._entries.move_to_end(key)
-            self.hits += 1
         logger.debug("prompt cache hit (%d entries, %d bytes)", len(self._entries), self.bytes)
         state, meta_state = entry[0]
         return copy_arrays(state), meta_state
