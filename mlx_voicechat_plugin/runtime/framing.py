@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -50,20 +51,19 @@ class Framer:
         self.frame_samples = frame_samples
         self.on_consumed = on_consumed
         self.items: deque[Any] = deque()  # Chunk or a marker
-        self.queued = 0  # samples in the chunks before the first marker
 
     # --- filling ----------------------------------------------------------------
 
     def add_chunk(self, chunk: Chunk) -> None:
-        if not self.has_marker():
-            self.queued += chunk.left
         self.items.append(chunk)
 
     def add_marker(self, marker: Any) -> None:
         self.items.append(marker)
 
-    def has_marker(self) -> bool:
-        return any(not isinstance(item, Chunk) for item in self.items)
+    @property
+    def queued(self) -> int:
+        """Samples in the chunks before the first marker."""
+        return sum(item.left for item in takewhile(lambda i: isinstance(i, Chunk), self.items))
 
     @property
     def buffered(self) -> int:
@@ -104,7 +104,6 @@ class Framer:
             tag = chunk.tag
             if not chunk.left:
                 self.items.popleft()
-        self._requeue()
         return (np.concatenate(pieces) if len(pieces) > 1 else pieces[0]), tag
 
     def take_frames(self) -> list[np.ndarray]:
@@ -121,7 +120,6 @@ class Framer:
             chunk = self.items.popleft()
             pieces.append(chunk.samples[chunk.offset:])
             self._consumed(chunk, chunk.left)
-        self.queued = 0
         if not pieces:
             return np.zeros((0,), np.float32)
         return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
@@ -130,7 +128,6 @@ class Framer:
         """Take the head marker out; the partial frame before it stays."""
         marker = self.head_marker()
         self.items.remove(marker)
-        self._requeue()
         return marker
 
     def drop_tag(self, tag: object) -> None:
@@ -142,7 +139,6 @@ class Framer:
             else:
                 kept.append(item)
         self.items = kept
-        self._requeue()
 
     def drain(self) -> Iterator[Any]:
         """Every marker left; the PCM is forgotten."""
@@ -152,7 +148,6 @@ class Framer:
                 self._consumed(item, item.left)
             else:
                 yield item
-        self.queued = 0
 
     def clear(self) -> None:
         """Forget everything queued."""
@@ -162,11 +157,3 @@ class Framer:
     def _consumed(self, chunk: Chunk, samples: int) -> None:
         if chunk.counted and self.on_consumed is not None:
             self.on_consumed(samples)
-
-    def _requeue(self) -> None:
-        queued = 0
-        for item in self.items:
-            if not isinstance(item, Chunk):
-                break
-            queued += item.left
-        self.queued = queued
