@@ -30,16 +30,11 @@ def _splits(count: int):
 
 
 @lru_cache(maxsize=None)
-def _chain(count: int):
-    """Compiled :func:`_splits` of one key."""
-    return mx.compile(_splits(count))
-
-
-@lru_cache(maxsize=None)
-def _chains(count: int):
-    """Compiled :func:`_splits` of ``[B, 2]`` keys, one chain per row (``vmap``: one
-    random-bits kernel per split for every row, each row's bits its key's own)."""
-    return mx.compile(mx.vmap(_splits(count)))
+def _chain(count: int, rows: bool = False):
+    """Compiled :func:`_splits` of one key, or (``rows``) of ``[B, 2]`` keys, one chain per
+    row (``vmap``: one random-bits kernel per split for every row, each row's bits its
+    key's own)."""
+    return mx.compile(mx.vmap(_splits(count)) if rows else _splits(count))
 
 
 MAX_SEED = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
@@ -78,7 +73,7 @@ class KeyRows:
     def take(self, count: int) -> mx.array:
         """:meth:`RandomStream.take` of every row, ``[B, count, 2]``, as one computation;
         each row's keys and next key equal its own ``take``."""
-        self.keys, subs = _chains(count)(self.keys)
+        self.keys, subs = _chain(count, rows=True)(self.keys)
         return subs
 
     def remove(self, index: int) -> mx.array:
