@@ -62,7 +62,7 @@ def _mean(values: list[float]) -> float:
 
 def _stats(values: list[float]) -> dict[str, float]:
     return {
-        "mean_ms": sum(values) / len(values) if values else 0.0,
+        "mean_ms": _mean(values),
         "p50_ms": _percentile(values, 0.5),
         "p95_ms": _percentile(values, 0.95),
         "max_ms": max(values, default=0.0),
@@ -102,24 +102,21 @@ class FrameClock:
 
     def stage(self, name: str, *arrays: Any) -> None:
         """End stage ``name``: evaluate its outputs and record the elapsed time."""
-        if not self.enabled or self._frame is None:
-            return
-        if arrays:
-            _barrier_eval(*arrays)
-        now = time.perf_counter()
-        self._frame.stages_ms[name] = self._frame.stages_ms.get(name, 0.0) + (now - self._mark) * 1e3
-        self._mark = self._sub_mark = now
+        if self.enabled and self._frame is not None:
+            self._lap(self._frame.stages_ms, name, arrays, self._mark)
+            self._mark = self._sub_mark
 
     def sub_stage(self, name: str, *arrays: Any) -> None:
         """End sub-stage ``name`` (only with ``MLX_VOICECHAT_PROFILE_STAGES=1``)."""
-        if not self.sub_stages or self._frame is None:
-            return
+        if self.sub_stages and self._frame is not None:
+            self._lap(self._frame.sub_stages_ms, name, arrays, self._sub_mark)
+
+    def _lap(self, book: dict[str, float], name: str, arrays: tuple, since: float) -> None:
+        """Evaluate ``arrays`` and add the milliseconds since ``since`` to ``book[name]``."""
         if arrays:
             _barrier_eval(*arrays)
-        now = time.perf_counter()
-        elapsed = (now - self._sub_mark) * 1e3
-        self._frame.sub_stages_ms[name] = self._frame.sub_stages_ms.get(name, 0.0) + elapsed
-        self._sub_mark = now
+        self._sub_mark = time.perf_counter()
+        book[name] = book.get(name, 0.0) + (self._sub_mark - since) * 1e3
 
     def finish(self) -> FrameTiming | None:
         frame, self._frame = self._frame, None
