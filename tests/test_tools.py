@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mlx_voicechat_plugin.runtime.events import ToolCall, ToolCallInvalid
-from mlx_voicechat_plugin.runtime.tool_calls import ToolCallParser
+from mlx_voicechat_plugin.runtime.tool_calls import ToolChannel
 from mlx_voicechat_plugin.runtime.tools import (
     RECOMMENDED_MAX_TOOLS,
     ToolError,
@@ -37,8 +37,8 @@ def _call(name: str, arguments) -> str:
     return "<TOOLCALL>" + json.dumps([{"name": name, "arguments": arguments}]) + "</TOOLCALL>"
 
 
-def _parser(**kwargs) -> ToolCallParser:
-    return ToolCallParser(ToolSet([WEATHER]), **kwargs)
+def _parser(**kwargs) -> ToolChannel:
+    return ToolChannel(ToolSet([WEATHER]), None, **kwargs)
 
 
 # --- the prompt ---------------------------------------------------------------
@@ -150,7 +150,7 @@ def test_schema_checks_arrays_and_booleans():
 
 
 def test_valid_call_becomes_a_tool_call():
-    (event,) = _parser().feed(_call("get_weather", {"city": "Paris"}), 7)
+    (event,) = _parser().observe(_call("get_weather", {"city": "Paris"}), 7)
     assert isinstance(event, ToolCall)
     assert event.name == "get_weather" and event.frame_index == 7
     assert json.loads(event.arguments) == {"city": "Paris"}
@@ -159,29 +159,29 @@ def test_valid_call_becomes_a_tool_call():
 
 def test_call_is_reported_only_once_it_is_complete():
     parser, text = _parser(), _call("get_weather", {"city": "Paris"})
-    events = [e for i in range(1, len(text) + 1) for e in parser.feed(text[:i], i)]
+    events = [e for i in range(1, len(text) + 1) for e in parser.observe(text[:i], i)]
     assert len(events) == 1 and events[0].frame_index == len(text)
 
 
 def test_string_arguments_are_parsed_and_coerced():
-    (event,) = _parser().feed(_call("get_weather", json.dumps({"city": "Oslo", "days": "3"})), 0)
+    (event,) = _parser().observe(_call("get_weather", json.dumps({"city": "Oslo", "days": "3"})), 0)
     assert json.loads(event.arguments) == {"city": "Oslo", "days": 3}
 
 
 def test_malformed_call_is_invalid_with_raw_text():
-    (event,) = _parser().feed('<TOOLCALL>[{"name": "get_weather", "arguments": {</TOOLCALL>', 0)
+    (event,) = _parser().observe('<TOOLCALL>[{"name": "get_weather", "arguments": {</TOOLCALL>', 0)
     assert isinstance(event, ToolCallInvalid)
     assert event.reason == "malformed" and event.code == "tool_call_invalid"
     assert '"arguments": {' in event.raw
 
 
 def test_unknown_tool_is_invalid():
-    (event,) = _parser().feed(_call("launch_rocket", {}), 0)
+    (event,) = _parser().observe(_call("launch_rocket", {}), 0)
     assert isinstance(event, ToolCallInvalid) and event.reason == "unknown_tool"
 
 
 def test_schema_invalid_arguments_are_invalid():
-    (event,) = _parser().feed(_call("get_weather", {"city": "Paris", "unit": "kelvin"}), 0)
+    (event,) = _parser().observe(_call("get_weather", {"city": "Paris", "unit": "kelvin"}), 0)
     assert isinstance(event, ToolCallInvalid) and event.reason == "schema"
 
 
@@ -190,20 +190,20 @@ def test_runaway_calls_stop_at_the_per_turn_cap():
     events = []
     for i in range(4):
         text += _call("get_weather", {"city": "Paris"})
-        events += parser.feed(text, i)
+        events += parser.observe(text, i)
     assert [type(e) for e in events] == [ToolCall, ToolCall, ToolCallInvalid, ToolCallInvalid]
     assert events[-1].reason == "limit"
     parser.new_turn()
     text += _call("get_weather", {"city": "Rome"})
-    assert isinstance(parser.feed(text, 9)[0], ToolCall)
+    assert isinstance(parser.observe(text, 9)[0], ToolCall)
 
 
 def test_unterminated_call_is_reported_at_the_end():
     parser, text = _parser(), '<TOOLCALL>[{"name": "get_weather"'
-    assert parser.feed(text, 0) == []
+    assert parser.observe(text, 0) == []
     (event,) = parser.finish(text, 3)
     assert event.reason == "unterminated" and event.raw == '[{"name": "get_weather"'
 
 
 def test_text_outside_blocks_is_ignored():
-    assert _parser().feed("just some words", 0) == []
+    assert _parser().observe("just some words", 0) == []

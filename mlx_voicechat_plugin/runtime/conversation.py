@@ -168,7 +168,7 @@ class Conversation:
         if delta is not None:
             events.append(UserTranscriptDelta(index, delta, rnnt.text))
             if self.tools is not None:
-                self.tools.parser.new_turn()
+                self.tools.new_turn()
         if text_update is not None:
             events.append(AssistantTextDelta(index, out.text_id, *text_update))
         elif out.text_id == self._turn_end_id:

@@ -1,10 +1,10 @@
 """Tool calls on the live timeline: parse the function channel, feed results back.
 
-:class:`ToolCallParser` is the cursor over the function channel's cumulative
+:class:`ToolChannel` is the cursor over the function channel's cumulative
 text: it finds each completed ``<TOOLCALL>[...]</TOOLCALL>`` block, has
 :func:`~.tools.parse_call_block` parse it, and turns each element into a
 :class:`ToolCall` or a :class:`ToolCallInvalid` within the per-turn budget.
-:class:`ToolChannel` adds the call registry and the result queue: a submitted
+It keeps the call registry and the result queue too: a submitted
 result is tokenized as
 ``<TOOL_RESPONSE>[...]</TOOL_RESPONSE>`` and forced onto the function channel
 one token per frame (``Timeline.listen(force_function=...)``), so each token is
@@ -50,32 +50,34 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex
 
 
-class ToolCallParser:
-    """Incremental ``<TOOLCALL>`` parsing over a channel's cumulative text."""
+class ToolChannel:
+    """One session's tool calls: the cursor over the function channel's cumulative text,
+    the call registry and the forced-token queue of results."""
 
-    def __init__(
-        self,
-        tools: ToolSet,
-        *,
-        max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN,
-        call_id: Callable[[], str] = new_call_id,
-    ):
-        if max_calls_per_turn < 1:
-            raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
+    def __init__(self, tools: ToolSet, tokenizer: Any, *,
+                 max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN,
+                 call_id: Callable[[], str] = new_call_id):
         self.tools = tools
+        self.tokenizer = tokenizer
         self.max_calls_per_turn = max_calls_per_turn
         self._call_id = call_id
         self._consumed = 0  # characters of the cumulative text already parsed
         self._start: int | None = None  # where an open block's content begins
         self._dropped = 0  # characters the text has lost off its front (a bounded channel)
         self.calls_this_turn = 0
+        self.pending: dict[str, ToolCall] = {}  # call_id -> call awaiting its result
+        self.answered: dict[str, None] = {}  # answered call ids, oldest first
+        self._queue: deque[tuple[str, int]] = deque()  # (call_id, token)
+        self._injecting: dict[str, list[int]] = {}  # call_id -> [first_frame, count]
 
     def new_turn(self) -> None:
         """The user spoke again: the per-turn call budget starts over."""
         self.calls_this_turn = 0
 
-    def feed(self, text: str, frame_index: int, dropped: int = 0
-             ) -> list[ToolCall | ToolCallInvalid]:
+    # --- the function channel --------------------------------------------
+
+    def observe(self, text: str, frame_index: int, dropped: int = 0
+                ) -> list[ToolCall | ToolCallInvalid]:
         """Parse the blocks completed in cumulative ``text`` (which has lost ``dropped``
         characters off its front so far: a bounded channel, ``TokenText.dropped``)."""
         shift, self._dropped = dropped - self._dropped, dropped
@@ -96,11 +98,8 @@ class ToolCallParser:
             end = text.find(TOOLCALL_END, self._start)
             if end < 0:
                 if len(text) - self._start > MAX_CALL_CHARS:
-                    raw = text[self._start :]
-                    events.append(self._invalid(frame_index, "unterminated",
-                                                f"no {TOOLCALL_END} within {MAX_CALL_CHARS} characters", raw))
-                    self._start = None
-                    self._consumed = len(text)
+                    events.append(self._unterminated(text, frame_index, f"no {TOOLCALL_END} "
+                                                     f"within {MAX_CALL_CHARS} characters"))
                 return events
             events += self._parse_block(text[self._start : end], frame_index)
             self._start = None
@@ -110,19 +109,21 @@ class ToolCallParser:
         """The stream ended: an open block is reported as unterminated."""
         if self._start is None:
             return []
+        return [self._unterminated(text, frame_index, f"stream ended before {TOOLCALL_END}")]
+
+    def _unterminated(self, text: str, frame_index: int, message: str) -> ToolCallInvalid:
+        """The open block, given up: everything up to the end of ``text`` is consumed."""
         raw = text[self._start :]
         self._start = None
         self._consumed = len(text)
-        return [self._invalid(frame_index, "unterminated", f"stream ended before {TOOLCALL_END}", raw)]
-
-    # --- one block -------------------------------------------------------
+        return self._invalid(frame_index, "unterminated", message, raw)
 
     def _invalid(self, frame_index: int, reason: str, message: str, raw: str) -> ToolCallInvalid:
         logger.warning("invalid tool call (%s): %s; raw=%r", reason, message, raw[:200])
         return ToolCallInvalid(frame_index, reason, message, raw)
 
     def _parse_block(self, body: str, frame_index: int) -> list[ToolCall | ToolCallInvalid]:
-        """The block's calls, within this turn's budget."""
+        """The block's calls, within this turn's budget; the valid ones await a result."""
         events: list[ToolCall | ToolCallInvalid] = []
         for call in parse_call_block(body, self.tools):
             if isinstance(call, CallError):
@@ -134,36 +135,12 @@ class ToolCallParser:
                 ))
             else:
                 self.calls_this_turn += 1
-                events.append(ToolCall(frame_index, self._call_id(), call.name,
-                                       json.dumps(call.arguments)))
-        return events
-
-
-class ToolChannel:
-    """Parsing, the call registry and the forced-token queue of one session."""
-
-    def __init__(self, tools: ToolSet, tokenizer: Any, *, max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN):
-        self.tools = tools
-        self.tokenizer = tokenizer
-        self.parser = ToolCallParser(tools, max_calls_per_turn=max_calls_per_turn)
-        self.pending: dict[str, ToolCall] = {}  # call_id -> call awaiting its result
-        self.answered: dict[str, None] = {}  # answered call ids, oldest first
-        self._queue: deque[tuple[str, int]] = deque()  # (call_id, token)
-        self._injecting: dict[str, list[int]] = {}  # call_id -> [first_frame, count]
-
-    # --- the function channel --------------------------------------------
-
-    def observe(self, text: str, frame_index: int, dropped: int = 0
-                ) -> list[ToolCall | ToolCallInvalid]:
-        events = self.parser.feed(text, frame_index, dropped)
-        for event in events:
-            if isinstance(event, ToolCall):
+                event = ToolCall(frame_index, self._call_id(), call.name,
+                                 json.dumps(call.arguments))
                 self.pending[event.call_id] = event
                 _forget_oldest(self.pending, MAX_PENDING_CALLS)
+                events.append(event)
         return events
-
-    def finish(self, text: str, frame_index: int) -> list[ToolCallInvalid]:
-        return self.parser.finish(text, frame_index)
 
     # --- results -----------------------------------------------------------
 
