@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
+import numpy as np
 
 if TYPE_CHECKING:  # an instrument: imported only once a profiled frame starts
     from ..instruments.syncs import HostSyncCounter
@@ -46,16 +47,6 @@ class FrameTiming:
     async_eval_ms: float = 0.0
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (position - low) * (ordered[high] - ordered[low])
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -63,8 +54,8 @@ def _mean(values: list[float]) -> float:
 def _stats(values: list[float]) -> dict[str, float]:
     return {
         "mean_ms": _mean(values),
-        "p50_ms": _percentile(values, 0.5),
-        "p95_ms": _percentile(values, 0.95),
+        "p50_ms": float(np.percentile(values, 50)) if values else 0.0,
+        "p95_ms": float(np.percentile(values, 95)) if values else 0.0,
         "max_ms": max(values, default=0.0),
     }
 
