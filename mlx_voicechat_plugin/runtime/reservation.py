@@ -75,10 +75,6 @@ class ConversationShape:
         return self.prompt + frames, self.warm + max(self.prompt + frames - 1, 0)
 
 
-def _attention_layers(config: Any) -> int:
-    return str(config.text_config.hybrid_override_pattern).count("*")
-
-
 def _head_dim(c: Any) -> int:
     return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
@@ -105,7 +101,8 @@ def kv_bytes(config: Any, shape: ConversationShape, frames: int | None) -> int:
     llm_window, tts_window = shape.windows() or (None, None)
     llm_at, tts_at = shape.positions(frames) if frames is not None else (None, None)
     llm_per, tts_per = position_bytes(config)
-    llm = _attention_layers(config) * _capacity(llm_window, None, llm_at) * llm_per
+    layers = str(config.text_config.hybrid_override_pattern).count("*")  # attention ones
+    llm = layers * _capacity(llm_window, None, llm_at) * llm_per
     tts = sum(_capacity(tts_window, s, tts_at) for s in sliding_windows(config)) * tts_per
     return llm + tts
 

@@ -76,7 +76,6 @@ class Transcriber:
 
     def __init__(self, voicechat: "VoiceChat"):
         self.voicechat = voicechat
-        self.model = voicechat.model
         self.config = voicechat.config
         self.sample_rate = self.config.input_sample_rate
         self.language = checkpoint_language(self.config)

@@ -132,11 +132,6 @@ class VoiceChat:
     def warm_start(self, start: WarmStart | None) -> None:
         self._warm_start = start
 
-    def decode_text(self, ids: list[int] | np.ndarray) -> str:
-        special = self.config.special_text_ids
-        kept = [int(i) for i in ids if int(i) not in special]
-        return self.tokenizer.decode(kept, skip_special_tokens=False)
-
     def new_rnnt_state(self) -> RNNTState:
         return RNNTState(self._rnnt, list(self.config.rnnt_vocabulary))
 
@@ -246,8 +241,10 @@ class VoiceChat:
         samples, codes = joined_audio(events)
         transcript = next((e.text for e in reversed(events) if isinstance(e, UserTranscriptDelta)), "")
         function = next((e.text for e in reversed(events) if isinstance(e, FunctionDelta)), "")
+        special = self.config.special_text_ids
         return VoiceChatResult(
-            text=self.decode_text(text_ids),
+            text=self.tokenizer.decode([i for i in text_ids if i not in special],
+                                       skip_special_tokens=False),
             function_text=function,
             user_transcript=transcript,
             audio=samples,
