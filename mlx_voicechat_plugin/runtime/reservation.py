@@ -146,7 +146,6 @@ class Reservations:
 
     def __init__(self, voicechat: Any):
         self.voicechat = voicechat
-        self._fixed: int | None = getattr(voicechat, "fixed_state_bytes", None)
 
     def fixed_bytes(self) -> int:
         """The largest non-KV state of a conversation: measured on a probe stream (no
@@ -155,16 +154,16 @@ class Reservations:
         where the full probe, :func:`fixed_state_sizes`, stops growing: one window row
         per layer a frame; ``tests/test_memory_budget.py`` checks both agree). A few
         frames instead of the window's 72: a full-size start on a CPU took minutes."""
-        if self._fixed is None:
-            vc = self.voicechat
+        vc = self.voicechat
+        if vc.fixed_state_bytes is None:
             window = vc.model.stt_model.perception.att_context[0]
             sizes = fixed_state_sizes(vc, min(PROBE_FRAMES, window + 2))
             rate = sizes[-1] - sizes[-2]
             fixed = max(max(sizes), sizes[-1] + rate * max(window - len(sizes), 0))
-            self._fixed = vc.fixed_state_bytes = fixed
+            vc.fixed_state_bytes = fixed
             logger.info("session state: %d fixed bytes, measured over %d frames and grown "
                         "to the encoder's %d-frame window", fixed, len(sizes), window)
-        return self._fixed
+        return vc.fixed_state_bytes
 
     def of(self, options: Any, prompt: int) -> int:
         """The worst-case state bytes of a session with these options and ``prompt`` LLM
