@@ -19,6 +19,7 @@ from typing import Any, Hashable
 import mlx.core as mx
 
 from ..models.cache_state import copy_arrays
+from .options import check_count
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +38,7 @@ class PromptCache:
     in all (0 disables it)."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ValueError(f"max_bytes must be a non-negative integer, got {max_bytes!r}")
-        self.max_bytes = max_bytes
+        self.max_bytes = check_count(max_bytes, "max_bytes")
         self.bytes = 0
         self._entries: OrderedDict[Hashable, tuple[Snapshot, int]] = OrderedDict()
         self._lock = threading.Lock()
