@@ -135,11 +135,10 @@ def parse_tool(spec: Any, index: int) -> Tool:
     _check_ascii_tree(parameters, f"{where}.parameters")
     acks = spec.get("ack_messages")
     if acks is not None:
-        if not isinstance(acks, list) or not all(isinstance(a, str) for a in acks):
+        if not isinstance(acks, list):
             raise ToolError(f"{where}.ack_messages must be a list of strings")
-        for i, ack in enumerate(acks):
-            require_ascii(ack, f"{where}.ack_messages[{i}]")
-        acks = tuple(acks)
+        acks = tuple(require_ascii(ack, f"{where}.ack_messages[{i}]")
+                     for i, ack in enumerate(acks))
     return Tool(name, description, parameters, acks)
 
 
@@ -181,13 +180,10 @@ def render_system_prompt(system_message: str, tools: ToolSet | None) -> str:
     require_ascii(system_message, "system prompt")
     if not tools:
         return system_message
-    parts = [system_message]
-    if system_message:
-        parts.append("\n\n")
+    head = system_message + "\n\n" if system_message else ""
     listed = ", ".join(jinja_tojson(tool.rendered()) for tool in tools.tools.values())
-    parts += [_TOOLS_INTRO, "\n<AVAILABLE_TOOLS>[", listed, "]</AVAILABLE_TOOLS>\n\n"]
-    parts += [_CALL_FORMAT, _RESPONSE_FORMAT, _DECISION]
-    return "".join(parts)
+    return (f"{head}{_TOOLS_INTRO}\n<AVAILABLE_TOOLS>[{listed}]</AVAILABLE_TOOLS>\n\n"
+            f"{_CALL_FORMAT}{_RESPONSE_FORMAT}{_DECISION}")
 
 
 def render_tool_response(output: str) -> str:
