@@ -142,37 +142,28 @@ def parse_tool(spec: Any, index: int) -> Tool:
     return Tool(name, description, parameters, acks)
 
 
-class ToolSet:
-    """Validated tools by name; ``warnings`` lists soft-limit notices."""
+class ToolSet(dict[str, Tool]):
+    """Validated tools by name, in order; ``warnings`` lists soft-limit notices."""
 
     def __init__(self, specs: list[Any], max_tools: int = DEFAULT_MAX_TOOLS):
+        super().__init__()
         if not isinstance(specs, list):
             raise ToolError(f"tools must be a list, got {type(specs).__name__}")
         if len(specs) > max_tools:
             raise ToolError(f"{len(specs)} tools given; at most {max_tools} are allowed")
-        self.tools: dict[str, Tool] = {}
         for i, spec in enumerate(specs):
             tool = parse_tool(spec, i)
-            if tool.name in self.tools:
+            if tool.name in self:
                 raise ToolError(f"tools[{i}]: duplicate tool name {tool.name!r}")
-            self.tools[tool.name] = tool
+            self[tool.name] = tool
         self.warnings: list[str] = []
-        if len(self.tools) > RECOMMENDED_MAX_TOOLS:
+        if len(self) > RECOMMENDED_MAX_TOOLS:
             message = (
-                f"{len(self.tools)} tools registered; the checkpoint was trained with at most "
+                f"{len(self)} tools registered; the checkpoint was trained with at most "
                 f"{RECOMMENDED_MAX_TOOLS} and may call them less reliably"
             )
             logger.warning(message)
             self.warnings.append(message)
-
-    def __len__(self) -> int:
-        return len(self.tools)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.tools
-
-    def __getitem__(self, name: str) -> Tool:
-        return self.tools[name]
 
 
 def render_system_prompt(system_message: str, tools: ToolSet | None) -> str:
@@ -181,7 +172,7 @@ def render_system_prompt(system_message: str, tools: ToolSet | None) -> str:
     if not tools:
         return system_message
     head = system_message + "\n\n" if system_message else ""
-    listed = ", ".join(jinja_tojson(tool.rendered()) for tool in tools.tools.values())
+    listed = ", ".join(jinja_tojson(tool.rendered()) for tool in tools.values())
     return (f"{head}{_TOOLS_INTRO}\n<AVAILABLE_TOOLS>[{listed}]</AVAILABLE_TOOLS>\n\n"
             f"{_CALL_FORMAT}{_RESPONSE_FORMAT}{_DECISION}")
 
