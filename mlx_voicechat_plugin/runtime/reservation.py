@@ -79,13 +79,6 @@ def _head_dim(c: Any) -> int:
     return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
 
-def position_bytes(config: Any) -> tuple[int, int]:
-    """KV bytes of one position: per LLM attention layer, per backbone layer."""
-    text, tts = config.text_config, config.tts_config
-    llm = 2 * text.num_key_value_heads * _head_dim(text) * KV_ITEMSIZE
-    return llm, 2 * tts.num_key_value_heads * _head_dim(tts) * KV_ITEMSIZE * GUIDED_ROWS
-
-
 def sliding_windows(config: Any) -> list[int | None]:
     """Each backbone layer's own window (``None``: global), as EarTTS lays them out."""
     tts = config.tts_config
@@ -100,7 +93,10 @@ def kv_bytes(config: Any, shape: ConversationShape, frames: int | None) -> int:
         raise ValueError("an unbounded context has no worst case without a frame limit")
     llm_window, tts_window = shape.windows() or (None, None)
     llm_at, tts_at = shape.positions(frames) if frames is not None else (None, None)
-    llm_per, tts_per = position_bytes(config)
+    # KV bytes of one position: per LLM attention layer, and per backbone layer.
+    text, tts = config.text_config, config.tts_config
+    llm_per = 2 * text.num_key_value_heads * _head_dim(text) * KV_ITEMSIZE
+    tts_per = 2 * tts.num_key_value_heads * _head_dim(tts) * KV_ITEMSIZE * GUIDED_ROWS
     layers = str(config.text_config.hybrid_override_pattern).count("*")  # attention ones
     llm = layers * _capacity(llm_window, None, llm_at) * llm_per
     tts = sum(_capacity(tts_window, s, tts_at) for s in sliding_windows(config)) * tts_per

@@ -67,14 +67,6 @@ class FrameResult:
     events: list[Event]
 
 
-def _tokenizer_of(processor: Any) -> Any:
-    tokenizer = getattr(processor, "tokenizer", processor)
-    missing = [n for n in ("encode", "decode", "get_vocab") if not hasattr(tokenizer, n)]
-    if missing:
-        raise TypeError(f"processor: tokenizer lacks {', '.join(missing)}")
-    return tokenizer
-
-
 def _options(kind: type, options: Any, kwargs: dict[str, Any]) -> Any:
     """``options`` (a ``kind``), or one made of the keyword options; not both."""
     if options is None:
@@ -97,7 +89,10 @@ class VoiceChat:
     def __init__(self, model: Model, processor: Any):
         self.model = model
         self.config = model.config
-        self.tokenizer = _tokenizer_of(processor)
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        missing = [n for n in ("encode", "decode", "get_vocab") if not hasattr(self.tokenizer, n)]
+        if missing:
+            raise TypeError(f"processor: tokenizer lacks {', '.join(missing)}")
         if getattr(model, "prepared_for", None) is not self.tokenizer:
             raise ValueError(
                 "processor: the model was not prepared for this tokenizer; load both with "
@@ -165,8 +160,7 @@ class VoiceChat:
     def _whole_signal(self, audio: AudioInput, sample_rate: int | None,
                       extra_decoding_seconds: float) -> tuple[WholeSignal, int]:
         """The turn's perception over the whole (padded) signal, and its frame count."""
-        config = self.config
-        rate = config.input_sample_rate
+        rate = self.config.input_sample_rate
         check_extra_decoding_seconds(extra_decoding_seconds)
         waveform = load_waveform(audio, rate, sample_rate)
         seconds = waveform.shape[0] / rate
