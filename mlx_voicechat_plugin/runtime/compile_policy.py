@@ -83,9 +83,8 @@ def compiles_slowly() -> bool:
 
 
 def kernel_cache_is_cold() -> bool:
-    directory = kernel_cache_dir()
-    pattern = _KERNEL_FILES.get(backend(), "*.so")
-    return not directory.is_dir() or not any(directory.glob(pattern))
+    """No compiled kernel in the cache (a missing directory globs to nothing)."""
+    return not any(kernel_cache_dir().glob(_KERNEL_FILES.get(backend(), "*.so")))
 
 
 def model_key(config: dict) -> str:
