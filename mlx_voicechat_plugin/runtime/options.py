@@ -21,10 +21,15 @@ MAX_EXTRA_DECODING_SECONDS = 600.0
 DEFAULT_EXTRA_DECODING_SECONDS = 3.0  # decoded after the question when none is given
 
 
+def _real(value: object) -> bool:
+    """A finite int or float, not a bool."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 def check_positive_seconds(value: object, what: str) -> float:
     """A finite number of seconds above zero."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
+    if not _real(value) or value <= 0:
         raise ValueError(f"{what} must be > 0, got {brief(value)}")
     return float(value)
 
@@ -37,8 +42,7 @@ def check_context_seconds(value: object) -> float | None:
     """``None`` or ``0``: unbounded; else a finite number of seconds above zero."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < 0:
+    if not _real(value) or value < 0:
         raise ValueError(f"context_seconds must be >= 0 seconds (0: unbounded), got {brief(value)}")
     return float(value) or None
 
@@ -58,8 +62,7 @@ def check_count(value: object, what: str) -> int:
 
 def check_non_negative(value: object, what: str) -> float:
     """A finite number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < 0:
+    if not _real(value) or value < 0:
         raise ValueError(f"{what} must be >= 0, got {brief(value)}")
     return float(value)
 
@@ -74,7 +77,7 @@ def buffered_samples(seconds: float, sample_rate: int, frame_samples: int) -> in
 def check_temperature(value: object, what: str = "temperature") -> float:
     """The text channel's temperature: only 0 (the reference's VoiceChat path decodes
     its text greedily; nothing samples it)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 0:
+    if not _real(value) or value != 0:
         raise ValueError(
             f"{what} must be 0 (the model's text channel is decoded greedily, as the "
             f"reference's), got {brief(value)}"
@@ -87,8 +90,7 @@ def check_top_p(value: object, what: str = "top_p") -> float | None:
     number in (0, 1]."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or not 0 < value <= 1:
+    if not _real(value) or not 0 < value <= 1:
         raise ValueError(f"{what} must be in (0, 1], got {brief(value)}")
     return float(value)
 
@@ -163,8 +165,7 @@ class TranscriptionOptions(StreamLimits):
 
 
 def check_extra_decoding_seconds(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not 0 <= value <= MAX_EXTRA_DECODING_SECONDS:
+    if not _real(value) or not 0 <= value <= MAX_EXTRA_DECODING_SECONDS:
         raise ValueError(
             "extra_decoding_seconds must be within "
             f"[0, {MAX_EXTRA_DECODING_SECONDS:g}] s, got {brief(value)}"
