@@ -85,14 +85,12 @@ class AudioFrames:
 
     def finish(self, tail: np.ndarray) -> Audio | None:
         """Complete the held frame with the stream's last samples (``None`` if none held)."""
-        if self._held is None:
-            return None
-        audio = self._complete(tail)
-        self._held = None
-        return audio
+        return None if self._held is None else self._complete(tail)
 
     def _complete(self, rest: np.ndarray) -> Audio:
+        """The held frame completed with ``rest``; none is held after it."""
         index, codes, head = self._held
+        self._held = None
         samples = np.concatenate([head, rest])
         if samples.shape[0] != self.samples_per_frame:
             raise RuntimeError(
