@@ -42,9 +42,7 @@ def check_context_seconds(value: object) -> float | None:
     """``None`` or ``0``: unbounded; else a finite number of seconds above zero."""
     if value is None:
         return None
-    if not _real(value) or value < 0:
-        raise ValueError(f"context_seconds must be >= 0 seconds (0: unbounded), got {brief(value)}")
-    return float(value) or None
+    return check_non_negative(value, "context_seconds (0: unbounded)") or None
 
 
 def check_positive_int(value: object, what: str) -> int:

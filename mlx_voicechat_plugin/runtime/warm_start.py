@@ -55,13 +55,11 @@ class WarmStart:
             except (KeyError, ValueError, ImportError, AttributeError) as error:
                 logger.warning("ignoring the remembered warm start: %s", error)
         start = cls._run(model)
-        save_arrays(WARM_START_DIR, key, [*start.state, start.prev_codes], start._metadata())
-        return start
-
-    def _metadata(self) -> dict[str, str]:
         meta = [[kind.__module__, kind.__qualname__, m, list(present)]
-                for kind, m, present in self.meta_state]
-        return {"meta_state": json.dumps(meta), "sliding": json.dumps(list(self.sliding))}
+                for kind, m, present in start.meta_state]
+        save_arrays(WARM_START_DIR, key, [*start.state, start.prev_codes],
+                    {"meta_state": json.dumps(meta), "sliding": json.dumps(list(start.sliding))})
+        return start
 
     @classmethod
     def _remembered(cls, arrays: list[mx.array], metadata: dict[str, str]) -> "WarmStart":
