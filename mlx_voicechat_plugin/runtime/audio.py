@@ -49,11 +49,10 @@ def read_samples(audio: AudioInput, sample_rate: int, input_rate: int | None = N
         samples, _ = read(str(path), dtype="float32", sample_rate=sample_rate, nchannels=1)
         return np.asarray(samples, dtype=np.float32).reshape(-1)
     array = as_mono_float32(np.asarray(audio, dtype=np.float32), "audio")
-    rate = sample_rate if input_rate is None else input_rate
-    if rate != sample_rate:
+    if input_rate not in (None, sample_rate):
         from mlx_audio.utils import resample_audio
 
-        array = np.asarray(resample_audio(array, rate, sample_rate), dtype=np.float32)
+        array = np.asarray(resample_audio(array, input_rate, sample_rate), dtype=np.float32)
     return array
 
 
