@@ -33,12 +33,12 @@ def check_graph_commit_ops(n: int | None, flag: str = "--graph-commit-ops") -> N
 
 
 def apply_graph_commit_ops(n: int | None) -> str | None:
-    """Set ``MLX_MAX_OPS_PER_BUFFER`` to ``n`` for the GPU device not yet created.
+    """Set ``MLX_MAX_OPS_PER_BUFFER`` to ``n`` (checked by :func:`check_graph_commit_ops`
+    where the flag is parsed) for the GPU device not yet created.
 
     Returns the value set, or None when ``n`` is None or 0 (MLX's default: the
     environment is left as it was, a value already there included).
     """
-    check_graph_commit_ops(n)
     if not n:
         return None
     value = str(n)
