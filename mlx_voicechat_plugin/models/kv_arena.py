@@ -28,12 +28,12 @@ batched core equals each row's own core bit for bit (``tests/test_kv_arena.py``
 checks it over lengths, heads and dtypes, and the pool's solo-vs-batched tests
 run through it). A GPU kernel may order the reduction differently for a
 longer masked row: ``MLX_VOICECHAT_PER_ROW_ATTENTION=1`` (or
-:attr:`AttentionCores.batched` off, :meth:`~.model.Model.set_batched_cores`) keeps
+:attr:`ArenaAttention.batched` off, :meth:`~.model.Model.set_batched_cores`) keeps
 the arena's single write but runs each row's core on its own ring, the exact
 path (``conformance/README.md``).
 
 An arena belongs to the batch whose rows it holds, not to the model;
-:class:`AttentionCores`, the model's part, keeps nothing between calls. While
+:class:`ArenaAttention`, the model's part, keeps nothing between calls. While
 stacked, a row's own :class:`RingCache` holds no arrays: the arena's are the
 only copy, and each step's scatter updates them in place.
 """
@@ -259,8 +259,8 @@ def step_arrays(positions: tuple[int, ...], lengths: tuple[int, ...], group: int
     return found
 
 
-class AttentionCores:
-    """The attention cores of a stack's layers over the rows of a step: through the
+class ArenaAttention:
+    """A stack's attention layers over the rows of a step: one write and core through the
     rows' :class:`KVArena` where their batch stacked one, else each row on its own
     cache (``alone``).
 

@@ -24,7 +24,7 @@ from mlx_vlm.models.base import scaled_dot_product_attention
 from mlx_vlm.models.cache import ArraysCache
 
 from .fused import project
-from .kv_arena import AttentionCores, StepArrays
+from .kv_arena import ArenaAttention, StepArrays
 from .language.mamba_step import MambaStep, use_upstream
 from .rows import stack_rows
 
@@ -91,9 +91,9 @@ class _Attention:
     own cache object at its own offset. The block's own modules do the arithmetic,
     in its order, so a row equals the block run on that row alone."""
 
-    def __init__(self, layer: Any, slot: int, cores: AttentionCores):
+    def __init__(self, layer: Any, slot: int, attention: ArenaAttention):
         self.layer, self.slot = layer, slot
-        self.cores = cores
+        self.attention = attention
         self._pre = mx.compile(self._project)
         self._post = mx.compile(self._output)
 
@@ -136,7 +136,7 @@ class _Attention:
                                                          scale=scale, mask=None))
             return stack_rows(outs)
 
-        return self._post(x, self.cores(q, k, v, held, scale, alone, memo))
+        return self._post(x, self.attention(q, k, v, held, scale, alone, memo))
 
 
 class SegmentedStep:
@@ -149,8 +149,8 @@ class SegmentedStep:
     """
 
     def __init__(self, layers: Sequence[Any], head: Callable[[mx.array], Sequence[mx.array]],
-                 cores: AttentionCores | None = None):
-        self.cores = AttentionCores() if cores is None else cores
+                 attention: ArenaAttention | None = None):
+        self.attention = ArenaAttention() if attention is None else attention
         self.plan: list[Any] = []  # _Run or _Attention
         run: list[Any] = []
         run_slots: list[int | None] = []
@@ -161,7 +161,7 @@ class SegmentedStep:
                 if run:
                     self.plan.append(_Run(run, run_slots, None))
                     run, run_slots = [], []
-                self.plan.append(_Attention(layer, slot, self.cores))
+                self.plan.append(_Attention(layer, slot, self.attention))
                 slot += 1
             elif kind == MAMBA:
                 run.append(layer)
