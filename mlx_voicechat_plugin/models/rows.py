@@ -102,11 +102,12 @@ class RowGroups:
         return state.extract(row, copy)
 
     def extend(self, rows: Sequence[Any]) -> None:
-        """``rows`` (one-row states) appended after the others, grouped by key (groups
-        whose keys meet stack at the next :meth:`regroup`)."""
+        """``rows`` (one-row states) appended after the others, grouped by key: a row whose
+        key is a group's joins it now (:meth:`regroup`), so the next frame runs it there."""
         size = self.size
         self.groups += [([size + b for b in members], state)
                         for members, state in RowGroups.merge(rows, self.kind).groups]
+        self.regroup()
 
     def remove(self, index: int) -> Any:
         """Row ``index``'s own state (a copy); the others stay stacked, renumbered."""

@@ -193,12 +193,14 @@ class Batch:
         self.talkers: list[ConversationState] = []
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
+        self.pending: list[mx.array] = []  # leavers' copies, evaluated with the next frame
 
     def update(self, states: list[HearingRow]) -> None:
         """Hold ``states``' rows, in order. ``states`` lists the members that stay first,
-        in the batch's order (otherwise every member leaves and all join again)."""
+        in the batch's order (otherwise every member leaves and all join again). The
+        leavers' copies are evaluated with the next frame (:attr:`pending`)."""
         for member in [m for m in self.members if all(m is not s for s in states)]:
-            self.extract(member)
+            self.pending += self._remove(member)
         if not all(a is b for a, b in zip(self.members, states)):
             self.clear()
         joiners = states[len(self.members):]
@@ -229,14 +231,18 @@ class Batch:
     def extract(self, member: HearingRow) -> None:
         """``member``'s rows given back as its own state (copies, evaluated now); the
         other members stay stacked as they are, so the next frame forms nothing."""
+        mx.eval(self._remove(member))
+
+    def _remove(self, member: HearingRow) -> list[mx.array]:
+        """Take ``member``'s rows out; the arrays made (none for a last member, whose
+        rows are its own already)."""
         row = next(b for b, m in enumerate(self.members) if m is member)
         self.members.pop(row)
         member.held = False
         arrays = self.hearing.remove(row)
         if isinstance(member, ConversationState):
             arrays += self._remove_speech(member)
-        if self.members:  # a last member's rows are its own already
-            mx.eval(arrays)
+        return arrays if self.members else []
 
     def _remove_speech(self, state: ConversationState) -> list[mx.array]:
         row = next(b for b, m in enumerate(self.talkers) if m is state)
@@ -320,7 +326,8 @@ def advance_batch(
         tokens = timeline.listen(take_rows(hearing.projected, talking),
                                  [forced[b] for b in talking], clock=clock)
         ids = [tokens.ids]
-    mx.eval(*ids, *hearing.arrays)
+    mx.eval(*ids, *hearing.arrays, *batch.pending)
+    batch.pending = []
 
     # The user transcript does not feed the timeline: the RNNT's other tries
     # (after an emission) join the speech half's evaluation.
