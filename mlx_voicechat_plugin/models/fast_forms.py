@@ -143,10 +143,9 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None,
     multiplication commutes) so that compile's common-subexpression pass does
     not merge them back into one array that a kernel would have to write.
     """
-    if weight is not None:
-        out_type = mx.result_type(x, weight, bias) if bias is not None else mx.result_type(x, weight)
-    else:
-        out_type = x.dtype  # the fallback's rule: without a weight, the bias does not promote
+    # The fallback's rule: without a weight, the bias does not promote.
+    out_type = x.dtype if weight is None else mx.result_type(
+        *(a for a in (x, weight, bias) if a is not None))
     y = _centered(x.astype(mx.float32), eps).astype(out_type)
     if weight is not None:
         y = y * weight.astype(out_type)
@@ -173,12 +172,10 @@ class ExpandedLayerNorm(nn.LayerNorm):
 def expand_layer_norms(model: nn.Module) -> int:
     """Make every ``nn.LayerNorm`` in ``model`` an :class:`ExpandedLayerNorm` (the same
     objects, class changed); returns how many. Idempotent."""
-    changed = 0
-    for _, module in model.named_modules():
-        if type(module) is nn.LayerNorm:
-            module.__class__ = ExpandedLayerNorm
-            changed += 1
-    return changed
+    norms = [module for _, module in model.named_modules() if type(module) is nn.LayerNorm]
+    for module in norms:
+        module.__class__ = ExpandedLayerNorm
+    return len(norms)
 
 
 # -- Attention ---------------------------------------------------------------------------

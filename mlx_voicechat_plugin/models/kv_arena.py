@@ -75,15 +75,10 @@ class RingCache(RotatingKVCache):
         """Allocate the rest of the ring now (zeros past the rows written, as a growth
         would), so every later one-position write lands inside it. Only before the
         ring wraps, which it cannot do before it is whole."""
-        if self.whole or self.keys is None:
+        if self.keys is None or self.keys.shape[2] == self.max_size:
             return
         pad = [(0, 0), (0, 0), (0, self.max_size - self.keys.shape[2]), (0, 0)]
         self.keys, self.values = mx.pad(self.keys, pad), mx.pad(self.values, pad)
-
-    @property
-    def whole(self) -> bool:
-        """Its ring is allocated whole (every later one-position write lands inside it)."""
-        return self.keys is not None and self.keys.shape[2] == self.max_size
 
 
 class KVArena:

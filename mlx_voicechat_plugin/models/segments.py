@@ -48,21 +48,18 @@ class _Run:
 
     def _pure(self, x: mx.array, *state: mx.array) -> tuple[mx.array, ...]:
         new_state: list[mx.array] = []
-        k = 0
+        carried = iter(state)
         for layer, slot, step in zip(self.layers, self.cache_index, self.steps):
             if slot is None:
                 x = layer(x)
-                continue
-            if step is not None:
-                x, conv, ssm = step(x, state[k], state[k + 1])
-                k += 2
-                new_state += [conv, ssm]
-                continue
-            cache = ArraysCache(size=2)
-            cache[0], cache[1] = state[k], state[k + 1]
-            k += 2
-            x = layer(x, mask=None, cache=cache)
-            new_state += [cache[0], cache[1]]
+            elif step is not None:
+                x, *pair = step(x, next(carried), next(carried))
+                new_state += pair
+            else:
+                cache = ArraysCache(size=2)
+                cache[0], cache[1] = next(carried), next(carried)
+                x = layer(x, mask=None, cache=cache)
+                new_state += [cache[0], cache[1]]
         if self.head is None:
             outputs: tuple[mx.array, ...] = (x,)
         elif x.ndim == 2:  # rows: the heads' outputs as the stack's (B, 1, V)
@@ -101,16 +98,12 @@ class _Attention:
         attn = self.layer.mixer
         h = self.layer.norm(x)
         q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
+        heads = (attn.num_heads, attn.num_key_value_heads, attn.num_key_value_heads)
         if h.ndim == 2:  # one position's rows: [b, heads, 1, d] is one reshape
-            b = h.shape[0]
-            return (q.reshape(b, attn.num_heads, 1, -1),
-                    k.reshape(b, attn.num_key_value_heads, 1, -1),
-                    v.reshape(b, attn.num_key_value_heads, 1, -1))
+            return tuple(a.reshape(h.shape[0], n, 1, -1) for a, n in zip((q, k, v), heads))
         b, length, _ = h.shape
-        q = q.reshape(b, length, attn.num_heads, -1).transpose(0, 2, 1, 3)
-        k = k.reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-        v = v.reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-        return q, k, v
+        return tuple(a.reshape(b, length, n, -1).transpose(0, 2, 1, 3)
+                     for a, n in zip((q, k, v), heads))
 
     def _output(self, x: mx.array, out: mx.array) -> mx.array:
         b, _, length, _ = out.shape
@@ -156,22 +149,16 @@ class SegmentedStep:
         run_slots: list[int | None] = []
         slot = 0
         for layer in layers:
-            kind = layer.block_type
-            if kind == ATTENTION:
+            if layer.block_type == ATTENTION:
                 if run:
                     self.plan.append(_Run(run, run_slots, None))
                     run, run_slots = [], []
                 self.plan.append(_Attention(layer, slot, self.attention))
-                slot += 1
-            elif kind == MAMBA:
-                run.append(layer)
-                run_slots.append(slot)
-                slot += 1
             else:
                 run.append(layer)
-                run_slots.append(None)
+                run_slots.append(slot if layer.block_type == MAMBA else None)
+            slot += layer.block_type in (ATTENTION, MAMBA)
         self.plan.append(_Run(run, run_slots, head))
-        self.head = head
         # One position's hidden states travel as (B, hidden) rows where every layer
         # takes them (MambaStep, MLP and attention blocks): no product flattens its
         # input and unflattens its output. Upstream's Mamba2 block (Metal) or other

@@ -49,16 +49,8 @@ class WholeSignal:
     def __init__(self, projected: mx.array, encoded: mx.array):
         self.projected, self.encoded = projected, encoded
         self.frames = projected.shape[1]
-
-    @property
-    def state(self) -> list[mx.array]:
-        """No carried arrays: the whole signal's outputs are inputs, not state."""
-        return []
-
-    @state.setter
-    def state(self, value: list[mx.array]) -> None:
-        if value:
-            raise ValueError(f"a whole-signal source carries no state, got {len(value)} arrays")
+        # No carried arrays: the whole signal's outputs are inputs, not state.
+        self.state: list[mx.array] = []
 
     def push(self, frame: int) -> tuple[mx.array, mx.array]:
         return self.projected[:, frame : frame + 1], self.encoded[:, frame : frame + 1]
@@ -129,11 +121,8 @@ class ConversationState(HearingRow):
     @property
     def meta_state(self) -> tuple:
         """Each part's array count, then the timeline's and the codec's meta states."""
-        self.check_own()
-        codec = self.codec
-        assert codec is not None, "the state was released"
         return (tuple(len(part.state) for part in self._parts()),
-                self.timeline.meta_state, codec.meta_state)
+                self.timeline.meta_state, self.codec.meta_state)
 
     def restore(self, state: list[mx.array], meta_state: tuple) -> None:
         """Continue from a ``(state, meta_state)`` snapshot (mlx-lm's ``from_state``, in
@@ -149,13 +138,8 @@ class ConversationState(HearingRow):
 
     @property
     def nbytes(self) -> int:
-        """The bytes of ``state`` (the timeline's sized from shapes where it can)."""
-        if self.released:
-            return 0
-        self.check_own()
-        assert self.timeline is not None and self.codec is not None
-        return (self.hearing_nbytes() + self.timeline.nbytes
-                + sum(a.nbytes for a in self.codec.state))
+        """The bytes of ``state``."""
+        return sum(a.nbytes for a in self.state)
 
     @property
     def released(self) -> bool:
@@ -167,7 +151,6 @@ class ConversationState(HearingRow):
         """Drop every array reference (``state`` is then empty and the state unusable)."""
         self.check_own()
         self.perception = WholeSignal(mx.zeros((1, 0, 1)), mx.zeros((1, 0, 1)))
-        assert self.timeline is not None
         self.timeline.release()
         self.rnnt.release()
         self.codec = None
@@ -208,25 +191,19 @@ class Batch:
             state.check_own()
         self.hearing.extend(joiners)
         talkers = [s for s in joiners if isinstance(s, ConversationState)]
+        if any(s.codec is None for s in talkers):
+            raise ValueError("a released conversation cannot step")
         if talkers:
-            self._extend_speech(talkers)
+            self.timeline = Timeline.merge([*([self.timeline] if self.timeline else []),
+                                            *(s.timeline for s in talkers)])
+            self.codec = self.codec or CodecRows([])
+            self.codec.extend([s.codec for s in talkers])
+        self.talkers += talkers
+        for state in talkers:  # its state is the batch's rows now; it keeps its books
+            state.timeline = state.codec = None
         self.members = list(states)
         for state in joiners:
             state.held = True
-
-    def _extend_speech(self, states: list[ConversationState]) -> None:
-        codecs = [s.codec for s in states]
-        if any(c is None for c in codecs):
-            raise ValueError("a released conversation cannot step")
-        timelines = [s.timeline for s in states]
-        if self.timeline is None or self.codec is None:
-            self.timeline, self.codec = Timeline.merge(timelines), CodecRows.merge(codecs)
-        else:
-            self.timeline = Timeline.merge([self.timeline, *timelines])
-            self.codec.extend(codecs)
-        self.talkers += states
-        for state in states:  # its state is the batch's rows now; it keeps its books
-            state.timeline = state.codec = None
 
     def extract(self, member: HearingRow) -> None:
         """``member``'s rows given back as its own state (copies, evaluated now); the
@@ -248,12 +225,9 @@ class Batch:
         row = next(b for b, m in enumerate(self.talkers) if m is state)
         self.talkers.pop(row)
         timeline, codec = self.timeline, self.codec
-        assert timeline is not None and codec is not None
+        state.timeline, state.codec = timeline.remove(row), codec.remove(row)
         if not self.talkers:
             self.timeline = self.codec = None
-            state.timeline, state.codec = timeline, codec.extract(0)
-            return []
-        state.timeline, state.codec = timeline.remove(row), codec.remove(row)
         return [*state.timeline.state, *state.codec.state, *timeline.state, *codec.state]
 
     def clear(self) -> None:
@@ -268,7 +242,6 @@ class Batch:
             return state.nbytes
         held = self.hearing.row_nbytes(next(b for b, m in enumerate(self.members) if m is state))
         if isinstance(state, ConversationState):
-            assert self.timeline is not None and self.codec is not None
             row = next(b for b, m in enumerate(self.talkers) if m is state)
             held += self.timeline.row_nbytes(row) + self.codec.row_nbytes(row)
         return held
@@ -341,7 +314,6 @@ def advance_batch(
         # Control codes replaced once over every row's codes.
         codes = speech.replace_control_codes(timeline.codes)
         # The codec reads [B, Q, 1]: one transpose, every row's codes one batch.
-        assert codec_rows is not None
         waveforms = speech.audio_codec.decode_streams(codes.transpose(0, 2, 1), codec_rows)
         heard_codes = codes[:, 0].astype(mx.int32)
         # Whole arrays evaluated and read to the host once, each row a view of them.

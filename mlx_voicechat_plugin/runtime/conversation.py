@@ -97,17 +97,16 @@ class Conversation:
         """Prefill the prompt (yielding the positions left), or continue from the
         runtime's cached state for it (a ``state`` / ``meta_state`` round trip)."""
         compute, options, cache = self.compute, self.options, self._prompt_cache
-        if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
-            yield from compute.timeline.prefill_steps(prompt)
-            return
+        cached = prompt and options.use_language_cache and cache is not None and cache.max_bytes
         key = (tuple(prompt), options.seed, self.shape.recent)  # the rings' sizes too
-        snapshot = cache.get(key)
+        snapshot = cache.get(key) if cached else None
         if snapshot is not None:
             compute.restore(*snapshot)
             self.prompt_cache_hit = True
             return
         yield from compute.timeline.prefill_steps(prompt)
-        cache.put(key, (compute.state, compute.meta_state))
+        if cached:
+            cache.put(key, (compute.state, compute.meta_state))
 
     def start_steps(self) -> Iterator[int]:
         """The deferred start (see ``defer_start``)."""

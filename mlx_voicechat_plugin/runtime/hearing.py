@@ -155,7 +155,6 @@ class Hearing:
         self.rnnt: RNNTFrame | None = None
         if batch.decoded:
             greedy = batch.members[batch.decoded[0]].rnnt.greedy
-            assert greedy is not None
             self.rnnt = RNNTFrame(greedy, batch.rnnt_carry(self.encoded.dtype),
                                   take_rows(self.encoded, batch.decoded))
             self.arrays += self.rnnt.arrays

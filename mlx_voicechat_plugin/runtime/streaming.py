@@ -36,11 +36,9 @@ from .framing import Chunk, Framer
 from .compute import Batch, advance_batch
 from .options import ConversationOptions, StreamLimits
 from .profile import Profile
-from .timeline import Timeline
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
-    from ..models.perception.perception_stream import PerceptionStream
     from .voicechat import VoiceChat
 
 
@@ -188,10 +186,6 @@ class StreamingShell:
         if self.framer is not None:
             self.framer.clear()
 
-    def _frame(self, frame: np.ndarray) -> list[Event]:
-        self.check_frame()
-        return self.core.frame(frame)
-
     # --- the API ---------------------------------------------------------
 
     def push_audio(self, samples: Any, sample_rate: int | None = None) -> list[Event]:
@@ -204,7 +198,8 @@ class StreamingShell:
         events: list[Event] = []
         for frame in self.take_frames(samples, sample_rate):
             try:
-                events.extend(self._frame(frame))
+                self.check_frame()
+                events.extend(self.core.frame(frame))
             except ContextLimit as exc:
                 self.drop_pending()
                 exc.events = events
@@ -276,14 +271,6 @@ class ConversationStream(StreamingShell):
     @property
     def prompt_cache_hit(self) -> bool:
         return self.conversation.prompt_cache_hit
-
-    @property
-    def timeline(self) -> Timeline:
-        return self.conversation.compute.timeline
-
-    @property
-    def perception(self) -> "PerceptionStream":
-        return self.conversation.compute.perception
 
     @property
     def tools(self):
