@@ -175,13 +175,11 @@ def fuse(modules: Sequence[Any], verdicts: ProbeVerdicts | None = None) -> Fused
         verdicts.put(key, verdict)
     if not verdict:
         return None
-    start = 0
-    for module, size in zip(modules, fused.sizes):
+    for module, start, size in zip(modules, [0, *fused.splits], fused.sizes):
         for name in ("weight", "bias", "scales", "biases"):
             if module.get(name) is not None:
                 setattr(module, name, layer[name][start : start + size])
-        fused.modules.append(module)
-        start += size
+    fused.modules = list(modules)
     return fused
 
 

@@ -117,25 +117,19 @@ class KVArena:
     def merge(cls, parts: Sequence[Any], group: int) -> "KVArena":
         """One arena of ``parts``' rows in order (arenas' rows, and rings completed to
         their whole size, which give their arrays up): a copy."""
-        caches: list[RingCache] = []
-        keys, values, offsets, idx = [], [], [], []
+        arenas = []  # each part as an arena: a ring, completed, is one of one row
         for part in parts:
-            if isinstance(part, KVArena):
-                caches += part.caches
-                offsets += part.offsets
-                idx += part._idx
-                keys.append(part._grouped(part.keys))
-                values.append(part._grouped(part.values))
-            else:
+            if not isinstance(part, KVArena):
                 part.complete()
-                caches.append(part)
-                offsets.append(part.offset)
-                idx.append(part._idx)
-                keys.append(part.keys[:, None])
-                values.append(part.values[:, None])
-                part.keys = part.values = None  # the arena's rows now
-        flat = [mx.concatenate(a, axis=1) for a in (keys, values)]
-        return cls(caches, *(a.reshape(-1, *a.shape[2:]) for a in flat), offsets, idx, group)
+                part = cls([part], part.keys, part.values, [part.offset], [part._idx], group)
+                part.caches[0].keys = part.caches[0].values = None  # the arena's rows now
+            arenas.append(part)
+        flat = [mx.concatenate([a._grouped(getattr(a, name)) for a in arenas], axis=1)
+                for name in ("keys", "values")]
+        return cls([c for a in arenas for c in a.caches],
+                   *(a.reshape(-1, *a.shape[2:]) for a in flat),
+                   [o for a in arenas for o in a.offsets], [i for a in arenas for i in a._idx],
+                   group)
 
     def _grouped(self, array: mx.array) -> mx.array:
         """``[G * S, ...]`` as ``[G, S, ...]`` (row ``j * S + s``: row ``j`` of ring ``s``)."""

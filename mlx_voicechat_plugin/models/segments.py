@@ -117,17 +117,16 @@ class _Attention:
         held = layers[self.slot]  # one stream's cache, a batch's list of them, or its arena
         caches = held if isinstance(held, list) else [held]
 
+        def one(cache: Any, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+            keys, values = cache.update_and_fetch(k, v)
+            return scaled_dot_product_attention(q, keys, values, cache=cache, scale=scale,
+                                                mask=None)
+
         def alone() -> mx.array:
             if len(caches) == 1:  # one stream: its rows are the batch, nothing to slice
-                keys, values = caches[0].update_and_fetch(k, v)
-                return scaled_dot_product_attention(q, keys, values, cache=caches[0],
-                                                    scale=scale, mask=None)
-            outs = []
-            for b, cache in enumerate(caches):
-                keys, values = cache.update_and_fetch(k[b : b + 1], v[b : b + 1])
-                outs.append(scaled_dot_product_attention(q[b : b + 1], keys, values, cache=cache,
-                                                         scale=scale, mask=None))
-            return stack_rows(outs)
+                return one(caches[0], q, k, v)
+            return stack_rows([one(cache, q[b : b + 1], k[b : b + 1], v[b : b + 1])
+                               for b, cache in enumerate(caches)])
 
         return self._post(x, self.attention(q, k, v, held, scale, alone, memo))
 

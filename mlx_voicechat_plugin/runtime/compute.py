@@ -110,7 +110,7 @@ class ConversationState(HearingRow):
 
     @property
     def state(self) -> list[mx.array]:
-        if self.released:
+        if self.codec is None and not self.held:  # released (a member's is the batch's rows)
             return []
         return [a for part in self._parts() for a in part.state]
 
@@ -141,12 +141,6 @@ class ConversationState(HearingRow):
         """The bytes of ``state``."""
         return sum(a.nbytes for a in self.state)
 
-    @property
-    def released(self) -> bool:
-        """Whether :meth:`release` dropped the state (a batch's member holds its codec
-        state in the batch's rows, not its own)."""
-        return self.codec is None and not self.held
-
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
         self.check_own()
@@ -161,7 +155,7 @@ class Batch:
     they step (a pool holds one; a frame run alone makes its own).
 
     ``members`` are the rows in order. Their hearing half is :attr:`hearing`;
-    the conversations among them (:attr:`talkers`) step one merged
+    the conversations among them, in the same order, step one merged
     :class:`Timeline` and one stacked :class:`~..models.codec_stream.CodecRows`.
     :meth:`update` is where membership changes, once: the members that leave
     take their rows back (:meth:`extract`: mlx-lm's ``extract`` and ``filter``),
@@ -173,7 +167,6 @@ class Batch:
     def __init__(self) -> None:
         self.members: list[HearingRow] = []
         self.hearing = HearingBatch()
-        self.talkers: list[ConversationState] = []
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
         self.pending: list[mx.array] = []  # leavers' copies, evaluated with the next frame
@@ -198,7 +191,6 @@ class Batch:
                                             *(s.timeline for s in talkers)])
             self.codec = self.codec or CodecRows([])
             self.codec.extend([s.codec for s in talkers])
-        self.talkers += talkers
         for state in talkers:  # its state is the batch's rows now; it keeps its books
             state.timeline = state.codec = None
         self.members = list(states)
@@ -213,22 +205,23 @@ class Batch:
     def _remove(self, member: HearingRow) -> list[mx.array]:
         """Take ``member``'s rows out; the arrays made (none for a last member, whose
         rows are its own already)."""
-        row = next(b for b, m in enumerate(self.members) if m is member)
+        row, talker = self._rows(member)
         self.members.pop(row)
         member.held = False
         arrays = self.hearing.remove(row)
         if isinstance(member, ConversationState):
-            arrays += self._remove_speech(member)
+            timeline, codec = self.timeline, self.codec
+            if timeline.batch_size == 1:  # the last conversation
+                self.timeline = self.codec = None
+            member.timeline, member.codec = timeline.remove(talker), codec.remove(talker)
+            arrays += [*member.timeline.state, *member.codec.state, *timeline.state, *codec.state]
         return arrays if self.members else []
 
-    def _remove_speech(self, state: ConversationState) -> list[mx.array]:
-        row = next(b for b, m in enumerate(self.talkers) if m is state)
-        self.talkers.pop(row)
-        timeline, codec = self.timeline, self.codec
-        state.timeline, state.codec = timeline.remove(row), codec.remove(row)
-        if not self.talkers:
-            self.timeline = self.codec = None
-        return [*state.timeline.state, *state.codec.state, *timeline.state, *codec.state]
+    def _rows(self, member: HearingRow) -> tuple[int, int]:
+        """``member``'s row among the members, and among the conversations (its timeline
+        and codec row)."""
+        row = next(b for b, m in enumerate(self.members) if m is member)
+        return row, sum(isinstance(m, ConversationState) for m in self.members[:row])
 
     def clear(self) -> None:
         """Every member takes its rows back."""
@@ -240,10 +233,10 @@ class Batch:
         this batch holds them."""
         if not state.held:
             return state.nbytes
-        held = self.hearing.row_nbytes(next(b for b, m in enumerate(self.members) if m is state))
+        row, talker = self._rows(state)
+        held = self.hearing.row_nbytes(row)
         if isinstance(state, ConversationState):
-            row = next(b for b, m in enumerate(self.talkers) if m is state)
-            held += self.timeline.row_nbytes(row) + self.codec.row_nbytes(row)
+            held += self.timeline.row_nbytes(talker) + self.codec.row_nbytes(talker)
         return held
 
 

@@ -72,13 +72,10 @@ class Conversation:
         codec = model.tts_model.audio_codec
         self.audio = AudioFrames(codec.samples_per_frame, config.output_sample_rate)
         self._turn_end_id = config.eos_token_id if options.turn_events else None
-        self.tools: ToolChannel | None = None
-        self._notices: list[Event] = []
-        if toolset is not None:
-            self.tools = ToolChannel(
-                toolset, parent.tokenizer, max_calls_per_turn=options.max_tool_calls_per_turn
-            )
-            self._notices = [ToolsWarning(0, message) for message in toolset.warnings]
+        self.tools = None if toolset is None else ToolChannel(
+            toolset, parent.tokenizer, max_calls_per_turn=options.max_tool_calls_per_turn)
+        self._notices: list[Event] = [ToolsWarning(0, message) for message in (
+            toolset.warnings if toolset is not None else ())]
         sub_stages, self._frames_path = profile_env()
         self.clock = FrameClock(options.profile, sub_stages)
         self.profile = Profile(frame_duration_ms=config.frame_duration * 1000.0)

@@ -145,8 +145,7 @@ class Hearing:
         else:  # each source on its own: a whole signal's slice, a stream without the cache
             sources = [s.perception for s in batch.members]
             pairs = [source.push(frame) for source, frame in zip(sources, frames)]
-            self.projected = stack_rows([p for p, _ in pairs])
-            self.encoded = stack_rows([e for _, e in pairs])
+            self.projected, self.encoded = (stack_rows(list(half)) for half in zip(*pairs))
             self.arrays = [self.projected, self.encoded, *(a for s in sources for a in s.state)]
         clock.stage("perception", *self.arrays)
         mx.async_eval(*self.arrays)

@@ -134,12 +134,9 @@ class StreamPool:
         ``options``: :class:`ConversationOptions` (the default) opens a full
         conversation, :class:`TranscriptionOptions` a transcript-only stream.
         """
-        steps = self.open_steps(session_id, options)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as opened:
-                return opened.value
+        for _ in self.open_steps(session_id, options):
+            pass
+        return self.sessions[session_id]
 
     def open_steps(self, session_id: str,
                    options: ConversationOptions | TranscriptionOptions | None = None
@@ -184,10 +181,9 @@ class StreamPool:
         its prefill); :class:`PoolFull` when it does not fit the budget."""
         if self.ledger.max_state_bytes is None:
             return
-        if isinstance(options, ConversationOptions):
-            need = self.reservations.of(options, stream.core.shape.prompt)
-        else:  # perception and the RNNT: a part of a conversation's fixed state
-            need = self.reservations.fixed_bytes()
+        # A transcript-only stream: perception and the RNNT, part of a conversation's fixed state.
+        need = (self.reservations.of(options, stream.core.shape.prompt)
+                if isinstance(options, ConversationOptions) else self.reservations.fixed_bytes())
         reason = self.ledger.refusal(len(self.sessions) - 1, self.reserved_bytes, need)
         if reason is not None:  # the others' slots and reservations, and its own
             raise PoolFull(reason)

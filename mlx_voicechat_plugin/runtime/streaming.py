@@ -261,8 +261,6 @@ class ConversationStream(StreamingShell):
         perception = parent.new_perception_stream(options.use_perception_cache)
         conversation = Conversation(parent, options, perception, defer_start)
         super().__init__(conversation, options, parent.config, framed_by_caller)
-        self.model = parent.model
-        self.config = parent.config
 
     @property
     def conversation(self) -> Conversation:
