@@ -83,10 +83,9 @@ class RopeForm:
         ``[length, dims/2]`` for a scalar offset."""
         if offset.ndim == 1:
             offset = offset[:, None, None]
-        if length == 1:  # arange(1) + offset is the offset in float32 (0 + p is p)
-            positions = offset.astype(mx.float32)
-        else:
-            positions = mx.arange(length, dtype=mx.float32) + offset
+        # arange(1) + offset is the offset in float32 (0 + p is p)
+        positions = (offset.astype(mx.float32) if length == 1
+                     else mx.arange(length, dtype=mx.float32) + offset)
         theta = (positions * self._scale)[..., None] * self.inv_freqs
         return mx.cos(theta), mx.sin(theta)
 
