@@ -75,10 +75,6 @@ class Fused:
         return mx.split(self.layer(x), self.splits, axis=-1)
 
 
-def _plain(module: Any) -> bool:
-    return type(module) in (nn.Linear, HeldLinear, RowMajorLinear)
-
-
 def _quantized(module: Any) -> bool:
     return type(module) is nn.QuantizedLinear and "bias" not in module
 
@@ -93,7 +89,7 @@ def _bare(kind: type) -> Any:
 def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
     """The stacked layer and its arrays (``None``: the modules do not stack)."""
     first = modules[0]
-    if all(_plain(m) for m in modules):
+    if all(type(m) in (nn.Linear, HeldLinear, RowMajorLinear) for m in modules):
         dtype, kind, biased = first.weight.dtype, type(first), "bias" in first
         if any(type(m) is not kind or ("bias" in m) != biased or m.weight.dtype != dtype
                or m.weight.shape[1] != first.weight.shape[1] for m in modules):

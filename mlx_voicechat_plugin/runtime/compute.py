@@ -166,7 +166,7 @@ class Batch:
 
     def __init__(self) -> None:
         self.members: list[HearingRow] = []
-        self.hearing = HearingBatch()
+        self.hearing = HearingBatch(self.members)
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
         self.pending: list[mx.array] = []  # leavers' copies, evaluated with the next frame
@@ -193,7 +193,7 @@ class Batch:
             self.codec.extend([s.codec for s in talkers])
         for state in talkers:  # its state is the batch's rows now; it keeps its books
             state.timeline = state.codec = None
-        self.members = list(states)
+        self.members[:] = states
         for state in joiners:
             state.held = True
 
@@ -208,7 +208,7 @@ class Batch:
         row, talker = self._rows(member)
         self.members.pop(row)
         member.held = False
-        arrays = self.hearing.remove(row)
+        arrays = self.hearing.remove(row, member)
         if isinstance(member, ConversationState):
             timeline, codec = self.timeline, self.codec
             if timeline.batch_size == 1:  # the last conversation

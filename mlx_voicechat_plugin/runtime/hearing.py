@@ -57,15 +57,16 @@ class HearingBatch:
     rows back (:meth:`remove`). One row is a batch of one through the same code.
     """
 
-    def __init__(self) -> None:
-        self.members: list[HearingRow] = []
+    def __init__(self, members: list[HearingRow]):
+        """``members``: the batch's own list of its rows (kept by the batch, read here)."""
+        self.members = members
         # None: sources that push on their own (whole signals, streams without the cache)
         self.perception: PerceptionRows | None = None
         self.decoded: list[int] = []  # the members whose RNNT runs: the carry's rows
         self.carry: RNNTCarry | None = None  # formed at the first frame (its dtype)
 
     def extend(self, states: list[HearingRow]) -> None:
-        """Append ``states``' rows after the members'."""
+        """Append ``states``' rows after the members' (before the batch appends them)."""
         sources = [s.perception for s in states]
         cached = all(isinstance(s, PerceptionStream) and s.use_cache for s in sources)
         if not self.members:
@@ -88,12 +89,10 @@ class HearingBatch:
             for r in rnnt:
                 r.carry = None  # held here
         self.decoded += joining
-        self.members += states
 
-    def remove(self, row: int) -> list[mx.array]:
-        """Member ``row``'s rows given back as its own state (copies); the others stay
-        stacked. The arrays made."""
-        state = self.members.pop(row)
+    def remove(self, row: int, state: HearingRow) -> list[mx.array]:
+        """Row ``row``'s rows given back as ``state``'s own (copies; the batch took it out of
+        its members); the others stay stacked. The arrays made."""
         perception, carry = self.perception, self.carry
         if perception is not None:
             state.perception = perception.remove(row)
