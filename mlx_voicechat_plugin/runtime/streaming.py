@@ -91,8 +91,6 @@ class Core(Protocol):
 class StreamingShell:
     """A core fed PCM as it arrives: chunks of any size in, each frame's events out."""
 
-    text_only = False
-
     def __init__(self, core: Core, options: StreamLimits, config: "ModelConfig",
                  framed_by_caller: bool = False):
         """``framed_by_caller``: the caller cuts the frames and hands them over (a pool's
