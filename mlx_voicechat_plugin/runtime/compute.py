@@ -199,8 +199,10 @@ class Batch:
 
     def extract(self, member: HearingRow) -> None:
         """``member``'s rows given back as its own state (copies, evaluated now); the
-        other members stay stacked as they are, so the next frame forms nothing."""
-        mx.eval(self._remove(member))
+        other members stay stacked as they are, so the next frame forms nothing. A state
+        the batch does not hold is its own already."""
+        if member.held:
+            mx.eval(self._remove(member))
 
     def _remove(self, member: HearingRow) -> list[mx.array]:
         """Take ``member``'s rows out; the arrays made (none for a last member, whose

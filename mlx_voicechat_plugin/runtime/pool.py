@@ -200,7 +200,7 @@ class StreamPool:
         stream = self.sessions.pop(session_id, None)
         self.reserved.pop(session_id, None)
         if stream is not None and not stream.closed:
-            self._extract(stream)
+            self.batch.extract(stream.core.compute)
             stream.cancel()
         self._measure()
 
@@ -256,12 +256,8 @@ class StreamPool:
         rows only; the others stay stacked): what reading its state alone needs (a
         snapshot, ``state``). It joins again at its next step."""
         stream = self.get(session_id)
-        self._extract(stream)
+        self.batch.extract(stream.core.compute)
         return stream
-
-    def _extract(self, stream: StreamingShell) -> None:
-        if stream.core.compute.held:
-            self.batch.extract(stream.core.compute)
 
     @staticmethod
     def _fail(result: StepResult, session_id: str, exc: BaseException) -> None:
