@@ -64,6 +64,7 @@ def model(request, tiny_ckpt, tiny_q4_ckpt, small_ckpt):
     """Float32 (as loaded), the 4-bit checkpoint, a 4-bit TTS, bf16 as stored, small."""
     path = {"tiny": tiny_ckpt, "tiny-q4": tiny_q4_ckpt, "tiny-tts-q4": tiny_ckpt,
             "tiny-bf16": tiny_ckpt, "small": small_ckpt}[request.param]
+    _STARTS.clear()  # a model freed before may share its id with this one
     return _load(path, quantize_tts=request.param == "tiny-tts-q4",
                  hold_f32=request.param != "tiny-bf16")
 

@@ -18,7 +18,7 @@ import pytest
 from mlx_vlm.models.cache import RotatingKVCache
 
 from mlx_voicechat_plugin.instruments.kernels import KernelCounter
-from mlx_voicechat_plugin.models.kv_arena import AttentionCores, KVArena, RingCache, stack_layer
+from mlx_voicechat_plugin.models.kv_arena import ArenaAttention, KVArena, RingCache, stack_layer
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
 
@@ -49,7 +49,7 @@ def _step(arena: KVArena, references, seed: int, group: int = 1, batched: bool =
     sessions = arena.sessions
     q = mx.random.normal((group * sessions, HEADS, 1, DIM))
     k, v = mx.random.normal((2, group * sessions, KV_HEADS, 1, DIM))
-    out = AttentionCores(batched)(q, k, v, arena, DIM**-0.5, alone=_not_batched)
+    out = ArenaAttention(batched)(q, k, v, arena, DIM**-0.5, alone=_not_batched)
     for s, reference in enumerate(references):
         rows = slice(s, None, sessions)
         assert mx.array_equal(out[rows], _alone(q[rows], reference, k[rows], v[rows])), (seed, s)
@@ -115,7 +115,7 @@ def test_one_session_or_unequal_rings_do_not_stack():
         assert stack_layer(caches, 1) == caches
     called = []
     q = mx.random.normal((2, HEADS, 1, DIM))
-    AttentionCores()(q, q, q, unequal, 1.0, alone=lambda: called.append(1) or q)
+    ArenaAttention()(q, q, q, unequal, 1.0, alone=lambda: called.append(1) or q)
     assert called == [1]
 
 
@@ -155,13 +155,13 @@ def test_a_layers_launches_do_not_grow_with_the_sessions(batched, grows):
     the exact per-row path still writes once but runs a core per session."""
     def launches(sessions: int) -> int:
         arena = KVArena.merge([_pair(16, 2, 10 + s, 1, s)[1] for s in range(sessions)], 1)
-        cores = AttentionCores(batched)
+        attention = ArenaAttention(batched)
         q = mx.random.normal((sessions, HEADS, 1, DIM))
         k, v = mx.random.normal((2, sessions, KV_HEADS, 1, DIM))
         mx.eval(q, k, v, arena.keys, arena.values)
-        mx.eval(cores(q, k, v, arena, 1.0, alone=_not_batched))
+        mx.eval(attention(q, k, v, arena, 1.0, alone=_not_batched))
         with KernelCounter() as counter:
-            mx.eval(cores(q, k, v, arena, 1.0, alone=_not_batched))
+            mx.eval(attention(q, k, v, arena, 1.0, alone=_not_batched))
         return counter.kernels
 
     two, eight = launches(2), launches(8)
@@ -177,7 +177,7 @@ def test_an_arena_is_built_from_rows_in_the_step_layout():
 
 
 def test_the_cores_keep_nothing():
-    assert set(vars(AttentionCores())) == {"batched"}
+    assert set(vars(ArenaAttention())) == {"batched"}
 
 
 def test_a_ring_grows_as_it_fills_and_equals_the_reference_cache(monkeypatch):

@@ -156,7 +156,7 @@ def test_admission_and_the_pool_keep_one_ledger(voicechat):
     ledger = ReservationLedger()
     pool = StreamPool(voicechat, max_sessions=2, max_state_bytes=10**9,
                        default_options=options, ledger=ledger)
-    admission, least = Admission(ledger, Refused()), pool.least_reservation()
+    admission, least = Admission(ledger, Refused()), pool.ledger.least
     assert admission.try_reserve("a") and ledger.committed_bytes() == least  # not open yet
     pool.open("a", ConversationOptions(context_seconds=WINDOW, system_prompt="Hi."))
     assert ledger.committed_bytes() == pool.reserved["a"] > least  # its own reservation
@@ -180,7 +180,7 @@ def test_the_pool_refuses_what_its_reservations_do_not_fit(voicechat):
     one = Reservations(voicechat).of(ConversationOptions(context_seconds=WINDOW), 0)
     pool = StreamPool(voicechat, max_sessions=8, max_state_bytes=2 * one,
                        default_options=ConversationOptions(context_seconds=WINDOW))
-    assert pool.least_reservation() == one
+    assert pool.ledger.least == one
     pool.open("a", ConversationOptions(context_seconds=WINDOW))
     with pytest.raises(PoolFull, match="--max-state-bytes"):  # its prompt needs more
         pool.open("big", ConversationOptions(context_seconds=WINDOW, system_prompt="A longer prompt."))

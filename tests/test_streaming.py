@@ -101,8 +101,8 @@ def test_streaming_encoder_within_1e5_of_reference(pair):
     frame = ours.config.frame_samples
     for start in range(0, len(audio) - frame + 1, frame):
         chunk = audio[start : start + frame]
-        _, encoded = push_frames([stream.perception], [chunk])
-        mx.eval(encoded, *stream.perception.state)
+        _, encoded = push_frames([stream.conversation.compute.perception], [chunk])
+        mx.eval(encoded, *stream.conversation.compute.perception.state)
         _, ref_encoded = ref_stream._perception_step(mx.array(chunk))
         assert float(mx.max(mx.abs(encoded - ref_encoded))) <= 1e-5
 
@@ -143,7 +143,7 @@ def test_cache_switches_give_same_ids_and_codes(pair, option):
 def test_system_prompt_prefix_emits_nothing(pair):
     ours, _ = pair
     stream = ours.create_streaming_session(system_prompt=PROMPT)
-    assert stream.frame_index == 0 and stream.timeline.positions[0] > 0
+    assert stream.frame_index == 0 and stream.conversation.compute.timeline.positions[0] > 0
     events = stream.push_audio(np.zeros(1280, np.float32))
     assert {e.frame_index for e in events} == {0}
 

@@ -150,7 +150,8 @@ def test_many_tools_warn_in_the_first_frame(session):
 def test_tools_change_the_prompt_prefill(session):
     plain = session.create_streaming_session(system_prompt="Hi.")
     with_tools = session.create_streaming_session(system_prompt="Hi.", tools=[WEATHER])
-    assert with_tools.timeline.positions > plain.timeline.positions
+    timelines = [s.conversation.compute.timeline for s in (with_tools, plain)]
+    assert timelines[0].positions > timelines[1].positions
 
 
 def test_offline_two_pass_flow_injects_the_response(session, monkeypatch):

@@ -18,6 +18,7 @@ again from there and returns the same keys and values from
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import mlx.core as mx
@@ -43,9 +44,8 @@ def cache_meta_state(caches: Sequence[Any]) -> MetaState:
 def caches_from_state(state: Sequence[mx.array], meta_state: MetaState) -> list[Any]:
     """New cache objects over ``state`` (as :func:`cache_state` lists them)."""
     arrays = iter(state)
-    caches = []
-    for kind, meta, present in meta_state:
-        caches.append(kind.from_state([next(arrays) if p else None for p in present], meta))
+    caches = [kind.from_state([next(arrays) if p else None for p in present], meta)
+              for kind, meta, present in meta_state]
     if next(arrays, None) is not None:
         raise ValueError("cache state has more arrays than its meta_state describes")
     return caches
@@ -60,8 +60,5 @@ def split_state(state: Sequence[mx.array], counts: Sequence[int]) -> list[list[m
     """A flat ``state`` cut into consecutive parts of ``counts`` arrays (a composite's parts)."""
     if len(state) != sum(counts):
         raise ValueError(f"state has {len(state)} arrays, its meta_state describes {sum(counts)}")
-    parts, start = [], 0
-    for count in counts:
-        parts.append(list(state[start : start + count]))
-        start += count
-    return parts
+    ends = list(itertools.accumulate(counts))
+    return [list(state[end - count : end]) for count, end in zip(counts, ends)]

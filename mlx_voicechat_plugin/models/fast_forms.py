@@ -83,10 +83,9 @@ class RopeForm:
         ``[length, dims/2]`` for a scalar offset."""
         if offset.ndim == 1:
             offset = offset[:, None, None]
-        if length == 1:  # arange(1) + offset is the offset in float32 (0 + p is p)
-            positions = offset.astype(mx.float32)
-        else:
-            positions = mx.arange(length, dtype=mx.float32) + offset
+        # arange(1) + offset is the offset in float32 (0 + p is p)
+        positions = (offset.astype(mx.float32) if length == 1
+                     else mx.arange(length, dtype=mx.float32) + offset)
         theta = (positions * self._scale)[..., None] * self.inv_freqs
         return mx.cos(theta), mx.sin(theta)
 
@@ -143,10 +142,9 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None,
     multiplication commutes) so that compile's common-subexpression pass does
     not merge them back into one array that a kernel would have to write.
     """
-    if weight is not None:
-        out_type = mx.result_type(x, weight, bias) if bias is not None else mx.result_type(x, weight)
-    else:
-        out_type = x.dtype  # the fallback's rule: without a weight, the bias does not promote
+    # The fallback's rule: without a weight, the bias does not promote.
+    out_type = x.dtype if weight is None else mx.result_type(
+        *(a for a in (x, weight, bias) if a is not None))
     y = _centered(x.astype(mx.float32), eps).astype(out_type)
     if weight is not None:
         y = y * weight.astype(out_type)
@@ -173,12 +171,10 @@ class ExpandedLayerNorm(nn.LayerNorm):
 def expand_layer_norms(model: nn.Module) -> int:
     """Make every ``nn.LayerNorm`` in ``model`` an :class:`ExpandedLayerNorm` (the same
     objects, class changed); returns how many. Idempotent."""
-    changed = 0
-    for _, module in model.named_modules():
-        if type(module) is nn.LayerNorm:
-            module.__class__ = ExpandedLayerNorm
-            changed += 1
-    return changed
+    norms = [module for _, module in model.named_modules() if type(module) is nn.LayerNorm]
+    for module in norms:
+        module.__class__ = ExpandedLayerNorm
+    return len(norms)
 
 
 # -- Attention ---------------------------------------------------------------------------

@@ -43,6 +43,13 @@ PROBE_ROWS = (1, 2, 8, 32)
 # latent's shared part), each pass of every frame.
 HEADS = ("proj_logits", "proj_logs", "proj_else")
 
+# What a block fuses, tried in order: the fused layer's attribute and the modules'.
+FUSIONS = (("fused_qkv", ("q_proj", "k_proj", "v_proj")),  # an attention block
+           ("fused_qkv", ("linear_q", "linear_k", "linear_v")),  # a conformer's
+           ("fused_gate_up", ("gate_proj", "up_proj")),  # a gated MLP
+           ("fused_heads", HEADS))  # the MoG depth head's output heads
+FUSED = ("fused_qkv", "fused_gate_up", "fused_heads")
+
 
 class Fused:
     """Several linear layers over one input as one product (biases stacked too).
@@ -68,10 +75,6 @@ class Fused:
         return mx.split(self.layer(x), self.splits, axis=-1)
 
 
-def _plain(module: Any) -> bool:
-    return type(module) in (nn.Linear, HeldLinear, RowMajorLinear)
-
-
 def _quantized(module: Any) -> bool:
     return type(module) is nn.QuantizedLinear and "bias" not in module
 
@@ -86,7 +89,7 @@ def _bare(kind: type) -> Any:
 def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
     """The stacked layer and its arrays (``None``: the modules do not stack)."""
     first = modules[0]
-    if all(_plain(m) for m in modules):
+    if all(type(m) in (nn.Linear, HeldLinear, RowMajorLinear) for m in modules):
         dtype, kind, biased = first.weight.dtype, type(first), "bias" in first
         if any(type(m) is not kind or ("bias" in m) != biased or m.weight.dtype != dtype
                or m.weight.shape[1] != first.weight.shape[1] for m in modules):
@@ -160,21 +163,19 @@ def fuse(modules: Sequence[Any], verdicts: ProbeVerdicts | None = None) -> Fused
     layer, arrays = stacked
     mx.eval(arrays)
     fused = Fused(layer, [m.weight.shape[0] for m in modules])
-    key = probe_key(modules) if verdicts is not None else ""
-    verdict = verdicts.get(key) if verdicts is not None else None
+    verdicts = verdicts or ProbeVerdicts(None)
+    key = probe_key(modules)
+    verdict = verdicts.get(key)
     if verdict is None:
         verdict = _agrees(fused, modules)
-        if verdicts is not None:
-            verdicts.put(key, verdict)
+        verdicts.put(key, verdict)
     if not verdict:
         return None
-    start = 0
-    for module, size in zip(modules, fused.sizes):
+    for module, start, size in zip(modules, [0, *fused.splits], fused.sizes):
         for name in ("weight", "bias", "scales", "biases"):
             if module.get(name) is not None:
                 setattr(module, name, layer[name][start : start + size])
-        fused.modules.append(module)
-        start += size
+    fused.modules = list(modules)
     return fused
 
 
@@ -189,16 +190,11 @@ def fuse_projections(blocks: Sequence[Any], verdicts: ProbeVerdicts | None = Non
     Returns how many blocks were fused."""
     done = 0
     for block in blocks:
-        if all(hasattr(block, n) for n in ("q_proj", "k_proj", "v_proj")):
-            name, modules = "fused_qkv", [block.q_proj, block.k_proj, block.v_proj]
-        elif all(hasattr(block, n) for n in ("linear_q", "linear_k", "linear_v")):  # conformer
-            name, modules = "fused_qkv", [block.linear_q, block.linear_k, block.linear_v]
-        elif all(hasattr(block, n) for n in ("gate_proj", "up_proj")):
-            name, modules = "fused_gate_up", [block.gate_proj, block.up_proj]
-        elif all(hasattr(block, n) for n in HEADS):  # the MoG depth head's output heads
-            name, modules = "fused_heads", [getattr(block, n) for n in HEADS]
-        else:
+        found = next(((name, [getattr(block, n) for n in names]) for name, names in FUSIONS
+                      if all(hasattr(block, n) for n in names)), None)
+        if found is None:
             raise TypeError(f"{type(block).__name__} has no projections to fuse")
+        name, modules = found
         fused = fuse(modules, verdicts)
         if fused is not None:
             setattr(block, name, fused)
@@ -213,15 +209,13 @@ def fuse_projections(blocks: Sequence[Any], verdicts: ProbeVerdicts | None = Non
 def fused_layers(blocks: Sequence[Any]) -> list[nn.Module]:
     """The stacked layers ``blocks`` hold (not in the model's module tree)."""
     return [fused.layer for block in blocks
-            for fused in (getattr(block, n, None) for n in ("fused_qkv", "fused_gate_up",
-                                                             "fused_heads"))
-            if fused is not None]
+            for fused in (getattr(block, n, None) for n in FUSED) if fused is not None]
 
 
 def unfuse(blocks: Sequence[Any]) -> None:
     """Forget the fused layers of ``blocks`` (their weights are being replaced)."""
     for block in blocks:
-        for name in ("fused_qkv", "fused_gate_up", "fused_heads"):
+        for name in FUSED:
             if getattr(block, name, None) is not None:
                 setattr(block, name, None)
 

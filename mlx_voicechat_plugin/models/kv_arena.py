@@ -28,12 +28,12 @@ batched core equals each row's own core bit for bit (``tests/test_kv_arena.py``
 checks it over lengths, heads and dtypes, and the pool's solo-vs-batched tests
 run through it). A GPU kernel may order the reduction differently for a
 longer masked row: ``MLX_VOICECHAT_PER_ROW_ATTENTION=1`` (or
-:attr:`AttentionCores.batched` off, :meth:`~.model.Model.set_batched_cores`) keeps
+:attr:`ArenaAttention.batched` off, :meth:`~.model.Model.set_batched_cores`) keeps
 the arena's single write but runs each row's core on its own ring, the exact
 path (``conformance/README.md``).
 
 An arena belongs to the batch whose rows it holds, not to the model;
-:class:`AttentionCores`, the model's part, keeps nothing between calls. While
+:class:`ArenaAttention`, the model's part, keeps nothing between calls. While
 stacked, a row's own :class:`RingCache` holds no arrays: the arena's are the
 only copy, and each step's scatter updates them in place.
 """
@@ -75,15 +75,10 @@ class RingCache(RotatingKVCache):
         """Allocate the rest of the ring now (zeros past the rows written, as a growth
         would), so every later one-position write lands inside it. Only before the
         ring wraps, which it cannot do before it is whole."""
-        if self.whole or self.keys is None:
+        if self.keys is None or self.keys.shape[2] == self.max_size:
             return
         pad = [(0, 0), (0, 0), (0, self.max_size - self.keys.shape[2]), (0, 0)]
         self.keys, self.values = mx.pad(self.keys, pad), mx.pad(self.values, pad)
-
-    @property
-    def whole(self) -> bool:
-        """Its ring is allocated whole (every later one-position write lands inside it)."""
-        return self.keys is not None and self.keys.shape[2] == self.max_size
 
 
 class KVArena:
@@ -122,25 +117,19 @@ class KVArena:
     def merge(cls, parts: Sequence[Any], group: int) -> "KVArena":
         """One arena of ``parts``' rows in order (arenas' rows, and rings completed to
         their whole size, which give their arrays up): a copy."""
-        caches: list[RingCache] = []
-        keys, values, offsets, idx = [], [], [], []
+        arenas = []  # each part as an arena: a ring, completed, is one of one row
         for part in parts:
-            if isinstance(part, KVArena):
-                caches += part.caches
-                offsets += part.offsets
-                idx += part._idx
-                keys.append(part._grouped(part.keys))
-                values.append(part._grouped(part.values))
-            else:
+            if not isinstance(part, KVArena):
                 part.complete()
-                caches.append(part)
-                offsets.append(part.offset)
-                idx.append(part._idx)
-                keys.append(part.keys[:, None])
-                values.append(part.values[:, None])
-                part.keys = part.values = None  # the arena's rows now
-        flat = [mx.concatenate(a, axis=1) for a in (keys, values)]
-        return cls(caches, *(a.reshape(-1, *a.shape[2:]) for a in flat), offsets, idx, group)
+                part = cls([part], part.keys, part.values, [part.offset], [part._idx], group)
+                part.caches[0].keys = part.caches[0].values = None  # the arena's rows now
+            arenas.append(part)
+        flat = [mx.concatenate([a._grouped(getattr(a, name)) for a in arenas], axis=1)
+                for name in ("keys", "values")]
+        return cls([c for a in arenas for c in a.caches],
+                   *(a.reshape(-1, *a.shape[2:]) for a in flat),
+                   [o for a in arenas for o in a.offsets], [i for a in arenas for i in a._idx],
+                   group)
 
     def _grouped(self, array: mx.array) -> mx.array:
         """``[G * S, ...]`` as ``[G, S, ...]`` (row ``j * S + s``: row ``j`` of ring ``s``)."""
@@ -259,8 +248,8 @@ def step_arrays(positions: tuple[int, ...], lengths: tuple[int, ...], group: int
     return found
 
 
-class AttentionCores:
-    """The attention cores of a stack's layers over the rows of a step: through the
+class ArenaAttention:
+    """A stack's attention layers over the rows of a step: one write and core through the
     rows' :class:`KVArena` where their batch stacked one, else each row on its own
     cache (``alone``).
 

@@ -70,8 +70,8 @@ class Model(nn.Module):
         default (:func:`~.kv_arena.batched_by_default`). A setting of this model's
         stacks, read by each step."""
         batched = batched_by_default() if on is None else on
-        self.stt_model.attention_cores.batched = batched
-        self.tts_model.tts_model.attention_cores.batched = batched
+        self.stt_model.arena_attention.batched = batched
+        self.tts_model.tts_model.arena_attention.batched = batched
 
     def prepare(self, tokenizer: Any) -> None:
         """One-time setup after the weights are loaded (``load`` calls it).

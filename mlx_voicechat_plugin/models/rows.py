@@ -78,12 +78,9 @@ class RowGroups:
     @classmethod
     def merge(cls, rows: Sequence[Any], kind: Any = None) -> "RowGroups":
         """``rows`` (one-row states) as rows ``0..B-1``, stacked by key."""
-        kind = kind or cls.kind
-        keyed: dict = {}
-        for b, row in enumerate(rows):
-            keyed.setdefault(row.key(), []).append(b)
-        return cls([(members, kind.merge([rows[b] for b in members]))
-                    for members in keyed.values()], kind)
+        groups = cls([], kind)
+        groups.extend(rows)
+        return groups
 
     @property
     def size(self) -> int:
@@ -102,11 +99,11 @@ class RowGroups:
         return state.extract(row, copy)
 
     def extend(self, rows: Sequence[Any]) -> None:
-        """``rows`` (one-row states) appended after the others, grouped by key (groups
-        whose keys meet stack at the next :meth:`regroup`)."""
+        """``rows`` (one-row states) appended after the others, grouped by key: a row whose
+        key is a group's joins it now (:meth:`regroup`), so the next frame runs it there."""
         size = self.size
-        self.groups += [([size + b for b in members], state)
-                        for members, state in RowGroups.merge(rows, self.kind).groups]
+        self.groups += [([size + b], self.kind.merge([row])) for b, row in enumerate(rows)]
+        self.regroup()
 
     def remove(self, index: int) -> Any:
         """Row ``index``'s own state (a copy); the others stay stacked, renumbered."""

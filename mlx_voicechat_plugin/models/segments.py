@@ -24,7 +24,7 @@ from mlx_vlm.models.base import scaled_dot_product_attention
 from mlx_vlm.models.cache import ArraysCache
 
 from .fused import project
-from .kv_arena import AttentionCores, StepArrays
+from .kv_arena import ArenaAttention, StepArrays
 from .language.mamba_step import MambaStep, use_upstream
 from .rows import stack_rows
 
@@ -48,21 +48,18 @@ class _Run:
 
     def _pure(self, x: mx.array, *state: mx.array) -> tuple[mx.array, ...]:
         new_state: list[mx.array] = []
-        k = 0
+        carried = iter(state)
         for layer, slot, step in zip(self.layers, self.cache_index, self.steps):
             if slot is None:
                 x = layer(x)
-                continue
-            if step is not None:
-                x, conv, ssm = step(x, state[k], state[k + 1])
-                k += 2
-                new_state += [conv, ssm]
-                continue
-            cache = ArraysCache(size=2)
-            cache[0], cache[1] = state[k], state[k + 1]
-            k += 2
-            x = layer(x, mask=None, cache=cache)
-            new_state += [cache[0], cache[1]]
+            elif step is not None:
+                x, *pair = step(x, next(carried), next(carried))
+                new_state += pair
+            else:
+                cache = ArraysCache(size=2)
+                cache[0], cache[1] = next(carried), next(carried)
+                x = layer(x, mask=None, cache=cache)
+                new_state += [cache[0], cache[1]]
         if self.head is None:
             outputs: tuple[mx.array, ...] = (x,)
         elif x.ndim == 2:  # rows: the heads' outputs as the stack's (B, 1, V)
@@ -91,9 +88,9 @@ class _Attention:
     own cache object at its own offset. The block's own modules do the arithmetic,
     in its order, so a row equals the block run on that row alone."""
 
-    def __init__(self, layer: Any, slot: int, cores: AttentionCores):
+    def __init__(self, layer: Any, slot: int, attention: ArenaAttention):
         self.layer, self.slot = layer, slot
-        self.cores = cores
+        self.attention = attention
         self._pre = mx.compile(self._project)
         self._post = mx.compile(self._output)
 
@@ -101,16 +98,12 @@ class _Attention:
         attn = self.layer.mixer
         h = self.layer.norm(x)
         q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
+        heads = (attn.num_heads, attn.num_key_value_heads, attn.num_key_value_heads)
         if h.ndim == 2:  # one position's rows: [b, heads, 1, d] is one reshape
-            b = h.shape[0]
-            return (q.reshape(b, attn.num_heads, 1, -1),
-                    k.reshape(b, attn.num_key_value_heads, 1, -1),
-                    v.reshape(b, attn.num_key_value_heads, 1, -1))
+            return tuple(a.reshape(h.shape[0], n, 1, -1) for a, n in zip((q, k, v), heads))
         b, length, _ = h.shape
-        q = q.reshape(b, length, attn.num_heads, -1).transpose(0, 2, 1, 3)
-        k = k.reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-        v = v.reshape(b, length, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-        return q, k, v
+        return tuple(a.reshape(b, length, n, -1).transpose(0, 2, 1, 3)
+                     for a, n in zip((q, k, v), heads))
 
     def _output(self, x: mx.array, out: mx.array) -> mx.array:
         b, _, length, _ = out.shape
@@ -124,19 +117,18 @@ class _Attention:
         held = layers[self.slot]  # one stream's cache, a batch's list of them, or its arena
         caches = held if isinstance(held, list) else [held]
 
+        def one(cache: Any, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+            keys, values = cache.update_and_fetch(k, v)
+            return scaled_dot_product_attention(q, keys, values, cache=cache, scale=scale,
+                                                mask=None)
+
         def alone() -> mx.array:
             if len(caches) == 1:  # one stream: its rows are the batch, nothing to slice
-                keys, values = caches[0].update_and_fetch(k, v)
-                return scaled_dot_product_attention(q, keys, values, cache=caches[0],
-                                                    scale=scale, mask=None)
-            outs = []
-            for b, cache in enumerate(caches):
-                keys, values = cache.update_and_fetch(k[b : b + 1], v[b : b + 1])
-                outs.append(scaled_dot_product_attention(q[b : b + 1], keys, values, cache=cache,
-                                                         scale=scale, mask=None))
-            return stack_rows(outs)
+                return one(caches[0], q, k, v)
+            return stack_rows([one(cache, q[b : b + 1], k[b : b + 1], v[b : b + 1])
+                               for b, cache in enumerate(caches)])
 
-        return self._post(x, self.cores(q, k, v, held, scale, alone, memo))
+        return self._post(x, self.attention(q, k, v, held, scale, alone, memo))
 
 
 class SegmentedStep:
@@ -149,29 +141,23 @@ class SegmentedStep:
     """
 
     def __init__(self, layers: Sequence[Any], head: Callable[[mx.array], Sequence[mx.array]],
-                 cores: AttentionCores | None = None):
-        self.cores = AttentionCores() if cores is None else cores
+                 attention: ArenaAttention | None = None):
+        self.attention = ArenaAttention() if attention is None else attention
         self.plan: list[Any] = []  # _Run or _Attention
         run: list[Any] = []
         run_slots: list[int | None] = []
         slot = 0
         for layer in layers:
-            kind = layer.block_type
-            if kind == ATTENTION:
+            if layer.block_type == ATTENTION:
                 if run:
                     self.plan.append(_Run(run, run_slots, None))
                     run, run_slots = [], []
-                self.plan.append(_Attention(layer, slot, self.cores))
-                slot += 1
-            elif kind == MAMBA:
-                run.append(layer)
-                run_slots.append(slot)
-                slot += 1
+                self.plan.append(_Attention(layer, slot, self.attention))
             else:
                 run.append(layer)
-                run_slots.append(None)
+                run_slots.append(slot if layer.block_type == MAMBA else None)
+            slot += layer.block_type in (ATTENTION, MAMBA)
         self.plan.append(_Run(run, run_slots, head))
-        self.head = head
         # One position's hidden states travel as (B, hidden) rows where every layer
         # takes them (MambaStep, MLP and attention blocks): no product flattens its
         # input and unflattens its output. Upstream's Mamba2 block (Metal) or other

@@ -49,16 +49,8 @@ class WholeSignal:
     def __init__(self, projected: mx.array, encoded: mx.array):
         self.projected, self.encoded = projected, encoded
         self.frames = projected.shape[1]
-
-    @property
-    def state(self) -> list[mx.array]:
-        """No carried arrays: the whole signal's outputs are inputs, not state."""
-        return []
-
-    @state.setter
-    def state(self, value: list[mx.array]) -> None:
-        if value:
-            raise ValueError(f"a whole-signal source carries no state, got {len(value)} arrays")
+        # No carried arrays: the whole signal's outputs are inputs, not state.
+        self.state: list[mx.array] = []
 
     def push(self, frame: int) -> tuple[mx.array, mx.array]:
         return self.projected[:, frame : frame + 1], self.encoded[:, frame : frame + 1]
@@ -118,7 +110,7 @@ class ConversationState(HearingRow):
 
     @property
     def state(self) -> list[mx.array]:
-        if self.released:
+        if self.codec is None and not self.held:  # released (a member's is the batch's rows)
             return []
         return [a for part in self._parts() for a in part.state]
 
@@ -129,11 +121,8 @@ class ConversationState(HearingRow):
     @property
     def meta_state(self) -> tuple:
         """Each part's array count, then the timeline's and the codec's meta states."""
-        self.check_own()
-        codec = self.codec
-        assert codec is not None, "the state was released"
         return (tuple(len(part.state) for part in self._parts()),
-                self.timeline.meta_state, codec.meta_state)
+                self.timeline.meta_state, self.codec.meta_state)
 
     def restore(self, state: list[mx.array], meta_state: tuple) -> None:
         """Continue from a ``(state, meta_state)`` snapshot (mlx-lm's ``from_state``, in
@@ -149,25 +138,13 @@ class ConversationState(HearingRow):
 
     @property
     def nbytes(self) -> int:
-        """The bytes of ``state`` (the timeline's sized from shapes where it can)."""
-        if self.released:
-            return 0
-        self.check_own()
-        assert self.timeline is not None and self.codec is not None
-        return (self.hearing_nbytes() + self.timeline.nbytes
-                + sum(a.nbytes for a in self.codec.state))
-
-    @property
-    def released(self) -> bool:
-        """Whether :meth:`release` dropped the state (a batch's member holds its codec
-        state in the batch's rows, not its own)."""
-        return self.codec is None and not self.held
+        """The bytes of ``state``."""
+        return sum(a.nbytes for a in self.state)
 
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
         self.check_own()
         self.perception = WholeSignal(mx.zeros((1, 0, 1)), mx.zeros((1, 0, 1)))
-        assert self.timeline is not None
         self.timeline.release()
         self.rnnt.release()
         self.codec = None
@@ -178,7 +155,7 @@ class Batch:
     they step (a pool holds one; a frame run alone makes its own).
 
     ``members`` are the rows in order. Their hearing half is :attr:`hearing`;
-    the conversations among them (:attr:`talkers`) step one merged
+    the conversations among them, in the same order, step one merged
     :class:`Timeline` and one stacked :class:`~..models.codec_stream.CodecRows`.
     :meth:`update` is where membership changes, once: the members that leave
     take their rows back (:meth:`extract`: mlx-lm's ``extract`` and ``filter``),
@@ -189,16 +166,17 @@ class Batch:
 
     def __init__(self) -> None:
         self.members: list[HearingRow] = []
-        self.hearing = HearingBatch()
-        self.talkers: list[ConversationState] = []
+        self.hearing = HearingBatch(self.members)
         self.timeline: Timeline | None = None
         self.codec: CodecRows | None = None
+        self.pending: list[mx.array] = []  # leavers' copies, evaluated with the next frame
 
     def update(self, states: list[HearingRow]) -> None:
         """Hold ``states``' rows, in order. ``states`` lists the members that stay first,
-        in the batch's order (otherwise every member leaves and all join again)."""
+        in the batch's order (otherwise every member leaves and all join again). The
+        leavers' copies are evaluated with the next frame (:attr:`pending`)."""
         for member in [m for m in self.members if all(m is not s for s in states)]:
-            self.extract(member)
+            self.pending += self._remove(member)
         if not all(a is b for a, b in zip(self.members, states)):
             self.clear()
         joiners = states[len(self.members):]
@@ -206,49 +184,46 @@ class Batch:
             state.check_own()
         self.hearing.extend(joiners)
         talkers = [s for s in joiners if isinstance(s, ConversationState)]
+        if any(s.codec is None for s in talkers):
+            raise ValueError("a released conversation cannot step")
         if talkers:
-            self._extend_speech(talkers)
-        self.members = list(states)
+            self.timeline = Timeline.merge([*([self.timeline] if self.timeline else []),
+                                            *(s.timeline for s in talkers)])
+            self.codec = self.codec or CodecRows([])
+            self.codec.extend([s.codec for s in talkers])
+        for state in talkers:  # its state is the batch's rows now; it keeps its books
+            state.timeline = state.codec = None
+        self.members[:] = states
         for state in joiners:
             state.held = True
 
-    def _extend_speech(self, states: list[ConversationState]) -> None:
-        codecs = [s.codec for s in states]
-        if any(c is None for c in codecs):
-            raise ValueError("a released conversation cannot step")
-        timelines = [s.timeline for s in states]
-        if self.timeline is None or self.codec is None:
-            self.timeline, self.codec = Timeline.merge(timelines), CodecRows.merge(codecs)
-        else:
-            self.timeline = Timeline.merge([self.timeline, *timelines])
-            self.codec.extend(codecs)
-        self.talkers += states
-        for state in states:  # its state is the batch's rows now; it keeps its books
-            state.timeline = state.codec = None
-
     def extract(self, member: HearingRow) -> None:
         """``member``'s rows given back as its own state (copies, evaluated now); the
-        other members stay stacked as they are, so the next frame forms nothing."""
-        row = next(b for b, m in enumerate(self.members) if m is member)
+        other members stay stacked as they are, so the next frame forms nothing. A state
+        the batch does not hold is its own already."""
+        if member.held:
+            mx.eval(self._remove(member))
+
+    def _remove(self, member: HearingRow) -> list[mx.array]:
+        """Take ``member``'s rows out; the arrays made (none for a last member, whose
+        rows are its own already)."""
+        row, talker = self._rows(member)
         self.members.pop(row)
         member.held = False
-        arrays = self.hearing.remove(row)
+        arrays = self.hearing.remove(row, member)
         if isinstance(member, ConversationState):
-            arrays += self._remove_speech(member)
-        if self.members:  # a last member's rows are its own already
-            mx.eval(arrays)
+            timeline, codec = self.timeline, self.codec
+            if timeline.batch_size == 1:  # the last conversation
+                self.timeline = self.codec = None
+            member.timeline, member.codec = timeline.remove(talker), codec.remove(talker)
+            arrays += [*member.timeline.state, *member.codec.state, *timeline.state, *codec.state]
+        return arrays if self.members else []
 
-    def _remove_speech(self, state: ConversationState) -> list[mx.array]:
-        row = next(b for b, m in enumerate(self.talkers) if m is state)
-        self.talkers.pop(row)
-        timeline, codec = self.timeline, self.codec
-        assert timeline is not None and codec is not None
-        if not self.talkers:
-            self.timeline = self.codec = None
-            state.timeline, state.codec = timeline, codec.extract(0)
-            return []
-        state.timeline, state.codec = timeline.remove(row), codec.remove(row)
-        return [*state.timeline.state, *state.codec.state, *timeline.state, *codec.state]
+    def _rows(self, member: HearingRow) -> tuple[int, int]:
+        """``member``'s row among the members, and among the conversations (its timeline
+        and codec row)."""
+        row = next(b for b, m in enumerate(self.members) if m is member)
+        return row, sum(isinstance(m, ConversationState) for m in self.members[:row])
 
     def clear(self) -> None:
         """Every member takes its rows back."""
@@ -260,11 +235,10 @@ class Batch:
         this batch holds them."""
         if not state.held:
             return state.nbytes
-        held = self.hearing.row_nbytes(next(b for b, m in enumerate(self.members) if m is state))
+        row, talker = self._rows(state)
+        held = self.hearing.row_nbytes(row)
         if isinstance(state, ConversationState):
-            assert self.timeline is not None and self.codec is not None
-            row = next(b for b, m in enumerate(self.talkers) if m is state)
-            held += self.timeline.row_nbytes(row) + self.codec.row_nbytes(row)
+            held += self.timeline.row_nbytes(talker) + self.codec.row_nbytes(talker)
         return held
 
 
@@ -320,7 +294,8 @@ def advance_batch(
         tokens = timeline.listen(take_rows(hearing.projected, talking),
                                  [forced[b] for b in talking], clock=clock)
         ids = [tokens.ids]
-    mx.eval(*ids, *hearing.arrays)
+    mx.eval(*ids, *hearing.arrays, *batch.pending)
+    batch.pending = []
 
     # The user transcript does not feed the timeline: the RNNT's other tries
     # (after an emission) join the speech half's evaluation.
@@ -334,7 +309,6 @@ def advance_batch(
         # Control codes replaced once over every row's codes.
         codes = speech.replace_control_codes(timeline.codes)
         # The codec reads [B, Q, 1]: one transpose, every row's codes one batch.
-        assert codec_rows is not None
         waveforms = speech.audio_codec.decode_streams(codes.transpose(0, 2, 1), codec_rows)
         heard_codes = codes[:, 0].astype(mx.int32)
         # Whole arrays evaluated and read to the host once, each row a view of them.

@@ -72,13 +72,10 @@ class Conversation:
         codec = model.tts_model.audio_codec
         self.audio = AudioFrames(codec.samples_per_frame, config.output_sample_rate)
         self._turn_end_id = config.eos_token_id if options.turn_events else None
-        self.tools: ToolChannel | None = None
-        self._notices: list[Event] = []
-        if toolset is not None:
-            self.tools = ToolChannel(
-                toolset, parent.tokenizer, max_calls_per_turn=options.max_tool_calls_per_turn
-            )
-            self._notices = [ToolsWarning(0, message) for message in toolset.warnings]
+        self.tools = None if toolset is None else ToolChannel(
+            toolset, parent.tokenizer, max_calls_per_turn=options.max_tool_calls_per_turn)
+        self._notices: list[Event] = [ToolsWarning(0, message) for message in (
+            toolset.warnings if toolset is not None else ())]
         sub_stages, self._frames_path = profile_env()
         self.clock = FrameClock(options.profile, sub_stages)
         self.profile = Profile(frame_duration_ms=config.frame_duration * 1000.0)
@@ -97,17 +94,16 @@ class Conversation:
         """Prefill the prompt (yielding the positions left), or continue from the
         runtime's cached state for it (a ``state`` / ``meta_state`` round trip)."""
         compute, options, cache = self.compute, self.options, self._prompt_cache
-        if not prompt or not options.use_language_cache or cache is None or not cache.max_bytes:
-            yield from compute.timeline.prefill_steps(prompt)
-            return
+        cached = prompt and options.use_language_cache and cache is not None and cache.max_bytes
         key = (tuple(prompt), options.seed, self.shape.recent)  # the rings' sizes too
-        snapshot = cache.get(key)
+        snapshot = cache.get(key) if cached else None
         if snapshot is not None:
             compute.restore(*snapshot)
             self.prompt_cache_hit = True
             return
         yield from compute.timeline.prefill_steps(prompt)
-        cache.put(key, (compute.state, compute.meta_state))
+        if cached:
+            cache.put(key, (compute.state, compute.meta_state))
 
     def start_steps(self) -> Iterator[int]:
         """The deferred start (see ``defer_start``)."""

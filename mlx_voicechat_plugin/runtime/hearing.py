@@ -57,15 +57,16 @@ class HearingBatch:
     rows back (:meth:`remove`). One row is a batch of one through the same code.
     """
 
-    def __init__(self) -> None:
-        self.members: list[HearingRow] = []
+    def __init__(self, members: list[HearingRow]):
+        """``members``: the batch's own list of its rows (kept by the batch, read here)."""
+        self.members = members
         # None: sources that push on their own (whole signals, streams without the cache)
         self.perception: PerceptionRows | None = None
         self.decoded: list[int] = []  # the members whose RNNT runs: the carry's rows
         self.carry: RNNTCarry | None = None  # formed at the first frame (its dtype)
 
     def extend(self, states: list[HearingRow]) -> None:
-        """Append ``states``' rows after the members'."""
+        """Append ``states``' rows after the members' (before the batch appends them)."""
         sources = [s.perception for s in states]
         cached = all(isinstance(s, PerceptionStream) and s.use_cache for s in sources)
         if not self.members:
@@ -88,12 +89,10 @@ class HearingBatch:
             for r in rnnt:
                 r.carry = None  # held here
         self.decoded += joining
-        self.members += states
 
-    def remove(self, row: int) -> list[mx.array]:
-        """Member ``row``'s rows given back as its own state (copies); the others stay
-        stacked. The arrays made."""
-        state = self.members.pop(row)
+    def remove(self, row: int, state: HearingRow) -> list[mx.array]:
+        """Row ``row``'s rows given back as ``state``'s own (copies; the batch took it out of
+        its members); the others stay stacked. The arrays made."""
         perception, carry = self.perception, self.carry
         if perception is not None:
             state.perception = perception.remove(row)
@@ -145,8 +144,7 @@ class Hearing:
         else:  # each source on its own: a whole signal's slice, a stream without the cache
             sources = [s.perception for s in batch.members]
             pairs = [source.push(frame) for source, frame in zip(sources, frames)]
-            self.projected = stack_rows([p for p, _ in pairs])
-            self.encoded = stack_rows([e for _, e in pairs])
+            self.projected, self.encoded = (stack_rows(list(half)) for half in zip(*pairs))
             self.arrays = [self.projected, self.encoded, *(a for s in sources for a in s.state)]
         clock.stage("perception", *self.arrays)
         mx.async_eval(*self.arrays)
@@ -155,7 +153,6 @@ class Hearing:
         self.rnnt: RNNTFrame | None = None
         if batch.decoded:
             greedy = batch.members[batch.decoded[0]].rnnt.greedy
-            assert greedy is not None
             self.rnnt = RNNTFrame(greedy, batch.rnnt_carry(self.encoded.dtype),
                                   take_rows(self.encoded, batch.decoded))
             self.arrays += self.rnnt.arrays

@@ -35,7 +35,6 @@ sizes that session's rows only.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Generator
@@ -49,8 +48,6 @@ from .options import ConversationOptions, TranscriptionOptions
 from .reservation import Reservations
 from .streaming import StreamingShell, step_cores
 from .timeline import PrefillCancelled
-
-logger = logging.getLogger(__name__)
 
 
 class PoolFull(RuntimeError):
@@ -93,9 +90,11 @@ class StreamPool:
         self._stale = False
         self.reservations = Reservations(voicechat)
         self.reserved = self.ledger.reserved  # session -> its worst-case state bytes
-        # Measured and computed now, not at the first open (nor on another thread).
-        self._least = self.ledger.least = (0 if max_state_bytes is None
-                                           else self.reservations.of(self.default_options, 0))
+        # The smallest reservation a new conversation can have (no prompt, default options):
+        # what admission before the options are known asks for. Computed now, not at the
+        # first open (nor on another thread).
+        self.ledger.least = (0 if max_state_bytes is None
+                             else self.reservations.of(self.default_options, 0))
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -107,16 +106,6 @@ class StreamPool:
     def reserved_bytes(self) -> int:
         """What the open sessions reserve in all (read from any thread)."""
         return self.ledger.reserved_bytes
-
-    def least_reservation(self) -> int:
-        """The smallest reservation a new conversation can have (no prompt, default
-        options, this pool's bound on streaming seconds): what admission before the
-        options are known asks for."""
-        return self._least
-
-    def admission_error(self) -> str | None:
-        """Why one more session would be refused now (the ledger's rule), or ``None``."""
-        return self.ledger.refusal(len(self.sessions), self.reserved_bytes)
 
     @property
     def state_bytes(self) -> int:
@@ -145,12 +134,9 @@ class StreamPool:
         ``options``: :class:`ConversationOptions` (the default) opens a full
         conversation, :class:`TranscriptionOptions` a transcript-only stream.
         """
-        steps = self.open_steps(session_id, options)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as opened:
-                return opened.value
+        for _ in self.open_steps(session_id, options):
+            pass
+        return self.sessions[session_id]
 
     def open_steps(self, session_id: str,
                    options: ConversationOptions | TranscriptionOptions | None = None
@@ -166,8 +152,8 @@ class StreamPool:
                             f"got {type(options).__name__}")
         if session_id in self.sessions:
             raise ValueError(f"session {session_id!r} is already open")
-        reason = self.admission_error()
-        if reason is not None:
+        reason = self.ledger.refusal(len(self.sessions), self.reserved_bytes)
+        if reason is not None:  # one more session would be refused now
             raise PoolFull(reason)
         if isinstance(options, ConversationOptions):
             stream = self.voicechat.create_streaming_session(options=options, defer_start=True,
@@ -195,10 +181,9 @@ class StreamPool:
         its prefill); :class:`PoolFull` when it does not fit the budget."""
         if self.ledger.max_state_bytes is None:
             return
-        if isinstance(options, ConversationOptions):
-            need = self.reservations.of(options, stream.core.shape.prompt)
-        else:  # perception and the RNNT: a part of a conversation's fixed state
-            need = self.reservations.fixed_bytes()
+        # A transcript-only stream: perception and the RNNT, part of a conversation's fixed state.
+        need = (self.reservations.of(options, stream.core.shape.prompt)
+                if isinstance(options, ConversationOptions) else self.reservations.fixed_bytes())
         reason = self.ledger.refusal(len(self.sessions) - 1, self.reserved_bytes, need)
         if reason is not None:  # the others' slots and reservations, and its own
             raise PoolFull(reason)
@@ -215,7 +200,7 @@ class StreamPool:
         stream = self.sessions.pop(session_id, None)
         self.reserved.pop(session_id, None)
         if stream is not None and not stream.closed:
-            self._extract(stream)
+            self.batch.extract(stream.core.compute)
             stream.cancel()
         self._measure()
 
@@ -271,12 +256,8 @@ class StreamPool:
         rows only; the others stay stacked): what reading its state alone needs (a
         snapshot, ``state``). It joins again at its next step."""
         stream = self.get(session_id)
-        self._extract(stream)
+        self.batch.extract(stream.core.compute)
         return stream
-
-    def _extract(self, stream: StreamingShell) -> None:
-        if stream.core.compute.held:
-            self.batch.extract(stream.core.compute)
 
     @staticmethod
     def _fail(result: StepResult, session_id: str, exc: BaseException) -> None:

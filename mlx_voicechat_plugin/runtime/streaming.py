@@ -36,11 +36,9 @@ from .framing import Chunk, Framer
 from .compute import Batch, advance_batch
 from .options import ConversationOptions, StreamLimits
 from .profile import Profile
-from .timeline import Timeline
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
-    from ..models.perception.perception_stream import PerceptionStream
     from .voicechat import VoiceChat
 
 
@@ -92,8 +90,6 @@ class Core(Protocol):
 
 class StreamingShell:
     """A core fed PCM as it arrives: chunks of any size in, each frame's events out."""
-
-    text_only = False
 
     def __init__(self, core: Core, options: StreamLimits, config: "ModelConfig",
                  framed_by_caller: bool = False):
@@ -188,10 +184,6 @@ class StreamingShell:
         if self.framer is not None:
             self.framer.clear()
 
-    def _frame(self, frame: np.ndarray) -> list[Event]:
-        self.check_frame()
-        return self.core.frame(frame)
-
     # --- the API ---------------------------------------------------------
 
     def push_audio(self, samples: Any, sample_rate: int | None = None) -> list[Event]:
@@ -204,7 +196,8 @@ class StreamingShell:
         events: list[Event] = []
         for frame in self.take_frames(samples, sample_rate):
             try:
-                events.extend(self._frame(frame))
+                self.check_frame()
+                events.extend(self.core.frame(frame))
             except ContextLimit as exc:
                 self.drop_pending()
                 exc.events = events
@@ -266,8 +259,6 @@ class ConversationStream(StreamingShell):
         perception = parent.new_perception_stream(options.use_perception_cache)
         conversation = Conversation(parent, options, perception, defer_start)
         super().__init__(conversation, options, parent.config, framed_by_caller)
-        self.model = parent.model
-        self.config = parent.config
 
     @property
     def conversation(self) -> Conversation:
@@ -276,14 +267,6 @@ class ConversationStream(StreamingShell):
     @property
     def prompt_cache_hit(self) -> bool:
         return self.conversation.prompt_cache_hit
-
-    @property
-    def timeline(self) -> Timeline:
-        return self.conversation.compute.timeline
-
-    @property
-    def perception(self) -> "PerceptionStream":
-        return self.conversation.compute.perception
 
     @property
     def tools(self):

@@ -20,7 +20,7 @@ conversations alike.
 
 from __future__ import annotations
 
-import logging
+import copy
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -42,8 +42,6 @@ from ..models.rows import drop_row, own_row, stack_rows, take_rows
 from .profile import NO_CLOCK, FrameClock
 from .rng import KeyRows, RandomStream
 from .warm_start import WarmStart
-
-logger = logging.getLogger(__name__)
 
 
 class PrefillCancelled(RuntimeError):
@@ -124,9 +122,7 @@ class Timeline:
 
     def _with(self, *rows: Any) -> "Timeline":
         """A timeline of the same model over the given rows (:meth:`_set_rows`' arguments)."""
-        timeline = object.__new__(Timeline)
-        timeline.model, timeline.config = self.model, self.config
-        timeline._pad, timeline._silence = self._pad, self._silence
+        timeline = copy.copy(self)  # the same model and constants; the rows are set anew
         timeline._set_rows(*rows)
         return timeline
 
@@ -226,16 +222,8 @@ class Timeline:
     def state(self, value: list[mx.array]) -> None:
         self._set_rows(*self._rows_from_state(value, self.meta_state))
 
-    @property
-    def nbytes(self) -> int:
-        """The bytes of ``state``, sized without making its arrays where the caches can
-        (a pool measures every session's after every step)."""
-        return sum(self.row_nbytes(b) for b in range(self.batch_size))
-
     def row_nbytes(self, index: int) -> int:
-        """The bytes of row ``index``'s ``state`` (as :meth:`extract` of it would size them)."""
-        if self.prev_codes is None:  # released
-            return 0
+        """The bytes of row ``index``'s ``state`` (as :meth:`remove` of it would size them)."""
         language = self.language[0]
         return ((language.row_nbytes(index) if isinstance(language, LanguageRows)
                  else self.language[index].nbytes) + state_nbytes(self.tts_caches[index])
@@ -389,12 +377,9 @@ class Timeline:
                 [codes[b] if b in talking else self.prev_codes[b : b + 1] for b in rows])
         # Every row's codes as one array (the rows' ``codes`` are its slices).
         self.codes = made if len(talking) == self.batch_size else stack_rows(codes)
-        steps = []
-        for b in rows:
-            text_id, function_id = ids[b]
-            steps.append(TimelineStep(self.positions[b], text_id, function_id, codes[b],
-                                      tokens.forced[b]))
-            self.positions[b] += 1
+        steps = [TimelineStep(self.positions[b], *ids[b], codes[b], tokens.forced[b])
+                 for b in rows]
+        self.positions = [p + 1 for p in self.positions]
         if len(talking) < self.batch_size:  # a row's first position: it is ready now
             self._stack()
         return steps

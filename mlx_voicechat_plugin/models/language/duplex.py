@@ -25,7 +25,7 @@ from ..cache_state import (
     state_nbytes,
 )
 from .context import ContextWindow, ring
-from ..kv_arena import AttentionCores, KVArena, stack_layer
+from ..kv_arena import ArenaAttention, KVArena, stack_layer
 from ..perception.perception import Perception
 from ..rows import drop_row, own_row, stack_rows
 from ..segments import SegmentedStep
@@ -44,7 +44,7 @@ class DuplexSTT(nn.Module):
         self.rnnt_decoder = PredictNetwork(config.audio_config.decoder)
         self.rnnt_joint = JointNetwork(config.audio_config.joint)
         self._segments: SegmentedStep | None = None
-        self.attention_cores = AttentionCores()  # a setting: batched or per-row cores
+        self.arena_attention = ArenaAttention()  # a setting: batched or per-row cores
 
     def fuse(self, prev_text: mx.array, audio: mx.array, prev_function: mx.array) -> mx.array:
         """One fused input embedding per position; token ids are ``(B, T)``."""
@@ -88,7 +88,7 @@ class DuplexSTT(nn.Module):
     def ready(self, state: "LanguageState") -> bool:
         """``state`` steps through the compiled runs (stacked rows, or its Mamba2 states exist)."""
         if self._segments is None:
-            self._segments = SegmentedStep(self.llm.layers, self._head, self.attention_cores)
+            self._segments = SegmentedStep(self.llm.layers, self._head, self.arena_attention)
         return isinstance(state, LanguageRows) or (
             state.cache is not None and self._segments.ready(state.cache))
 

@@ -47,7 +47,7 @@ from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfi
 
 from ...config import TTSConfig
 from ..language.context import ContextWindow, ring
-from ..kv_arena import AttentionCores, KVArena
+from ..kv_arena import ArenaAttention, KVArena
 from .layers import GatedFusion
 from .mog_head import KeyRows, KeyStream, MoGHead, draw, next_key, take_keys
 from .rvq import CodebookTables, rvq_assign, rvq_block, unmasking_schedule
@@ -113,7 +113,7 @@ class EarTTS(nn.Module):
         self.hold_f32 = True
         self._masked: dict[tuple, mx.array] = {}  # (B, T) -> all-mask codes, see _masked_codes
         self._backbone_step: GemmaStep | None = None
-        self.attention_cores = AttentionCores()  # a setting: batched or per-row cores
+        self.arena_attention = ArenaAttention()  # a setting: batched or per-row cores
 
     @property
     def schedule(self) -> tuple[int, ...]:
@@ -399,7 +399,7 @@ class EarTTS(nn.Module):
     def gemma_step(self) -> GemmaStep:
         """The compiled one-position backbone step (built on first use)."""
         if self._backbone_step is None:
-            self._backbone_step = GemmaStep(self.backbone, self._step_inputs, self.attention_cores)
+            self._backbone_step = GemmaStep(self.backbone, self._step_inputs, self.arena_attention)
         return self._backbone_step
 
     def _step_inputs(self, prev_codes: mx.array, text: mx.array) -> mx.array:

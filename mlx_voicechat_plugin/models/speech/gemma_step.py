@@ -19,7 +19,7 @@ from mlx_vlm.models.gemma3.language import clip_residual
 from .. import fast_forms
 from ..fast_forms import RopeForm, rms_norm
 from ..fused import gated_mlp, project
-from ..kv_arena import AttentionCores, StepArrays, ring_offsets
+from ..kv_arena import ArenaAttention, StepArrays, ring_offsets
 
 
 class GemmaStep:
@@ -42,9 +42,9 @@ class GemmaStep:
     """
 
     def __init__(self, model: Any, entry: Callable[..., mx.array],
-                 cores: AttentionCores | None = None):
+                 attention: ArenaAttention | None = None):
         self.model = model
-        self.cores = AttentionCores() if cores is None else cores
+        self.attention = ArenaAttention() if attention is None else attention
         self.layers = model.layers
         self.entry = entry
         last = len(self.layers) - 1
@@ -195,7 +195,7 @@ class GemmaStep:
         memo: StepArrays = {}  # this step's ring write indices and masks, shared by its layers
         for i, layer in enumerate(self.layers):
             caches = layers[i]
-            out = self.cores(q, k, v, caches, layer.self_attn.scale,
+            out = self.attention(q, k, v, caches, layer.self_attn.scale,
                              lambda: self._stream_cores(layer.self_attn, q, k, v, caches), memo)
             if i + 1 < len(self.layers):
                 x, q, k, v = self._between[i](x, out, rope(i + 1))
