@@ -227,8 +227,6 @@ class TranscriptionStream(StreamingShell):
     shell over a :class:`TranscriptCore`). ``flush`` ends with one
     :class:`TranscriptDone`, then ``Done``; audio after it raises ``StreamClosed``."""
 
-    text_only = True
-
     def __init__(self, voicechat: "VoiceChat", options: TranscriptionOptions,
                  framed_by_caller: bool = False):
         super().__init__(TranscriptCore(voicechat, options), options, voicechat.config,
