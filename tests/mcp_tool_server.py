@@ -5,7 +5,7 @@ streamable HTTP (:func:`server`, ``streamable_http_app()``). Each call is
 appended as a JSON line to the file named by ``MCP_CALL_LOG`` (if set): the tests
 read what the server received there. Tools that misbehave on purpose: ``slow``
 (hangs), ``crash`` (the process exits), ``garbage`` (writes non-protocol bytes
-then hangs), ``huge`` (10 MB), ``fail`` (the tool reports an error).
+then hangs), ``huge`` (1 MiB), ``fail`` (the tool reports an error).
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def server(name: str = "test-tools") -> MCPServer:
 
     @mcp.tool()
     def huge() -> str:
-        """A 10 MB answer."""
+        """A 1 MiB answer: 256 times the result bound, 16 pipe buffers."""
         _log("huge", {})
-        return "x" * (10 * 1024 * 1024)
+        return "x" * (1024 * 1024)
 
     @mcp.tool()
     def fail() -> str:

@@ -21,7 +21,10 @@ from mlx_voicechat_plugin.testing.fixtures import conversation_signal, make_ques
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 API_KEY = "local-key"
-LONG_SECONDS = 60.0  # 750 frames: megabytes of events, more than the sockets buffer
+# 750 frames, some 2.6 MB of appends: past what loopback's socket buffers take, so a
+# client that sends it all before it reads stalls and fails. Keep it long: a 40 s input
+# fits in the buffers, and such a client passes it (see the commit).
+LONG_SECONDS = 60.0
 RUN_TIMEOUT = 420
 
 

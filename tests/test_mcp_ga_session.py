@@ -12,6 +12,7 @@ import pytest
 from ga_support import API_KEY, MODEL, call_frames, question_wav_24k, scripted_call, wav_chunks
 from mcp_support import SECRET, calls, ga_until, mcp_log, mcp_server  # noqa: F401 (fixtures)
 from server_support import LiveServer, connect, running, send
+from tool_support import short_tool_prompt
 
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.limits import ServerLimits
@@ -29,6 +30,13 @@ def server(tiny_ckpt, mcp_server):
     app = create_app(tiny_ckpt, api_key=API_KEY, limits=limits,
                      mcp_allow_urls=[f"http://127.0.0.1:{mcp_server.port}/*"])
     yield from running(LiveServer(app))
+
+
+@pytest.fixture(autouse=True)
+def _short_tool_prompt(monkeypatch):
+    """Sessions prefill a short stand-in for their tool block from their first update on
+    (its text is pinned in test_tools.py)."""
+    short_tool_prompt(monkeypatch)
 
 
 def _tool(url: str, **extra) -> dict:

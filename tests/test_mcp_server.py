@@ -159,7 +159,7 @@ def _second_session_calls_the_same_server(server, monkeypatch, log) -> None:
     ("slow", {"seconds": 600}, "timeout"),  # its own timeout: 2 s (toolTimeouts)
     ("crash", {}, "server_error"),  # the child exits: restarted with backoff
     ("garbage", {}, "bad_response"),  # bytes that are not MCP on its stdout
-    ("huge", {}, "too_large"),  # 10 MB
+    ("huge", {}, "too_large"),  # 1 MiB, far past the 4 KiB result bound
     ("fail", {}, "tool_error"),  # the tool reports an error
 ])
 def test_each_failure_is_one_typed_failure_and_the_session_goes_on(

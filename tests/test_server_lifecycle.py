@@ -166,11 +166,20 @@ def test_a_session_never_configured_ends_when_its_client_drops(server, dialect):
     settled(server)
 
 
+@pytest.fixture(scope="module")
+def brief_window_server(tiny_ckpt):
+    """The default server but for a 1 s resume window: a session detached by a drop
+    ends when the window passes, here without waiting the default's 15 s."""
+    yield from running(serve(tiny_ckpt, resume_seconds=1.0))
+
+
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_client_dropped_mid_session_update_frees_the_slot_and_logs_no_error(
-        server, dialect, caplog):
+        brief_window_server, dialect, caplog):
     """Its prefill is stopped and its slot freed (or, when the update completed before
-    the server saw the drop, the session is detached and the newcomer takes its slot)."""
+    the server saw the drop, the session is detached, the newcomer is admitted at once,
+    and the detached session ends with its window)."""
+    server = brief_window_server
     gc.collect()  # earlier tests' garbage is not this server's
     caplog.set_level(logging.INFO)
     for _ in range(3):

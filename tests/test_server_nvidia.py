@@ -16,6 +16,7 @@ import pytest
 import soxr
 from ga_support import API_KEY, TOOL, call_frames, scripted_call
 from server_support import LiveServer, connect, recv, running, send, until_closed
+from tool_support import short_tool_prompt
 
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.dialects import NVIDIA_ROOT_DIALECTS
@@ -98,7 +99,8 @@ def test_session_created_advertises_24_khz_output_and_event_ids(server):
         close(ws)
 
 
-def test_session_update_reports_effective_configuration(ws):
+def test_session_update_reports_effective_configuration(ws, monkeypatch):
+    short_tool_prompt(monkeypatch)  # the update's rule, not the tool block's prefill
     tools = [{"name": "get_weather", "parameters": TOOL["parameters"],
               "ack_messages": ["One moment."]}]
     updated = update(ws, audio=fmt(16_000), instructions="Be brief.", tools=tools)
@@ -110,7 +112,8 @@ def test_session_update_reports_effective_configuration(ws):
     close(ws)
 
 
-def test_tools_as_json_string_in_function_form(ws):
+def test_tools_as_json_string_in_function_form(ws, monkeypatch):
+    short_tool_prompt(monkeypatch)
     tools = [{"type": "function", "function": {**{k: v for k, v in TOOL.items()
                                                   if k != "type"}}}]
     updated = update(ws, audio={"input": {"format": "pcm16"}}, tools=json.dumps(tools))
