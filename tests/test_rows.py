@@ -13,6 +13,7 @@ import mlx.core as mx
 
 from mlx_voicechat_plugin.models.rows import (
     RowGroups,
+    keep_rows,
     own_row,
     stack_rows,
     take_row,
@@ -53,6 +54,9 @@ class Phased:
     def extract(self, index: int, copy: bool = True) -> "Phased":
         return self if self.value.shape[0] == 1 else Phased(own_row(self.value, index, copy),
                                                              self.phase)
+
+    def filter(self, keep: list[int]) -> "Phased":
+        return Phased(keep_rows(self.value, keep), self.phase)
 
     def key(self) -> int:
         return self.phase
@@ -103,3 +107,15 @@ def test_split_gives_every_row_its_own_state():
     assert [sorted(graph_primitives(r.value)) for r in own] == [
         ["Contiguous", "Slice"]] * 3  # copies: no row keeps the stack alive
     assert [r.value.item() for r in own] == [0, 1, 2]
+
+
+def test_a_leaving_row_is_a_copy_and_the_rows_that_stay_one_gather_in_order():
+    values = mx.arange(4).reshape(4, 1)
+    mx.eval(values)  # one stack, as a batch holds it
+    held = RowGroups([([0, 1, 2, 3], Phased(values, 0))], Phased)
+    own = held.remove(1)
+    ((members, state),) = held.groups
+    assert "Contiguous" in graph_primitives(own.value)  # its own buffer
+    assert "Concatenate" not in graph_primitives(state.value)  # not the rows stacked again
+    assert own.value.item() == 1
+    assert members == [0, 1, 2] and state.value.flatten().tolist() == [0, 2, 3]

@@ -44,9 +44,15 @@ def own_row(array: mx.array, index: int, copy: bool = True) -> mx.array:
     return row if row is array or not copy else mx.contiguous(row)
 
 
+def keep_rows(array: mx.array, keep: Sequence[int]) -> mx.array:
+    """Rows ``keep`` (ascending) of ``[B, ...]`` ``array`` in a buffer of their own (one
+    gather)."""
+    return mx.take(array, mx.array(list(keep)), axis=0)
+
+
 def drop_row(array: mx.array, index: int) -> mx.array:
     """``[B, ...]`` ``array`` without row ``index``, in a buffer of its own (a copy)."""
-    return mx.take(array, mx.array([b for b in range(array.shape[0]) if b != index]), axis=0)
+    return keep_rows(array, [b for b in range(array.shape[0]) if b != index])
 
 
 def take_rows(array: mx.array, indices: Sequence[int]) -> mx.array:
@@ -66,7 +72,8 @@ class RowGroups:
     others', when :meth:`regroup` stacks them once (a group whose rows do not
     change stays as it is). ``groups`` is ``(rows, ascending; their state)``.
     A state gives ``extract(index, copy)`` (``copy=False``: slices, for a row
-    stacked again at once), ``key()``, ``state`` and ``row_nbytes``.
+    stacked again at once), ``filter(keep)`` (the rows ``keep`` as one state, one
+    gather per array), ``key()``, ``state`` and ``row_nbytes``.
     """
 
     kind: Any = None
@@ -113,8 +120,7 @@ class RowGroups:
         for members, group in self.groups:
             rest = [b for b in members if b != index]
             if len(rest) < len(members) and rest:
-                group = self.kind.merge([group.extract(members.index(b), len(rest) == 1)
-                                         for b in rest])
+                group = group.filter([members.index(b) for b in rest])
             if rest:
                 groups.append(([b - (b > index) for b in rest], group))
         self.groups = groups

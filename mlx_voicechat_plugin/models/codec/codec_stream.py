@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_audio.dsp import hanning
 
-from ..rows import RowGroups, own_row, stack_rows
+from ..rows import RowGroups, keep_rows, own_row, stack_rows
 
 # The decoder's magnitude head saturates softly at this value (fixed by the
 # trained codec, not a config field).
@@ -120,6 +120,11 @@ class CodecState:
             return self
         return CodecState([own_row(c, index, copy) for c in self.block_context],
                           own_row(self.frames, index, copy), self.weights, *self.meta_state)
+
+    def filter(self, keep: list[int]) -> "CodecState":
+        """Rows ``keep`` (ascending) as one state, one gather per array (copies)."""
+        return CodecState([keep_rows(c, keep) for c in self.block_context],
+                          keep_rows(self.frames, keep), self.weights, *self.meta_state)
 
     def check_open(self) -> None:
         if self.closed:

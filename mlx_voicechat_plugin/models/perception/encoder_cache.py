@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..rows import own_row, stack_rows
+from ..rows import keep_rows, own_row, stack_rows
 
 
 @dataclass
@@ -37,6 +37,10 @@ def _stack(parts: tuple) -> mx.array | None:
 
 def _row(array: mx.array | None, index: int, copy: bool) -> mx.array | None:
     return None if array is None else own_row(array, index, copy)
+
+
+def _rows(array: mx.array | None, keep: list[int]) -> mx.array | None:
+    return None if array is None else keep_rows(array, keep)
 
 
 class EncoderCache:
@@ -108,3 +112,11 @@ class EncoderCache:
         row.conv = [_row(c, index, copy) for c in self.conv]
         row.kept = _row(self.kept, index, copy)
         return row
+
+    def filter(self, keep: list[int]) -> "EncoderCache":
+        """Rows ``keep`` (ascending) as one cache, one gather per array (copies)."""
+        kept = EncoderCache(len(self.attention), [self.tails[b] for b in keep])
+        kept.attention = [_rows(a, keep) for a in self.attention]
+        kept.conv = [_rows(c, keep) for c in self.conv]
+        kept.kept = _rows(self.kept, keep)
+        return kept

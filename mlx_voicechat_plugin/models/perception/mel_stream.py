@@ -25,6 +25,7 @@ not depend on the other columns (``tests/test_mel_stream.py`` checks both).
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 
@@ -232,6 +233,14 @@ class MelRows:
         stream._total = stream._start + self._total
         stream._next_frame = self._next + stream._start // self.args.hop_length
         return stream
+
+    def filter(self, keep: list[int]) -> "MelRows":
+        """Rows ``keep`` (ascending) framing together as before, their tails copied."""
+        kept = copy.copy(self)
+        kept.streams = [self.streams[b] for b in keep]
+        kept._samples = self._samples[keep]
+        kept._starts = [self._starts[b] for b in keep]
+        return kept
 
 
 def device_groups(blocks: list[tuple[list[int], np.ndarray | None]], args: PreprocessArgs
