@@ -85,7 +85,13 @@ class MambaStep:
         then take their input as it is, without a flatten and an unflatten each)."""
         block, mixer = self.block, self.mixer
         projected = mixer.in_proj(block.norm(x))
-        gate, conv_input, dt = self._split(projected)
+        # Upstream's split, from the back: checkpoints may pad the projection in front with
+        # two unused branches (upstream's mixer, which runs every state's first position,
+        # checks their width).
+        dt_start = projected.shape[-1] - mixer.num_heads
+        conv_start = dt_start - mixer.conv_dim
+        gate = projected[..., conv_start - mixer.intermediate_size : conv_start]
+        conv_input, dt = projected[..., conv_start:dt_start], projected[..., dt_start:]
         if x.ndim == 2:
             conv_input = conv_input[:, None]
 
@@ -104,24 +110,6 @@ class MambaStep:
         y = y.reshape(*x.shape[:-1], -1, norm.group_size)
         y = norm.weight * mx.fast.rms_norm(y, weight=None, eps=norm.eps).flatten(-2)
         return x + mixer.out_proj(y), conv_state, ssm_state
-
-    def _split(self, projected: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """The projection's gate, conv input and dt, as the mixer splits it.
-
-        Checkpoints may pad the projection in front with two unused branches
-        of equal width (upstream derives it from the weight, not the config);
-        they are skipped.
-        """
-        mixer = self.mixer
-        inner, conv_dim = mixer.intermediate_size, mixer.conv_dim
-        extra = projected.shape[-1] - (inner + conv_dim + mixer.num_heads)
-        if extra < 0 or extra % 2:
-            raise ValueError(f"Mamba2 in_proj width {projected.shape[-1]}: expected "
-                             f"{inner + conv_dim + mixer.num_heads} plus an even padding")
-        gate = extra  # the two padding branches, d_mlp wide each, come first
-        conv = gate + inner
-        dt = conv + conv_dim
-        return projected[..., gate:conv], projected[..., conv:dt], projected[..., dt:]
 
     def _ssm(self, hidden: mx.array, B: mx.array, C: mx.array, dt: mx.array, gate: mx.array,
              state: mx.array) -> tuple[mx.array, mx.array]:
