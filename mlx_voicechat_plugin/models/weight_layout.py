@@ -35,7 +35,6 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +85,7 @@ class RowMajorLinear(nn.Linear):
 class PointwiseConv1d(nn.Conv1d):
     """A kernel-1, stride-1, unpadded ``Conv1d`` as the product ``x @ W[:, 0].T (+ b)``."""
 
-    def __call__(self, x: mx.array) -> mx.array:
-        y = x @ held_matrix(self)
-        return y + self["bias"] if "bias" in self else y
+    __call__ = RowMajorLinear.__call__
 
 
 class FrameUpsample(nn.ConvTranspose1d):
@@ -131,10 +128,6 @@ class RowMajorLSTM(nn.LSTM):
         return mx.stack(all_hidden, axis=-2), mx.stack(all_cell, axis=-2)
 
 
-def _same(a: mx.array, b: mx.array) -> bool:
-    return bool(np.array_equal(np.array(a), np.array(b)))
-
-
 @lru_cache(maxsize=None)
 def _probe(device: str, dtype: mx.Dtype) -> bool:
     """Products in ``dtype`` (and, for float32, the bias-after rule) agree across layouts."""
@@ -157,7 +150,8 @@ def _probe(device: str, dtype: mx.Dtype) -> bool:
         up = FrameUpsample(inner, outer, kernel, stride=kernel, bias=False)
         up.weight = mx.contiguous(taps.transpose(2, 1, 0)).transpose(2, 1, 0)
         checks.append((mx.conv_transpose1d(x[None], taps, stride=kernel), up(x[None])))
-    return all(_same(a.astype(mx.float32), b.astype(mx.float32)) for a, b in checks)
+    return all(mx.array_equal(a.astype(mx.float32), b.astype(mx.float32)).item()
+               for a, b in checks)
 
 
 def layouts_agree(dtype: mx.Dtype = mx.float32) -> bool:
