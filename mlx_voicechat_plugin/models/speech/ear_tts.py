@@ -156,10 +156,6 @@ class EarTTS(nn.Module):
         rows = mx.where(valid[..., None], rows, 0)
         return rows.astype(mx.float32).sum(axis=-2)
 
-    def _text(self, subword_ids: mx.array, subword_mask: mx.array) -> mx.array:
-        """Subword embeddings for the ``[cond; uncond]`` batch (uncond = ``null_emb``)."""
-        return self._with_uncond(self.embed_subword(subword_ids, subword_mask))
-
     def _with_uncond(self, cond: mx.array) -> mx.array:
         return mx.concatenate([cond, mx.broadcast_to(self.null_emb, cond.shape)], axis=0)
 
@@ -200,7 +196,8 @@ class EarTTS(nn.Module):
         audio = audio + starts[..., None] * self.bos_emb
         if cache is None:
             cache = self.make_cache()
-        hidden = self._run_backbone(audio, self._text(subword_ids, subword_mask), cache)
+        text = self._with_uncond(self.embed_subword(subword_ids, subword_mask))
+        hidden = self._run_backbone(audio, text, cache)
         return hidden, cache
 
     def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | Any = None,
@@ -303,8 +300,6 @@ class EarTTS(nn.Module):
         top_p: mx.array | None = None,
     ) -> mx.array:
         config = self.config
-        if hidden.shape[0] % 2:
-            raise ValueError("guided generation expects a [cond; uncond] batch")
         half = hidden.shape[0] // 2
         # [cond; uncond] as two halves: each pass adds the same code embedding to
         # both with one broadcast add (the adds ``embedded + cond`` and
