@@ -118,27 +118,19 @@ class CodecDecoder(nn.Module):
         layers.append(nn.Conv1d(widths[-1], 2 * config.stft_bins, 1, bias=False))
         self.layers = layers
 
-    @property
-    def blocks(self) -> list[ConvNeXtBlock]:
-        return [layer for layer in self.layers if isinstance(layer, ConvNeXtBlock)]
-
     def __call__(
         self, x: mx.array, contexts: list[mx.array] | None = None
     ) -> mx.array:
         """``contexts`` (one per block) is read and advanced in place when given."""
         index = 0
         for layer in self.layers:
-            if not isinstance(layer, ConvNeXtBlock):
+            if contexts is None or not isinstance(layer, ConvNeXtBlock):
                 x = layer(x)
                 continue
-            if contexts is None:
-                x = layer(x)
-            else:
-                left = contexts[index]
-                contexts[index] = mx.concatenate(
-                    [left.astype(x.dtype), x], axis=1
-                )[:, -layer.context :]
-                x = layer(x, left)
+            left = contexts[index]
+            window = mx.concatenate([left.astype(x.dtype), x], axis=1)
+            contexts[index] = window[:, -layer.context :]
+            x = layer(x, left)
             index += 1
         return x
 
@@ -163,7 +155,7 @@ class Codec(nn.Module):
     @property
     def stream_lag(self) -> int:
         """Samples ``decode_step`` holds back until the next chunk (or ``flush``)."""
-        return self._synthesis.lag
+        return self._synthesis.pad_left
 
     # --- encode -----------------------------------------------------------
 
@@ -202,10 +194,10 @@ class Codec(nn.Module):
         """A fresh decode stream for ``batch`` parallel utterances."""
         contexts = [
             mx.zeros((batch, block.context, block.dwconv.weight.shape[0]))
-            for block in self.decoder.blocks
+            for block in self.decoder.layers if isinstance(block, ConvNeXtBlock)
         ]
         frames, weights = self._synthesis.initial_state(batch)
-        return CodecState(contexts, frames, weights, skip=self._synthesis.lag)
+        return CodecState(contexts, frames, weights, skip=self._synthesis.pad_left)
 
     def decode_step(
         self, codes: mx.array, state: CodecState, evaluate: bool = True

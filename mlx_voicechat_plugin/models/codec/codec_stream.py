@@ -160,11 +160,6 @@ class SpectralSynthesis:
         # recompute them (an unevaluated capture is traced with its producers).
         mx.eval(self.window, self.window_sq, self._complex_bins)
 
-    @property
-    def lag(self) -> int:
-        """Samples by which streamed output trails the codes fed so far."""
-        return self.pad_left
-
     def frames(self, features: mx.array) -> mx.array:
         """Decoder output ``[B, F, 2 * bins]`` -> windowed frames ``[B, F, n_fft]``."""
         logits = features[..., : self.bins]
@@ -203,9 +198,7 @@ class SpectralSynthesis:
         """Whole utterance: ``[B, F, 2 * bins]`` -> ``[B, F * hop]``."""
         frames = self.frames(features)
         batch, count, _ = frames.shape
-        edge = self.overlap - 1
-        pad = mx.zeros((batch, edge, self.n_fft), dtype=frames.dtype)
-        no_weight = mx.zeros((edge, self.n_fft), dtype=mx.float32)
+        pad, no_weight = self.initial_state(batch)  # no frames past either end
         samples = self._overlap_add(
             mx.concatenate([pad, frames, pad], axis=1),
             mx.concatenate([no_weight, self._weights(count), no_weight], axis=0),
@@ -245,15 +238,9 @@ class SpectralSynthesis:
         """End of stream: the last ``pad_left`` samples (no spectra follow)."""
         if not state.spectra:
             return mx.zeros((state.frames.shape[0], 0), dtype=mx.float32)
-        batch = state.frames.shape[0]
-        edge = self.overlap - 1
-        frames = mx.concatenate(
-            [state.frames, mx.zeros((batch, edge, self.n_fft), state.frames.dtype)],
-            axis=1,
-        )
-        weights = mx.concatenate(
-            [state.weights, mx.zeros((edge, self.n_fft), dtype=mx.float32)], axis=0
-        )
+        pad, no_weight = self.initial_state(state.frames.shape[0])  # no frames follow
+        frames = mx.concatenate([state.frames, pad], axis=1)
+        weights = mx.concatenate([state.weights, no_weight], axis=0)
         tail = self._overlap_add(frames, weights)[:, : self.pad_left]
         return _drop_front(tail, state)
 
