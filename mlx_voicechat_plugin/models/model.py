@@ -26,6 +26,8 @@ from .weight_layout import hold_matrices, relayout
 # frontend rebuilds them, so they are dropped at load.
 _MEL_BUFFER_PREFIX = "stt_model.perception.preprocessor."
 _LSTM_MARKER = ".dec_rnn.lstm."
+# PyTorch LSTM tensor -> MLX LSTM parameter (its two biases are summed into one).
+_LSTM_NAMES = {"weight_ih": "Wx", "weight_hh": "Wh", "bias_ih": "bias", "bias_hh": "bias"}
 
 
 def _to_channels_last(value: mx.array, expected: tuple[int, ...]) -> mx.array:
@@ -148,7 +150,7 @@ class Model(nn.Module):
         """
         expected = {k: tuple(v.shape) for k, v in tree_flatten(self.parameters())}
         out: dict[str, mx.array] = {}
-        lstm_bias: dict[str, list[mx.array]] = {}
+        lstm: dict[str, list[mx.array]] = {}
         tts: dict[str, mx.array] = {}
         for key, value in weights.items():
             if key.startswith(_MEL_BUFFER_PREFIX):
@@ -158,16 +160,10 @@ class Model(nn.Module):
                 continue
             if _LSTM_MARKER in key:
                 stem, name = key.split(_LSTM_MARKER, 1)
-                stem += _LSTM_MARKER.rstrip(".")
                 kind, _, layer = name.rpartition("_l")
-                if kind == "weight_ih":
-                    out[f"{stem}.{layer}.Wx"] = value
-                    continue
-                if kind == "weight_hh":
-                    out[f"{stem}.{layer}.Wh"] = value
-                    continue
-                if kind in ("bias_ih", "bias_hh"):
-                    lstm_bias.setdefault(f"{stem}.{layer}.bias", []).append(value)
+                if kind in _LSTM_NAMES:
+                    target = f"{stem}{_LSTM_MARKER}{layer}.{_LSTM_NAMES[kind]}"
+                    lstm.setdefault(target, []).append(value)
                     continue
             is_conv = value.ndim in (3, 4) and (
                 key.startswith("stt_model.perception.") or key.endswith(".conv1d.weight")
@@ -175,7 +171,7 @@ class Model(nn.Module):
             if is_conv and key in expected:
                 value = _to_channels_last(value, expected[key])
             out[key] = value
-        for key, parts in lstm_bias.items():
+        for key, parts in lstm.items():
             out[key] = parts[0] + parts[1] if len(parts) == 2 else parts[0]
         for key, value in self.tts_model.sanitize(tts).items():
             out[f"tts_model.{key}"] = value
