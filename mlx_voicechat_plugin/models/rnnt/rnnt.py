@@ -33,7 +33,7 @@ import numpy as np
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
-from .prediction_step import lstm_step, shared_held_lstm, shared_symbol_inputs
+from .prediction_step import lstm_step, shared_derived
 from ..remembered import ProbeVerdicts
 from ..rows import own_row, stack_rows
 
@@ -97,8 +97,8 @@ class GreedyRNNT:
         self.blank_id = blank_id
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
-        self._held = shared_held_lstm(decoder, hold_f32)
-        self._inputs = shared_symbol_inputs(decoder, ProbeVerdicts.default(), hold_f32)
+        derived = shared_derived(decoder, ProbeVerdicts.default(), hold_f32)
+        self._held, self._inputs = derived.held, derived.inputs
         self._graphs: dict[int, Callable] = {}  # tries -> compiled graph
 
     def initial(self, dtype: mx.Dtype) -> RNNTCarry:
