@@ -52,11 +52,6 @@ class ContextWindow:
     keep: int
     recent: int
 
-    def __post_init__(self) -> None:
-        if self.keep < 0 or self.recent < 1:
-            raise ValueError(f"a context window needs keep >= 0 and recent >= 1, "
-                             f"got keep={self.keep}, recent={self.recent}")
-
     @property
     def size(self) -> int:
         """Positions a full ring holds."""
