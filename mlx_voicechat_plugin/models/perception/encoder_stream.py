@@ -33,18 +33,14 @@ from ..fast_forms import attention_prescaled, fast_ops_expand
 MEL_CONTEXT = 16  # >= causal receptive field of three stride-2, kernel-3 convs
 
 
-def _attend(attn: nn.Module, q_in: mx.array, kv_in: mx.array, p: mx.array) -> mx.array:
-    """mlx-audio's ``RelPositionMultiHeadAttention.stream`` with ``p = linear_pos(pos_emb)`` given.
+def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.array,
+               q: mx.array | None = None) -> mx.array:
+    """mlx-audio's ``RelPositionMultiHeadAttention.stream`` with the keys and values (and
+    maybe ``q``) already projected and ``p = linear_pos(pos_emb)`` given.
 
     The positional projection depends only on the window length, so the
     steady window's is computed once per layer instead of every frame.
     """
-    return _attend_kv(attn, q_in, attn.linear_k(kv_in), attn.linear_v(kv_in), p)
-
-
-def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.array,
-               q: mx.array | None = None) -> mx.array:
-    """:func:`_attend` with the keys and values (and maybe ``q``) already projected."""
     if q is None:
         q = attn.linear_q(q_in)
     batch, c, _ = q.shape
@@ -247,7 +243,7 @@ class EncoderStream:
             attended = _attend_kv(attn, q, kv[..., :width], kv[..., width:], pos, queries)
         else:
             kv = q if cached is None else mx.concatenate([cached, q], axis=1)
-            attended = _attend(attn, q, kv, pos)
+            attended = _attend_kv(attn, q, attn.linear_k(kv), attn.linear_v(kv), pos)
         attention = kv[:, -self.left_context :] if self.left_context else kv[:, :0]
         if previous is None:
             previous = mx.zeros((x.shape[0], self.conv_context, x.shape[2]), dtype=x.dtype)

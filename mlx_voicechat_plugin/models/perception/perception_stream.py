@@ -116,11 +116,9 @@ class PerceptionRows:
         """Use :meth:`merge`."""
         if not all(s.use_cache for s in streams):
             raise ValueError("PerceptionRows holds streams with the cache; push the others alone")
-        self.streams = list(streams)
-        self.encoders = RowGroups.merge([s.cache for s in streams], EncoderCache)
-        self.mels = RowGroups.merge([s.mel for s in streams], MelRows)
-        for stream in streams:
-            stream.cache = None  # type: ignore[assignment]  # the row is held here
+        self.streams: list[PerceptionStream] = []
+        self.encoders, self.mels = RowGroups([], EncoderCache), RowGroups([], MelRows)
+        self.extend(streams)
 
     @classmethod
     def merge(cls, streams: list[PerceptionStream]) -> "PerceptionRows":
