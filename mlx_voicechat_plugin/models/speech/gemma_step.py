@@ -55,7 +55,11 @@ class GemmaStep:
             self._angles = mx.compile(
                 lambda offset: tuple(t for rope in ropes for t in rope.angles(offset)))
             self._qk_weights: list[tuple[mx.array, ...] | None] = [None] * len(self.layers)
-        self._enter = mx.compile(lambda rope, *inputs: self._pre(0, _rows(entry(*inputs)), rope))
+        # The spans carry one position's [b, width] rows: no product flattens its input
+        # and unflattens its output, and heads are one reshape (with one position,
+        # [b, 1, heads, d] transposed is [b, heads, 1, d] in the same order).
+        self._enter = mx.compile(
+            lambda rope, *inputs: self._pre(0, entry(*inputs).flatten(0, 1), rope))
         self._between = [
             mx.compile(lambda x, out, rope, i=i: self._pre(i + 1, self._post(i, x, out), rope))
             for i in range(last)
@@ -217,14 +221,6 @@ class GemmaStep:
         # outs[s] is [group, 1, ...]: row j of stream s goes back to row j * S + s.
         joined = mx.concatenate(outs, axis=1)
         return joined.reshape(-1, *joined.shape[2:])
-
-
-def _rows(x: mx.array) -> mx.array:
-    """One position's ``[b, 1, width]`` as ``[b, width]`` rows: the spans carry rows, so
-    no product flattens its input and unflattens its output, and heads are one reshape
-    (with one position, ``[b, 1, heads, d]`` transposed is ``[b, heads, 1, d]`` in the
-    same order)."""
-    return x.reshape(x.shape[0], x.shape[-1])
 
 
 def _heads(x: mx.array, heads: int) -> mx.array:
