@@ -102,7 +102,6 @@ class EarTTS(nn.Module):
         # (made once, not an arange every depth pass; private, so not a weight).
         self._code_offsets = mx.arange(config.num_quantizers, dtype=mx.int32) * config.codebook_size
         mx.eval(self._code_offsets)
-        self._offsets_for = (config.num_quantizers, config.codebook_size)
         self._schedule = unmasking_schedule(
             config.num_quantizers, config.num_iterations, config.exponent
         )
@@ -146,12 +145,9 @@ class EarTTS(nn.Module):
         :class:`CodebookTables`' view); ``mask_code`` (or any id past the codebook)
         contributes zero.
         """
-        q, size, latent = self.rvq_embs.shape
-        offsets = self._code_offsets
-        if self._offsets_for != (q, size):  # weights of another shape than the config's
-            offsets = mx.arange(q, dtype=mx.int32) * size
+        q, size, latent = self.rvq_embs.shape  # the config's (strict loading checks shapes)
         valid = codes < size
-        index = mx.where(valid, codes, 0).astype(mx.int32) + offsets
+        index = mx.where(valid, codes, 0).astype(mx.int32) + self._code_offsets
         rows = (self.rvq_embs.reshape(q * size, latent) if flat is None else flat)[index]
         rows = mx.where(valid[..., None], rows, 0)
         return rows.astype(mx.float32).sum(axis=-2)
