@@ -186,11 +186,10 @@ class LanguageRows(LanguageState):
     def __init__(self, rows: Sequence[LanguageState]):
         """``rows``: one-row states, or stacked ones whose rows are appended in order."""
         self.rows = [r for s in rows for r in (s.rows if isinstance(s, LanguageRows) else [s])]
-        stacked: list[Any] = []  # every row is ready: its cache exists
-        for layer in zip(*(s.cache for s in rows)):
-            stacked.append(stack_layer(layer, 1) if not isinstance(layer[0], ArraysCache)
-                           else ArraysCache.from_state(
-                               [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
+        stacked = [  # every row is ready: its cache exists
+            stack_layer(layer, 1) if not isinstance(layer[0], ArraysCache) else
+            ArraysCache.from_state([stack_rows(a) for a in zip(*(c.cache for c in layer))], "")
+            for layer in zip(*(s.cache for s in rows))]
         super().__init__(stacked)
         # A row's share of the stacked states (their shapes do not change while stacked).
         self._mamba_bytes = sum(a.nbytes for c in stacked if isinstance(c, ArraysCache)
