@@ -51,7 +51,7 @@ class CodecState:
     which ``weights`` no longer change.
 
     mlx-lm's cache convention: ``state`` (the arrays) and ``meta_state``
-    (``skip``, ``spectra``, ``closed``) with setters and :meth:`from_state`.
+    (``skip``, ``spectra``, ``closed``), and :meth:`from_state` to rebuild one.
     Streams whose ``meta_state`` is equal are in the same phase (the same
     weights and front trim): :meth:`merge` stacks their rows into one state
     for one decode step, and :meth:`extract` takes one row back out.
@@ -68,18 +68,9 @@ class CodecState:
     def state(self) -> list[mx.array]:
         return [*self.block_context, self.frames, self.weights]
 
-    @state.setter
-    def state(self, value: list[mx.array]) -> None:
-        *contexts, self.frames, self.weights = value
-        self.block_context = list(contexts)
-
     @property
     def meta_state(self) -> tuple[int, int, bool]:
         return (self.skip, self.spectra, self.closed)
-
-    @meta_state.setter
-    def meta_state(self, value: tuple[int, int, bool]) -> None:
-        self.skip, self.spectra, self.closed = value
 
     def key(self) -> tuple[int, int, bool]:
         """What streams must share to stack: their phase (:attr:`meta_state`)."""
