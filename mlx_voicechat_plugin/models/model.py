@@ -20,7 +20,7 @@ from .kv_arena import batched_by_default
 from .speech.speech import SpeechDecoder
 from .fused import fuse_projections, fused_layers, unfuse
 from .remembered import ProbeVerdicts
-from .weight_layout import hold_matrices, relayout
+from .weight_layout import channels_last, hold_matrices, relayout
 
 # Deterministic mel filterbank / window buffers of the NeMo featurizer; the
 # frontend rebuilds them, so they are dropped at load.
@@ -28,21 +28,6 @@ _MEL_BUFFER_PREFIX = "stt_model.perception.preprocessor."
 _LSTM_MARKER = ".dec_rnn.lstm."
 # PyTorch LSTM tensor -> MLX LSTM parameter (its two biases are summed into one).
 _LSTM_NAMES = {"weight_ih": "Wx", "weight_hh": "Wh", "bias_ih": "bias", "bias_hh": "bias"}
-
-
-def _to_channels_last(value: mx.array, expected: tuple[int, ...]) -> mx.array:
-    """PyTorch conv layout ``[out, in, *k]`` -> MLX ``[out, *k, in]``.
-
-    Layout is decided by shape against the module's own parameter, so an already
-    converted tensor passes through unchanged (``sanitize`` is idempotent).
-    """
-    if tuple(value.shape) == expected:
-        return value
-    axes = (0, *range(2, value.ndim), 1)
-    moved = value.transpose(axes)
-    if tuple(moved.shape) != expected:
-        raise ValueError(f"cannot map conv weight {value.shape} onto {expected}")
-    return moved
 
 
 # What create_session makes, found by name when it is called: the runtime builds its
@@ -169,7 +154,7 @@ class Model(nn.Module):
                 key.startswith("stt_model.perception.") or key.endswith(".conv1d.weight")
             )
             if is_conv and key in expected:
-                value = _to_channels_last(value, expected[key])
+                value = channels_last(key, value, expected[key])
             out[key] = value
         for key, parts in lstm.items():
             out[key] = parts[0] + parts[1] if len(parts) == 2 else parts[0]

@@ -39,6 +39,21 @@ import mlx.nn as nn
 logger = logging.getLogger(__name__)
 
 
+def channels_last(key: str, value: mx.array, expected: Sequence[int],
+                  transposed: bool = False) -> mx.array:
+    """A PyTorch conv weight ``[out, in, *k]`` (a transposed conv's ``[in, out, k]``) in
+    MLX's layout ``[out, *k, in]``, decided by shape against the module's own parameter
+    (``expected``), so an already converted tensor passes through unchanged (a
+    checkpoint's ``sanitize`` is idempotent)."""
+    if tuple(value.shape) == tuple(expected):
+        return value
+    moved = value.transpose((1, 2, 0) if transposed else (0, *range(2, value.ndim), 1))
+    if tuple(moved.shape) != tuple(expected):
+        raise ValueError(f"conv weight {key}: shape {tuple(value.shape)} after layout "
+                         f"conversion is {tuple(moved.shape)}, expected {tuple(expected)}")
+    return moved
+
+
 def row_major(weight: mx.array) -> mx.array:
     """``weight`` ``[out, in]`` with the same values, stored ``[in, out]`` (``weight.T`` contiguous)."""
     return mx.contiguous(weight.T).T

@@ -25,6 +25,7 @@ from .codec_rvq import ProbabilisticRVQ
 from .codec_stream import CodecRows, CodecState, SpectralSynthesis
 from ..rows import take_rows
 from ..fast_forms import fast_ops_expand, mean_var_norm
+from ..weight_layout import channels_last
 
 
 # Hidden width of a ConvNeXt block's pointwise MLP, in multiples of its channels.
@@ -291,13 +292,7 @@ class Codec(nn.Module):
         for key, value in weights.items():
             key = key.replace("prvq._variance_list.", "prvq.variance_list.")
             target = own.get(key)
-            if target is not None and value.ndim == 3 and value.shape != target.shape:
-                axes = (1, 2, 0) if key in transposed else (0, 2, 1)
-                value = value.transpose(*axes)
-                if value.shape != target.shape:
-                    raise ValueError(
-                        f"codec weight {key}: shape {value.shape} after layout "
-                        f"conversion, expected {target.shape}"
-                    )
+            if target is not None and value.ndim == 3:
+                value = channels_last(key, value, target.shape, key in transposed)
             result[key] = value
         return result
