@@ -110,13 +110,9 @@ class DuplexSTT(nn.Module):
     def make_cache(self, context: ContextWindow | None = None) -> list[Any]:
         """Mamba2 state for ``M`` layers and a KV cache for ``*`` layers: growing, or
         with ``context`` a ring of its sink and recent positions (:mod:`.context`)."""
-        caches: list[Any] = []
-        for layer in self.llm.layers:
-            if layer.block_type == "M":
-                caches.append(ArraysCache(size=2))
-            elif layer.block_type == "*":
-                caches.append(KVCache() if context is None else ring(context))
-        return caches
+        return [ArraysCache(size=2) if layer.block_type == "M"
+                else KVCache() if context is None else ring(context)
+                for layer in self.llm.layers if layer.block_type in ("M", "*")]
 
 
 class LanguageState:
