@@ -266,12 +266,6 @@ class EncoderStream:
             a is not None and a.shape[1] == full for a in cache.attention
         ) and all(c is not None for c in cache.conv)
 
-    def _steady_positions(self, dtype: mx.Dtype) -> list[mx.array]:
-        if self._steady_pos is None:
-            length = self.left_context + 1
-            self._steady_pos = [self._pos(i, length, dtype) for i in range(self.layers)]
-        return self._steady_pos
-
     def __call__(self, cache: EncoderCache, x: mx.array) -> mx.array:
         """The conformer blocks on ``(B, n, d_model)`` new encoder-rate frames of ``cache``'s
         ``B`` streams (its windows are updated in place); ``(B, n, d_model)`` out."""
@@ -279,7 +273,10 @@ class EncoderStream:
             return x
         layers = self.layers
         if self._is_steady(cache, x):
-            out = self._steady(x, *cache.attention, *cache.conv, *self._steady_positions(x.dtype))
+            if self._steady_pos is None:
+                length = self.left_context + 1
+                self._steady_pos = [self._pos(i, length, x.dtype) for i in range(layers)]
+            out = self._steady(x, *cache.attention, *cache.conv, *self._steady_pos)
             cache.attention = list(out[1 : 1 + layers])
             cache.conv = list(out[1 + layers :])
             return out[0]
