@@ -20,7 +20,7 @@ from .kv_arena import batched_by_default
 from .speech.speech import SpeechDecoder
 from .fused import fuse_projections, fused_layers, unfuse
 from .remembered import ProbeVerdicts
-from .weight_layout import channels_last, hold_matrices, relayout
+from .weight_layout import channels_last, hold_matrices, relayout, sanitize_under
 
 # Deterministic mel filterbank / window buffers of the NeMo featurizer; the
 # frontend rebuilds them, so they are dropped at load.
@@ -136,12 +136,8 @@ class Model(nn.Module):
         expected = {k: tuple(v.shape) for k, v in tree_flatten(self.parameters())}
         out: dict[str, mx.array] = {}
         lstm: dict[str, list[mx.array]] = {}
-        tts: dict[str, mx.array] = {}
-        for key, value in weights.items():
+        for key, value in sanitize_under("tts_model.", weights, self.tts_model.sanitize).items():
             if key.startswith(_MEL_BUFFER_PREFIX):
-                continue
-            if key.startswith("tts_model."):
-                tts[key[len("tts_model.") :]] = value
                 continue
             if _LSTM_MARKER in key:
                 stem, name = key.split(_LSTM_MARKER, 1)
@@ -158,6 +154,4 @@ class Model(nn.Module):
             out[key] = value
         for key, parts in lstm.items():
             out[key] = parts[0] + parts[1] if len(parts) == 2 else parts[0]
-        for key, value in self.tts_model.sanitize(tts).items():
-            out[f"tts_model.{key}"] = value
         return out

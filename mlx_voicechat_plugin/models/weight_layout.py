@@ -54,6 +54,16 @@ def channels_last(key: str, value: mx.array, expected: Sequence[int],
     return moved
 
 
+def sanitize_under(prefix: str, weights: dict[str, mx.array],
+                   sanitize: Callable[[dict[str, mx.array]], dict[str, mx.array]]
+                   ) -> dict[str, mx.array]:
+    """``weights`` with the tensors under ``prefix`` mapped by a child module's ``sanitize``
+    (which sees keys relative to the child), the others as they are."""
+    inner = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+    out = {k: v for k, v in weights.items() if not k.startswith(prefix)}
+    return out | {prefix + k: v for k, v in sanitize(inner).items()}
+
+
 def row_major(weight: mx.array) -> mx.array:
     """``weight`` ``[out, in]`` with the same values, stored ``[in, out]`` (``weight.T`` contiguous)."""
     return mx.contiguous(weight.T).T

@@ -7,6 +7,7 @@ import mlx.nn as nn
 
 from ...config import CodecConfig, TTSConfig
 from .ear_tts import EarTTS
+from ..weight_layout import sanitize_under
 
 
 _CODEC_PREFIX = "audio_codec."
@@ -71,13 +72,5 @@ class SpeechDecoder(nn.Module):
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Rename private buffers; the codec converts its own ``audio_codec.*`` tensors."""
-        out: dict[str, mx.array] = {}
-        codec: dict[str, mx.array] = {}
-        for key, value in weights.items():
-            if key.startswith(_CODEC_PREFIX):
-                codec[key[len(_CODEC_PREFIX) :]] = value
-            else:
-                out[_RENAMES.get(key, key)] = value
-        for key, value in self.audio_codec.sanitize(codec).items():
-            out[_CODEC_PREFIX + key] = value
-        return out
+        weights = sanitize_under(_CODEC_PREFIX, weights, self.audio_codec.sanitize)
+        return {_RENAMES.get(key, key): value for key, value in weights.items()}
