@@ -81,18 +81,15 @@ class GemmaStep:
         (every layer's, in a stack whose caches advance together), and its q/k norm
         weights per head (:meth:`_qk_weight`)."""
 
-        def offsets(i: int) -> tuple[int, ...]:
-            return ring_offsets(layers[i])
-
         def offset(key: tuple[int, ...]) -> mx.array:
             return mx.array(list(key) * group, dtype=mx.int32)
 
         if self._forms is None:
-            return lambda i: (offset(offsets(i)),)
+            return lambda i: (offset(ring_offsets(layers[i])),)
         tables: dict[tuple[int, ...], tuple[mx.array, ...]] = {}
 
         def rope(i: int) -> tuple:
-            key = offsets(i)
+            key = ring_offsets(layers[i])
             if key not in tables:
                 tables[key] = self._angles(offset(key))
             t = self._table_of[i]
