@@ -166,30 +166,25 @@ class EncoderStream:
         kept = cache.kept
         window = mel if kept is None else mx.concatenate([kept, mel], axis=1)
         out = self._run_subsampling(window)
-        keeps = {self._advance_tail(t, mel.shape[1], window.shape[1]) for t in cache.tails}
-        spans = {self._new_span(t, out.shape[1]) for t in cache.tails}
-        if len(keeps) != 1 or len(spans) != 1:
-            raise ValueError(f"streams of one batch keep {sorted(keeps)} mel frames and "
-                             f"return encoder frames {sorted(spans)}; a batch takes equal ones")
-        cache.kept = window[:, -keeps.pop():]
-        start, stop = spans.pop()
+        ran = {self._advance(t, mel.shape[1], window.shape[1], out.shape[1]) for t in cache.tails}
+        if len(ran) != 1:
+            raise ValueError(f"streams of one batch keep mel frames and return encoder frames "
+                             f"{sorted(ran)} (kept, start, stop); a batch takes equal ones")
+        keep, start, stop = ran.pop()
+        cache.kept = window[:, -keep:]
         return out[:, start:stop] if stop > start else out[:, :0]
 
-    def _advance_tail(self, tail: SubsamplingTail, new: int, width: int) -> int:
+    def _advance(self, tail: SubsamplingTail, new: int, width: int, stop: int
+                 ) -> tuple[int, int, int]:
         """A stream's counters after its window of ``width`` mel frames, ``new`` of them new,
-        ran: notes where its outputs start; returns how many mel frames it keeps."""
-        cached = width - new
+        ran and gave ``stop`` output frames: how many mel frames it keeps, and which of
+        the outputs (``start:stop``) it has not returned yet."""
         # Encoder frame index of the window's first output.
-        tail.first = (tail.consumed - cached) // self.factor
+        tail.first = (tail.consumed - (width - new)) // self.factor
         tail.consumed += new
-        return MEL_CONTEXT + (tail.consumed - MEL_CONTEXT) % self.factor
-
-    @staticmethod
-    def _new_span(tail: SubsamplingTail, stop: int) -> tuple[int, int]:
-        """Which of the window's ``stop`` output frames the stream has not returned yet."""
         start = tail.emitted - tail.first
         tail.emitted = tail.first + max(start, stop)
-        return start, stop
+        return MEL_CONTEXT + (tail.consumed - MEL_CONTEXT) % self.factor, start, stop
 
     # --- the conformer blocks, B rows ----------------------------------------
 
