@@ -122,8 +122,7 @@ class LanguageState:
     ``ArraysCache`` and an attention ``KVCache`` per layer); without it,
     ``history``, every fused input so far (the reference's default full
     recompute). ``state`` is its arrays, ``meta_state`` the host values that
-    rebuild it (:meth:`from_state`; the ``state`` setter restores arrays into
-    the same structure).
+    rebuild it (:meth:`from_state`).
 
     Batching: :class:`LanguageRows` stacks ready rows' Mamba2 states into one
     ``[B, ...]`` cache per layer for as long as the same rows step, and gives
@@ -141,11 +140,6 @@ class LanguageState:
     @property
     def state(self) -> list[mx.array]:
         return cache_state(self.cache) if self.cache is not None else list(self.history)
-
-    @state.setter
-    def state(self, value: list[mx.array]) -> None:
-        restored = LanguageState.from_state(value, self.meta_state)
-        self.cache, self.history = restored.cache, restored.history
 
     @property
     def nbytes(self) -> int:
