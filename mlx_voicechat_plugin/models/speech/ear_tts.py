@@ -102,6 +102,7 @@ class EarTTS(nn.Module):
         # (made once, not an arange every depth pass; private, so not a weight).
         self._code_offsets = mx.arange(config.num_quantizers, dtype=mx.int32) * config.codebook_size
         mx.eval(self._code_offsets)
+        # Codebooks decided per depth pass.
         self._schedule = unmasking_schedule(
             config.num_quantizers, config.num_iterations, config.exponent
         )
@@ -113,11 +114,6 @@ class EarTTS(nn.Module):
         self._masked: dict[tuple, mx.array] = {}  # (B, T) -> all-mask codes, see _masked_codes
         self._backbone_step: GemmaStep | None = None
         self.attention_cores = AttentionCores()  # a setting: batched or per-row cores
-
-    @property
-    def schedule(self) -> tuple[int, ...]:
-        """Codebooks decided per depth pass."""
-        return self._schedule
 
     def set_vocabulary(self, vocabulary: Mapping[str, int]) -> None:
         self.embed_subword.set_vocabulary(vocabulary)
@@ -202,9 +198,9 @@ class EarTTS(nn.Module):
 
         ``hidden`` is laid out ``[cond_0 .. cond_{B-1}; uncond_0 .. uncond_{B-1}]``
         (:meth:`backbone_step`'s layout). With one key stream per session the
-        fixed-shape loop runs as one compiled graph: each stream's
-        ``2 * depth_passes`` keys are taken up front, in the order the loop
-        consumes them (per pass: component sample, then noise), and row ``b``
+        fixed-shape loop runs as one compiled graph: each stream's two keys per
+        deciding depth pass are taken up front, in the order the loop consumes
+        them (per pass: component sample, then noise), and row ``b``
         draws from ``rngs[b]``'s keys only, so its codes and its stream end as
         that session run alone leaves them. ``rngs`` may instead be a batch's
         stacked keys (not a list: ``len`` rows, ``take(n)`` giving ``[B, n, 2]``).
@@ -223,7 +219,7 @@ class EarTTS(nn.Module):
                 f"generate_codes: hidden has {hidden.shape[0]} rows, "
                 f"expected {GUIDED_ROWS} per session for {len(rngs)} key streams"
             )
-        count = 2 * self.depth_passes
+        count = 2 * sum(1 for decided in self._schedule if decided)  # passes that decide
         if not isinstance(rngs, (list, tuple)):
             keys = rngs.take(count)  # a batch's stacked keys: one computation
         elif len(rngs) == 1:
@@ -281,11 +277,6 @@ class EarTTS(nn.Module):
     def update(self, parameters: dict, strict: bool = True) -> "EarTTS":
         self.forget_derived()
         return super().update(parameters, strict=strict)
-
-    @property
-    def depth_passes(self) -> int:
-        """Depth passes that decide at least one codebook (5 of 8 for the release)."""
-        return sum(1 for count in self._schedule if count)
 
     def _depth_loop(
         self,
