@@ -4,7 +4,7 @@ The decoder predicts one spectrum per ``hop_length`` samples. Each spectrum is
 inverse-FFT'd, clipped to the window envelope, windowed, overlap-added and
 divided by the summed squared window of the frames that exist (``center=False``).
 The result is trimmed by ``pad_left = (n_fft - hop) // 2`` at the front and
-``pad_right`` at the back, so ``F`` spectra give exactly ``F * hop`` samples.
+the rest of the padding at the back, so ``F`` spectra give exactly ``F * hop`` samples.
 
 Overlap-add is done in blocks of ``hop`` samples: block ``k`` is the sum over
 ``r`` of the ``r``-th hop-long piece of frame ``k - r``. Offline, the missing
@@ -141,7 +141,6 @@ class SpectralSynthesis:
         self.overlap = n_fft // hop_length  # frames covering one sample
         self.bins = n_fft // 2 + 1
         self.pad_left = (n_fft - hop_length) // 2
-        self.pad_right = n_fft - hop_length - self.pad_left
         self.window = hanning(n_fft, periodic=True).astype(mx.float32)
         self.window_sq = self.window * self.window
         # rFFT DC and Nyquist bins are real: their phase output is ignored.
