@@ -103,12 +103,8 @@ class GemmaStep:
         h = self.layers[i].input_layernorm(x)
         if self._forms is not None:
             return (x, *self._rotated(i, attn, h, *rope))
-        q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
-        q, k, v = _heads(q, attn.n_heads), _heads(k, attn.n_kv_heads), _heads(v, attn.n_kv_heads)
         (offset,) = rope
-        q = attn.rope(attn.q_norm(q), offset=offset)
-        k = attn.rope(attn.k_norm(k), offset=offset)
-        return x, q, k, v
+        return (x, *_qkv(attn, h, lambda t: attn.rope(t, offset=offset)))
 
     def _qk_weight(self, i: int) -> tuple[mx.array, ...]:
         """Layer ``i``'s norm weights over its ``[q; k]`` heads (``[heads, 1, head_dim]``,
@@ -141,13 +137,8 @@ class GemmaStep:
             qk, v = mx.split(fused.layer(h), [fused.splits[1]], axis=-1)
             qk = _heads(qk, heads + kv_heads)
             qk = rope(rms_norm(qk, qk_weight, attn.q_norm.eps), cos, sin)
-            q, k = qk[:, :heads], qk[:, heads:]
-        else:
-            q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
-            q, k = _heads(q, heads), _heads(k, kv_heads)
-            q = rope(attn.q_norm(q), cos, sin)
-            k = rope(attn.k_norm(k), cos, sin)
-        return q, k, _heads(v, kv_heads)
+            return qk[:, :heads], qk[:, heads:], _heads(v, kv_heads)
+        return _qkv(attn, h, lambda t: rope(t, cos, sin))
 
     def _post(self, i: int, x: mx.array, out: mx.array) -> mx.array:
         layer = self.layers[i]
@@ -218,6 +209,15 @@ class GemmaStep:
         # outs[s] is [group, 1, ...]: row j of stream s goes back to row j * S + s.
         joined = mx.concatenate(outs, axis=1)
         return joined.reshape(-1, *joined.shape[2:])
+
+
+def _qkv(attn: Any, h: mx.array, rotate: Callable[[mx.array], mx.array]
+         ) -> tuple[mx.array, mx.array, mx.array]:
+    """q, k (each normed by its own norm, then rotated) and v of one position's rows."""
+    q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
+    q = rotate(attn.q_norm(_heads(q, attn.n_heads)))
+    k = rotate(attn.k_norm(_heads(k, attn.n_kv_heads)))
+    return q, k, _heads(v, attn.n_kv_heads)
 
 
 def _heads(x: mx.array, heads: int) -> mx.array:
