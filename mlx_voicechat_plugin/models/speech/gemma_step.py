@@ -46,7 +46,6 @@ class GemmaStep:
         self.model = model
         self.cores = AttentionCores() if cores is None else cores
         self.layers = model.layers
-        self.entry = entry
         last = len(self.layers) - 1
         self._forms = self._rope_forms()
         if self._forms is not None:
