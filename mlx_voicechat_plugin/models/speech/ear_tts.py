@@ -180,10 +180,8 @@ class EarTTS(nn.Module):
         )
         starts = audio_mask & ~was_audio
         before_start = mx.cumsum(starts.astype(mx.int32), axis=1) == 0
-        if prompt_latent is None:
-            prompt = audio @ self.audio_prompt_projection_W
-        else:
-            prompt = prompt_latent.astype(audio.dtype)
+        prompt = (audio @ self.audio_prompt_projection_W if prompt_latent is None
+                  else prompt_latent.astype(audio.dtype))
         audio = mx.where(before_start[..., None], prompt, audio)
         audio = audio + starts[..., None] * self.bos_emb
         if cache is None:

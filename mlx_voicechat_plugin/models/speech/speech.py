@@ -60,10 +60,7 @@ class SpeechDecoder(nn.Module):
         samples = (frames + 1) * self.audio_codec.samples_per_frame
         codes = self.audio_codec.encode(mx.zeros((1, 1, samples), dtype=mx.float32))
         codes = codes.transpose(0, 2, 1)[:, :frames].astype(mx.int32)  # (1, frames, Q)
-        is_masked = mx.zeros((1, frames, 1), dtype=mx.bool_)
-        is_masked[:, 0] = True
-        is_masked[:, frames - 1] = True
-        codes = mx.where(is_masked, mx.array(self._tts_config.mask_code, mx.int32), codes)
+        codes[:, [0, frames - 1]] = self._tts_config.mask_code
         subword_ids = mx.full((1, frames), pad_token_id, dtype=mx.int32)
         positions = mx.arange(frames)[None]
         subword_mask = positions >= frames - 2
