@@ -66,10 +66,8 @@ class ConvNeXtBlock(nn.Module):
 
     def __call__(self, x: mx.array, left: mx.array | None = None) -> mx.array:
         """``left``: the ``kernel_size - 1`` preceding inputs (zeros if ``None``)."""
-        if left is None:
-            padded = mx.pad(x, [(0, 0), (self.context, 0), (0, 0)])
-        else:
-            padded = mx.concatenate([left.astype(x.dtype), x], axis=1)
+        padded = (mx.pad(x, [(0, 0), (self.context, 0), (0, 0)]) if left is None
+                  else mx.concatenate([left.astype(x.dtype), x], axis=1))
         h = self.pwconv1(self.norm(self.dwconv(padded)))
         return x + self.pwconv2(nn.gelu(h))
 

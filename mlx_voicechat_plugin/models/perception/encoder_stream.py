@@ -50,10 +50,8 @@ def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.
     # One query a row where mx.fast expands: the scaled dot product's first kernel (q
     # times the scale) runs inside the kernel that adds the position bias (fast_forms).
     prescaled = c == 1 and fast_ops_expand()
-    if prescaled:
-        q_u = ((q + attn.pos_bias_u) * mx.array(attn.scale, q.dtype)).transpose(0, 2, 1, 3)
-    else:
-        q_u = (q + attn.pos_bias_u).transpose(0, 2, 1, 3)
+    q_u = q + attn.pos_bias_u
+    q_u = (q_u * mx.array(attn.scale, q.dtype) if prescaled else q_u).transpose(0, 2, 1, 3)
     q_v = (q + attn.pos_bias_v).transpose(0, 2, 1, 3)
     k = k.reshape(batch, ksz, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
     v = v.reshape(batch, ksz, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
@@ -64,10 +62,8 @@ def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.
     # (One query: the relative shift pads a zero in front, reads the row one step
     # later and drops the zero, so its row comes back as it was: nothing to launch.)
     matrix_bd = matrix_bd[:, :, :, :ksz] * attn.scale
-    if prescaled:
-        o = attention_prescaled(q_u, k, v, matrix_bd)
-    else:
-        o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=matrix_bd)
+    o = attention_prescaled(q_u, k, v, matrix_bd) if prescaled else \
+        mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=matrix_bd)
     return attn.linear_out(o.transpose(0, 2, 1, 3).reshape(batch, c, -1))
 
 
