@@ -68,17 +68,15 @@ class MambaStep:
         # float32 (compute_dt adds it to a float32 dt, casting it each time).
         mixer = self.mixer
         heads = (mixer.n_groups, mixer.num_heads // mixer.n_groups, 1, 1)
-        self.a = _negative_a(mixer.A_log)
-        self.dt_bias = mixer.dt_bias.astype(mx.float32)
         # Per head in _ssm's (g, rep, 1, 1) layout, made once: views of the
         # constants would otherwise be nodes of every compiled step.
-        self._a_heads = self.a.reshape(heads)
-        self._dt_bias_heads = self.dt_bias.reshape(heads)
+        self._a_heads = _negative_a(mixer.A_log).reshape(heads)
+        self._dt_bias_heads = mixer.dt_bias.astype(mx.float32).reshape(heads)
         self._d_heads = mixer.D.reshape(heads)
         # Scheduled, not waited for: the first frame builds this object, and a
         # frame's host syncs are counted (tests/test_host_syncs.py). Scheduling
         # detaches their graphs, so mx.compile captures them as constants.
-        mx.async_eval(self.a, self.dt_bias, self._a_heads, self._dt_bias_heads, self._d_heads)
+        mx.async_eval(self._a_heads, self._dt_bias_heads, self._d_heads)
 
     def __call__(self, x: mx.array, conv_state: mx.array, ssm_state: mx.array):
         """``x``: ``(B, 1, hidden)``, or one position's ``(B, hidden)`` rows (the products

@@ -68,12 +68,6 @@ _BACKBONE_FIELDS = (
 )
 
 
-def _backbone_config(config: TTSConfig) -> GemmaConfig:
-    # vocab_size: Gemma3Model insists on one; its embedding is removed.
-    return GemmaConfig(model_type="gemma3_text", vocab_size=1,
-                       **{name: getattr(config, name) for name in _BACKBONE_FIELDS})
-
-
 class EarTTS(nn.Module):
     """RVQ EAR-TTS (checkpoint prefix ``tts_model.tts_model``); guidance is always on."""
 
@@ -88,7 +82,10 @@ class EarTTS(nn.Module):
                 raise ValueError(f"tts_config.{flag}=false is not supported")
         self.config = config
         dims, latent = config.hidden_size, config.latent_size
-        self.backbone = Gemma3Model(_backbone_config(config), scale_inputs_embeds=False)
+        # vocab_size: Gemma3Model insists on one; its embedding is removed.
+        backbone = GemmaConfig(model_type="gemma3_text", vocab_size=1,
+                               **{name: getattr(config, name) for name in _BACKBONE_FIELDS})
+        self.backbone = Gemma3Model(backbone, scale_inputs_embeds=False)
         del self.backbone.embed_tokens  # inputs are always fused embeddings
         self.bos_emb = mx.zeros((dims,))
         self.null_emb = mx.zeros((dims,))
