@@ -76,10 +76,9 @@ class ProbabilisticRVQ(nn.Module):
         reads it, instead of a fill inside every frame."""
         shape, dtype = (batch, length, self.mus_list[0].shape[-1]), self.mus_list[0].dtype
         starts = self.__dict__.setdefault("_zero_starts", {})
-        zeros = starts.get((shape, dtype))
-        if zeros is None:
-            zeros = starts[(shape, dtype)] = mx.zeros(shape, dtype=dtype)
-        return zeros
+        if (shape, dtype) not in starts:
+            starts[(shape, dtype)] = mx.zeros(shape, dtype=dtype)
+        return starts[(shape, dtype)]
 
     def stack(self) -> None:
         """Hold the codebooks as one ``[Q * C, D]`` table (each codebook a view of it), so

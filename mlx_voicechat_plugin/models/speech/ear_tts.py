@@ -241,14 +241,12 @@ class EarTTS(nn.Module):
         """``[batch, length, Q]`` int32 codes all ``mask_code``: where the depth loop
         starts, made once per shape (an input of the compiled loop, not a fill
         every frame)."""
-        codes = self._masked.get((batch, length))
-        if codes is None or codes.shape[-1] != self.config.num_quantizers:
+        if (batch, length) not in self._masked:
             # Lazy: the first frame that reads it fills it, within its own evaluation
             # (no host sync of its own); later frames read the filled array.
-            codes = mx.full((batch, length, self.config.num_quantizers), self.config.mask_code,
-                            mx.int32)
-            self._masked[(batch, length)] = codes
-        return codes
+            self._masked[(batch, length)] = mx.full(
+                (batch, length, self.config.num_quantizers), self.config.mask_code, mx.int32)
+        return self._masked[(batch, length)]
 
     def _codebook_tables(self) -> CodebookTables:
         # Built once (``prepare``, at load) and again after ``update``; not
