@@ -100,14 +100,6 @@ class CharEncoder(nn.Module):
         return self.norm(x)
 
 
-class CharBackbone(nn.Module):
-    """Holder matching the checkpoint path ``backbone.encoder``."""
-
-    def __init__(self, config: CharacterEncoderConfig):
-        super().__init__()
-        self.encoder = CharEncoder(config)
-
-
 class SubwordFlagEmbedding(nn.Module):
     """Adds ``cont_emb[is_continuation[id]]``; ids past the table use ``pad_tensor``."""
 
@@ -143,7 +135,7 @@ class CharAwareSubwordEncoder(nn.Module):
 
     def __init__(self, config: CharacterEncoderConfig, out_size: int):
         super().__init__()
-        self.backbone = CharBackbone(config)
+        self.backbone = {"encoder": CharEncoder(config)}  # the checkpoint's path
         self.embed_tokens = nn.Embedding(config.char_vocab_size, config.hidden_size)
         self.proj_embedding = nn.Linear(config.hidden_size, out_size, bias=False)
         self.subword_flag_emb = SubwordFlagEmbedding(config.subword_vocab_size, config.hidden_size)
@@ -211,7 +203,7 @@ class CharAwareSubwordEncoder(nn.Module):
         )
         lengths = mx.array(lengths_list, mx.int32)
         key_mask = mx.arange(width)[None, :] < lengths[:, None]
-        hidden = self.backbone.encoder(self.embed_tokens(char_ids), key_mask)
+        hidden = self.backbone["encoder"](self.embed_tokens(char_ids), key_mask)
         pooled = (hidden * key_mask[..., None]).sum(axis=1)
         pooled = pooled / mx.maximum(lengths[:, None], 1)
         return self.proj_embedding(pooled)
