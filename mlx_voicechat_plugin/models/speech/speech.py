@@ -15,14 +15,6 @@ _CODEC_PREFIX = "audio_codec."
 _RENAMES = {"_control_codes": "control_codes"}
 
 
-class PromptLatents(nn.Module):
-    """Stored speaker prompts, one ``[1, prompt_frames, hidden]`` latent per voice."""
-
-    def __init__(self, hidden_size: int, frames: int):
-        super().__init__()
-        self.Aria = mx.zeros((1, frames, hidden_size))
-
-
 class SpeechDecoder(nn.Module):
     """Container matching the checkpoint: ``audio_codec``, ``tts_model`` and buffers.
 
@@ -39,7 +31,9 @@ class SpeechDecoder(nn.Module):
         self.audio_codec = Codec(codec_config)
         self.tts_model = EarTTS(tts_config)
         self.control_codes = mx.zeros((3,), dtype=mx.int32)
-        self.audio_prompt_latents = PromptLatents(tts_config.hidden_size, tts_config.prompt_frames)
+        # Stored speaker prompts, one [1, prompt_frames, hidden] latent per voice.
+        self.audio_prompt_latents = {
+            "Aria": mx.zeros((1, tts_config.prompt_frames, tts_config.hidden_size))}
         self.codec_silence_tokens = mx.zeros((tts_config.num_quantizers,), dtype=mx.int32)
 
     def replace_control_codes(self, codes: mx.array) -> mx.array:
@@ -56,7 +50,7 @@ class SpeechDecoder(nn.Module):
         mask code (one past the codebook); text is ``pad_token_id`` with the last
         two positions marked valid, and only the last position is audio.
         """
-        frames = self.audio_prompt_latents.Aria.shape[1]
+        frames = self.audio_prompt_latents["Aria"].shape[1]
         samples = (frames + 1) * self.audio_codec.samples_per_frame
         codes = self.audio_codec.encode(mx.zeros((1, 1, samples), dtype=mx.float32))
         codes = codes.transpose(0, 2, 1)[:, :frames].astype(mx.int32)  # (1, frames, Q)
@@ -65,7 +59,7 @@ class SpeechDecoder(nn.Module):
         positions = mx.arange(frames)[None]
         subword_mask = positions >= frames - 2
         audio_mask = positions >= frames - 1
-        return codes, subword_ids, subword_mask, audio_mask, self.audio_prompt_latents.Aria[:1]
+        return codes, subword_ids, subword_mask, audio_mask, self.audio_prompt_latents["Aria"][:1]
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Rename private buffers; the codec converts its own ``audio_codec.*`` tensors."""
