@@ -14,14 +14,6 @@ import mlx.nn as nn
 from ...config import CodecConfig
 
 
-class Variance(nn.Module):
-    """One codebook's scalar variance (training-time only; kept for strict loading)."""
-
-    def __init__(self):
-        super().__init__()
-        self.variance = mx.array(1.0)
-
-
 class ProbabilisticRVQ(nn.Module):
     """Residual VQ over ``num_quantizers`` codebooks of means (nearest mean wins)."""
 
@@ -29,7 +21,8 @@ class ProbabilisticRVQ(nn.Module):
         super().__init__()
         shape = (config.codebook_size, config.latent_dim)
         self.mus_list = [mx.zeros(shape) for _ in range(config.num_quantizers)]
-        self.variance_list = [Variance() for _ in range(config.num_quantizers)]
+        # Each codebook's scalar variance (training-time only; kept for strict loading).
+        self.variance_list = [{"variance": mx.array(1.0)} for _ in range(config.num_quantizers)]
 
     def encode(self, latents: mx.array) -> mx.array:
         """``[B, T, D]`` latents -> ``[B, Q, T]`` int32 codes."""
