@@ -145,7 +145,7 @@ class Codec(nn.Module):
         self.prvq = ProbabilisticRVQ(config)
         self._synthesis = SpectralSynthesis(config.n_fft, config.hop_length)
         self._analysis_window = hanning(config.n_fft, periodic=True).astype(mx.float32)
-        self._compiled_step = None
+        self._compiled_step = mx.compile(self._stream_step)  # traced at its first call
 
     @property
     def samples_per_frame(self) -> int:
@@ -215,8 +215,6 @@ class Codec(nn.Module):
         state.check_open()
         if codes.shape[-1] == 0:
             return mx.zeros((codes.shape[0], 1, 0), dtype=mx.float32)
-        if self._compiled_step is None:
-            self._compiled_step = mx.compile(self._stream_step)
         start = self.prvq.zero_start(codes.shape[0], codes.shape[2])
         samples, state.frames, state.weights, *contexts = self._compiled_step(
             codes, start, state.frames, state.weights, *state.block_context

@@ -26,7 +26,6 @@ class SpeechDecoder(nn.Module):
         super().__init__()
         from ..codec.codec import Codec  # written alongside; imported late on purpose
 
-        self._tts_config = tts_config  # a plain attribute: not a parameter
 
         self.audio_codec = Codec(codec_config)
         self.tts_model = EarTTS(tts_config)
@@ -54,7 +53,7 @@ class SpeechDecoder(nn.Module):
         samples = (frames + 1) * self.audio_codec.samples_per_frame
         codes = self.audio_codec.encode(mx.zeros((1, 1, samples), dtype=mx.float32))
         codes = codes.transpose(0, 2, 1)[:, :frames].astype(mx.int32)  # (1, frames, Q)
-        codes[:, [0, frames - 1]] = self._tts_config.mask_code
+        codes[:, [0, frames - 1]] = self.tts_model.config.mask_code
         subword_ids = mx.full((1, frames), pad_token_id, dtype=mx.int32)
         positions = mx.arange(frames)[None]
         subword_mask = positions >= frames - 2
