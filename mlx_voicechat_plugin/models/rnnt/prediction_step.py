@@ -50,13 +50,13 @@ class Derived:
     from ``verdicts``); with the weight arrays they were made of."""
 
     def __init__(self, decoder: PredictNetwork, sources: list[mx.array], hold_f32: bool,
-                 verdicts: ProbeVerdicts | None):
+                 verdicts: ProbeVerdicts):
         self.sources, self.hold_f32 = sources, hold_f32
         self.held = held_lstm(decoder.prediction["dec_rnn"].lstm) if hold_f32 else None
-        self.inputs = symbol_inputs(decoder, self.held, verdicts=verdicts)
+        self.inputs = symbol_inputs(decoder, self.held, verdicts)
 
 
-def shared_derived(decoder: PredictNetwork, verdicts: ProbeVerdicts | None = None,
+def shared_derived(decoder: PredictNetwork, verdicts: ProbeVerdicts,
                    hold_f32: bool = True) -> Derived:
     """``decoder``'s :class:`Derived`, made once per set of weights (again when any weight
     it reads, or ``hold_f32``, changed) and kept while the decoder lives, so sessions
@@ -145,9 +145,8 @@ def input_part(layer: nn.LSTM, x: mx.array, wx32: mx.array | None) -> mx.array |
     return _affine(layer.bias, x, layer.Wx, wx32)
 
 
-def symbol_inputs(decoder: PredictNetwork, held: Held | None,
-                  rows: tuple[int, ...] = (1, 2, 8, 32),
-                  verdicts: ProbeVerdicts | None = None) -> mx.array | None:
+def symbol_inputs(decoder: PredictNetwork, held: Held | None, verdicts: ProbeVerdicts,
+                  rows: tuple[int, ...] = (1, 2, 8, 32)) -> mx.array | None:
     """The first LSTM layer's input part of every symbol's embedding, ``[V, 4H]``: a try
     gathers its row instead of embedding the symbol and multiplying it. ``None``
     where a table row would not be the bits the product gives for that symbol in
@@ -169,12 +168,11 @@ def symbol_inputs(decoder: PredictNetwork, held: Held | None,
         "symbol-inputs", rows, embed.weight.dtype, tuple(embed.weight.shape), type(layer).__name__,
         layer.Wx.dtype, tuple(layer.Wx.shape), None if layer.bias is None else layer.bias.dtype,
         None if wx32 is None else (wx32.dtype, tuple(wx32.shape))))
-    verdict = None if verdicts is None else verdicts.get(key)
+    verdict = verdicts.get(key)
     if verdict is None:
         verdict = _rows_agree(part, table, symbols, rows)
-        if verdicts is not None:
-            verdicts.put(key, verdict)
-            verdicts.save()
+        verdicts.put(key, verdict)
+        verdicts.save()
     return table if verdict else None
 
 
