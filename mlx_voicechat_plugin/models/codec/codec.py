@@ -162,11 +162,9 @@ class Codec(nn.Module):
         """``[B, S]`` -> STFT features ``[B, F, 2 * bins]`` (real parts, then imaginary)."""
         n_fft, hop = self.config.n_fft, self.config.hop_length
         pad_left = (n_fft - hop) // 2
-        padded = mx.pad(
-            waveform.astype(mx.float32), [(0, 0), (pad_left, n_fft - hop - pad_left)]
-        )
-        if padded.shape[1] < n_fft:
-            padded = mx.pad(padded, [(0, 0), (0, n_fft - padded.shape[1])])
+        # The rest of n_fft - hop at the back, and at least one whole frame.
+        pad_right = max(n_fft - hop - pad_left, n_fft - pad_left - waveform.shape[1])
+        padded = mx.pad(waveform.astype(mx.float32), [(0, 0), (pad_left, pad_right)])
         count = 1 + (padded.shape[1] - n_fft) // hop
         index = mx.arange(count)[:, None] * hop + mx.arange(n_fft)[None, :]
         spectrum = mx.fft.rfft(padded[:, index] * self._analysis_window, axis=-1)
