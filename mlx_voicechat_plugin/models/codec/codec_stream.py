@@ -99,9 +99,8 @@ class CodecState:
         meta = rows[0].meta_state
         if any(r.meta_state != meta for r in rows):
             raise ValueError("codec streams merge only in the same phase (equal meta_state)")
-        contexts = [stack_rows([r.block_context[i] for r in rows])
-                    for i in range(len(rows[0].block_context))]
-        frames = stack_rows([r.frames for r in rows])
+        *contexts, frames = [stack_rows(parts)
+                             for parts in zip(*([*r.block_context, r.frames] for r in rows))]
         return cls(contexts, frames, rows[0].weights, *meta)
 
     def extract(self, index: int, copy: bool = True) -> "CodecState":
