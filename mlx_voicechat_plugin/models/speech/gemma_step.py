@@ -188,11 +188,9 @@ class GemmaStep:
             caches = layers[i]
             out = self.cores(q, k, v, caches, layer.self_attn.scale,
                              lambda: self._stream_cores(layer.self_attn, q, k, v, caches), memo)
-            if i + 1 < len(self.layers):
-                x, q, k, v = self._between[i](x, out, rope(i + 1))
-            else:
+            if i + 1 == len(self.layers):
                 return self._exit(x, out)
-        raise ValueError("empty Gemma-3 stack")
+            x, q, k, v = self._between[i](x, out, rope(i + 1))
 
     def _stream_cores(
         self, attn: Any, q: mx.array, k: mx.array, v: mx.array, caches: list[Any]
