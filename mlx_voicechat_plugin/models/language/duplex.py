@@ -144,22 +144,18 @@ class LanguageState:
     @property
     def nbytes(self) -> int:
         """The bytes of ``state`` (:func:`~.cache_state.state_nbytes`)."""
-        if self.cache is not None:
-            return state_nbytes(self.cache)
-        return sum(a.nbytes for a in self.history)
+        return state_nbytes(self.cache) if self.cache is not None else \
+            sum(a.nbytes for a in self.history)
 
     @property
     def meta_state(self) -> tuple[str, MetaState | int]:
-        if self.cache is not None:
-            return ("cache", cache_meta_state(self.cache))
-        return ("history", len(self.history))
+        return ("cache", cache_meta_state(self.cache)) if self.cache is not None else \
+            ("history", len(self.history))
 
     @classmethod
     def from_state(cls, state: list[mx.array], meta_state: tuple[str, Any]) -> "LanguageState":
         kind, meta = meta_state
-        if kind == "cache":
-            return cls(caches_from_state(state, meta))
-        return cls(None, list(state))
+        return cls(caches_from_state(state, meta)) if kind == "cache" else cls(None, list(state))
 
     def release(self) -> None:
         self.cache, self.history = None, []
