@@ -45,17 +45,18 @@ def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.
         q = attn.linear_q(q_in)
     batch, c, _ = q.shape
     ksz = k.shape[1]
-    pos_len = p.shape[1]
-    q = q.reshape(batch, c, attn.n_head, attn.head_dim)
+
+    def heads(t: mx.array) -> mx.array:  # [b, n, heads * d] -> [b, n, heads, d]
+        return t.reshape(*t.shape[:2], attn.n_head, attn.head_dim)
+
+    q = heads(q)
     # One query a row where mx.fast expands: the scaled dot product's first kernel (q
     # times the scale) runs inside the kernel that adds the position bias (fast_forms).
     prescaled = c == 1 and fast_ops_expand()
     q_u = q + attn.pos_bias_u
     q_u = (q_u * mx.array(attn.scale, q.dtype) if prescaled else q_u).transpose(0, 2, 1, 3)
     q_v = (q + attn.pos_bias_v).transpose(0, 2, 1, 3)
-    k = k.reshape(batch, ksz, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
-    v = v.reshape(batch, ksz, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
-    p = p.reshape(1, pos_len, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
+    k, v, p = (heads(t).transpose(0, 2, 1, 3) for t in (k, v, p))
     matrix_bd = mx.matmul(q_v, p.swapaxes(-2, -1))
     if c > 1:
         matrix_bd = attn.rel_shift(matrix_bd)
@@ -253,9 +254,9 @@ class EncoderStream:
 
     def _is_steady(self, cache: EncoderCache, x: mx.array) -> bool:
         full = self.left_context
+        # (Every block writes its attention and conv windows together.)
         return x.shape[1] == 1 and full > 0 and all(
-            a is not None and a.shape[1] == full for a in cache.attention
-        ) and all(c is not None for c in cache.conv)
+            a is not None and a.shape[1] == full for a in cache.attention)
 
     def __call__(self, cache: EncoderCache, x: mx.array) -> mx.array:
         """The conformer blocks on ``(B, n, d_model)`` new encoder-rate frames of ``cache``'s
