@@ -111,7 +111,11 @@ class GemmaStep:
         again only when a norm's weight is replaced; ``()`` where the norms are not
         Gemma-3's. An input to the span rather than work in it."""
         attn = self.layers[i].self_attn
-        if not _gemma_norms(attn):
+        # Gemma-3 RMSNorms (weight 1 + w) with one epsilon and one weight dtype (a stack
+        # of two dtypes would promote one of them).
+        if not (type(attn.q_norm) is GemmaRMSNorm is type(attn.k_norm)
+                and attn.q_norm.eps == attn.k_norm.eps
+                and attn.q_norm.weight.dtype == attn.k_norm.weight.dtype):
             return ()
         wq, wk = attn.q_norm.weight, attn.k_norm.weight
         held = self._qk_weights[i]
@@ -220,11 +224,3 @@ def _qkv(attn: Any, h: mx.array, rotate: Callable[[mx.array], mx.array]
 def _heads(x: mx.array, heads: int) -> mx.array:
     """A projection's ``[b, heads * d]`` rows of one position as ``[b, heads, 1, d]``."""
     return x.reshape(x.shape[0], heads, 1, -1)
-
-
-def _gemma_norms(attn: Any) -> bool:
-    """q and k normed by Gemma-3 RMSNorms (weight ``1 + w``) with one epsilon and one
-    weight dtype (a stack of two dtypes would promote one of them)."""
-    return (type(attn.q_norm) is GemmaRMSNorm and type(attn.k_norm) is GemmaRMSNorm
-            and attn.q_norm.eps == attn.k_norm.eps
-            and attn.q_norm.weight.dtype == attn.k_norm.weight.dtype)
