@@ -223,7 +223,6 @@ class RNNTState:
 
     def begin(self, dtype: mx.Dtype) -> RNNTCarry:
         """The carry the next frame starts from (the start symbol's, on the first)."""
-        assert self.greedy is not None
         if self.carry is None:
             self.carry = self.greedy.initial(dtype)
         return self.carry
@@ -233,7 +232,6 @@ class RNNTState:
         ``(max_symbols,)`` symbols to evaluate with :attr:`state`, then :meth:`commit`."""
         if not self.enabled:
             return None
-        assert self.greedy is not None
         symbols = self.greedy(encoded, self.begin(encoded.dtype), self.greedy.max_symbols)
         return symbols[0]
 
@@ -246,7 +244,6 @@ class RNNTState:
         return the new text delta, or ``None`` when no visible symbol was emitted."""
         if symbols is None:
             return None
-        assert self.greedy is not None
         blank = self.greedy.blank_id
         before = len(self.tokens)
         for symbol in symbols.tolist() if isinstance(symbols, mx.array) else symbols:
