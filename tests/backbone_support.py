@@ -20,7 +20,7 @@ def backbone_steps(model: Any, start: Any, steps: int = 4) -> Iterator[tuple[Any
         codes = plain.prev_codes
         expected = tts._run_backbone(
             tts.embed_code(tts.embed_codes(codes)),
-            tts._text(text, mx.ones(text.shape, dtype=mx.bool_)),
+            tts._with_uncond(tts.embed_subword(text, mx.ones(text.shape, dtype=mx.bool_))),
             plain.tts_caches[0],
         )
         got = tts.backbone_step(codes, text, fast.tts_caches)

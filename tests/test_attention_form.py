@@ -75,7 +75,7 @@ def test_where_fast_ops_do_not_expand_the_conformer_calls_the_fast_op(monkeypatc
     calls = []
     monkeypatch.setattr(encoder_stream, "fast_ops_expand", lambda: False)
     monkeypatch.setattr(encoder_stream, "attention_prescaled", lambda *a: calls.append(a))
-    x = mx.random.normal((1, 1, 64))
-    mx.eval(encoder_stream._attend(attn, x, mx.random.normal((1, 5, 64)),
-                                   mx.random.normal((1, 9, 64))))
+    x, window = mx.random.normal((1, 1, 64)), mx.random.normal((1, 5, 64))
+    mx.eval(encoder_stream._attend_kv(attn, x, attn.linear_k(window), attn.linear_v(window),
+                                      mx.random.normal((1, 9, 64))))
     assert calls == []

@@ -365,7 +365,7 @@ def test_speech_decoder_sanitize_renames_control_codes():
     out = decoder.sanitize(weights)
     assert set(out) == {"control_codes", "codec_silence_tokens"}
     assert out["control_codes"].tolist() == [1, 2, 3]
-    assert decoder.audio_prompt_latents.Aria.shape == (1, 37, 64)
+    assert decoder.audio_prompt_latents["Aria"].shape == (1, 37, 64)
 
 
 def test_compiled_depth_loop_sees_weight_updates():

@@ -20,27 +20,14 @@ from .kv_arena import batched_by_default
 from .speech.speech import SpeechDecoder
 from .fused import fuse_projections, fused_layers, unfuse
 from .remembered import ProbeVerdicts
-from .weight_layout import hold_matrices, relayout
+from .weight_layout import channels_last, hold_matrices, relayout, sanitize_under
 
 # Deterministic mel filterbank / window buffers of the NeMo featurizer; the
 # frontend rebuilds them, so they are dropped at load.
 _MEL_BUFFER_PREFIX = "stt_model.perception.preprocessor."
 _LSTM_MARKER = ".dec_rnn.lstm."
-
-
-def _to_channels_last(value: mx.array, expected: tuple[int, ...]) -> mx.array:
-    """PyTorch conv layout ``[out, in, *k]`` -> MLX ``[out, *k, in]``.
-
-    Layout is decided by shape against the module's own parameter, so an already
-    converted tensor passes through unchanged (``sanitize`` is idempotent).
-    """
-    if tuple(value.shape) == expected:
-        return value
-    axes = (0, *range(2, value.ndim), 1)
-    moved = value.transpose(axes)
-    if tuple(moved.shape) != expected:
-        raise ValueError(f"cannot map conv weight {value.shape} onto {expected}")
-    return moved
+# PyTorch LSTM tensor -> MLX LSTM parameter (its two biases are summed into one).
+_LSTM_NAMES = {"weight_ih": "Wx", "weight_hh": "Wh", "bias_ih": "bias", "bias_hh": "bias"}
 
 
 # What create_session makes, found by name when it is called: the runtime builds its
@@ -148,35 +135,23 @@ class Model(nn.Module):
         """
         expected = {k: tuple(v.shape) for k, v in tree_flatten(self.parameters())}
         out: dict[str, mx.array] = {}
-        lstm_bias: dict[str, list[mx.array]] = {}
-        tts: dict[str, mx.array] = {}
-        for key, value in weights.items():
+        lstm: dict[str, list[mx.array]] = {}
+        for key, value in sanitize_under("tts_model.", weights, self.tts_model.sanitize).items():
             if key.startswith(_MEL_BUFFER_PREFIX):
-                continue
-            if key.startswith("tts_model."):
-                tts[key[len("tts_model.") :]] = value
                 continue
             if _LSTM_MARKER in key:
                 stem, name = key.split(_LSTM_MARKER, 1)
-                stem += _LSTM_MARKER.rstrip(".")
                 kind, _, layer = name.rpartition("_l")
-                if kind == "weight_ih":
-                    out[f"{stem}.{layer}.Wx"] = value
-                    continue
-                if kind == "weight_hh":
-                    out[f"{stem}.{layer}.Wh"] = value
-                    continue
-                if kind in ("bias_ih", "bias_hh"):
-                    lstm_bias.setdefault(f"{stem}.{layer}.bias", []).append(value)
+                if kind in _LSTM_NAMES:
+                    target = f"{stem}{_LSTM_MARKER}{layer}.{_LSTM_NAMES[kind]}"
+                    lstm.setdefault(target, []).append(value)
                     continue
             is_conv = value.ndim in (3, 4) and (
                 key.startswith("stt_model.perception.") or key.endswith(".conv1d.weight")
             )
             if is_conv and key in expected:
-                value = _to_channels_last(value, expected[key])
+                value = channels_last(key, value, expected[key])
             out[key] = value
-        for key, parts in lstm_bias.items():
+        for key, parts in lstm.items():
             out[key] = parts[0] + parts[1] if len(parts) == 2 else parts[0]
-        for key, value in self.tts_model.sanitize(tts).items():
-            out[f"tts_model.{key}"] = value
         return out

@@ -35,9 +35,33 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
 logger = logging.getLogger(__name__)
+
+
+def channels_last(key: str, value: mx.array, expected: Sequence[int],
+                  transposed: bool = False) -> mx.array:
+    """A PyTorch conv weight ``[out, in, *k]`` (a transposed conv's ``[in, out, k]``) in
+    MLX's layout ``[out, *k, in]``, decided by shape against the module's own parameter
+    (``expected``), so an already converted tensor passes through unchanged (a
+    checkpoint's ``sanitize`` is idempotent)."""
+    if tuple(value.shape) == tuple(expected):
+        return value
+    moved = value.transpose((1, 2, 0) if transposed else (0, *range(2, value.ndim), 1))
+    if tuple(moved.shape) != tuple(expected):
+        raise ValueError(f"conv weight {key}: shape {tuple(value.shape)} after layout "
+                         f"conversion is {tuple(moved.shape)}, expected {tuple(expected)}")
+    return moved
+
+
+def sanitize_under(prefix: str, weights: dict[str, mx.array],
+                   sanitize: Callable[[dict[str, mx.array]], dict[str, mx.array]]
+                   ) -> dict[str, mx.array]:
+    """``weights`` with the tensors under ``prefix`` mapped by a child module's ``sanitize``
+    (which sees keys relative to the child), the others as they are."""
+    inner = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+    out = {k: v for k, v in weights.items() if not k.startswith(prefix)}
+    return out | {prefix + k: v for k, v in sanitize(inner).items()}
 
 
 def row_major(weight: mx.array) -> mx.array:
@@ -86,9 +110,7 @@ class RowMajorLinear(nn.Linear):
 class PointwiseConv1d(nn.Conv1d):
     """A kernel-1, stride-1, unpadded ``Conv1d`` as the product ``x @ W[:, 0].T (+ b)``."""
 
-    def __call__(self, x: mx.array) -> mx.array:
-        y = x @ held_matrix(self)
-        return y + self["bias"] if "bias" in self else y
+    __call__ = RowMajorLinear.__call__
 
 
 class FrameUpsample(nn.ConvTranspose1d):
@@ -131,10 +153,6 @@ class RowMajorLSTM(nn.LSTM):
         return mx.stack(all_hidden, axis=-2), mx.stack(all_cell, axis=-2)
 
 
-def _same(a: mx.array, b: mx.array) -> bool:
-    return bool(np.array_equal(np.array(a), np.array(b)))
-
-
 @lru_cache(maxsize=None)
 def _probe(device: str, dtype: mx.Dtype) -> bool:
     """Products in ``dtype`` (and, for float32, the bias-after rule) agree across layouts."""
@@ -157,7 +175,8 @@ def _probe(device: str, dtype: mx.Dtype) -> bool:
         up = FrameUpsample(inner, outer, kernel, stride=kernel, bias=False)
         up.weight = mx.contiguous(taps.transpose(2, 1, 0)).transpose(2, 1, 0)
         checks.append((mx.conv_transpose1d(x[None], taps, stride=kernel), up(x[None])))
-    return all(_same(a.astype(mx.float32), b.astype(mx.float32)) for a, b in checks)
+    return all(mx.array_equal(a.astype(mx.float32), b.astype(mx.float32)).item()
+               for a, b in checks)
 
 
 def layouts_agree(dtype: mx.Dtype = mx.float32) -> bool:

@@ -25,6 +25,7 @@ from .codec_rvq import ProbabilisticRVQ
 from .codec_stream import CodecRows, CodecState, SpectralSynthesis
 from ..rows import take_rows
 from ..fast_forms import fast_ops_expand, mean_var_norm
+from ..weight_layout import channels_last
 
 
 # Hidden width of a ConvNeXt block's pointwise MLP, in multiples of its channels.
@@ -65,10 +66,8 @@ class ConvNeXtBlock(nn.Module):
 
     def __call__(self, x: mx.array, left: mx.array | None = None) -> mx.array:
         """``left``: the ``kernel_size - 1`` preceding inputs (zeros if ``None``)."""
-        if left is None:
-            padded = mx.pad(x, [(0, 0), (self.context, 0), (0, 0)])
-        else:
-            padded = mx.concatenate([left.astype(x.dtype), x], axis=1)
+        padded = (mx.pad(x, [(0, 0), (self.context, 0), (0, 0)]) if left is None
+                  else mx.concatenate([left.astype(x.dtype), x], axis=1))
         h = self.pwconv1(self.norm(self.dwconv(padded)))
         return x + self.pwconv2(nn.gelu(h))
 
@@ -118,27 +117,19 @@ class CodecDecoder(nn.Module):
         layers.append(nn.Conv1d(widths[-1], 2 * config.stft_bins, 1, bias=False))
         self.layers = layers
 
-    @property
-    def blocks(self) -> list[ConvNeXtBlock]:
-        return [layer for layer in self.layers if isinstance(layer, ConvNeXtBlock)]
-
     def __call__(
         self, x: mx.array, contexts: list[mx.array] | None = None
     ) -> mx.array:
         """``contexts`` (one per block) is read and advanced in place when given."""
         index = 0
         for layer in self.layers:
-            if not isinstance(layer, ConvNeXtBlock):
+            if contexts is None or not isinstance(layer, ConvNeXtBlock):
                 x = layer(x)
                 continue
-            if contexts is None:
-                x = layer(x)
-            else:
-                left = contexts[index]
-                contexts[index] = mx.concatenate(
-                    [left.astype(x.dtype), x], axis=1
-                )[:, -layer.context :]
-                x = layer(x, left)
+            left = contexts[index]
+            window = mx.concatenate([left.astype(x.dtype), x], axis=1)
+            contexts[index] = window[:, -layer.context :]
+            x = layer(x, left)
             index += 1
         return x
 
@@ -154,7 +145,7 @@ class Codec(nn.Module):
         self.prvq = ProbabilisticRVQ(config)
         self._synthesis = SpectralSynthesis(config.n_fft, config.hop_length)
         self._analysis_window = hanning(config.n_fft, periodic=True).astype(mx.float32)
-        self._compiled_step = None
+        self._compiled_step = mx.compile(self._stream_step)  # traced at its first call
 
     @property
     def samples_per_frame(self) -> int:
@@ -163,7 +154,7 @@ class Codec(nn.Module):
     @property
     def stream_lag(self) -> int:
         """Samples ``decode_step`` holds back until the next chunk (or ``flush``)."""
-        return self._synthesis.lag
+        return self._synthesis.pad_left
 
     # --- encode -----------------------------------------------------------
 
@@ -171,11 +162,9 @@ class Codec(nn.Module):
         """``[B, S]`` -> STFT features ``[B, F, 2 * bins]`` (real parts, then imaginary)."""
         n_fft, hop = self.config.n_fft, self.config.hop_length
         pad_left = (n_fft - hop) // 2
-        padded = mx.pad(
-            waveform.astype(mx.float32), [(0, 0), (pad_left, n_fft - hop - pad_left)]
-        )
-        if padded.shape[1] < n_fft:
-            padded = mx.pad(padded, [(0, 0), (0, n_fft - padded.shape[1])])
+        # The rest of n_fft - hop at the back, and at least one whole frame.
+        pad_right = max(n_fft - hop - pad_left, n_fft - pad_left - waveform.shape[1])
+        padded = mx.pad(waveform.astype(mx.float32), [(0, 0), (pad_left, pad_right)])
         count = 1 + (padded.shape[1] - n_fft) // hop
         index = mx.arange(count)[:, None] * hop + mx.arange(n_fft)[None, :]
         spectrum = mx.fft.rfft(padded[:, index] * self._analysis_window, axis=-1)
@@ -202,10 +191,10 @@ class Codec(nn.Module):
         """A fresh decode stream for ``batch`` parallel utterances."""
         contexts = [
             mx.zeros((batch, block.context, block.dwconv.weight.shape[0]))
-            for block in self.decoder.blocks
+            for block in self.decoder.layers if isinstance(block, ConvNeXtBlock)
         ]
         frames, weights = self._synthesis.initial_state(batch)
-        return CodecState(contexts, frames, weights, skip=self._synthesis.lag)
+        return CodecState(contexts, frames, weights, skip=self._synthesis.pad_left)
 
     def decode_step(
         self, codes: mx.array, state: CodecState, evaluate: bool = True
@@ -224,8 +213,6 @@ class Codec(nn.Module):
         state.check_open()
         if codes.shape[-1] == 0:
             return mx.zeros((codes.shape[0], 1, 0), dtype=mx.float32)
-        if self._compiled_step is None:
-            self._compiled_step = mx.compile(self._stream_step)
         start = self.prvq.zero_start(codes.shape[0], codes.shape[2])
         samples, state.frames, state.weights, *contexts = self._compiled_step(
             codes, start, state.frames, state.weights, *state.block_context
@@ -299,13 +286,7 @@ class Codec(nn.Module):
         for key, value in weights.items():
             key = key.replace("prvq._variance_list.", "prvq.variance_list.")
             target = own.get(key)
-            if target is not None and value.ndim == 3 and value.shape != target.shape:
-                axes = (1, 2, 0) if key in transposed else (0, 2, 1)
-                value = value.transpose(*axes)
-                if value.shape != target.shape:
-                    raise ValueError(
-                        f"codec weight {key}: shape {value.shape} after layout "
-                        f"conversion, expected {target.shape}"
-                    )
+            if target is not None and value.ndim == 3:
+                value = channels_last(key, value, target.shape, key in transposed)
             result[key] = value
         return result

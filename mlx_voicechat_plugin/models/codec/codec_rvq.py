@@ -14,14 +14,6 @@ import mlx.nn as nn
 from ...config import CodecConfig
 
 
-class Variance(nn.Module):
-    """One codebook's scalar variance (training-time only; kept for strict loading)."""
-
-    def __init__(self):
-        super().__init__()
-        self.variance = mx.array(1.0)
-
-
 class ProbabilisticRVQ(nn.Module):
     """Residual VQ over ``num_quantizers`` codebooks of means (nearest mean wins)."""
 
@@ -29,7 +21,8 @@ class ProbabilisticRVQ(nn.Module):
         super().__init__()
         shape = (config.codebook_size, config.latent_dim)
         self.mus_list = [mx.zeros(shape) for _ in range(config.num_quantizers)]
-        self.variance_list = [Variance() for _ in range(config.num_quantizers)]
+        # Each codebook's scalar variance (training-time only; kept for strict loading).
+        self.variance_list = [{"variance": mx.array(1.0)} for _ in range(config.num_quantizers)]
 
     def encode(self, latents: mx.array) -> mx.array:
         """``[B, T, D]`` latents -> ``[B, Q, T]`` int32 codes."""
@@ -59,16 +52,15 @@ class ProbabilisticRVQ(nn.Module):
                 f"got {codes.shape[1]} codebooks, the codec has {len(self.mus_list)}"
             )
         latents = start if start is not None else self.zero_start(codes.shape[0], codes.shape[2])
-        stacked = getattr(self, "_stacked", None)
-        if stacked is not None and stacked.serves(self.mus_list):
-            # One gather from the stacked codebooks (:meth:`stack`), summed in codebook order.
-            rows = stacked.table[codes + stacked.offsets[: codes.shape[1], None]]
-            for q in range(codes.shape[1]):
-                latents = latents + rows[:, q]
-            return latents
-        # One gather per codebook, summed in codebook order.
-        for q in range(codes.shape[1]):
-            latents = latents + self.mus_list[q][codes[:, q]]
+        table, offsets, views = getattr(self, "_stacked", (None, None, []))
+        if len(views) == len(self.mus_list) and all(a is b for a, b in zip(views, self.mus_list)):
+            # One gather from the stacked codebooks (:meth:`stack`).
+            rows = table[codes + offsets[: codes.shape[1], None]]
+            picked = [rows[:, q] for q in range(codes.shape[1])]
+        else:  # one gather per codebook
+            picked = [self.mus_list[q][codes[:, q]] for q in range(codes.shape[1])]
+        for row in picked:  # summed in codebook order
+            latents = latents + row
         return latents
 
     def zero_start(self, batch: int, length: int) -> mx.array:
@@ -77,29 +69,18 @@ class ProbabilisticRVQ(nn.Module):
         reads it, instead of a fill inside every frame."""
         shape, dtype = (batch, length, self.mus_list[0].shape[-1]), self.mus_list[0].dtype
         starts = self.__dict__.setdefault("_zero_starts", {})
-        zeros = starts.get((shape, dtype))
-        if zeros is None:
-            zeros = starts[(shape, dtype)] = mx.zeros(shape, dtype=dtype)
-        return zeros
+        if (shape, dtype) not in starts:
+            starts[(shape, dtype)] = mx.zeros(shape, dtype=dtype)
+        return starts[(shape, dtype)]
 
     def stack(self) -> None:
         """Hold the codebooks as one ``[Q * C, D]`` table (each codebook a view of it), so
         :meth:`decode` gathers every codebook's rows at once: one kernel, not ``Q``. The
         same rows, added in the same order. A codebook replaced later falls back."""
-        object.__setattr__(self, "_stacked", _StackedCodebooks(self.mus_list))
-        self.mus_list = list(self._stacked.views)
-
-
-class _StackedCodebooks:
-    """The codebooks of a :class:`ProbabilisticRVQ` in one table, and each one's row offset."""
-
-    def __init__(self, codebooks: list[mx.array]):
-        size = codebooks[0].shape[0]
-        self.table = mx.concatenate(codebooks)
-        self.offsets = mx.array([q * size for q in range(len(codebooks))], dtype=mx.int32)
-        self.views = [self.table[q * size : (q + 1) * size] for q in range(len(codebooks))]
-        mx.eval(self.table, self.views)
-
-    def serves(self, codebooks: list[mx.array]) -> bool:
-        return len(codebooks) == len(self.views) and all(
-            a is b for a, b in zip(codebooks, self.views))
+        size, count = self.mus_list[0].shape[0], len(self.mus_list)
+        table = mx.concatenate(self.mus_list)
+        offsets = mx.array([q * size for q in range(count)], dtype=mx.int32)
+        self.mus_list = [table[q * size : (q + 1) * size] for q in range(count)]
+        mx.eval(table, self.mus_list)
+        # Outside the module tree (not a parameter): the table, its offsets, the views.
+        object.__setattr__(self, "_stacked", (table, offsets, list(self.mus_list)))

@@ -4,7 +4,7 @@ The decoder predicts one spectrum per ``hop_length`` samples. Each spectrum is
 inverse-FFT'd, clipped to the window envelope, windowed, overlap-added and
 divided by the summed squared window of the frames that exist (``center=False``).
 The result is trimmed by ``pad_left = (n_fft - hop) // 2`` at the front and
-``pad_right`` at the back, so ``F`` spectra give exactly ``F * hop`` samples.
+the rest of the padding at the back, so ``F`` spectra give exactly ``F * hop`` samples.
 
 Overlap-add is done in blocks of ``hop`` samples: block ``k`` is the sum over
 ``r`` of the ``r``-th hop-long piece of frame ``k - r``. Offline, the missing
@@ -51,7 +51,7 @@ class CodecState:
     which ``weights`` no longer change.
 
     mlx-lm's cache convention: ``state`` (the arrays) and ``meta_state``
-    (``skip``, ``spectra``, ``closed``) with setters and :meth:`from_state`.
+    (``skip``, ``spectra``, ``closed``), and :meth:`from_state` to rebuild one.
     Streams whose ``meta_state`` is equal are in the same phase (the same
     weights and front trim): :meth:`merge` stacks their rows into one state
     for one decode step, and :meth:`extract` takes one row back out.
@@ -68,18 +68,9 @@ class CodecState:
     def state(self) -> list[mx.array]:
         return [*self.block_context, self.frames, self.weights]
 
-    @state.setter
-    def state(self, value: list[mx.array]) -> None:
-        *contexts, self.frames, self.weights = value
-        self.block_context = list(contexts)
-
     @property
     def meta_state(self) -> tuple[int, int, bool]:
         return (self.skip, self.spectra, self.closed)
-
-    @meta_state.setter
-    def meta_state(self, value: tuple[int, int, bool]) -> None:
-        self.skip, self.spectra, self.closed = value
 
     def key(self) -> tuple[int, int, bool]:
         """What streams must share to stack: their phase (:attr:`meta_state`)."""
@@ -108,9 +99,8 @@ class CodecState:
         meta = rows[0].meta_state
         if any(r.meta_state != meta for r in rows):
             raise ValueError("codec streams merge only in the same phase (equal meta_state)")
-        contexts = [stack_rows([r.block_context[i] for r in rows])
-                    for i in range(len(rows[0].block_context))]
-        frames = stack_rows([r.frames for r in rows])
+        *contexts, frames = [stack_rows(parts)
+                             for parts in zip(*([*r.block_context, r.frames] for r in rows))]
         return cls(contexts, frames, rows[0].weights, *meta)
 
     def extract(self, index: int, copy: bool = True) -> "CodecState":
@@ -155,7 +145,6 @@ class SpectralSynthesis:
         self.overlap = n_fft // hop_length  # frames covering one sample
         self.bins = n_fft // 2 + 1
         self.pad_left = (n_fft - hop_length) // 2
-        self.pad_right = n_fft - hop_length - self.pad_left
         self.window = hanning(n_fft, periodic=True).astype(mx.float32)
         self.window_sq = self.window * self.window
         # rFFT DC and Nyquist bins are real: their phase output is ignored.
@@ -164,11 +153,6 @@ class SpectralSynthesis:
         # Constants of every frame: evaluated here, or each compiled frame would
         # recompute them (an unevaluated capture is traced with its producers).
         mx.eval(self.window, self.window_sq, self._complex_bins)
-
-    @property
-    def lag(self) -> int:
-        """Samples by which streamed output trails the codes fed so far."""
-        return self.pad_left
 
     def frames(self, features: mx.array) -> mx.array:
         """Decoder output ``[B, F, 2 * bins]`` -> windowed frames ``[B, F, n_fft]``."""
@@ -208,9 +192,7 @@ class SpectralSynthesis:
         """Whole utterance: ``[B, F, 2 * bins]`` -> ``[B, F * hop]``."""
         frames = self.frames(features)
         batch, count, _ = frames.shape
-        edge = self.overlap - 1
-        pad = mx.zeros((batch, edge, self.n_fft), dtype=frames.dtype)
-        no_weight = mx.zeros((edge, self.n_fft), dtype=mx.float32)
+        pad, no_weight = self.initial_state(batch)  # no frames past either end
         samples = self._overlap_add(
             mx.concatenate([pad, frames, pad], axis=1),
             mx.concatenate([no_weight, self._weights(count), no_weight], axis=0),
@@ -250,15 +232,9 @@ class SpectralSynthesis:
         """End of stream: the last ``pad_left`` samples (no spectra follow)."""
         if not state.spectra:
             return mx.zeros((state.frames.shape[0], 0), dtype=mx.float32)
-        batch = state.frames.shape[0]
-        edge = self.overlap - 1
-        frames = mx.concatenate(
-            [state.frames, mx.zeros((batch, edge, self.n_fft), state.frames.dtype)],
-            axis=1,
-        )
-        weights = mx.concatenate(
-            [state.weights, mx.zeros((edge, self.n_fft), dtype=mx.float32)], axis=0
-        )
+        pad, no_weight = self.initial_state(state.frames.shape[0])  # no frames follow
+        frames = mx.concatenate([state.frames, pad], axis=1)
+        weights = mx.concatenate([state.weights, no_weight], axis=0)
         tail = self._overlap_add(frames, weights)[:, : self.pad_left]
         return _drop_front(tail, state)
 

@@ -52,11 +52,6 @@ class ContextWindow:
     keep: int
     recent: int
 
-    def __post_init__(self) -> None:
-        if self.keep < 0 or self.recent < 1:
-            raise ValueError(f"a context window needs keep >= 0 and recent >= 1, "
-                             f"got keep={self.keep}, recent={self.recent}")
-
     @property
     def size(self) -> int:
         """Positions a full ring holds."""
@@ -95,8 +90,7 @@ def bound(cache: Any, window: ContextWindow, sliding: int | None = None) -> Any:
         raise ValueError("a wrapped sliding cache cannot be bounded")
     bounded = ContextCache(window)
     if cache.keys is not None:
-        keys, values = cache.state
-        bounded.state = (keys, values)
+        bounded.state = cache.state
         # (keep, max_size, offset, write index): the next write lands after the rows.
         bounded.meta_state = (window.keep, window.size, cache.offset, cache.offset)
     return bounded

@@ -110,13 +110,9 @@ class DuplexSTT(nn.Module):
     def make_cache(self, context: ContextWindow | None = None) -> list[Any]:
         """Mamba2 state for ``M`` layers and a KV cache for ``*`` layers: growing, or
         with ``context`` a ring of its sink and recent positions (:mod:`.context`)."""
-        caches: list[Any] = []
-        for layer in self.llm.layers:
-            if layer.block_type == "M":
-                caches.append(ArraysCache(size=2))
-            elif layer.block_type == "*":
-                caches.append(KVCache() if context is None else ring(context))
-        return caches
+        return [ArraysCache(size=2) if layer.block_type == "M"
+                else KVCache() if context is None else ring(context)
+                for layer in self.llm.layers if layer.block_type in ("M", "*")]
 
 
 class LanguageState:
@@ -126,8 +122,7 @@ class LanguageState:
     ``ArraysCache`` and an attention ``KVCache`` per layer); without it,
     ``history``, every fused input so far (the reference's default full
     recompute). ``state`` is its arrays, ``meta_state`` the host values that
-    rebuild it (:meth:`from_state`; the ``state`` setter restores arrays into
-    the same structure).
+    rebuild it (:meth:`from_state`).
 
     Batching: :class:`LanguageRows` stacks ready rows' Mamba2 states into one
     ``[B, ...]`` cache per layer for as long as the same rows step, and gives
@@ -146,30 +141,21 @@ class LanguageState:
     def state(self) -> list[mx.array]:
         return cache_state(self.cache) if self.cache is not None else list(self.history)
 
-    @state.setter
-    def state(self, value: list[mx.array]) -> None:
-        restored = LanguageState.from_state(value, self.meta_state)
-        self.cache, self.history = restored.cache, restored.history
-
     @property
     def nbytes(self) -> int:
         """The bytes of ``state`` (:func:`~.cache_state.state_nbytes`)."""
-        if self.cache is not None:
-            return state_nbytes(self.cache)
-        return sum(a.nbytes for a in self.history)
+        return state_nbytes(self.cache) if self.cache is not None else \
+            sum(a.nbytes for a in self.history)
 
     @property
     def meta_state(self) -> tuple[str, MetaState | int]:
-        if self.cache is not None:
-            return ("cache", cache_meta_state(self.cache))
-        return ("history", len(self.history))
+        return ("cache", cache_meta_state(self.cache)) if self.cache is not None else \
+            ("history", len(self.history))
 
     @classmethod
     def from_state(cls, state: list[mx.array], meta_state: tuple[str, Any]) -> "LanguageState":
         kind, meta = meta_state
-        if kind == "cache":
-            return cls(caches_from_state(state, meta))
-        return cls(None, list(state))
+        return cls(caches_from_state(state, meta)) if kind == "cache" else cls(None, list(state))
 
     def release(self) -> None:
         self.cache, self.history = None, []
@@ -186,11 +172,10 @@ class LanguageRows(LanguageState):
     def __init__(self, rows: Sequence[LanguageState]):
         """``rows``: one-row states, or stacked ones whose rows are appended in order."""
         self.rows = [r for s in rows for r in (s.rows if isinstance(s, LanguageRows) else [s])]
-        stacked: list[Any] = []  # every row is ready: its cache exists
-        for layer in zip(*(s.cache for s in rows)):
-            stacked.append(stack_layer(layer, 1) if not isinstance(layer[0], ArraysCache)
-                           else ArraysCache.from_state(
-                               [stack_rows(a) for a in zip(*(c.cache for c in layer))], ""))
+        stacked = [  # every row is ready: its cache exists
+            stack_layer(layer, 1) if not isinstance(layer[0], ArraysCache) else
+            ArraysCache.from_state([stack_rows(a) for a in zip(*(c.cache for c in layer))], "")
+            for layer in zip(*(s.cache for s in rows))]
         super().__init__(stacked)
         # A row's share of the stacked states (their shapes do not change while stacked).
         self._mamba_bytes = sum(a.nbytes for c in stacked if isinstance(c, ArraysCache)

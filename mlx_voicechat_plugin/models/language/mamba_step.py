@@ -68,24 +68,28 @@ class MambaStep:
         # float32 (compute_dt adds it to a float32 dt, casting it each time).
         mixer = self.mixer
         heads = (mixer.n_groups, mixer.num_heads // mixer.n_groups, 1, 1)
-        self.a = _negative_a(mixer.A_log)
-        self.dt_bias = mixer.dt_bias.astype(mx.float32)
         # Per head in _ssm's (g, rep, 1, 1) layout, made once: views of the
         # constants would otherwise be nodes of every compiled step.
-        self._a_heads = self.a.reshape(heads)
-        self._dt_bias_heads = self.dt_bias.reshape(heads)
+        self._a_heads = _negative_a(mixer.A_log).reshape(heads)
+        self._dt_bias_heads = mixer.dt_bias.astype(mx.float32).reshape(heads)
         self._d_heads = mixer.D.reshape(heads)
         # Scheduled, not waited for: the first frame builds this object, and a
         # frame's host syncs are counted (tests/test_host_syncs.py). Scheduling
         # detaches their graphs, so mx.compile captures them as constants.
-        mx.async_eval(self.a, self.dt_bias, self._a_heads, self._dt_bias_heads, self._d_heads)
+        mx.async_eval(self._a_heads, self._dt_bias_heads, self._d_heads)
 
     def __call__(self, x: mx.array, conv_state: mx.array, ssm_state: mx.array):
         """``x``: ``(B, 1, hidden)``, or one position's ``(B, hidden)`` rows (the products
         then take their input as it is, without a flatten and an unflatten each)."""
         block, mixer = self.block, self.mixer
         projected = mixer.in_proj(block.norm(x))
-        gate, conv_input, dt = self._split(projected)
+        # Upstream's split, from the back: checkpoints may pad the projection in front with
+        # two unused branches (upstream's mixer, which runs every state's first position,
+        # checks their width).
+        dt_start = projected.shape[-1] - mixer.num_heads
+        conv_start = dt_start - mixer.conv_dim
+        gate = projected[..., conv_start - mixer.intermediate_size : conv_start]
+        conv_input, dt = projected[..., conv_start:dt_start], projected[..., dt_start:]
         if x.ndim == 2:
             conv_input = conv_input[:, None]
 
@@ -104,24 +108,6 @@ class MambaStep:
         y = y.reshape(*x.shape[:-1], -1, norm.group_size)
         y = norm.weight * mx.fast.rms_norm(y, weight=None, eps=norm.eps).flatten(-2)
         return x + mixer.out_proj(y), conv_state, ssm_state
-
-    def _split(self, projected: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """The projection's gate, conv input and dt, as the mixer splits it.
-
-        Checkpoints may pad the projection in front with two unused branches
-        of equal width (upstream derives it from the weight, not the config);
-        they are skipped.
-        """
-        mixer = self.mixer
-        inner, conv_dim = mixer.intermediate_size, mixer.conv_dim
-        extra = projected.shape[-1] - (inner + conv_dim + mixer.num_heads)
-        if extra < 0 or extra % 2:
-            raise ValueError(f"Mamba2 in_proj width {projected.shape[-1]}: expected "
-                             f"{inner + conv_dim + mixer.num_heads} plus an even padding")
-        gate = extra  # the two padding branches, d_mlp wide each, come first
-        conv = gate + inner
-        dt = conv + conv_dim
-        return projected[..., gate:conv], projected[..., conv:dt], projected[..., dt:]
 
     def _ssm(self, hidden: mx.array, B: mx.array, C: mx.array, dt: mx.array, gate: mx.array,
              state: mx.array) -> tuple[mx.array, mx.array]:

@@ -33,45 +33,38 @@ from ..fast_forms import attention_prescaled, fast_ops_expand
 MEL_CONTEXT = 16  # >= causal receptive field of three stride-2, kernel-3 convs
 
 
-def _attend(attn: nn.Module, q_in: mx.array, kv_in: mx.array, p: mx.array) -> mx.array:
-    """mlx-audio's ``RelPositionMultiHeadAttention.stream`` with ``p = linear_pos(pos_emb)`` given.
+def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.array,
+               q: mx.array | None = None) -> mx.array:
+    """mlx-audio's ``RelPositionMultiHeadAttention.stream`` with the keys and values (and
+    maybe ``q``) already projected and ``p = linear_pos(pos_emb)`` given.
 
     The positional projection depends only on the window length, so the
     steady window's is computed once per layer instead of every frame.
     """
-    return _attend_kv(attn, q_in, attn.linear_k(kv_in), attn.linear_v(kv_in), p)
-
-
-def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.array,
-               q: mx.array | None = None) -> mx.array:
-    """:func:`_attend` with the keys and values (and maybe ``q``) already projected."""
     if q is None:
         q = attn.linear_q(q_in)
     batch, c, _ = q.shape
     ksz = k.shape[1]
-    pos_len = p.shape[1]
-    q = q.reshape(batch, c, attn.n_head, attn.head_dim)
+
+    def heads(t: mx.array) -> mx.array:  # [b, n, heads * d] -> [b, n, heads, d]
+        return t.reshape(*t.shape[:2], attn.n_head, attn.head_dim)
+
+    q = heads(q)
     # One query a row where mx.fast expands: the scaled dot product's first kernel (q
     # times the scale) runs inside the kernel that adds the position bias (fast_forms).
     prescaled = c == 1 and fast_ops_expand()
-    if prescaled:
-        q_u = ((q + attn.pos_bias_u) * mx.array(attn.scale, q.dtype)).transpose(0, 2, 1, 3)
-    else:
-        q_u = (q + attn.pos_bias_u).transpose(0, 2, 1, 3)
+    q_u = q + attn.pos_bias_u
+    q_u = (q_u * mx.array(attn.scale, q.dtype) if prescaled else q_u).transpose(0, 2, 1, 3)
     q_v = (q + attn.pos_bias_v).transpose(0, 2, 1, 3)
-    k = k.reshape(batch, ksz, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
-    v = v.reshape(batch, ksz, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
-    p = p.reshape(1, pos_len, attn.n_head, attn.head_dim).transpose(0, 2, 1, 3)
+    k, v, p = (heads(t).transpose(0, 2, 1, 3) for t in (k, v, p))
     matrix_bd = mx.matmul(q_v, p.swapaxes(-2, -1))
     if c > 1:
         matrix_bd = attn.rel_shift(matrix_bd)
     # (One query: the relative shift pads a zero in front, reads the row one step
     # later and drops the zero, so its row comes back as it was: nothing to launch.)
     matrix_bd = matrix_bd[:, :, :, :ksz] * attn.scale
-    if prescaled:
-        o = attention_prescaled(q_u, k, v, matrix_bd)
-    else:
-        o = mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=matrix_bd)
+    o = attention_prescaled(q_u, k, v, matrix_bd) if prescaled else \
+        mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=matrix_bd)
     return attn.linear_out(o.transpose(0, 2, 1, 3).reshape(batch, c, -1))
 
 
@@ -170,30 +163,25 @@ class EncoderStream:
         kept = cache.kept
         window = mel if kept is None else mx.concatenate([kept, mel], axis=1)
         out = self._run_subsampling(window)
-        keeps = {self._advance_tail(t, mel.shape[1], window.shape[1]) for t in cache.tails}
-        spans = {self._new_span(t, out.shape[1]) for t in cache.tails}
-        if len(keeps) != 1 or len(spans) != 1:
-            raise ValueError(f"streams of one batch keep {sorted(keeps)} mel frames and "
-                             f"return encoder frames {sorted(spans)}; a batch takes equal ones")
-        cache.kept = window[:, -keeps.pop():]
-        start, stop = spans.pop()
+        ran = {self._advance(t, mel.shape[1], window.shape[1], out.shape[1]) for t in cache.tails}
+        if len(ran) != 1:
+            raise ValueError(f"streams of one batch keep mel frames and return encoder frames "
+                             f"{sorted(ran)} (kept, start, stop); a batch takes equal ones")
+        keep, start, stop = ran.pop()
+        cache.kept = window[:, -keep:]
         return out[:, start:stop] if stop > start else out[:, :0]
 
-    def _advance_tail(self, tail: SubsamplingTail, new: int, width: int) -> int:
+    def _advance(self, tail: SubsamplingTail, new: int, width: int, stop: int
+                 ) -> tuple[int, int, int]:
         """A stream's counters after its window of ``width`` mel frames, ``new`` of them new,
-        ran: notes where its outputs start; returns how many mel frames it keeps."""
-        cached = width - new
+        ran and gave ``stop`` output frames: how many mel frames it keeps, and which of
+        the outputs (``start:stop``) it has not returned yet."""
         # Encoder frame index of the window's first output.
-        tail.first = (tail.consumed - cached) // self.factor
+        tail.first = (tail.consumed - (width - new)) // self.factor
         tail.consumed += new
-        return MEL_CONTEXT + (tail.consumed - MEL_CONTEXT) % self.factor
-
-    @staticmethod
-    def _new_span(tail: SubsamplingTail, stop: int) -> tuple[int, int]:
-        """Which of the window's ``stop`` output frames the stream has not returned yet."""
         start = tail.emitted - tail.first
         tail.emitted = tail.first + max(start, stop)
-        return start, stop
+        return MEL_CONTEXT + (tail.consumed - MEL_CONTEXT) % self.factor, start, stop
 
     # --- the conformer blocks, B rows ----------------------------------------
 
@@ -247,7 +235,7 @@ class EncoderStream:
             attended = _attend_kv(attn, q, kv[..., :width], kv[..., width:], pos, queries)
         else:
             kv = q if cached is None else mx.concatenate([cached, q], axis=1)
-            attended = _attend(attn, q, kv, pos)
+            attended = _attend_kv(attn, q, attn.linear_k(kv), attn.linear_v(kv), pos)
         attention = kv[:, -self.left_context :] if self.left_context else kv[:, :0]
         if previous is None:
             previous = mx.zeros((x.shape[0], self.conv_context, x.shape[2]), dtype=x.dtype)
@@ -266,15 +254,9 @@ class EncoderStream:
 
     def _is_steady(self, cache: EncoderCache, x: mx.array) -> bool:
         full = self.left_context
+        # (Every block writes its attention and conv windows together.)
         return x.shape[1] == 1 and full > 0 and all(
-            a is not None and a.shape[1] == full for a in cache.attention
-        ) and all(c is not None for c in cache.conv)
-
-    def _steady_positions(self, dtype: mx.Dtype) -> list[mx.array]:
-        if self._steady_pos is None:
-            length = self.left_context + 1
-            self._steady_pos = [self._pos(i, length, dtype) for i in range(self.layers)]
-        return self._steady_pos
+            a is not None and a.shape[1] == full for a in cache.attention)
 
     def __call__(self, cache: EncoderCache, x: mx.array) -> mx.array:
         """The conformer blocks on ``(B, n, d_model)`` new encoder-rate frames of ``cache``'s
@@ -283,7 +265,10 @@ class EncoderStream:
             return x
         layers = self.layers
         if self._is_steady(cache, x):
-            out = self._steady(x, *cache.attention, *cache.conv, *self._steady_positions(x.dtype))
+            if self._steady_pos is None:
+                length = self.left_context + 1
+                self._steady_pos = [self._pos(i, length, x.dtype) for i in range(layers)]
+            out = self._steady(x, *cache.attention, *cache.conv, *self._steady_pos)
             cache.attention = list(out[1 : 1 + layers])
             cache.conv = list(out[1 + layers :])
             return out[0]

@@ -100,17 +100,10 @@ def host_frames(x: np.ndarray, args: PreprocessArgs, start: int, end: int) -> np
     return frames[..., :count, :] * _constants(args)[0]
 
 
-def _power(spectrum: mx.array) -> mx.array:
-    return mx.square(mx.abs(spectrum))
-
-
-def _log(mel: mx.array, guard: mx.array) -> mx.array:
-    return mx.log(mel + guard)
-
-
 # The elementwise chains each fuse into one kernel when compiling is on (the
 # same operations, so the same bits: tests/test_mel_stream.py).
-_power_c, _log_c = mx.compile(_power), mx.compile(_log)
+_power_c = mx.compile(lambda spectrum: mx.square(mx.abs(spectrum)))
+_log_c = mx.compile(lambda mel, guard: mx.log(mel + guard))
 
 
 def device_log_mel(frames: mx.array, args: PreprocessArgs) -> mx.array:

@@ -47,9 +47,7 @@ class Perception(nn.Module):
             key = checkpoint_key(checkpoint, "window-positions", f"window {window}",
                                  str(layers[0].self_attn.linear_pos.weight.dtype))
             remembered = load_arrays(WINDOW_POSITIONS_DIR, key)
-            full = None
-            if remembered is not None and len(remembered[0]) == len(layers):
-                full = remembered[0]
+            full = remembered[0] if remembered and len(remembered[0]) == len(layers) else None
             self._window_positions = WindowPositions(self.encoder, window, mx.float32, full)
             if full is None:
                 save_arrays(WINDOW_POSITIONS_DIR, key, self._window_positions.full, {})

@@ -116,11 +116,9 @@ class PerceptionRows:
         """Use :meth:`merge`."""
         if not all(s.use_cache for s in streams):
             raise ValueError("PerceptionRows holds streams with the cache; push the others alone")
-        self.streams = list(streams)
-        self.encoders = RowGroups.merge([s.cache for s in streams], EncoderCache)
-        self.mels = RowGroups.merge([s.mel for s in streams], MelRows)
-        for stream in streams:
-            stream.cache = None  # type: ignore[assignment]  # the row is held here
+        self.streams: list[PerceptionStream] = []
+        self.encoders, self.mels = RowGroups([], EncoderCache), RowGroups([], MelRows)
+        self.extend(streams)
 
     @classmethod
     def merge(cls, streams: list[PerceptionStream]) -> "PerceptionRows":
@@ -179,28 +177,28 @@ class PerceptionRows:
         mels = device_groups(blocks, self.streams[0].mel.args)
         if clock is not None:
             clock.sub_stage("perception.mel", *(m for _, m in mels))
-        by_rows = {tuple(members): m for members, m in mels}
-        outs = []
-        for members, cache in self.encoders.groups:
-            mel = by_rows.get(tuple(members))
-            if mel is None:
-                rows = {b: take_row(m, i) for members_, m in mels for i, b in enumerate(members_)}
-                mel = stack_rows([rows[b] for b in members])
-            outs.append(self.streams[0].encoder.step(cache, mel))
-        if any(out.shape[1] != 1 for out in outs):
-            raise RuntimeError(f"streaming encoder emitted {[o.shape[1] for o in outs]} "
+        outs = [(members, self.streams[0].encoder.step(cache, _rows_of(mels, members)))
+                for members, cache in self.encoders.groups]
+        if any(out.shape[1] != 1 for _, out in outs):
+            raise RuntimeError(f"streaming encoder emitted {[o.shape[1] for _, o in outs]} "
                                "frames for one frame")
-        if len(outs) == 1:
-            encoded = outs[0]
-        else:
-            row = {b: take_row(out, j) for (members, _), out in zip(self.encoders.groups, outs)
-                   for j, b in enumerate(members)}
-            encoded = stack_rows([row[b] for b in range(len(self.streams))])
+        encoded = _rows_of(outs, list(range(len(self.streams))))
+        if len(outs) > 1:
             self.encoders.regroup()  # batches whose windows filled alike stack as one
         projected = self.streams[0].perception.proj(encoded)
         if clock is not None:
             clock.sub_stage("perception.layers", projected, encoded)
         return projected, encoded
+
+
+def _rows_of(parts: list[tuple[list[int], mx.array]], rows: list[int]) -> mx.array:
+    """Rows ``rows`` of arrays held per group of rows (``(members, [G, ...])``), stacked in
+    order: a group whose members are exactly ``rows`` gives its array as it is."""
+    for members, array in parts:
+        if members == rows:
+            return array
+    row = {b: take_row(array, j) for members, array in parts for j, b in enumerate(members)}
+    return stack_rows([row[b] for b in rows])
 
 
 def push_frames(streams: list[PerceptionStream], frames: list[np.ndarray],

@@ -4,10 +4,10 @@
 own operations, order and rounding, without its per-call reshapes. Two things
 are made once per set of weights and shared by every session of a decoder
 (outside the module tree): float32 transposed copies of bf16 weights for the
-products that run in float32 (:func:`shared_held_lstm`), and the first
-layer's input part of every symbol's embedding, a table a try gathers from
-instead of embedding and multiplying (:func:`shared_symbol_inputs`, used where
-a probe finds its rows' bits).
+products that run in float32 (:func:`held_lstm`), and the first layer's
+input part of every symbol's embedding, a table a try gathers from instead of
+embedding and multiplying (:func:`symbol_inputs`, used where a probe finds its
+rows' bits); :func:`shared_derived` keeps both.
 """
 
 from __future__ import annotations
@@ -38,51 +38,38 @@ def held_lstm(lstm: list[nn.LSTM]) -> Held | None:
     return held
 
 
-class _HeldCache:
-    """What a decoder's greedy tries derive from its weights (the held float32 copies,
-    the symbol input table) and the weight arrays they were made from."""
-
-    def __init__(self, sources: list[mx.array], held: Held | None, hold_f32: bool = True):
-        self.sources, self.held, self.hold_f32 = sources, held, hold_f32
-        self.inputs: mx.array | None = None
-        self.inputs_made = False
-
-
 # The attribute of a decoder that holds what its tries derive from its weights: the
 # memo lives and dies with the decoder (outside its module tree: not a parameter).
 _DERIVED = "_voicechat_derived"
 
 
-def _derived(decoder: PredictNetwork, hold_f32: bool = True) -> _HeldCache:
-    """What ``decoder``'s tries derive from its weights, made again when any weight it
-    reads changed (or ``hold_f32``: whether float32 copies are held, changed)."""
+class Derived:
+    """What a decoder's greedy tries derive from its weights: ``held``, :func:`held_lstm` of
+    its LSTM (``None`` with ``hold_f32`` ``False``: the memory plan holds no float32
+    copies), and ``inputs``, its :func:`symbol_inputs` (probed, or the probe's verdict read
+    from ``verdicts``); with the weight arrays they were made of."""
+
+    def __init__(self, decoder: PredictNetwork, sources: list[mx.array], hold_f32: bool,
+                 verdicts: ProbeVerdicts):
+        self.sources, self.hold_f32 = sources, hold_f32
+        self.held = held_lstm(decoder.prediction["dec_rnn"].lstm) if hold_f32 else None
+        self.inputs = symbol_inputs(decoder, self.held, verdicts)
+
+
+def shared_derived(decoder: PredictNetwork, verdicts: ProbeVerdicts,
+                   hold_f32: bool = True) -> Derived:
+    """``decoder``'s :class:`Derived`, made once per set of weights (again when any weight
+    it reads, or ``hold_f32``, changed) and kept while the decoder lives, so sessions
+    share one copy."""
     lstm = decoder.prediction["dec_rnn"].lstm
     sources = [w for layer in lstm for w in (layer.Wx, layer.Wh, layer.bias)]
     sources.append(decoder.prediction["embed"].weight)
     cached = getattr(decoder, _DERIVED, None)
-    if cached is None or cached.hold_f32 != hold_f32 or len(cached.sources) != len(sources) \
-            or any(a is not b for a, b in zip(cached.sources, sources)):
-        cached = _HeldCache(sources, held_lstm(lstm) if hold_f32 else None, hold_f32)
+    if cached is None or cached.hold_f32 != hold_f32 or any(
+            a is not b for a, b in zip(cached.sources, sources)):
+        cached = Derived(decoder, sources, hold_f32, verdicts)
         setattr(decoder, _DERIVED, cached)
     return cached
-
-
-def shared_held_lstm(decoder: PredictNetwork, hold_f32: bool = True) -> Held | None:
-    """:func:`held_lstm` of ``decoder``'s LSTM, made once per set of weights and kept
-    while the decoder lives (outside the module tree), so sessions share one copy;
-    ``None`` with ``hold_f32`` ``False`` (the memory plan holds no float32 copies)."""
-    return _derived(decoder, hold_f32).held
-
-
-def shared_symbol_inputs(decoder: PredictNetwork, verdicts: ProbeVerdicts | None = None,
-                         hold_f32: bool = True) -> mx.array | None:
-    """:func:`symbol_inputs` of ``decoder``, made (and probed, or its probe's verdict read
-    from ``verdicts``) once per set of weights and shared like :func:`shared_held_lstm`."""
-    cached = _derived(decoder, hold_f32)
-    if not cached.inputs_made:
-        cached.inputs = symbol_inputs(decoder, cached.held, verdicts=verdicts)
-        cached.inputs_made = True
-    return cached.inputs
 
 
 def _affine(c: mx.array | None, x: mx.array, w: mx.array, w32: mx.array | None) -> mx.array:
@@ -158,9 +145,8 @@ def input_part(layer: nn.LSTM, x: mx.array, wx32: mx.array | None) -> mx.array |
     return _affine(layer.bias, x, layer.Wx, wx32)
 
 
-def symbol_inputs(decoder: PredictNetwork, held: Held | None,
-                  rows: tuple[int, ...] = (1, 2, 8, 32),
-                  verdicts: ProbeVerdicts | None = None) -> mx.array | None:
+def symbol_inputs(decoder: PredictNetwork, held: Held | None, verdicts: ProbeVerdicts,
+                  rows: tuple[int, ...] = (1, 2, 8, 32)) -> mx.array | None:
     """The first LSTM layer's input part of every symbol's embedding, ``[V, 4H]``: a try
     gathers its row instead of embedding the symbol and multiplying it. ``None``
     where a table row would not be the bits the product gives for that symbol in
@@ -182,12 +168,11 @@ def symbol_inputs(decoder: PredictNetwork, held: Held | None,
         "symbol-inputs", rows, embed.weight.dtype, tuple(embed.weight.shape), type(layer).__name__,
         layer.Wx.dtype, tuple(layer.Wx.shape), None if layer.bias is None else layer.bias.dtype,
         None if wx32 is None else (wx32.dtype, tuple(wx32.shape))))
-    verdict = None if verdicts is None else verdicts.get(key)
+    verdict = verdicts.get(key)
     if verdict is None:
         verdict = _rows_agree(part, table, symbols, rows)
-        if verdicts is not None:
-            verdicts.put(key, verdict)
-            verdicts.save()
+        verdicts.put(key, verdict)
+        verdicts.save()
     return table if verdict else None
 
 

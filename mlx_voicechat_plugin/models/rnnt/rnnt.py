@@ -33,7 +33,7 @@ import numpy as np
 from mlx_audio.stt.models.nemotron_asr import tokenizer as sp_vocab
 from mlx_audio.stt.models.nemotron_asr.rnnt import JointNetwork, PredictNetwork
 
-from .prediction_step import lstm_step, shared_held_lstm, shared_symbol_inputs
+from .prediction_step import lstm_step, shared_derived
 from ..remembered import ProbeVerdicts
 from ..rows import own_row, stack_rows
 
@@ -97,8 +97,8 @@ class GreedyRNNT:
         self.blank_id = blank_id
         self.max_symbols = max_symbols
         self.layers = decoder.prediction["dec_rnn"].num_layers
-        self._held = shared_held_lstm(decoder, hold_f32)
-        self._inputs = shared_symbol_inputs(decoder, ProbeVerdicts.default(), hold_f32)
+        derived = shared_derived(decoder, ProbeVerdicts.default(), hold_f32)
+        self._held, self._inputs = derived.held, derived.inputs
         self._graphs: dict[int, Callable] = {}  # tries -> compiled graph
 
     def initial(self, dtype: mx.Dtype) -> RNNTCarry:
@@ -223,7 +223,6 @@ class RNNTState:
 
     def begin(self, dtype: mx.Dtype) -> RNNTCarry:
         """The carry the next frame starts from (the start symbol's, on the first)."""
-        assert self.greedy is not None
         if self.carry is None:
             self.carry = self.greedy.initial(dtype)
         return self.carry
@@ -233,7 +232,6 @@ class RNNTState:
         ``(max_symbols,)`` symbols to evaluate with :attr:`state`, then :meth:`commit`."""
         if not self.enabled:
             return None
-        assert self.greedy is not None
         symbols = self.greedy(encoded, self.begin(encoded.dtype), self.greedy.max_symbols)
         return symbols[0]
 
@@ -246,7 +244,6 @@ class RNNTState:
         return the new text delta, or ``None`` when no visible symbol was emitted."""
         if symbols is None:
             return None
-        assert self.greedy is not None
         blank = self.greedy.blank_id
         before = len(self.tokens)
         for symbol in symbols.tolist() if isinstance(symbols, mx.array) else symbols:

@@ -68,12 +68,6 @@ _BACKBONE_FIELDS = (
 )
 
 
-def _backbone_config(config: TTSConfig) -> GemmaConfig:
-    # vocab_size: Gemma3Model insists on one; its embedding is removed.
-    return GemmaConfig(model_type="gemma3_text", vocab_size=1,
-                       **{name: getattr(config, name) for name in _BACKBONE_FIELDS})
-
-
 class EarTTS(nn.Module):
     """RVQ EAR-TTS (checkpoint prefix ``tts_model.tts_model``); guidance is always on."""
 
@@ -88,7 +82,10 @@ class EarTTS(nn.Module):
                 raise ValueError(f"tts_config.{flag}=false is not supported")
         self.config = config
         dims, latent = config.hidden_size, config.latent_size
-        self.backbone = Gemma3Model(_backbone_config(config), scale_inputs_embeds=False)
+        # vocab_size: Gemma3Model insists on one; its embedding is removed.
+        backbone = GemmaConfig(model_type="gemma3_text", vocab_size=1,
+                               **{name: getattr(config, name) for name in _BACKBONE_FIELDS})
+        self.backbone = Gemma3Model(backbone, scale_inputs_embeds=False)
         del self.backbone.embed_tokens  # inputs are always fused embeddings
         self.bos_emb = mx.zeros((dims,))
         self.null_emb = mx.zeros((dims,))
@@ -102,7 +99,7 @@ class EarTTS(nn.Module):
         # (made once, not an arange every depth pass; private, so not a weight).
         self._code_offsets = mx.arange(config.num_quantizers, dtype=mx.int32) * config.codebook_size
         mx.eval(self._code_offsets)
-        self._offsets_for = (config.num_quantizers, config.codebook_size)
+        # Codebooks decided per depth pass.
         self._schedule = unmasking_schedule(
             config.num_quantizers, config.num_iterations, config.exponent
         )
@@ -114,11 +111,6 @@ class EarTTS(nn.Module):
         self._masked: dict[tuple, mx.array] = {}  # (B, T) -> all-mask codes, see _masked_codes
         self._backbone_step: GemmaStep | None = None
         self.arena_attention = ArenaAttention()  # a setting: batched or per-row cores
-
-    @property
-    def schedule(self) -> tuple[int, ...]:
-        """Codebooks decided per depth pass."""
-        return self._schedule
 
     def set_vocabulary(self, vocabulary: Mapping[str, int]) -> None:
         self.embed_subword.set_vocabulary(vocabulary)
@@ -146,19 +138,12 @@ class EarTTS(nn.Module):
         :class:`CodebookTables`' view); ``mask_code`` (or any id past the codebook)
         contributes zero.
         """
-        q, size, latent = self.rvq_embs.shape
-        offsets = self._code_offsets
-        if self._offsets_for != (q, size):  # weights of another shape than the config's
-            offsets = mx.arange(q, dtype=mx.int32) * size
+        q, size, latent = self.rvq_embs.shape  # the config's (strict loading checks shapes)
         valid = codes < size
-        index = mx.where(valid, codes, 0).astype(mx.int32) + offsets
+        index = mx.where(valid, codes, 0).astype(mx.int32) + self._code_offsets
         rows = (self.rvq_embs.reshape(q * size, latent) if flat is None else flat)[index]
         rows = mx.where(valid[..., None], rows, 0)
         return rows.astype(mx.float32).sum(axis=-2)
-
-    def _text(self, subword_ids: mx.array, subword_mask: mx.array) -> mx.array:
-        """Subword embeddings for the ``[cond; uncond]`` batch (uncond = ``null_emb``)."""
-        return self._with_uncond(self.embed_subword(subword_ids, subword_mask))
 
     def _with_uncond(self, cond: mx.array) -> mx.array:
         return mx.concatenate([cond, mx.broadcast_to(self.null_emb, cond.shape)], axis=0)
@@ -192,15 +177,14 @@ class EarTTS(nn.Module):
         )
         starts = audio_mask & ~was_audio
         before_start = mx.cumsum(starts.astype(mx.int32), axis=1) == 0
-        if prompt_latent is None:
-            prompt = audio @ self.audio_prompt_projection_W
-        else:
-            prompt = prompt_latent.astype(audio.dtype)
+        prompt = (audio @ self.audio_prompt_projection_W if prompt_latent is None
+                  else prompt_latent.astype(audio.dtype))
         audio = mx.where(before_start[..., None], prompt, audio)
         audio = audio + starts[..., None] * self.bos_emb
         if cache is None:
             cache = self.make_cache()
-        hidden = self._run_backbone(audio, self._text(subword_ids, subword_mask), cache)
+        text = self._with_uncond(self.embed_subword(subword_ids, subword_mask))
+        hidden = self._run_backbone(audio, text, cache)
         return hidden, cache
 
     def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | Any = None,
@@ -209,9 +193,9 @@ class EarTTS(nn.Module):
 
         ``hidden`` is laid out ``[cond_0 .. cond_{B-1}; uncond_0 .. uncond_{B-1}]``
         (:meth:`backbone_step`'s layout). With one key stream per session the
-        fixed-shape loop runs as one compiled graph: each stream's
-        ``2 * depth_passes`` keys are taken up front, in the order the loop
-        consumes them (per pass: component sample, then noise), and row ``b``
+        fixed-shape loop runs as one compiled graph: each stream's two keys per
+        deciding depth pass are taken up front, in the order the loop consumes
+        them (per pass: component sample, then noise), and row ``b``
         draws from ``rngs[b]``'s keys only, so its codes and its stream end as
         that session run alone leaves them. ``rngs`` may instead be a batch's
         stacked keys (not a list: ``len`` rows, ``take(n)`` giving ``[B, n, 2]``).
@@ -230,7 +214,7 @@ class EarTTS(nn.Module):
                 f"generate_codes: hidden has {hidden.shape[0]} rows, "
                 f"expected {GUIDED_ROWS} per session for {len(rngs)} key streams"
             )
-        count = 2 * self.depth_passes
+        count = 2 * sum(1 for decided in self._schedule if decided)  # passes that decide
         if not isinstance(rngs, (list, tuple)):
             keys = rngs.take(count)  # a batch's stacked keys: one computation
         elif len(rngs) == 1:
@@ -257,14 +241,12 @@ class EarTTS(nn.Module):
         """``[batch, length, Q]`` int32 codes all ``mask_code``: where the depth loop
         starts, made once per shape (an input of the compiled loop, not a fill
         every frame)."""
-        codes = self._masked.get((batch, length))
-        if codes is None or codes.shape[-1] != self.config.num_quantizers:
+        if (batch, length) not in self._masked:
             # Lazy: the first frame that reads it fills it, within its own evaluation
             # (no host sync of its own); later frames read the filled array.
-            codes = mx.full((batch, length, self.config.num_quantizers), self.config.mask_code,
-                            mx.int32)
-            self._masked[(batch, length)] = codes
-        return codes
+            self._masked[(batch, length)] = mx.full(
+                (batch, length, self.config.num_quantizers), self.config.mask_code, mx.int32)
+        return self._masked[(batch, length)]
 
     def _codebook_tables(self) -> CodebookTables:
         # Built once (``prepare``, at load) and again after ``update``; not
@@ -289,11 +271,6 @@ class EarTTS(nn.Module):
         self.forget_derived()
         return super().update(parameters, strict=strict)
 
-    @property
-    def depth_passes(self) -> int:
-        """Depth passes that decide at least one codebook (5 of 8 for the release)."""
-        return sum(1 for count in self._schedule if count)
-
     def _depth_loop(
         self,
         hidden: mx.array,
@@ -303,8 +280,6 @@ class EarTTS(nn.Module):
         top_p: mx.array | None = None,
     ) -> mx.array:
         config = self.config
-        if hidden.shape[0] % 2:
-            raise ValueError("guided generation expects a [cond; uncond] batch")
         half = hidden.shape[0] // 2
         # [cond; uncond] as two halves: each pass adds the same code embedding to
         # both with one broadcast add (the adds ``embedded + cond`` and

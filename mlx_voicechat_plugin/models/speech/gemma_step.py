@@ -46,7 +46,6 @@ class GemmaStep:
         self.model = model
         self.attention = ArenaAttention() if attention is None else attention
         self.layers = model.layers
-        self.entry = entry
         last = len(self.layers) - 1
         self._forms = self._rope_forms()
         if self._forms is not None:
@@ -55,7 +54,11 @@ class GemmaStep:
             self._angles = mx.compile(
                 lambda offset: tuple(t for rope in ropes for t in rope.angles(offset)))
             self._qk_weights: list[tuple[mx.array, ...] | None] = [None] * len(self.layers)
-        self._enter = mx.compile(lambda rope, *inputs: self._pre(0, _rows(entry(*inputs)), rope))
+        # The spans carry one position's [b, width] rows: no product flattens its input
+        # and unflattens its output, and heads are one reshape (with one position,
+        # [b, 1, heads, d] transposed is [b, heads, 1, d] in the same order).
+        self._enter = mx.compile(
+            lambda rope, *inputs: self._pre(0, entry(*inputs).flatten(0, 1), rope))
         self._between = [
             mx.compile(lambda x, out, rope, i=i: self._pre(i + 1, self._post(i, x, out), rope))
             for i in range(last)
@@ -77,18 +80,15 @@ class GemmaStep:
         (every layer's, in a stack whose caches advance together), and its q/k norm
         weights per head (:meth:`_qk_weight`)."""
 
-        def offsets(i: int) -> tuple[int, ...]:
-            return ring_offsets(layers[i])
-
         def offset(key: tuple[int, ...]) -> mx.array:
             return mx.array(list(key) * group, dtype=mx.int32)
 
         if self._forms is None:
-            return lambda i: (offset(offsets(i)),)
+            return lambda i: (offset(ring_offsets(layers[i])),)
         tables: dict[tuple[int, ...], tuple[mx.array, ...]] = {}
 
         def rope(i: int) -> tuple:
-            key = offsets(i)
+            key = ring_offsets(layers[i])
             if key not in tables:
                 tables[key] = self._angles(offset(key))
             t = self._table_of[i]
@@ -102,12 +102,8 @@ class GemmaStep:
         h = self.layers[i].input_layernorm(x)
         if self._forms is not None:
             return (x, *self._rotated(i, attn, h, *rope))
-        q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
-        q, k, v = _heads(q, attn.n_heads), _heads(k, attn.n_kv_heads), _heads(v, attn.n_kv_heads)
         (offset,) = rope
-        q = attn.rope(attn.q_norm(q), offset=offset)
-        k = attn.rope(attn.k_norm(k), offset=offset)
-        return x, q, k, v
+        return (x, *_qkv(attn, h, lambda t: attn.rope(t, offset=offset)))
 
     def _qk_weight(self, i: int) -> tuple[mx.array, ...]:
         """Layer ``i``'s norm weights over its ``[q; k]`` heads (``[heads, 1, head_dim]``,
@@ -115,7 +111,11 @@ class GemmaStep:
         again only when a norm's weight is replaced; ``()`` where the norms are not
         Gemma-3's. An input to the span rather than work in it."""
         attn = self.layers[i].self_attn
-        if not _gemma_norms(attn):
+        # Gemma-3 RMSNorms (weight 1 + w) with one epsilon and one weight dtype (a stack
+        # of two dtypes would promote one of them).
+        if not (type(attn.q_norm) is GemmaRMSNorm is type(attn.k_norm)
+                and attn.q_norm.eps == attn.k_norm.eps
+                and attn.q_norm.weight.dtype == attn.k_norm.weight.dtype):
             return ()
         wq, wk = attn.q_norm.weight, attn.k_norm.weight
         held = self._qk_weights[i]
@@ -140,13 +140,8 @@ class GemmaStep:
             qk, v = mx.split(fused.layer(h), [fused.splits[1]], axis=-1)
             qk = _heads(qk, heads + kv_heads)
             qk = rope(rms_norm(qk, qk_weight, attn.q_norm.eps), cos, sin)
-            q, k = qk[:, :heads], qk[:, heads:]
-        else:
-            q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
-            q, k = _heads(q, heads), _heads(k, kv_heads)
-            q = rope(attn.q_norm(q), cos, sin)
-            k = rope(attn.k_norm(k), cos, sin)
-        return q, k, _heads(v, kv_heads)
+            return qk[:, :heads], qk[:, heads:], _heads(v, kv_heads)
+        return _qkv(attn, h, lambda t: rope(t, cos, sin))
 
     def _post(self, i: int, x: mx.array, out: mx.array) -> mx.array:
         layer = self.layers[i]
@@ -197,11 +192,9 @@ class GemmaStep:
             caches = layers[i]
             out = self.attention(q, k, v, caches, layer.self_attn.scale,
                              lambda: self._stream_cores(layer.self_attn, q, k, v, caches), memo)
-            if i + 1 < len(self.layers):
-                x, q, k, v = self._between[i](x, out, rope(i + 1))
-            else:
+            if i + 1 == len(self.layers):
                 return self._exit(x, out)
-        raise ValueError("empty Gemma-3 stack")
+            x, q, k, v = self._between[i](x, out, rope(i + 1))
 
     def _stream_cores(
         self, attn: Any, q: mx.array, k: mx.array, v: mx.array, caches: list[Any]
@@ -219,22 +212,15 @@ class GemmaStep:
         return joined.reshape(-1, *joined.shape[2:])
 
 
-def _rows(x: mx.array) -> mx.array:
-    """One position's ``[b, 1, width]`` as ``[b, width]`` rows: the spans carry rows, so
-    no product flattens its input and unflattens its output, and heads are one reshape
-    (with one position, ``[b, 1, heads, d]`` transposed is ``[b, heads, 1, d]`` in the
-    same order)."""
-    return x.reshape(x.shape[0], x.shape[-1])
+def _qkv(attn: Any, h: mx.array, rotate: Callable[[mx.array], mx.array]
+         ) -> tuple[mx.array, mx.array, mx.array]:
+    """q, k (each normed by its own norm, then rotated) and v of one position's rows."""
+    q, k, v = project(attn, "fused_qkv", (attn.q_proj, attn.k_proj, attn.v_proj), h)
+    q = rotate(attn.q_norm(_heads(q, attn.n_heads)))
+    k = rotate(attn.k_norm(_heads(k, attn.n_kv_heads)))
+    return q, k, _heads(v, attn.n_kv_heads)
 
 
 def _heads(x: mx.array, heads: int) -> mx.array:
     """A projection's ``[b, heads * d]`` rows of one position as ``[b, heads, 1, d]``."""
     return x.reshape(x.shape[0], heads, 1, -1)
-
-
-def _gemma_norms(attn: Any) -> bool:
-    """q and k normed by Gemma-3 RMSNorms (weight ``1 + w``) with one epsilon and one
-    weight dtype (a stack of two dtypes would promote one of them)."""
-    return (type(attn.q_norm) is GemmaRMSNorm and type(attn.k_norm) is GemmaRMSNorm
-            and attn.q_norm.eps == attn.k_norm.eps
-            and attn.q_norm.weight.dtype == attn.k_norm.weight.dtype)

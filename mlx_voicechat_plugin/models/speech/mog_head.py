@@ -130,15 +130,6 @@ def gumbel_argmax(
     return mx.argmax(log_probs + gumbel, axis=-1)
 
 
-def apply_guidance(x: mx.array, scale: float) -> mx.array:
-    """Classifier-free guidance over a ``[cond; uncond]`` batch: ``c + s (c - u)``."""
-    if x.shape[0] % 2:
-        raise ValueError("classifier-free guidance needs a [cond; uncond] batch")
-    half = x.shape[0] // 2
-    cond, uncond = x[:half], x[half:]
-    return cond + scale * (cond - uncond)
-
-
 class ResidualMLP(nn.Module):
     """Pre/post-normed gated MLP with a residual connection."""
 
@@ -221,8 +212,11 @@ class MoGHead(nn.Module):
         # Rows [B * T, dims] throughout: the same arithmetic without a
         # reshape around every projection.
         x = self.features(x.reshape(-1, dims))
-        if guidance_scale > 0.0:
-            x = apply_guidance(x, guidance_scale)
+        if guidance_scale > 0.0:  # classifier-free guidance over [cond; uncond]: c + s (c - u)
+            if x.shape[0] % 2:
+                raise ValueError("classifier-free guidance needs a [cond; uncond] batch")
+            cond, uncond = x[: x.shape[0] // 2], x[x.shape[0] // 2 :]
+            x = cond + guidance_scale * (cond - uncond)
             batch //= 2
         logits, logs, shared = project(self, "fused_heads", self.heads(), x)
         if isinstance(top_p, mx.array):  # per output row, over its positions

@@ -115,7 +115,6 @@ class CodebookTables:
         """``hold_f32`` ``False``: no float32 copies of lower-precision tables (the
         memory plan's choice, ``budget``): float32 residuals then promote the stored
         tables in each product, exactly, as they would without the copies."""
-        self.source = rvq_embs
         norms = codebook_norms(rvq_embs)
         self.tables = [rvq_embs[k] for k in range(rvq_embs.shape[0])]
         self.norms = [norms[k] for k in range(rvq_embs.shape[0])]

@@ -7,19 +7,12 @@ import mlx.nn as nn
 
 from ...config import CodecConfig, TTSConfig
 from .ear_tts import EarTTS
+from ..weight_layout import sanitize_under
 
 
 _CODEC_PREFIX = "audio_codec."
 # Checkpoint name -> module attribute for buffers stored under a private name.
 _RENAMES = {"_control_codes": "control_codes"}
-
-
-class PromptLatents(nn.Module):
-    """Stored speaker prompts, one ``[1, prompt_frames, hidden]`` latent per voice."""
-
-    def __init__(self, hidden_size: int, frames: int):
-        super().__init__()
-        self.Aria = mx.zeros((1, frames, hidden_size))
 
 
 class SpeechDecoder(nn.Module):
@@ -33,12 +26,13 @@ class SpeechDecoder(nn.Module):
         super().__init__()
         from ..codec.codec import Codec  # written alongside; imported late on purpose
 
-        self._tts_config = tts_config  # a plain attribute: not a parameter
 
         self.audio_codec = Codec(codec_config)
         self.tts_model = EarTTS(tts_config)
         self.control_codes = mx.zeros((3,), dtype=mx.int32)
-        self.audio_prompt_latents = PromptLatents(tts_config.hidden_size, tts_config.prompt_frames)
+        # Stored speaker prompts, one [1, prompt_frames, hidden] latent per voice.
+        self.audio_prompt_latents = {
+            "Aria": mx.zeros((1, tts_config.prompt_frames, tts_config.hidden_size))}
         self.codec_silence_tokens = mx.zeros((tts_config.num_quantizers,), dtype=mx.int32)
 
     def replace_control_codes(self, codes: mx.array) -> mx.array:
@@ -55,29 +49,18 @@ class SpeechDecoder(nn.Module):
         mask code (one past the codebook); text is ``pad_token_id`` with the last
         two positions marked valid, and only the last position is audio.
         """
-        frames = self.audio_prompt_latents.Aria.shape[1]
+        frames = self.audio_prompt_latents["Aria"].shape[1]
         samples = (frames + 1) * self.audio_codec.samples_per_frame
         codes = self.audio_codec.encode(mx.zeros((1, 1, samples), dtype=mx.float32))
         codes = codes.transpose(0, 2, 1)[:, :frames].astype(mx.int32)  # (1, frames, Q)
-        is_masked = mx.zeros((1, frames, 1), dtype=mx.bool_)
-        is_masked[:, 0] = True
-        is_masked[:, frames - 1] = True
-        codes = mx.where(is_masked, mx.array(self._tts_config.mask_code, mx.int32), codes)
+        codes[:, [0, frames - 1]] = self.tts_model.config.mask_code
         subword_ids = mx.full((1, frames), pad_token_id, dtype=mx.int32)
         positions = mx.arange(frames)[None]
         subword_mask = positions >= frames - 2
         audio_mask = positions >= frames - 1
-        return codes, subword_ids, subword_mask, audio_mask, self.audio_prompt_latents.Aria[:1]
+        return codes, subword_ids, subword_mask, audio_mask, self.audio_prompt_latents["Aria"][:1]
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Rename private buffers; the codec converts its own ``audio_codec.*`` tensors."""
-        out: dict[str, mx.array] = {}
-        codec: dict[str, mx.array] = {}
-        for key, value in weights.items():
-            if key.startswith(_CODEC_PREFIX):
-                codec[key[len(_CODEC_PREFIX) :]] = value
-            else:
-                out[_RENAMES.get(key, key)] = value
-        for key, value in self.audio_codec.sanitize(codec).items():
-            out[_CODEC_PREFIX + key] = value
-        return out
+        weights = sanitize_under(_CODEC_PREFIX, weights, self.audio_codec.sanitize)
+        return {_RENAMES.get(key, key): value for key, value in weights.items()}

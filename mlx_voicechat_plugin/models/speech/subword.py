@@ -9,7 +9,7 @@ the LLM tokenizer (:meth:`CharAwareSubwordEncoder.set_vocabulary`).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from functools import lru_cache
 from typing import Mapping
 
 import mlx.core as mx
@@ -100,14 +100,6 @@ class CharEncoder(nn.Module):
         return self.norm(x)
 
 
-class CharBackbone(nn.Module):
-    """Holder matching the checkpoint path ``backbone.encoder``."""
-
-    def __init__(self, config: CharacterEncoderConfig):
-        super().__init__()
-        self.encoder = CharEncoder(config)
-
-
 class SubwordFlagEmbedding(nn.Module):
     """Adds ``cont_emb[is_continuation[id]]``; ids past the table use ``pad_tensor``."""
 
@@ -138,56 +130,28 @@ class BOSEOSEmbedding(nn.Module):
         return x + self.special_emb(self.special_flags[ids])
 
 
-def character_table(vocabulary: Mapping[str, int]) -> dict[str, int]:
-    """Dense char ids: the tokenizer's single-character tokens in token-id order."""
-    singles = sorted((idx, token) for token, idx in vocabulary.items() if len(token) == 1)
-    return {token: dense for dense, (_, token) in enumerate(singles)}
-
-
-class _TokenMemo:
-    """Least-recently-used token -> embedding store.
-
-    A plain object, not a dict: a dict attribute would become part of the
-    module's state tree, and compiled functions taking that state as input
-    would retrace whenever a token is added.
-    """
-
-    def __init__(self, size: int = TOKEN_MEMO_SIZE):
-        self.size = size
-        self._items: OrderedDict[int, mx.array] = OrderedDict()
-
-    def get(self, token_id: int) -> mx.array | None:
-        item = self._items.get(token_id)
-        if item is not None:
-            self._items.move_to_end(token_id)
-        return item
-
-    def put(self, token_id: int, embedding: mx.array) -> None:
-        self._items[token_id] = embedding
-        if len(self._items) > self.size:
-            self._items.popitem(last=False)
-
-    def clear(self) -> None:
-        self._items.clear()
-
-
 class CharAwareSubwordEncoder(nn.Module):
     """Subword ids ``[B, T]`` -> embeddings ``[B, T, out_size]`` (dtype of ``embed_tokens``)."""
 
     def __init__(self, config: CharacterEncoderConfig, out_size: int):
         super().__init__()
-        self.backbone = CharBackbone(config)
+        self.backbone = {"encoder": CharEncoder(config)}  # the checkpoint's path
         self.embed_tokens = nn.Embedding(config.char_vocab_size, config.hidden_size)
         self.proj_embedding = nn.Linear(config.hidden_size, out_size, bias=False)
         self.subword_flag_emb = SubwordFlagEmbedding(config.subword_vocab_size, config.hidden_size)
         self.bos_eos_emb = BOSEOSEmbedding(config.subword_vocab_size, config.hidden_size)
         self.char_pad_id = config.char_vocab_size - 1
         self._spelling: dict[int, tuple[int, ...]] | None = None
-        self._memo = _TokenMemo()
+        # Least recently used out. A plain attribute, not a dict: a dict would become
+        # part of the module's state tree, and compiled functions taking that state as
+        # input would retrace whenever a token is added.
+        self._memo = lru_cache(maxsize=TOKEN_MEMO_SIZE)(self._embed_token)
 
     def set_vocabulary(self, vocabulary: Mapping[str, int]) -> None:
         """Spell every token of ``vocabulary`` (``tokenizer.get_vocab()``) in char ids."""
-        chars = character_table(vocabulary)
+        # Dense char ids: the tokenizer's single-character tokens in token-id order.
+        singles = sorted((idx, token) for token, idx in vocabulary.items() if len(token) == 1)
+        chars = {token: dense for dense, (_, token) in enumerate(singles)}
         expected = self.embed_tokens.weight.shape[0]
         if len(chars) + 1 != expected:
             raise ValueError(
@@ -198,7 +162,7 @@ class CharAwareSubwordEncoder(nn.Module):
             idx: tuple(chars[c] for c in token if c in chars)
             for token, idx in vocabulary.items()
         }
-        self._memo.clear()
+        self._memo.cache_clear()
 
     def token(self, token_id: int) -> mx.array:
         """``[1, 1, out_size]`` embedding of one token, memoized.
@@ -207,24 +171,18 @@ class CharAwareSubwordEncoder(nn.Module):
         was seen before (pad, most of a conversation) reuses the array the
         same call computed then: identical values, no character encoder run.
         """
-        embedding = self._memo.get(token_id)
-        if embedding is None:
-            # Spelled from the host integer: no read-back of the id array.
-            ids = mx.array([[token_id]], dtype=mx.int32)
-            embedding = self._embed(ids, self.spell_host([[token_id]], [[True]]))
-            self._memo.put(token_id, embedding)
-        return embedding
+        return self._memo(token_id)
+
+    def _embed_token(self, token_id: int) -> mx.array:
+        # Spelled from the host integer: no read-back of the id array.
+        ids = mx.array([[token_id]], dtype=mx.int32)
+        return self._embed(ids, self.spell([[token_id]], [[True]]))
 
     def spell(
-        self, subword_ids: mx.array, subword_mask: mx.array
-    ) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
-        """Spellings of the masked-in positions, in row-major order, with their (b, t)."""
-        return self.spell_host(subword_ids.tolist(), subword_mask.tolist())
-
-    def spell_host(
         self, subword_ids: list[list[int]], subword_mask: list[list[bool]]
     ) -> tuple[list[tuple[int, ...]], list[int], list[int]]:
-        """:meth:`spell` of host lists."""
+        """Spellings of the masked-in positions (host lists), in row-major order, with
+        their (b, t)."""
         if self._spelling is None:
             raise RuntimeError("call set_vocabulary(tokenizer.get_vocab()) before TTS")
         words, rows, cols = [], [], []
@@ -245,7 +203,7 @@ class CharAwareSubwordEncoder(nn.Module):
         )
         lengths = mx.array(lengths_list, mx.int32)
         key_mask = mx.arange(width)[None, :] < lengths[:, None]
-        hidden = self.backbone.encoder(self.embed_tokens(char_ids), key_mask)
+        hidden = self.backbone["encoder"](self.embed_tokens(char_ids), key_mask)
         pooled = (hidden * key_mask[..., None]).sum(axis=1)
         pooled = pooled / mx.maximum(lengths[:, None], 1)
         return self.proj_embedding(pooled)
@@ -253,7 +211,7 @@ class CharAwareSubwordEncoder(nn.Module):
     def __call__(self, subword_ids: mx.array, subword_mask: mx.array | None = None) -> mx.array:
         if subword_mask is None:
             subword_mask = mx.ones(subword_ids.shape, dtype=mx.bool_)
-        return self._embed(subword_ids, self.spell(subword_ids, subword_mask))
+        return self._embed(subword_ids, self.spell(subword_ids.tolist(), subword_mask.tolist()))
 
     def _embed(
         self,
