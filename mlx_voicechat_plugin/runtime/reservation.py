@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..models.language.context import ContextWindow, window_capacity
-from ..models.speech.ear_tts import GUIDED_ROWS
+from ..models.speech.ear_tts import GUIDED_ROWS, sliding_windows
 from .options import ConversationOptions
 
 logger = logging.getLogger(__name__)
@@ -79,13 +79,6 @@ def _head_dim(c: Any) -> int:
     return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
 
-def sliding_windows(config: Any) -> list[int | None]:
-    """Each backbone layer's own window (``None``: global), as EarTTS lays them out."""
-    tts = config.tts_config
-    return [None if (i + 1) % tts.sliding_window_pattern == 0 else tts.sliding_window
-            for i in range(tts.num_hidden_layers)]
-
-
 def kv_bytes(config: Any, shape: ConversationShape, frames: int | None) -> int:
     """Bytes the attention caches hold after ``frames`` frames (``None``: ever, which
     needs a bounded context)."""
@@ -99,7 +92,7 @@ def kv_bytes(config: Any, shape: ConversationShape, frames: int | None) -> int:
     tts_per = 2 * tts.num_key_value_heads * _head_dim(tts) * KV_ITEMSIZE * GUIDED_ROWS
     layers = str(config.text_config.hybrid_override_pattern).count("*")  # attention ones
     llm = layers * _capacity(llm_window, None, llm_at) * llm_per
-    tts = sum(_capacity(tts_window, s, tts_at) for s in sliding_windows(config)) * tts_per
+    tts = sum(_capacity(tts_window, s, tts_at) for s in sliding_windows(config.tts_config)) * tts_per
     return llm + tts
 
 

@@ -25,6 +25,7 @@ from ..models.cache_state import (
 from ..models.language.context import ContextWindow, bound_all
 from ..models.model import Model
 from ..models.remembered import WARM_START_DIR, checkpoint_key, load_arrays, save_arrays
+from ..models.speech.ear_tts import sliding_windows
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class WarmStart:
         codes, ids, id_mask, audio_mask, latents = speech.warmup_inputs(model.config.pad_token_id)
         hidden, cache = speech.tts_model.warmup(codes, ids, id_mask, audio_mask, latents)
         start = cls(cache_state(cache), cache_meta_state(cache), codes[:, -1:],
-                    tuple(speech.tts_model.sliding_windows()))
+                    tuple(sliding_windows(speech.tts_model.config)))
         mx.eval(hidden, start.prev_codes, start.state)
         return start
 

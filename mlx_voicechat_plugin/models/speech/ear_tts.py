@@ -68,6 +68,12 @@ _BACKBONE_FIELDS = (
 )
 
 
+def sliding_windows(config: TTSConfig) -> list[int | None]:
+    """Each backbone layer's own attention window in positions (``None``: a global layer)."""
+    return [None if (i + 1) % config.sliding_window_pattern == 0 else config.sliding_window
+            for i in range(config.num_hidden_layers)]
+
+
 class EarTTS(nn.Module):
     """RVQ EAR-TTS (checkpoint prefix ``tts_model.tts_model``); guidance is always on."""
 
@@ -119,17 +125,11 @@ class EarTTS(nn.Module):
         """Rotating caches on sliding-window layers, full caches on global ones; with
         ``context``, each layer's ring in that bounded context (:func:`~.context.ring`)."""
         if context is not None:
-            return [ring(context, s) for s in self.sliding_windows()]
+            return [ring(context, s) for s in sliding_windows(self.config)]
         return [
             KVCache() if s is None else RotatingKVCache(max_size=s, keep=0)
-            for s in self.sliding_windows()
+            for s in sliding_windows(self.config)
         ]
-
-    def sliding_windows(self) -> list[int | None]:
-        """Each layer's own attention window in positions (``None``: a global layer)."""
-        pattern = self.config.sliding_window_pattern
-        return [None if (i + 1) % pattern == 0 else self.config.sliding_window
-                for i in range(self.config.num_hidden_layers)]
 
     def embed_codes(self, codes: mx.array, flat: mx.array | None = None) -> mx.array:
         """Codes [B, T, Q] -> summed codebook latents [B, T, latent], float32.
