@@ -39,13 +39,6 @@ class HearingRow:
             raise RuntimeError("this session's state is rows of a pool's batch: read it "
                                "after StreamPool.extract(session_id)")
 
-    def hearing_nbytes(self) -> int:
-        """The bytes of its perception state and RNNT carry."""
-        source = self.perception
-        perception = 0 if source is None else (
-            getattr(source, "nbytes", None) or sum(a.nbytes for a in source.state))
-        return perception + self.rnnt.nbytes
-
 
 class HearingBatch:
     """The hearing state of a batch's rows, kept stacked between frames.

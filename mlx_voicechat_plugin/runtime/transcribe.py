@@ -154,7 +154,8 @@ class HearingState(HearingRow):
     @property
     def nbytes(self) -> int:
         self.check_own()
-        return self.hearing_nbytes()
+        perception = self.perception
+        return (0 if perception is None else perception.nbytes) + self.rnnt.nbytes
 
     def release(self) -> None:
         """Drop every array reference (the transcript stays readable)."""
