@@ -268,10 +268,6 @@ class ConversationStream(StreamingShell):
     def prompt_cache_hit(self) -> bool:
         return self.conversation.prompt_cache_hit
 
-    @property
-    def tools(self):
-        return self.conversation.tools
-
     def submit_tool_result(self, call_id: str, output: str) -> int:
         """Feed a call's result back: its tokens enter the next frames' function input.
 
