@@ -22,7 +22,7 @@ import json
 import logging
 import uuid
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 from .events import ToolCall, ToolCallInvalid, ToolResultInjected
 from ..quoting import brief
@@ -46,21 +46,15 @@ MAX_PENDING_CALLS = 256
 MAX_ANSWERED_CALLS = 1024
 
 
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex
-
-
 class ToolChannel:
     """One session's tool calls: the cursor over the function channel's cumulative text,
     the call registry and the forced-token queue of results."""
 
     def __init__(self, tools: ToolSet, tokenizer: Any, *,
-                 max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN,
-                 call_id: Callable[[], str] = new_call_id):
+                 max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN):
         self.tools = tools
         self.tokenizer = tokenizer
         self.max_calls_per_turn = max_calls_per_turn
-        self._call_id = call_id
         self._consumed = 0  # characters of the cumulative text already parsed
         self._start: int | None = None  # where an open block's content begins
         self._dropped = 0  # characters the text has lost off its front (a bounded channel)
@@ -135,7 +129,7 @@ class ToolChannel:
                 ))
             else:
                 self.calls_this_turn += 1
-                event = ToolCall(frame_index, self._call_id(), call.name,
+                event = ToolCall(frame_index, "call_" + uuid.uuid4().hex, call.name,
                                  json.dumps(call.arguments))
                 self.pending[event.call_id] = event
                 _forget_oldest(self.pending, MAX_PENDING_CALLS)
