@@ -228,6 +228,7 @@ class TokenText:
 
     def __init__(self, tokenizer: Any, hidden_ids: frozenset[int],
                  keep_chars: int | None = None):
+        self.tokenizer = tokenizer
         self._decode = ids_decoder(tokenizer)
         self.hidden_ids = hidden_ids
         self.tokens: list[int] = []
