@@ -216,8 +216,7 @@ def unfuse(blocks: Sequence[Any]) -> None:
     """Forget the fused layers of ``blocks`` (their weights are being replaced)."""
     for block in blocks:
         for name in FUSED:
-            if getattr(block, name, None) is not None:
-                setattr(block, name, None)
+            setattr(block, name, None)
 
 
 def project(owner: Any, name: str, modules: Sequence[Any], x: mx.array) -> list[mx.array]:
