@@ -84,10 +84,7 @@ class Framer:
         """The first marker once no frame can be cut before it, else ``None``."""
         if self.frame_ready():
             return None
-        for item in self.items:
-            if not isinstance(item, Chunk):
-                return item
-        return None
+        return next((item for item in self.items if not isinstance(item, Chunk)), None)
 
     # --- taking -------------------------------------------------------------------
 
