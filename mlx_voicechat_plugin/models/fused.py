@@ -164,12 +164,7 @@ def fuse(modules: Sequence[Any], verdicts: ProbeVerdicts | None = None) -> Fused
     mx.eval(arrays)
     fused = Fused(layer, [m.weight.shape[0] for m in modules])
     verdicts = verdicts or ProbeVerdicts(None)
-    key = probe_key(modules)
-    verdict = verdicts.get(key)
-    if verdict is None:
-        verdict = _agrees(fused, modules)
-        verdicts.put(key, verdict)
-    if not verdict:
+    if not verdicts.verdict(probe_key(modules), lambda: _agrees(fused, modules)):
         return None
     for module, start, size in zip(modules, [0, *fused.splits], fused.sizes):
         for name in ("weight", "bias", "scales", "biases"):

@@ -34,7 +34,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -93,12 +93,13 @@ class ProbeVerdicts:
         directory = cache_dir()
         return cls(None if directory is None else directory / PROBE_FILE)
 
-    def get(self, key: str) -> bool | None:
-        return self.verdicts.get(f"{device_key()}|{key}")
-
-    def put(self, key: str, verdict: bool) -> None:
-        self.verdicts[f"{device_key()}|{key}"] = verdict
-        self.added += 1
+    def verdict(self, key: str, probe: Callable[[], bool]) -> bool:
+        """The remembered verdict on ``key`` on this device, else ``probe()``'s, remembered."""
+        key = f"{device_key()}|{key}"
+        if key not in self.verdicts:
+            self.verdicts[key] = probe()
+            self.added += 1
+        return self.verdicts[key]
 
     def save(self) -> None:
         if self.path is None or not self.added:

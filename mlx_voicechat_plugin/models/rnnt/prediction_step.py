@@ -168,11 +168,8 @@ def symbol_inputs(decoder: PredictNetwork, held: Held | None, verdicts: ProbeVer
         "symbol-inputs", rows, embed.weight.dtype, tuple(embed.weight.shape), type(layer).__name__,
         layer.Wx.dtype, tuple(layer.Wx.shape), None if layer.bias is None else layer.bias.dtype,
         None if wx32 is None else (wx32.dtype, tuple(wx32.shape))))
-    verdict = verdicts.get(key)
-    if verdict is None:
-        verdict = _rows_agree(part, table, symbols, rows)
-        verdicts.put(key, verdict)
-        verdicts.save()
+    verdict = verdicts.verdict(key, lambda: _rows_agree(part, table, symbols, rows))
+    verdicts.save()  # writes only when a verdict is new
     return table if verdict else None
 
 
