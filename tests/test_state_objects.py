@@ -172,3 +172,13 @@ def test_a_conversation_restored_mid_stream_continues_as_the_original(tiny_ckpt)
         want += original.push_audio(chunk)
         got += restored.push_audio(chunk)
     assert outputs(got) == outputs(want)
+
+
+def test_a_whole_signal_source_refuses_a_snapshot_with_perception_state():
+    from mlx_voicechat_plugin.runtime.compute import WholeSignal
+
+    source = WholeSignal(mx.zeros((1, 3, 4)), mx.zeros((1, 3, 4)))
+    source.state = []  # an offline conversation's own snapshot: nothing to restore
+    assert source.state == []
+    with pytest.raises(ValueError, match="whole-signal source carries no state, got 2 arrays"):
+        source.state = [mx.zeros((1, 2)), mx.zeros((1, 2))]  # a streaming encoder's state

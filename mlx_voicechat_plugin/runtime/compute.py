@@ -49,8 +49,16 @@ class WholeSignal:
     def __init__(self, projected: mx.array, encoded: mx.array):
         self.projected, self.encoded = projected, encoded
         self.frames = projected.shape[1]
-        # No carried arrays: the whole signal's outputs are inputs, not state.
-        self.state: list[mx.array] = []
+
+    @property
+    def state(self) -> list[mx.array]:
+        """No carried arrays: the whole signal's outputs are inputs, not state."""
+        return []
+
+    @state.setter
+    def state(self, value: list[mx.array]) -> None:
+        if value:
+            raise ValueError(f"a whole-signal source carries no state, got {len(value)} arrays")
 
     def push(self, frame: int) -> tuple[mx.array, mx.array]:
         return self.projected[:, frame : frame + 1], self.encoded[:, frame : frame + 1]
