@@ -144,13 +144,13 @@ class LanguageState:
     @property
     def nbytes(self) -> int:
         """The bytes of ``state`` (:func:`~.cache_state.state_nbytes`)."""
-        return state_nbytes(self.cache) if self.cache is not None else \
-            sum(a.nbytes for a in self.history)
+        return (state_nbytes(self.cache) if self.cache is not None
+                else sum(a.nbytes for a in self.history))
 
     @property
     def meta_state(self) -> tuple[str, MetaState | int]:
-        return ("cache", cache_meta_state(self.cache)) if self.cache is not None else \
-            ("history", len(self.history))
+        return (("cache", cache_meta_state(self.cache)) if self.cache is not None
+                else ("history", len(self.history)))
 
     @classmethod
     def from_state(cls, state: list[mx.array], meta_state: tuple[str, Any]) -> "LanguageState":

@@ -63,8 +63,8 @@ def _attend_kv(attn: nn.Module, q_in: mx.array, k: mx.array, v: mx.array, p: mx.
     # (One query: the relative shift pads a zero in front, reads the row one step
     # later and drops the zero, so its row comes back as it was: nothing to launch.)
     matrix_bd = matrix_bd[:, :, :, :ksz] * attn.scale
-    o = attention_prescaled(q_u, k, v, matrix_bd) if prescaled else \
-        mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=matrix_bd)
+    o = (attention_prescaled(q_u, k, v, matrix_bd) if prescaled
+         else mx.fast.scaled_dot_product_attention(q_u, k, v, scale=attn.scale, mask=matrix_bd))
     return attn.linear_out(o.transpose(0, 2, 1, 3).reshape(batch, c, -1))
 
 
