@@ -525,6 +525,41 @@ def test_a_connection_is_read_no_faster_than_its_rate_past_the_burst():
     assert asyncio.run(read(10)) >= (10 - 2) * MIB / rate * 0.95
 
 
+def test_a_call_reads_its_data_channel_no_faster_than_its_rate_past_the_burst():
+    """The WebRTC transport hands a call's data channel messages over at the same rate:
+    messages sent back to back wait on the budget, and more than ``max_pending``
+    waiting unread, or more than ``max_pending_bytes`` of them, end the call, so what a
+    client can queue stays bounded."""
+    pytest.importorskip("aiortc")
+    from mlx_voicechat_plugin.server.messages import Hangup
+    from mlx_voicechat_plugin.server.transport.webrtc import WebRTCTransport
+    from mlx_voicechat_plugin.server.transport.websocket import ReadRate
+
+    rate = 16 * MIB
+
+    async def read(frames: int) -> tuple[float, object, object]:
+        transport = WebRTCTransport(frames, 1.0, max_pending_bytes=frames * MIB,
+                                    read_rate=ReadRate(rate, 2 * MIB))
+        for _ in range(frames):
+            transport._on_message("x" * MIB)
+        started = time.monotonic()
+        for _ in range(frames):
+            assert len(await transport.receive()) == MIB
+        elapsed = time.monotonic() - started
+        for _ in range(frames + 1):  # one past max_pending unread: the call ends
+            transport._on_message("y")
+        by_count = transport.inbox[-1]
+        transport = WebRTCTransport(frames, 1.0, max_pending_bytes=2 * MIB)
+        for _ in range(3):  # the third megabyte is past max_pending_bytes: the call ends
+            transport._on_message("x" * MIB)
+        return elapsed, by_count, list(transport.inbox)
+
+    elapsed, by_count, by_bytes = asyncio.run(read(10))
+    assert elapsed >= (10 - 2) * MIB / rate * 0.95
+    assert isinstance(by_count, Hangup)
+    assert len(by_bytes) == 3 and isinstance(by_bytes[-1], Hangup)
+
+
 def test_the_read_rate_is_a_serve_flag_with_its_default():
     from mlx_voicechat_plugin.cli.serve import build_parser
 

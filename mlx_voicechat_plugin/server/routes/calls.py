@@ -40,6 +40,7 @@ from ..limits import ServerLimits
 from ..mcp.manager import McpManager
 from ..operations.drain import Drain
 from ..transport.ice import ICEConfig
+from ..transport.websocket import ReadRate
 from ..wire import ProtocolError
 from .access import Access, bearer_token
 
@@ -206,7 +207,9 @@ class Calls:
         transport = self.transport_class(self.limits.max_pending_events,
                                          self.limits.send_timeout,
                                          on_end=lambda: self.open.pop(call_id[0], None),
-                                         max_pending_bytes=self.limits.max_pending_bytes)
+                                         max_pending_bytes=self.limits.max_pending_bytes,
+                                         read_rate=ReadRate(self.limits.max_read_bytes_per_second,
+                                                            4 * self.limits.max_message_bytes))
         connection = connect(transport, dialect, engine, self.model_id, self.limits,
                              self.mcp)
         call_id.append(name(connection.session_id))

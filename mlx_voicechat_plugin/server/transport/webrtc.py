@@ -9,8 +9,11 @@ the client's SDP offer and makes the answer (candidates gathered as
   named :data:`EVENTS_CHANNEL`, and the client's audio track decoded to
   PCM16 (:mod:`.rtc_media`) as :class:`~..messages.AudioIn`, queued audio
   handed over joined; audio the connection has not taken past
-  :data:`MAX_AUDIO_BACKLOG` frames is dropped (media cannot wait), and more
-  than ``max_pending`` unread messages end the call;
+  :data:`MAX_AUDIO_BACKLOG` frames is dropped (media cannot wait), the
+  messages are handed over no faster than the ``read_rate`` (the WebSocket
+  transport's :class:`~.websocket.ReadRate`: a message past the budget waits
+  until it has refilled), and more than ``max_pending`` unread messages, or
+  ``max_pending_bytes`` of them, end the call;
 - out: each :class:`~..messages.JsonOut` as JSON text on the data channel
   (queued until the channel opens); more than ``max_pending`` events waiting
   for it, or ``max_pending_bytes`` unsent (queued or buffered on the
@@ -44,7 +47,7 @@ from ..messages import (AudioIn, AudioMark, AudioOut, ClearAudio, ClientNotReadi
 from .ice import ICEConfig, quick_consent
 from .outbox import frame_bytes
 from .rtc_media import RATE, SpeechTrack, read_track
-from .websocket import serialize
+from .websocket import ReadRate, serialize
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +88,10 @@ class WebRTCTransport:
     joins_audio = True  # a receive takes the track's audio queued by then, as one chunk
 
     def __init__(self, max_pending: int, send_timeout: float,
-                 on_end: Callable[[], None] | None = None, *, max_pending_bytes: int):
+                 on_end: Callable[[], None] | None = None, *, max_pending_bytes: int,
+                 read_rate: ReadRate | None = None):
         self.max_pending = max_pending
+        self.read_rate = read_rate
         self.max_pending_bytes = max_pending_bytes
         self.send_timeout = send_timeout
         self.on_end = on_end
@@ -94,6 +99,7 @@ class WebRTCTransport:
         self.inbox: deque[Received] = deque()
         self.arrived = asyncio.Event()
         self.messages = 0  # text/binary messages in the inbox
+        self.message_bytes = 0  # their sizes, as the read rate counts them
         self.audio_frames = 0  # AudioIn in the inbox
         self.dropped = 0  # audio frames dropped: the connection was not taking them
         self.channel: Any = None
@@ -155,11 +161,14 @@ class WebRTCTransport:
         self.arrived.set()
 
     def _on_message(self, message: str | bytes) -> None:
-        if self.messages >= self.max_pending:
-            logger.warning("call closed: %d data channel messages unread", self.messages)
+        if self.messages >= self.max_pending or \
+                self.message_bytes + len(message) > self.max_pending_bytes:
+            logger.warning("call closed: %d data channel messages (%d bytes) unread",
+                           self.messages, self.message_bytes)
             self.hang_up()
             return
         self.messages += 1
+        self.message_bytes += len(message)
         self._put(message)
 
     def _on_audio(self, audio: AudioIn) -> None:
@@ -175,6 +184,7 @@ class WebRTCTransport:
     def inject(self, message: str) -> None:
         """A message handled as if the client had sent it first (the call's session)."""
         self.messages += 1
+        self.message_bytes += len(message)
         self._put(message)
 
     def hang_up(self) -> None:
@@ -198,6 +208,11 @@ class WebRTCTransport:
             return item
         if not isinstance(item, AudioIn):
             self.messages -= 1
+            self.message_bytes -= len(item)
+            if self.read_rate is not None:
+                wait = self.read_rate.wait_for(len(item))
+                if wait:
+                    await asyncio.sleep(wait)
             return item
         parts = [item.data]
         while self.inbox and isinstance(self.inbox[0], AudioIn) \
