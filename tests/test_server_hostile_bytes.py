@@ -537,7 +537,7 @@ def test_a_call_reads_its_data_channel_no_faster_than_its_rate_past_the_burst():
 
     rate = 16 * MIB
 
-    async def read(frames: int) -> tuple[float, object, object]:
+    async def read(frames: int) -> tuple[float, object, list, list]:
         transport = WebRTCTransport(frames, 1.0, max_pending_bytes=frames * MIB,
                                     read_rate=ReadRate(rate, 2 * MIB))
         for _ in range(frames):
@@ -552,12 +552,17 @@ def test_a_call_reads_its_data_channel_no_faster_than_its_rate_past_the_burst():
         transport = WebRTCTransport(frames, 1.0, max_pending_bytes=2 * MIB)
         for _ in range(3):  # the third megabyte is past max_pending_bytes: the call ends
             transport._on_message("x" * MIB)
-        return elapsed, by_count, list(transport.inbox)
+        by_bytes = list(transport.inbox)
+        transport = WebRTCTransport(frames, 1.0, max_pending_bytes=2 * MIB)
+        for _ in range(3):  # text counts its UTF-8 bytes, not its characters
+            transport._on_message("\u00e9" * (MIB // 2))
+        return elapsed, by_count, by_bytes, list(transport.inbox)
 
-    elapsed, by_count, by_bytes = asyncio.run(read(10))
+    elapsed, by_count, by_bytes, by_utf8 = asyncio.run(read(10))
     assert elapsed >= (10 - 2) * MIB / rate * 0.95
     assert isinstance(by_count, Hangup)
     assert len(by_bytes) == 3 and isinstance(by_bytes[-1], Hangup)
+    assert len(by_utf8) == 3 and isinstance(by_utf8[-1], Hangup)
 
 
 def test_the_read_rate_is_a_serve_flag_with_its_default():

@@ -226,7 +226,8 @@ def build_parser(prog: str = "mlx-voicechat serve") -> argparse.ArgumentParser:
                              f"is not counted (default: {defaults.max_pending_bytes // MIB} MiB)")
     limits.add_argument("--max-read-bytes-per-second", type=int,
                         default=defaults.max_read_bytes_per_second,
-                        help="bytes a second one WebSocket's messages are read at, past a "
+                        help="bytes a second one WebSocket's (or WebRTC call's data channel's) "
+                             "messages are read at, past a "
                              "burst of four messages at --max-message-bytes; a faster client "
                              "waits, it is not refused "
                              f"(default: {defaults.max_read_bytes_per_second // MIB} MiB)")

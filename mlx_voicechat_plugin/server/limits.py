@@ -53,8 +53,9 @@ class ServerLimits:
     # Bytes of unsent new events (as sent) before a client counts as not reading.
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
     send_timeout: float = 10.0  # longest wait for queued events (and the close) at the end
-    # Bytes a second one WebSocket's messages are read at, past a burst of four messages
-    # at the cap: a faster client waits (its socket pushes back), it is not refused.
+    # Bytes a second one WebSocket's (or call's data channel's) messages are read at, past
+    # a burst of four messages at the cap (read_burst_bytes): a faster client waits, it is
+    # not refused.
     # Real-time audio is ~64 KiB/s; a file client streams at ~30x real time under it.
     max_read_bytes_per_second: int = 2 * MIB
     max_session_wall_seconds: float = 1800.0  # a connection's whole life, whatever it sends
@@ -166,6 +167,11 @@ class ServerLimits:
         guard = ConnectionGuard(self.max_connections, self.max_connections_per_client,
                                 self.header_timeout, body_timeout=self.body_timeout)
         return {"ws_max_size": self.transport_max_bytes, **uvicorn_protocols(guard)}
+
+    @property
+    def read_burst_bytes(self) -> int:
+        """The read rate's burst: four messages at ``max_message_bytes``."""
+        return 4 * self.max_message_bytes
 
     @property
     def transport_max_bytes(self) -> int:

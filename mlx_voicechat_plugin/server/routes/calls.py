@@ -209,7 +209,7 @@ class Calls:
                                          on_end=lambda: self.open.pop(call_id[0], None),
                                          max_pending_bytes=self.limits.max_pending_bytes,
                                          read_rate=ReadRate(self.limits.max_read_bytes_per_second,
-                                                            4 * self.limits.max_message_bytes))
+                                                            self.limits.read_burst_bytes))
         connection = connect(transport, dialect, engine, self.model_id, self.limits,
                              self.mcp)
         call_id.append(name(connection.session_id))

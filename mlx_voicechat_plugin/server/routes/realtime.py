@@ -131,7 +131,7 @@ class Realtime:
         transport = WebSocketTransport(
             websocket, limits.max_pending_events, limits.send_timeout, subprotocol,
             max_pending_bytes=limits.max_pending_bytes,
-            read_rate=ReadRate(limits.max_read_bytes_per_second, 4 * limits.max_message_bytes))
+            read_rate=ReadRate(limits.max_read_bytes_per_second, limits.read_burst_bytes))
         opener = ephemeral if ephemeral is not None else key  # what the token is bound to
         if token is not None:
             connection = await self.resuming(websocket, transport, dialect, token, opener)

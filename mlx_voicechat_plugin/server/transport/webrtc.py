@@ -63,6 +63,11 @@ Received = Union[str, bytes, AudioIn, AudioMark, Hangup]
 MAX_M_SECTIONS = 8
 
 
+def message_bytes(message: str | bytes) -> int:
+    """A data channel message's size: a text message's UTF-8 bytes, as it came."""
+    return len(message) if isinstance(message, bytes) else frame_bytes(message)
+
+
 class OfferError(ValueError):
     """The client's SDP offer cannot be answered (malformed, or without audio)."""
 
@@ -99,7 +104,7 @@ class WebRTCTransport:
         self.inbox: deque[Received] = deque()
         self.arrived = asyncio.Event()
         self.messages = 0  # text/binary messages in the inbox
-        self.message_bytes = 0  # their sizes, as the read rate counts them
+        self.unread_bytes = 0  # their sizes (:func:`message_bytes`)
         self.audio_frames = 0  # AudioIn in the inbox
         self.dropped = 0  # audio frames dropped: the connection was not taking them
         self.channel: Any = None
@@ -161,14 +166,15 @@ class WebRTCTransport:
         self.arrived.set()
 
     def _on_message(self, message: str | bytes) -> None:
+        size = message_bytes(message)
         if self.messages >= self.max_pending or \
-                self.message_bytes + len(message) > self.max_pending_bytes:
+                self.unread_bytes + size > self.max_pending_bytes:
             logger.warning("call closed: %d data channel messages (%d bytes) unread",
-                           self.messages, self.message_bytes)
+                           self.messages, self.unread_bytes)
             self.hang_up()
             return
         self.messages += 1
-        self.message_bytes += len(message)
+        self.unread_bytes += size
         self._put(message)
 
     def _on_audio(self, audio: AudioIn) -> None:
@@ -184,7 +190,7 @@ class WebRTCTransport:
     def inject(self, message: str) -> None:
         """A message handled as if the client had sent it first (the call's session)."""
         self.messages += 1
-        self.message_bytes += len(message)
+        self.unread_bytes += message_bytes(message)
         self._put(message)
 
     def hang_up(self) -> None:
@@ -207,10 +213,11 @@ class WebRTCTransport:
         if isinstance(item, AudioMark):
             return item
         if not isinstance(item, AudioIn):
+            size = message_bytes(item)
             self.messages -= 1
-            self.message_bytes -= len(item)
+            self.unread_bytes -= size
             if self.read_rate is not None:
-                wait = self.read_rate.wait_for(len(item))
+                wait = self.read_rate.wait_for(size)
                 if wait:
                     await asyncio.sleep(wait)
             return item
