@@ -79,6 +79,20 @@ SCENARIOS = {  # id -> (first step, seconds of audio, options)
         "b": (1, 1.2, dict(seed=2, top_p=0.5)),
         "c": (2, 1.0, dict(seed=3, top_p=1.0)),
     },
+    # A fresh session's first position (no prompt: it neither talks nor has its
+    # Mamba2 states yet) beside rows that talk: they stay stacked, it runs on its own.
+    "a fresh session joins two that talk": {
+        "a": (0, 1.2, dict(seed=1)),
+        "b": (1, 1.2, dict(seed=2)),
+        "c": (4, 0.8, dict(seed=3)),
+    },
+    # ... and one leaves at the step it joins, another the step after.
+    "a fresh session joins as others leave": {
+        "a": (0, 0.4, dict(seed=4)),
+        "b": (1, 0.56, dict(seed=5)),
+        "c": (2, 1.2, dict(seed=6)),
+        "d": (5, 0.8, dict(seed=7)),
+    },
     # Past 70 frames every encoder window is full: the steady stack runs batched.
     "past the encoder's full windows": {
         "a": (0, 6.4, dict(seed=4)),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
@@ -139,37 +140,51 @@ class Timeline:
             KeyRows.merge([p for t in rows for p in ([t.keys] if t.keys is not None else t.rngs)]),
         )
         merged.top_p = [p for t in rows for p in t.top_p]
-        merged._stack([[p for t in rows for p in (
-            [t.arenas[i]] if t.arenas is not None else [c[i] for c in t.tts_caches])]
-            for i in range(len(rows[0].tts_caches[0]))])
+        merged._stack([[p for t in rows for p in t._speech_parts(i)]
+                       for i in range(len(rows[0].tts_caches[0]))])
         return merged
+
+    def _speech_parts(self, layer: int) -> list[Any]:
+        """The backbone layer's rings of every row in order: its arena (the first rows'),
+        then the other rows' own caches."""
+        stacked = self._arena_rows()
+        return [*(self.arenas[layer:layer + 1] if stacked else ()),
+                *(c[layer] for c in self.tts_caches[stacked:])]
+
+    def _arena_rows(self) -> int:
+        """How many rows the backbone's arenas hold: the first ones, or none."""
+        return 0 if self.arenas is None else self.arenas[0].sessions
 
     def _stack(self, speech: list[list[Any]] | None = None) -> None:
         """Rows that are all ready step as one stacked state: the language states as
         :class:`LanguageRows`, the backbone's rings (``speech``, each layer's parts) as
-        one :class:`KVArena` a layer while every row talks (each row's own caches give
-        their arrays up). While one is not (a fresh conversation's first position),
-        every row steps on its own. Run when the rows change (:meth:`merge`) and after
-        a position at which one became ready."""
+        one :class:`KVArena` a layer for the rows that talk (each row's own caches give
+        their arrays up). A fresh conversation at its first position (a joiner, after
+        the rows that step already) neither talks nor is ready: its language state
+        steps on its own beside the others' stack and its rings stay its own, so the
+        others stay stacked as they were. Run when the rows change (:meth:`merge`) and
+        after a position at which one became ready."""
         if self.batch_size < 2:
             return
-        language = self.language
-        if all(map(self.model.stt_model.ready, language)):
-            if len(language) > 1:
-                self.language = [LanguageRows(language)]
-        else:
-            self.language = [r for s in language for r in (
-                s.split() if isinstance(s, LanguageRows) else [s])]
+        groups: list[LanguageState] = []  # consecutive ready states stacked as one
+        for ready, states in groupby(self.language, key=self.model.stt_model.ready):
+            states = list(states)
+            groups += [LanguageRows(states)] if ready and len(states) > 1 else states
+        self.language = groups
         if speech is None:
-            if self.arenas is not None:
+            if self._arena_rows() == self.batch_size:
                 return
-            speech = [list(layer) for layer in zip(*self.tts_caches)]
-        if all(p > 0 for p in self.positions) and all(
-                KVArena.fits(parts, GUIDED_ROWS) for parts in speech):
-            self.arenas = [KVArena.merge(parts, GUIDED_ROWS) for parts in speech]
+            speech = [self._speech_parts(i) for i in range(len(self.tts_caches[0]))]
+        # The rows that talk stack when they come first (a row at its first position is
+        # a joiner, after them, its rings its own parts); one arena alone is kept as it is.
+        talking = sum(p > 0 for p in self.positions)
+        parts = [layer[:len(layer) - self.batch_size + talking] for layer in speech]
+        if talking > 1 and all(self.positions[:talking]) and all(
+                KVArena.fits(p, GUIDED_ROWS) for p in parts):
+            self.arenas = [p[0] if len(p) == 1 else KVArena.merge(p, GUIDED_ROWS) for p in parts]
         else:
             self.arenas = None
-            for part in (p for parts in speech for p in parts if isinstance(p, KVArena)):
+            for part in (p for layer in speech for p in layer if isinstance(p, KVArena)):
                 part.split()
 
     def remove(self, index: int) -> "Timeline":
@@ -177,22 +192,25 @@ class Timeline:
         arenas); the other rows stay stacked as they are. A one-row timeline: itself."""
         if self.batch_size == 1:
             return self
-        language = self.language[0]
+        group, within = self._language_row(index)
+        language = self.language[group]
         if isinstance(language, LanguageRows):
-            row = language.remove(index)
+            row = language.remove(within)
             if len(language.rows) == 1:
-                self.language = [language.extract(0)]
+                self.language[group] = language.extract(0)
         else:
-            row = self.language.pop(index)
+            row = self.language.pop(group)
         caches, rng = self.tts_caches.pop(index), self.rngs.pop(index)
         if self.keys is not None:
             rng.key = self.keys.remove(index)
-        rest = [b for b in range(len(self.positions)) if b != index]
-        for arena in self.arenas or ():
-            arena.extract(index)
-            arena.extract(rest[0]) if len(rest) == 1 else arena.filter(rest)
-        if len(rest) == 1:
-            self.arenas = None
+        stacked = self._arena_rows()
+        if index < stacked:  # its rings are the arena's: copied out, the others kept
+            rest = [b for b in range(stacked) if b != index]
+            for arena in self.arenas:
+                arena.extract(index)
+                arena.extract(rest[0]) if len(rest) == 1 else arena.filter(rest)
+            if len(rest) == 1:
+                self.arenas = None
         own = self._with([self.positions.pop(index)], [row], [caches], [rng],
                          [own_row(a, index) for a in (self.prev_text, self.prev_function,
                                                       self.prev_codes)])
@@ -202,6 +220,15 @@ class Timeline:
         if self.keys is not None and self.batch_size == 1:  # the last row's key is its own again
             self.rngs[0].key, self.keys = self.keys.keys[0], None
         return own
+
+    def _language_row(self, index: int) -> tuple[int, int]:
+        """Which of :attr:`language`'s states holds row ``index``, and its row there."""
+        for group, state in enumerate(self.language):
+            rows = len(state.rows) if isinstance(state, LanguageRows) else 1
+            if index < rows:
+                return group, index
+            index -= rows
+        raise IndexError(f"row {index} is past the timeline's {self.batch_size} rows")
 
     # --- state ------------------------------------------------------------------
 
@@ -224,10 +251,12 @@ class Timeline:
 
     def row_nbytes(self, index: int) -> int:
         """The bytes of row ``index``'s ``state`` (as :meth:`remove` of it would size them)."""
-        language = self.language[0]
-        return ((language.row_nbytes(index) if isinstance(language, LanguageRows)
-                 else self.language[index].nbytes) + state_nbytes(self.tts_caches[index])
-                + sum(a.row_nbytes(index) for a in self.arenas or ())
+        group, within = self._language_row(index)
+        language = self.language[group]
+        return ((language.row_nbytes(within) if isinstance(language, LanguageRows)
+                 else language.nbytes) + state_nbytes(self.tts_caches[index])
+                + (sum(a.row_nbytes(index) for a in self.arenas)
+                   if index < self._arena_rows() else 0)
                 + (sum(a.nbytes for a in self.rngs[index].state) if self.keys is None
                    else self.keys.keys.nbytes // len(self.keys))
                 + sum(a.nbytes // a.shape[0]
@@ -403,3 +432,4 @@ class Timeline:
         mx.eval([step.codes for step in steps])
         clock.stage("tts")
         return steps
+

@@ -73,16 +73,21 @@ class DuplexSTT(nn.Module):
 
         One state of stacked rows (:class:`LanguageRows`, a batch's) or one
         ready row (every Mamba2 state exists) runs through the compiled runs
-        (:class:`SegmentedStep`) as it is. Several one-row states (a batch
-        whose rows are not all ready yet) each run alone: a ready one through
+        (:class:`SegmentedStep`) as it is. Several states (a batch whose rows
+        are not all ready yet: its ready rows stacked, each other row on its
+        own) take their rows of ``inputs_embeds`` in order: a ready one through
         the compiled runs, one at its first position or without a cache (full
         recompute) through the plain modules. Every row equals that row run
         alone, bit for bit.
         """
         if len(states) == 1 and self.ready(states[0]):  # one row, or a stacked batch
             return self._segments(inputs_embeds, states[0].cache)
-        outs = [self._segments(inputs_embeds[b : b + 1], s.cache) if self.ready(s)
-                else self._alone(inputs_embeds[b : b + 1], s) for b, s in enumerate(states)]
+        outs, start = [], 0
+        for state in states:
+            rows = len(state.rows) if isinstance(state, LanguageRows) else 1
+            x, start = inputs_embeds[start : start + rows], start + rows
+            outs.append(self._segments(x, state.cache) if self.ready(state)
+                        else self._alone(x, state))
         return mx.concatenate([t for t, _ in outs]), mx.concatenate([f for _, f in outs])
 
     def ready(self, state: "LanguageState") -> bool:
@@ -184,10 +189,6 @@ class LanguageRows(LanguageState):
             for own in row.cache if not isinstance(row, LanguageRows) else ():
                 if isinstance(own, ArraysCache):
                     own.cache = [None] * len(own.cache)
-
-    def split(self) -> list[LanguageState]:
-        """Every row's own state, its Mamba2 rows slices of the stack (stacked again)."""
-        return [self.extract(b, copy=False) for b in range(len(self.rows))]
 
     def extract(self, index: int, copy: bool = True) -> LanguageState:
         """Row ``index``'s own state, its Mamba2 rows written back into its caches
