@@ -13,6 +13,8 @@ import pytest
 
 from mlx_voicechat_plugin.models.cache_state import copy_arrays
 from mlx_voicechat_plugin.models.codec.codec_stream import CodecRows, CodecState
+from mlx_voicechat_plugin.runtime.options import DEFAULT_CONTEXT_SECONDS
+from mlx_voicechat_plugin.runtime.reservation import ConversationShape, context_frames
 from mlx_voicechat_plugin.runtime.rng import RandomStream
 from mlx_voicechat_plugin.runtime.timeline import Timeline
 
@@ -182,3 +184,27 @@ def test_a_whole_signal_source_refuses_a_snapshot_with_perception_state():
     assert source.state == []
     with pytest.raises(ValueError, match="whole-signal source carries no state, got 2 arrays"):
         source.state = [mx.zeros((1, 2)), mx.zeros((1, 2))]  # a streaming encoder's state
+
+
+def test_a_fresh_row_merged_after_talking_rows_keeps_them_stacked_and_each_row_comes_back(
+        model, start):
+    shape = ConversationShape(0, start.positions, context_frames(DEFAULT_CONTEXT_SECONDS,
+                                                                 model.config.frame_duration))
+    rows = [Timeline(model, start, seed=s, context=shape.windows()) for s in (4, 5, 6, 7)]
+    for row in rows[:3]:
+        _run(row, model, 0, 2)  # they talk (bounded contexts: their rings stack)
+    alone = [_copy(row, model) for row in rows]
+    sizes = [sum(a.nbytes for a in row.state) for row in rows]
+    merged = Timeline.merge(rows)
+    assert [merged.row_nbytes(b) for b in range(4)] == sizes
+    fresh, middle = merged.remove(3), merged.remove(1)  # before any step: each its own again
+    for row, twin in zip((fresh, middle), (alone[3], alone[1])):
+        assert row.meta_state == twin.meta_state
+        assert all(_equal(a, b) for a, b in zip(row.state, twin.state))
+    merged = Timeline.merge([merged, fresh])  # two talking rows and the fresh one step
+    audio = mx.concatenate([_audio(model, 30 + b) for b in (0, 2, 3)])
+    for step, b in zip(merged.step(audio), (0, 2, 3)):
+        (want,) = alone[b].step(_audio(model, 30 + b))
+        assert (step.index, step.text_id, step.function_id) == \
+            (want.index, want.text_id, want.function_id)
+        assert _equal(step.codes, want.codes)
