@@ -224,10 +224,9 @@ class Timeline:
     def _language_row(self, index: int) -> tuple[int, int]:
         """Which of :attr:`language`'s states holds row ``index``, and its row there."""
         for group, state in enumerate(self.language):
-            rows = len(state.rows) if isinstance(state, LanguageRows) else 1
-            if index < rows:
+            if index < state.batch_size:
                 return group, index
-            index -= rows
+            index -= state.batch_size
         raise IndexError(f"row {index} is past the timeline's {self.batch_size} rows")
 
     # --- state ------------------------------------------------------------------
@@ -432,4 +431,3 @@ class Timeline:
         mx.eval([step.codes for step in steps])
         clock.stage("tts")
         return steps
-

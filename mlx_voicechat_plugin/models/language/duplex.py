@@ -84,8 +84,7 @@ class DuplexSTT(nn.Module):
             return self._segments(inputs_embeds, states[0].cache)
         outs, start = [], 0
         for state in states:
-            rows = len(state.rows) if isinstance(state, LanguageRows) else 1
-            x, start = inputs_embeds[start : start + rows], start + rows
+            x, start = inputs_embeds[start : start + state.batch_size], start + state.batch_size
             outs.append(self._segments(x, state.cache) if self.ready(state)
                         else self._alone(x, state))
         return mx.concatenate([t for t, _ in outs]), mx.concatenate([f for _, f in outs])
@@ -147,6 +146,11 @@ class LanguageState:
         return cache_state(self.cache) if self.cache is not None else list(self.history)
 
     @property
+    def batch_size(self) -> int:
+        """The rows it holds: one conversation's."""
+        return 1
+
+    @property
     def nbytes(self) -> int:
         """The bytes of ``state`` (:func:`~.cache_state.state_nbytes`)."""
         return (state_nbytes(self.cache) if self.cache is not None
@@ -189,6 +193,10 @@ class LanguageRows(LanguageState):
             for own in row.cache if not isinstance(row, LanguageRows) else ():
                 if isinstance(own, ArraysCache):
                     own.cache = [None] * len(own.cache)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
 
     def extract(self, index: int, copy: bool = True) -> LanguageState:
         """Row ``index``'s own state, its Mamba2 rows written back into its caches
