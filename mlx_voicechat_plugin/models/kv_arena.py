@@ -156,10 +156,9 @@ class KVArena:
         cache = self.caches[slot]
         keys, values = (self._grouped(a)[:, slot] for a in (self.keys, self.values))
         offset = self.offsets[slot]
-        if copy:
-            if offset < self.ring:
-                size = min(self.ring, max(1, -(-offset // cache.step)) * cache.step)
-                keys, values = keys[:, :, :size], values[:, :, :size]
+        if copy:  # a ring that wrapped keeps all of it (a whole-ring slice is no op)
+            size = min(self.ring, max(1, -(-offset // cache.step)) * cache.step)
+            keys, values = keys[:, :, :size], values[:, :, :size]
             keys, values = mx.contiguous(keys), mx.contiguous(values)
         cache.keys, cache.values, cache.offset, cache._idx = keys, values, offset, self._idx[slot]
         return cache
@@ -197,12 +196,10 @@ class KVArena:
         self.values = mx.put_along_axis(self.values, index, values, axis=2)
         if not batched:
             return self._per_row(queries, scale, lengths)
-        longest = max(lengths)
-        ring_keys, ring_values = self.keys, self.values
-        if longest < ring_keys.shape[2]:
-            ring_keys, ring_values = ring_keys[:, :, :longest], ring_values[:, :, :longest]
+        longest = max(lengths)  # a slice of the whole ring is the ring itself (no op)
         return mx.fast.scaled_dot_product_attention(
-            queries, ring_keys, ring_values, scale=scale, mask=mask)
+            queries, self.keys[:, :, :longest], self.values[:, :, :longest], scale=scale,
+            mask=mask)
 
     def _per_row(self, queries: mx.array, scale: float, lengths: list[int]) -> mx.array:
         """Each row's core on its own ring (the exact path on any backend)."""
