@@ -93,7 +93,7 @@ class KVArena:
                  offsets: list[int], idx: list[int], group: int):
         self.caches, self.keys, self.values, self.group = caches, keys, values, group
         self.offsets, self._idx = offsets, idx  # the rings' host bookkeeping, one a row
-        self.ring, self.keep = caches[0].max_size, caches[0].keep
+        self.max_size, self.keep = caches[0].max_size, caches[0].keep  # as the rings name them
 
     @staticmethod
     def fits(parts: Sequence[Any], group: int) -> bool:
@@ -101,15 +101,13 @@ class KVArena:
         two or more rows of rings of one size, sink, heads, width and dtype."""
         shapes = set()
         for part in parts:
-            if isinstance(part, KVArena):
-                keys, size, keep = part.keys, part.ring, part.keep
-            elif isinstance(part, RingCache) and part.keys is not None:
-                keys, size, keep = part.keys, part.max_size, part.keep
-                if keys.shape[0] != group:
+            if isinstance(part, RingCache) and part.keys is not None:
+                if part.keys.shape[0] != group:
                     return False
-            else:
+            elif not isinstance(part, KVArena):
                 return False
-            shapes.add((size, keep, keys.shape[1], keys.shape[3], keys.dtype))
+            keys = part.keys
+            shapes.add((part.max_size, part.keep, keys.shape[1], keys.shape[3], keys.dtype))
         return len(shapes) == 1 and sum(
             p.sessions if isinstance(p, KVArena) else 1 for p in parts) > 1
 
@@ -157,7 +155,7 @@ class KVArena:
         keys, values = (self._grouped(a)[:, slot] for a in (self.keys, self.values))
         offset = self.offsets[slot]
         if copy:  # a ring that wrapped keeps all of it (a whole-ring slice is no op)
-            size = min(self.ring, max(1, -(-offset // cache.step)) * cache.step)
+            size = min(self.max_size, max(1, -(-offset // cache.step)) * cache.step)
             keys, values = keys[:, :, :size], values[:, :, :size]
             keys, values = mx.contiguous(keys), mx.contiguous(values)
         cache.keys, cache.values, cache.offset, cache._idx = keys, values, offset, self._idx[slot]
@@ -185,7 +183,7 @@ class KVArena:
         the end, back to the kept sink), for all rows at once. ``memo``: the
         step's write indices and masks, shared by its layers whose rings agree.
         """
-        ring, keep = self.ring, self.keep
+        ring, keep = self.max_size, self.keep
         positions = [keep if i == ring else i for i in self._idx]  # rotate past the sink
         self._idx = [p + 1 for p in positions]
         self.offsets = offsets = [o + 1 for o in self.offsets]
