@@ -114,8 +114,7 @@ class RowGroups:
 
     def remove(self, index: int) -> Any:
         """Row ``index``'s own state (a copy); the others stay stacked, renumbered."""
-        row, state = self.where(index)
-        own = state.extract(row)
+        own = self.extract(index)
         groups = []
         for members, group in self.groups:
             rest = [b for b in members if b != index]
