@@ -86,8 +86,8 @@ def _bare(kind: type) -> Any:
     return layer
 
 
-def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
-    """The stacked layer and its arrays (``None``: the modules do not stack)."""
+def _stack(modules: Sequence[Any]) -> nn.Module | None:
+    """The stacked layer (``None``: the modules do not stack)."""
     first = modules[0]
     if all(type(m) in (nn.Linear, HeldLinear, RowMajorLinear) for m in modules):
         dtype, kind, biased = first.weight.dtype, type(first), "bias" in first
@@ -107,7 +107,7 @@ def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
         layer.weight = weight
         if biased:
             layer.bias = mx.concatenate([m.bias for m in modules])
-        return layer, [layer[n] for n in ("weight", "bias") if n in layer]
+        return layer
     if all(_quantized(m) for m in modules):
         if any((m.bits, m.group_size, m.mode) != (first.bits, first.group_size, first.mode)
                or m.weight.shape[1] != first.weight.shape[1] for m in modules):
@@ -119,7 +119,7 @@ def _stack(modules: Sequence[Any]) -> tuple[nn.Module, list[mx.array]] | None:
         for name in names:
             setattr(layer, name, mx.concatenate([m[name] for m in modules]))
         layer.freeze()
-        return layer, [layer[n] for n in names]
+        return layer
     return None
 
 
@@ -157,11 +157,10 @@ def fuse(modules: Sequence[Any], verdicts: ProbeVerdicts | None = None) -> Fused
     ``None`` when they cannot be stacked or the stacked product would change a bit
     on this device. On success each module's weights become views of the stack.
     ``verdicts``: the probe's remembered verdicts (read, and added to)."""
-    stacked = _stack(modules)
-    if stacked is None:
+    layer = _stack(modules)
+    if layer is None:
         return None
-    layer, arrays = stacked
-    mx.eval(arrays)
+    mx.eval(layer.parameters())
     fused = Fused(layer, [m.weight.shape[0] for m in modules])
     verdicts = verdicts or ProbeVerdicts(None)
     if not verdicts.verdict(probe_key(modules), lambda: _agrees(fused, modules)):
