@@ -164,8 +164,7 @@ class ExpandedLayerNorm(nn.LayerNorm):
     def __call__(self, x: mx.array) -> mx.array:
         if not fast_ops_expand():
             return super().__call__(x)
-        return layer_norm(x, self.weight if "weight" in self else None,
-                          self.bias if "bias" in self else None, self.eps)
+        return layer_norm(x, self.get("weight"), self.get("bias"), self.eps)
 
 
 def expand_layer_norms(model: nn.Module) -> int:
