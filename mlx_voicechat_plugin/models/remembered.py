@@ -133,13 +133,16 @@ def checkpoint_key(path: Path | None, *parts: str) -> str | None:
     return digest.hexdigest()[:32]
 
 
+def _arrays_path(kind: str, key: str | None) -> Path | None:
+    """Where arrays are remembered under ``kind``/``key`` (``None``: nowhere)."""
+    directory = cache_dir()
+    return None if directory is None or key is None else directory / kind / f"{key}.safetensors"
+
+
 def load_arrays(kind: str, key: str | None) -> tuple[list[mx.array], dict[str, str]] | None:
     """Arrays remembered under ``kind``/``key``, in order, and their metadata."""
-    directory = cache_dir()
-    if directory is None or key is None:
-        return None
-    path = directory / kind / f"{key}.safetensors"
-    if not path.is_file():
+    path = _arrays_path(kind, key)
+    if path is None or not path.is_file():
         return None
     try:
         arrays, metadata = mx.load(str(path), return_metadata=True)
@@ -151,10 +154,9 @@ def load_arrays(kind: str, key: str | None) -> tuple[list[mx.array], dict[str, s
 
 def save_arrays(kind: str, key: str | None, arrays: list[mx.array],
                 metadata: dict[str, str]) -> None:
-    directory = cache_dir()
-    if directory is None or key is None:
+    path = _arrays_path(kind, key)
+    if path is None:
         return
-    path = directory / kind / f"{key}.safetensors"
     named = {str(i): a for i, a in enumerate(arrays)}
     try:
         _write_atomically(path, lambda temp: mx.save_safetensors(temp, named, metadata))
