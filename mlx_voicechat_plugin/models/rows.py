@@ -108,8 +108,7 @@ class RowGroups:
     def extend(self, rows: Sequence[Any]) -> None:
         """``rows`` (one-row states) appended after the others, grouped by key: a row whose
         key is a group's joins it now (:meth:`regroup`), so the next frame runs it there."""
-        size = self.size
-        self.groups += [([size + b], self.kind.merge([row])) for b, row in enumerate(rows)]
+        self.groups += [([b], self.kind.merge([row])) for b, row in enumerate(rows, self.size)]
         self.regroup()
 
     def remove(self, index: int) -> Any:
