@@ -122,9 +122,7 @@ class _Attention:
             return scaled_dot_product_attention(q, keys, values, cache=cache, scale=scale,
                                                 mask=None)
 
-        def alone() -> mx.array:
-            if len(caches) == 1:  # one stream: its rows are the batch, nothing to slice
-                return one(caches[0], q, k, v)
+        def alone() -> mx.array:  # a cache a row: one stream's row slices and stacks as itself
             return stack_rows([one(cache, q[b : b + 1], k[b : b + 1], v[b : b + 1])
                                for b, cache in enumerate(caches)])
 
