@@ -48,7 +48,6 @@ class WholeSignal:
 
     def __init__(self, projected: mx.array, encoded: mx.array):
         self.projected, self.encoded = projected, encoded
-        self.frames = projected.shape[1]
 
     @property
     def state(self) -> list[mx.array]:
