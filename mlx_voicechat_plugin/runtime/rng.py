@@ -91,8 +91,7 @@ class RandomStream:
 
     @property
     def state(self) -> list[mx.array]:
-        key = self.key
-        return [] if key is None else [key]
+        return [] if self.key is None else [self.key]
 
     @state.setter
     def state(self, value: list[mx.array]) -> None:
