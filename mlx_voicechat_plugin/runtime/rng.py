@@ -16,25 +16,20 @@ from ..models.rows import drop_row, own_row
 from ..quoting import brief
 
 
-def _splits(count: int):
-    """``count`` successive splits: ``key -> (next key, [count, 2] draw keys)``."""
+@lru_cache(maxsize=None)
+def _chain(count: int, rows: bool = False):
+    """``count`` successive splits, compiled: ``key -> (next key, [count, 2] draw keys)``
+    of one key, or (``rows``) of ``[B, 2]`` keys, one chain per row (``vmap``: one
+    random-bits kernel per split for every row, each row's bits its key's own)."""
 
-    def run(key: mx.array) -> tuple[mx.array, mx.array]:
+    def splits(key: mx.array) -> tuple[mx.array, mx.array]:
         subs = []
         for _ in range(count):
             key, sub = mx.random.split(key)
             subs.append(sub)
         return key, mx.stack(subs)
 
-    return run
-
-
-@lru_cache(maxsize=None)
-def _chain(count: int, rows: bool = False):
-    """Compiled :func:`_splits` of one key, or (``rows``) of ``[B, 2]`` keys, one chain per
-    row (``vmap``: one random-bits kernel per split for every row, each row's bits its
-    key's own)."""
-    return mx.compile(mx.vmap(_splits(count)) if rows else _splits(count))
+    return mx.compile(mx.vmap(splits) if rows else splits)
 
 
 MAX_SEED = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
