@@ -264,8 +264,7 @@ def advance(
     result token). ``on_tokens`` is called with the frame's ids while the
     speaking half computes. Profiling (``clock``) adds its own stage barriers.
     """
-    return advance_batch(model, [state], [frame], [forced], clock,
-                         None if on_tokens is None else [on_tokens])[0]
+    return advance_batch(model, [state], [frame], [forced], clock, [on_tokens])[0]
 
 
 def advance_batch(
