@@ -11,7 +11,7 @@ from mlx_voicechat_plugin.runtime import compile_policy
 
 
 def test_short_cpu_jobs_run_uncompiled_and_long_ones_compile():
-    assert compile_policy.on_cpu()
+    assert compile_policy.backend() == "cpu"
     assert compile_policy.choose(None, long_running=False) is False
     assert compile_policy.choose(None, long_running=True) is True
     assert compile_policy.choose(True, long_running=False) is True

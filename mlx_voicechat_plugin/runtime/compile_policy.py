@@ -50,13 +50,10 @@ import mlx.core as mx
 
 logger = logging.getLogger(__name__)
 
-def on_cpu() -> bool:
-    return mx.default_device().type == mx.DeviceType.cpu
-
 
 def backend() -> str:
     """``"cpu"``, ``"cuda"`` or ``"metal"``: the backend of MLX's default device."""
-    if on_cpu():
+    if mx.default_device().type == mx.DeviceType.cpu:
         return "cpu"
     cuda = getattr(mx, "cuda", None)
     if cuda is not None and cuda.is_available():
