@@ -76,11 +76,7 @@ class HearingBatch:
         size = len(self.members)
         joining = [size + b for b, s in enumerate(states) if s.rnnt.enabled]
         if self.carry is not None and joining:
-            dtype = self.carry.arrays[0].dtype
-            rnnt = [states[b - size].rnnt for b in joining]
-            self.carry = RNNTCarry.merge([self.carry, *(r.begin(dtype) for r in rnnt)])
-            for r in rnnt:
-                r.carry = None  # held here
+            self._hold([states[b - size].rnnt for b in joining], self.carry.arrays[0].dtype)
         self.decoded += joining
 
     def remove(self, row: int, state: HearingRow) -> list[mx.array]:
@@ -103,11 +99,15 @@ class HearingBatch:
     def rnnt_carry(self, dtype: mx.Dtype) -> RNNTCarry:
         """The decoded rows' stacked carry (their own carries taken in at the first frame)."""
         if self.carry is None:
-            rnnt = [self.members[b].rnnt for b in self.decoded]
-            self.carry = RNNTCarry.merge([r.begin(dtype) for r in rnnt])
-            for r in rnnt:
-                r.carry = None  # held here
+            self._hold([self.members[b].rnnt for b in self.decoded], dtype)
         return self.carry
+
+    def _hold(self, rnnt: list[RNNTState], dtype: mx.Dtype) -> None:
+        """Stack ``rnnt``'s carries after the held ones; they are held here, not theirs."""
+        carries = [r.begin(dtype) for r in rnnt]
+        for r in rnnt:
+            r.carry = None
+        self.carry = RNNTCarry.merge(carries if self.carry is None else [self.carry, *carries])
 
     def row_nbytes(self, row: int) -> int:
         """The bytes of a member's hearing state, read from its row."""
