@@ -115,6 +115,12 @@ class StreamLimits:
             if getattr(self, name) is not None:
                 check_positive_int(getattr(self, name), name)
 
+    def max_frames(self, frame_duration: float) -> int | None:
+        """The frames a stream runs at most (``None``: no limit), the one count the shell
+        stops at and a session's reservation assumes."""
+        seconds = self.max_streaming_seconds
+        return None if seconds is None else int(seconds / frame_duration)
+
 
 @dataclass
 class ConversationOptions(StreamLimits):

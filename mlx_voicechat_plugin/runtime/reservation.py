@@ -166,7 +166,7 @@ class Reservations:
             if options.max_streaming_seconds is None:
                 raise ValueError("a session without a bounded context (context_seconds) needs "
                                  "max_streaming_seconds to be reserved")
-            frames = int(options.max_streaming_seconds / config.frame_duration)
+            frames = options.max_frames(config.frame_duration)
         # PCM waiting for a frame: less than a frame once a push is split into frames.
         pending = options.max_buffered_samples or config.frame_samples
         return (self.fixed_bytes() + kv_bytes(config, shape, frames)

@@ -99,11 +99,7 @@ class StreamingShell:
         self.options = options
         self.frame_samples = config.frame_samples
         self.sample_rate = config.input_sample_rate
-        self.max_frames = (
-            None
-            if options.max_streaming_seconds is None
-            else int(options.max_streaming_seconds / config.frame_duration)
-        )
+        self.max_frames = options.max_frames(config.frame_duration)
         # What push_audio is given, framed; None where the caller frames.
         self.framer: Framer | None = None if framed_by_caller else Framer(self.frame_samples)
         self.closed = False
