@@ -85,22 +85,18 @@ def kv_bytes(config: Any, shape: ConversationShape, frames: int | None) -> int:
     if frames is None and shape.recent is None:
         raise ValueError("an unbounded context has no worst case without a frame limit")
     llm_window, tts_window = shape.windows() or (None, None)
-    llm_at, tts_at = shape.positions(frames) if frames is not None else (None, None)
+    # Positions written: after ``frames`` frames, or ever (each ring holds its size at most).
+    llm_at, tts_at = (shape.positions(frames) if frames is not None
+                      else (llm_window.size, tts_window.size))
     # KV bytes of one position: per LLM attention layer, and per backbone layer.
     text, tts = config.text_config, config.tts_config
     llm_per = 2 * text.num_key_value_heads * _head_dim(text) * KV_ITEMSIZE
     tts_per = 2 * tts.num_key_value_heads * _head_dim(tts) * KV_ITEMSIZE * GUIDED_ROWS
     layers = str(config.text_config.hybrid_override_pattern).count("*")  # attention ones
-    llm = layers * _capacity(llm_window, None, llm_at) * llm_per
-    tts = sum(_capacity(tts_window, s, tts_at) for s in sliding_windows(config.tts_config)) * tts_per
+    llm = layers * window_capacity(llm_window, None, llm_at) * llm_per
+    tts = sum(window_capacity(tts_window, s, tts_at)
+              for s in sliding_windows(config.tts_config)) * tts_per
     return llm + tts
-
-
-def _capacity(window: ContextWindow | None, sliding: int | None, positions: int | None) -> int:
-    if positions is None:
-        assert window is not None
-        return window.size if sliding is None else min(window.size, sliding)
-    return window_capacity(window, sliding, positions)
 
 
 def minute_bytes(config: Any, minute: int = 1, warm: int = 0, prompt: int = 0) -> int:
