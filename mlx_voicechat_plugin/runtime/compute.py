@@ -143,11 +143,6 @@ class ConversationState(HearingRow):
         self.timeline.top_p = top_p
         self.codec = CodecState.from_state(codec_arrays, codec)
 
-    @property
-    def nbytes(self) -> int:
-        """The bytes of ``state``."""
-        return sum(a.nbytes for a in self.state)
-
     def release(self) -> None:
         """Drop every array reference (``state`` is then empty and the state unusable)."""
         self.check_own()

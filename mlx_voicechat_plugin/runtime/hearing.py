@@ -39,6 +39,11 @@ class HearingRow:
             raise RuntimeError("this session's state is rows of a pool's batch: read it "
                                "after StreamPool.extract(session_id)")
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its ``state`` (its own: a held row is sized by its batch)."""
+        return sum(a.nbytes for a in self.state)
+
 
 class HearingBatch:
     """The hearing state of a batch's rows, kept stacked between frames.

@@ -151,12 +151,6 @@ class HearingState(HearingRow):
         perception = self.perception
         return [] if perception is None else [*perception.state, *self.rnnt.state]
 
-    @property
-    def nbytes(self) -> int:
-        self.check_own()
-        perception = self.perception
-        return (0 if perception is None else perception.nbytes) + self.rnnt.nbytes
-
     def release(self) -> None:
         """Drop every array reference (the transcript stays readable)."""
         self.check_own()
