@@ -230,7 +230,7 @@ class StreamPool:
                                      f"samples a session, got {getattr(frame, 'shape', frame)!r}")
                 stream.check_frame()
             except Exception as exc:  # this session only
-                self._fail(result, session_id, exc)
+                result.errors[session_id] = exc
             else:
                 ready.append(session_id)
         if ready:  # the batch's members that step first, in their order; then the others
@@ -244,7 +244,7 @@ class StreamPool:
             result.frames = len(ready)
             for session_id, outcome in zip(ready, outcomes):
                 if isinstance(outcome, Exception):
-                    self._fail(result, session_id, outcome)
+                    result.errors[session_id] = outcome
                 else:
                     result.events[session_id] = outcome
         result.seconds = time.perf_counter() - started
@@ -258,11 +258,6 @@ class StreamPool:
         stream = self.get(session_id)
         self.batch.extract(stream.core.compute)
         return stream
-
-    @staticmethod
-    def _fail(result: StepResult, session_id: str, exc: BaseException) -> None:
-        result.events.pop(session_id, None)
-        result.errors[session_id] = exc
 
     def flush(self, session_id: str, pad_partial: bool = True,
               partial: np.ndarray | None = None) -> list[Event]:
