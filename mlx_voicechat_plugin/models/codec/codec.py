@@ -18,7 +18,6 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_audio.dsp import hanning
 
 from ...config import CodecConfig
 from .codec_rvq import ProbabilisticRVQ
@@ -144,7 +143,6 @@ class Codec(nn.Module):
         self.decoder = CodecDecoder(config)
         self.prvq = ProbabilisticRVQ(config)
         self._synthesis = SpectralSynthesis(config.n_fft, config.hop_length)
-        self._analysis_window = hanning(config.n_fft, periodic=True).astype(mx.float32)
         self._compiled_step = mx.compile(self._stream_step)  # traced at its first call
 
     @property
@@ -167,7 +165,7 @@ class Codec(nn.Module):
         padded = mx.pad(waveform.astype(mx.float32), [(0, 0), (pad_left, pad_right)])
         count = 1 + (padded.shape[1] - n_fft) // hop
         index = mx.arange(count)[:, None] * hop + mx.arange(n_fft)[None, :]
-        spectrum = mx.fft.rfft(padded[:, index] * self._analysis_window, axis=-1)
+        spectrum = mx.fft.rfft(padded[:, index] * self._synthesis.window, axis=-1)
         return mx.concatenate([spectrum.real, spectrum.imag], axis=-1)
 
     def encode(self, waveform: mx.array) -> mx.array:
