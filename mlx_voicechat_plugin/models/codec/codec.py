@@ -71,11 +71,10 @@ class ConvNeXtBlock(nn.Module):
         return x + self.pwconv2(nn.gelu(h))
 
 
-class CodecEncoder(nn.Module):
+class CodecEncoder(nn.Sequential):
     """STFT channels -> latents, downsampling by each of ``downsample_rates``."""
 
     def __init__(self, config: CodecConfig):
-        super().__init__()
         widths = config.stage_channels
         if len(widths) != len(config.downsample_rates):
             raise ValueError("channel_multipliers and downsample_rates differ in length")
@@ -89,12 +88,7 @@ class CodecEncoder(nn.Module):
                 for _ in range(config.blocks_per_stage)
             ]
             layers.append(nn.Conv1d(width, target, rate, stride=rate, bias=False))
-        self.layers = layers
-
-    def __call__(self, x: mx.array) -> mx.array:
-        for layer in self.layers:
-            x = layer(x)
-        return x
+        super().__init__(*layers)
 
 
 class CodecDecoder(nn.Module):
