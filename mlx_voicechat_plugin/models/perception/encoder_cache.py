@@ -15,6 +15,7 @@ cache between frames (the runtime's batch), so a steady frame stacks nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import mlx.core as mx
 
@@ -33,14 +34,6 @@ class SubsamplingTail:
 
 def _stack(parts: tuple) -> mx.array | None:
     return None if parts[0] is None else stack_rows(parts)
-
-
-def _row(array: mx.array | None, index: int, copy: bool) -> mx.array | None:
-    return None if array is None else own_row(array, index, copy)
-
-
-def _rows(array: mx.array | None, keep: list[int]) -> mx.array | None:
-    return None if array is None else keep_rows(array, keep)
 
 
 class EncoderCache:
@@ -107,16 +100,20 @@ class EncoderCache:
         slices, for a row stacked again)."""
         if self.batch_size == 1:
             return self
-        row = EncoderCache(len(self.attention), [self.tails[index]])
-        row.attention = [_row(a, index, copy) for a in self.attention]
-        row.conv = [_row(c, index, copy) for c in self.conv]
-        row.kept = _row(self.kept, index, copy)
-        return row
+        return self._rows([index], lambda a: own_row(a, index, copy))
 
     def filter(self, keep: list[int]) -> "EncoderCache":
         """Rows ``keep`` (ascending) as one cache, one gather per array (copies)."""
-        kept = EncoderCache(len(self.attention), [self.tails[b] for b in keep])
-        kept.attention = [_rows(a, keep) for a in self.attention]
-        kept.conv = [_rows(c, keep) for c in self.conv]
-        kept.kept = _rows(self.kept, keep)
-        return kept
+        return self._rows(keep, lambda a: keep_rows(a, keep))
+
+    def _rows(self, rows: list[int], take: Callable[[mx.array], mx.array]) -> "EncoderCache":
+        """A cache of rows ``rows``: ``take`` of each array (one not made yet stays ``None``)."""
+        out = EncoderCache(len(self.attention), [self.tails[b] for b in rows])
+
+        def each(array: mx.array | None) -> mx.array | None:
+            return None if array is None else take(array)
+
+        out.attention = [each(a) for a in self.attention]
+        out.conv = [each(c) for c in self.conv]
+        out.kept = each(self.kept)
+        return out
