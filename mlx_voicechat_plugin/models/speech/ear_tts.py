@@ -286,8 +286,7 @@ class EarTTS(nn.Module):
         # ``embedded + uncond``, without a concatenation).
         guided = hidden.reshape(2, half, *hidden.shape[1:])
         if codes is None:  # all undecided
-            codes = mx.full((half, hidden.shape[1], config.num_quantizers), config.mask_code,
-                            mx.int32)
+            codes = self._masked_codes(half, hidden.shape[1])
         done = 0
         for count in self._schedule:
             if count == 0:
