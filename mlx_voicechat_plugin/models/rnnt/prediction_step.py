@@ -115,9 +115,8 @@ def lstm_step(lstm: list[nn.LSTM], x: mx.array, h: list[mx.array], c: list[mx.ar
         if _held(wh32, hidden, layer.Wh, parts[0]):
             hw = mx.split(hidden @ wh32.T, 4, axis=-1)
             i, f, g, o = (hw[k] + parts[k] for k in range(4))
-        else:
-            joined = mx.concatenate(first, axis=-1) if isinstance(first, list) else first
-            i, f, g, o = mx.split(_affine(joined, hidden, layer.Wh, wh32), 4, axis=-1)
+        else:  # (gate parts are float32 and held with wh32: they take the branch above)
+            i, f, g, o = mx.split(_affine(first, hidden, layer.Wh, wh32), 4, axis=-1)
         i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
         cell = f * cell + i * g
         hidden = o * mx.tanh(cell)
