@@ -50,7 +50,6 @@ class PerceptionStream:
     def __init__(self, perception: Perception, config: ModelConfig, use_cache: bool = True,
                  encoder: EncoderStream | None = None):
         self.perception = perception
-        self.config = config
         self.frame_samples = config.frame_samples
         self.use_cache = use_cache
         left, right = perception.att_context
