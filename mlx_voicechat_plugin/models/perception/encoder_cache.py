@@ -29,7 +29,6 @@ class SubsamplingTail:
 
     consumed: int = 0  # mel frames pushed so far
     emitted: int = 0  # encoder frames returned so far
-    first: int = 0  # encoder frame index of the last window's first output
 
 
 def _stack(parts: tuple) -> mx.array | None:

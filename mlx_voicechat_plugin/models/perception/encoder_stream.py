@@ -177,10 +177,10 @@ class EncoderStream:
         ran and gave ``stop`` output frames: how many mel frames it keeps, and which of
         the outputs (``start:stop``) it has not returned yet."""
         # Encoder frame index of the window's first output.
-        tail.first = (tail.consumed - (width - new)) // self.factor
+        first = (tail.consumed - (width - new)) // self.factor
         tail.consumed += new
-        start = tail.emitted - tail.first
-        tail.emitted = tail.first + max(start, stop)
+        start = tail.emitted - first
+        tail.emitted = first + max(start, stop)
         return MEL_CONTEXT + (tail.consumed - MEL_CONTEXT) % self.factor, start, stop
 
     # --- the conformer blocks, B rows ----------------------------------------
