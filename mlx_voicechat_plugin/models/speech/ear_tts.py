@@ -161,9 +161,8 @@ class EarTTS(nn.Module):
         subword_mask: mx.array,
         audio_mask: mx.array,
         prompt_latent: mx.array | None,
-        cache: Cache | None = None,
     ) -> tuple[mx.array, Cache]:
-        """Prefill with the speaker prompt; returns hidden ``[2B, T, dims]`` and the cache.
+        """Prefill with the speaker prompt; returns hidden ``[2B, T, dims]`` and a new cache.
 
         Inputs are shifted one frame right (first frame: code 0). Frames before
         the first audio frame carry ``prompt_latent`` (or, without one, the
@@ -181,8 +180,7 @@ class EarTTS(nn.Module):
                   else prompt_latent.astype(audio.dtype))
         audio = mx.where(before_start[..., None], prompt, audio)
         audio = audio + starts[..., None] * self.bos_emb
-        if cache is None:
-            cache = self.make_cache()
+        cache = self.make_cache()
         text = self._with_uncond(self.embed_subword(subword_ids, subword_mask))
         hidden = self._run_backbone(audio, text, cache)
         return hidden, cache
