@@ -46,7 +46,6 @@ from mlx_vlm.models.cache import KVCache, RotatingKVCache
 from mlx_vlm.models.gemma3.language import Gemma3Model, TextConfig as GemmaConfig
 
 from ...config import TTSConfig
-from ..language.context import ContextWindow, ring
 from ..kv_arena import ArenaAttention, KVArena
 from .layers import GatedFusion
 from .mog_head import KeyRows, KeyStream, MoGHead, draw, next_key, take_keys
@@ -121,11 +120,9 @@ class EarTTS(nn.Module):
     def set_vocabulary(self, vocabulary: Mapping[str, int]) -> None:
         self.embed_subword.set_vocabulary(vocabulary)
 
-    def make_cache(self, context: ContextWindow | None = None) -> Cache:
-        """Rotating caches on sliding-window layers, full caches on global ones; with
-        ``context``, each layer's ring in that bounded context (:func:`~.context.ring`)."""
-        if context is not None:
-            return [ring(context, s) for s in sliding_windows(self.config)]
+    def make_cache(self) -> Cache:
+        """Rotating caches on sliding-window layers, full caches on global ones (the warm-up's;
+        a bounded context continues them as rings, :func:`~.context.bound_all`)."""
         return [
             KVCache() if s is None else RotatingKVCache(max_size=s, keep=0)
             for s in sliding_windows(self.config)
