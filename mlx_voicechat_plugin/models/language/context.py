@@ -66,13 +66,6 @@ class ContextCache(RingCache):
         super().__init__(max_size=window.size, keep=window.keep)
 
 
-def ring(window: ContextWindow, sliding: int | None = None) -> Any:
-    """An empty cache of one layer in a bounded context (``sliding``: the layer's own window)."""
-    if sliding is not None and sliding < window.size:
-        return RingCache(max_size=sliding, keep=0)
-    return ContextCache(window)
-
-
 def bound(cache: Any, window: ContextWindow, sliding: int | None = None) -> Any:
     """``cache`` (a layer's ``KVCache`` or sliding ``RotatingKVCache``, holding at most
     ``window.keep`` positions) continued in a bounded context: a ring over its rows."""

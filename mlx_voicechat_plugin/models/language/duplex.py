@@ -24,7 +24,7 @@ from ..cache_state import (
     caches_from_state,
     state_nbytes,
 )
-from .context import ContextWindow, ring
+from .context import ContextCache, ContextWindow
 from ..kv_arena import ArenaAttention, KVArena, stack_layer
 from ..perception.perception import Perception
 from ..rows import drop_row, own_row, stack_rows
@@ -115,7 +115,7 @@ class DuplexSTT(nn.Module):
         """Mamba2 state for ``M`` layers and a KV cache for ``*`` layers: growing, or
         with ``context`` a ring of its sink and recent positions (:mod:`.context`)."""
         return [ArraysCache(size=2) if layer.block_type == "M"
-                else KVCache() if context is None else ring(context)
+                else KVCache() if context is None else ContextCache(context)
                 for layer in self.llm.layers if layer.block_type in ("M", "*")]
 
 
