@@ -116,15 +116,13 @@ def _nucleus(logits: mx.array, top_p: float | mx.array, every: mx.array | None =
     return mx.where(keep, logits, -float("inf"))
 
 
-def gumbel_argmax(
-    logits: mx.array, key: Keys = None, draw_shape: tuple[int, ...] | None = None
-) -> mx.array:
-    """Sample one index per row of ``logits``; draws one uniform of their shape.
+def gumbel_argmax(logits: mx.array, key: Keys, draw_shape: tuple[int, ...]) -> mx.array:
+    """Sample one index per row of ``logits``; draws one uniform of their size.
 
     ``draw_shape`` (same size as ``logits``) is the shape the uniform is drawn in;
     ``key`` may be one key per leading row of it (:func:`draw`).
     """
-    u = draw(mx.random.uniform, draw_shape or logits.shape, key).reshape(logits.shape)
+    u = draw(mx.random.uniform, draw_shape, key).reshape(logits.shape)
     gumbel = -mx.log(-mx.log(u + _GUMBEL_EPS) + _GUMBEL_EPS)
     log_probs = mx.log(mx.softmax(logits.astype(mx.float32), axis=-1))
     return mx.argmax(log_probs + gumbel, axis=-1)
