@@ -179,8 +179,7 @@ class EarTTS(nn.Module):
         audio = audio + starts[..., None] * self.bos_emb
         cache = self.make_cache()
         text = self._with_uncond(self.embed_subword(subword_ids, subword_mask))
-        hidden = self._run_backbone(audio, text, cache)
-        return hidden, cache
+        return self._run_backbone(audio, text, cache), cache
 
     def generate_codes(self, hidden: mx.array, rngs: Sequence[KeyStream] | Any = None,
                        top_p: Sequence[float | None] | None = None) -> mx.array:
