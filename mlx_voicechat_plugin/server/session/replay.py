@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import replace
 from typing import NamedTuple
 
-from ..messages import PLAYBACK, AudioOut, JsonOut, JsonText, Outgoing
+from ..messages import PLAYBACK, AudioOut, JsonText, Outgoing
 from ..wire import dumps, new_id
 
 # Events kept per frame of the bound (a frame makes a handful), plus this many more.
