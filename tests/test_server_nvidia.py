@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 
 import httpx
 import numpy as np
@@ -155,6 +156,15 @@ def test_non_json_frame_is_invalid_and_the_socket_stays_open(ws):
     send(ws, "{")
     error(ws, "invalid_event")
     assert update(ws)["type"] == "session.updated"
+    close(ws)
+
+
+def test_an_error_is_logged_under_the_code_the_client_reads(ws, caplog):
+    caplog.set_level(logging.INFO, logger="mlx_voicechat_plugin")
+    send(ws, "{")
+    error(ws, "invalid_event")
+    logged = [r.getMessage() for r in caplog.records if " error " in r.getMessage()]
+    assert logged and all(" error invalid_event: " in line for line in logged), logged
     close(ws)
 
 

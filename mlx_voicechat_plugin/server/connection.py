@@ -142,7 +142,7 @@ class Connection:
         self.early.appendleft(message)
 
     def send_error(self, code: str, message: str) -> None:
-        logger.info("%s error %s: %s", self.session_id, code, message)
+        logger.info("%s error %s: %s", self.session_id, self.dialect.wire_code(code), message)
         self.session.send(self.dialect.error(code, message))
 
     async def watch(self, opening: asyncio.Future) -> None:

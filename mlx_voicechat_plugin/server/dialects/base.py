@@ -83,13 +83,19 @@ class Dialect:
         self.failed_updates += 1
         if self.failed_updates >= self.limits.max_failed_updates:
             message = f"{self.failed_updates} failed session.update messages; closing"
-            logger.info("%s error %s: %s", self.session_id, ErrorCode.INVALID_REQUEST, message)
+            logger.info("%s error %s: %s", self.session_id,
+                        self.wire_code(ErrorCode.INVALID_REQUEST), message)
             self.session.send(self.error(ErrorCode.INVALID_REQUEST, message))
             raise Finished(Ending.VIOLATION)
 
     def error(self, code: str, message: str) -> JsonOut:
         """The dialect's error event for ``code`` (an :class:`~..wire.ErrorCode`)."""
         raise NotImplementedError
+
+    def wire_code(self, code: str) -> str:
+        """The code a client reads in :meth:`error`'s event for ``code`` (the server's own
+        unless the protocol names it otherwise); what the server logs."""
+        return code
 
     @classmethod
     def refusal(cls, code: str, message: str) -> dict[str, Any]:

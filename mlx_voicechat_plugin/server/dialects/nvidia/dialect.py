@@ -78,9 +78,12 @@ class NvidiaDialect(Dialect):
                       "session": self.config.describe(self.session_id, self.model_id)})
 
     def error(self, code: str, message: str) -> JsonOut:
-        code = CODES.get(code, code)
+        code = self.wire_code(code)
         kind = "invalid_request_error" if code in CLIENT_ERRORS else "server_error"
         return JsonOut(error_event(kind, code, bounded(message)))
+
+    def wire_code(self, code: str) -> str:
+        return CODES.get(code, code)
 
     @classmethod
     def refusal(cls, code: str, message: str) -> dict[str, Any]:
