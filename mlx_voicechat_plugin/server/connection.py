@@ -141,10 +141,6 @@ class Connection:
         """``message`` handled first, as if the client had sent it (a minted session)."""
         self.early.appendleft(message)
 
-    def send_error(self, code: str, message: str) -> None:
-        logger.info("%s error %s: %s", self.session_id, self.dialect.wire_code(code), message)
-        self.session.send(self.dialect.error(code, message))
-
     async def watch(self, opening: asyncio.Future) -> None:
         """Wait for the engine to open the session while watching the transport.
 
@@ -260,12 +256,12 @@ class Connection:
             else:
                 session.attach(self)
                 if not engine.ready:
-                    self.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
+                    self.dialect.send_error(ErrorCode.SERVER_BUSY, "the model is not loaded")
                     raise Finished(Ending.BUSY)
                 if not self.admitted:
                     slot = await engine.admission.accept(self.session_id)
                     if slot is Slot.REFUSED:
-                        self.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
+                        self.dialect.send_error(ErrorCode.SERVER_BUSY, engine.admission.refusal)
                         raise Finished(Ending.BUSY)
                     session.slot_pending = slot is Slot.DEFERRED  # taken when it opens
                 logger.info("%s connected", self.session_id)
@@ -318,7 +314,7 @@ class Connection:
                 async with self.session.acting:
                     await self.handle(message)
             except ProtocolError as exc:
-                self.send_error(exc.code, exc.message)
+                self.dialect.send_error(exc.code, exc.message)
                 self.dialect.refused(exc)  # the dialect's rule: may end the conversation
 
     def checked(self, message: str | bytes) -> str | bytes:

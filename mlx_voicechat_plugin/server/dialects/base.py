@@ -83,9 +83,7 @@ class Dialect:
         self.failed_updates += 1
         if self.failed_updates >= self.limits.max_failed_updates:
             message = f"{self.failed_updates} failed session.update messages; closing"
-            logger.info("%s error %s: %s", self.session_id,
-                        self.wire_code(ErrorCode.INVALID_REQUEST), message)
-            self.session.send(self.error(ErrorCode.INVALID_REQUEST, message))
+            self.send_error(ErrorCode.INVALID_REQUEST, message)
             raise Finished(Ending.VIOLATION)
 
     def error(self, code: str, message: str) -> JsonOut:
@@ -96,6 +94,11 @@ class Dialect:
         """The code a client reads in :meth:`error`'s event for ``code`` (the server's own
         unless the protocol names it otherwise); what the server logs."""
         return code
+
+    def send_error(self, code: str, message: str) -> None:
+        """Send :meth:`error`'s event, logged once under the code the client reads."""
+        logger.info("%s error %s: %s", self.session_id, self.wire_code(code), message)
+        self.session.send(self.error(code, message))
 
     @classmethod
     def refusal(cls, code: str, message: str) -> dict[str, Any]:

@@ -112,7 +112,7 @@ class Stepper:
                 try:
                     value = self._marker(session_id, channel, command)
                 except Exception as exc:
-                    # Reported to the client, and logged once there (send_error).
+                    # Reported to the client, and logged once there (Dialect.send_error).
                     logger.debug("engine %s failed for %s: %s", type(command).__name__,
                                  session_id, exc, exc_info=True)
                     channel.emit(Reply(command, error=exc))
