@@ -95,9 +95,13 @@ class Dialect:
         unless the protocol names it otherwise); what the server logs."""
         return code
 
-    def send_error(self, code: str, message: str) -> None:
-        """Send :meth:`error`'s event, logged once under the code the client reads."""
+    def log_error(self, code: str, message: str) -> None:
+        """Log an error the client is sent, under the code it reads (:meth:`wire_code`)."""
         logger.info("%s error %s: %s", self.session_id, self.wire_code(code), message)
+
+    def send_error(self, code: str, message: str) -> None:
+        """Send :meth:`error`'s event, logged once (:meth:`log_error`)."""
+        self.log_error(code, message)
         self.session.send(self.error(code, message))
 
     @classmethod

@@ -334,9 +334,7 @@ class Session:
 
     def frame_error(self, exc: BaseException) -> None:
         """A queued frame failed (the rest of its append is dropped): the dialect says so."""
-        logger.info("%s error %s: %s", self.session_id,
-                    self.dialect.wire_code(ErrorCode.INFERENCE_ERROR),
-                    str(exc) or type(exc).__name__)
+        self.dialect.log_error(ErrorCode.INFERENCE_ERROR, str(exc) or type(exc).__name__)
         self.deliver(self.dialect.frame_error(exc))
 
     # --- messages out ---------------------------------------------------------------------
