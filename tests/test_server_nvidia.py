@@ -18,6 +18,7 @@ import soxr
 from ga_support import API_KEY, TOOL, call_frames, scripted_call
 from server_support import LiveServer, connect, recv, running, send, until_closed
 from tool_support import short_tool_prompt
+from websockets.exceptions import InvalidStatus
 
 from mlx_voicechat_plugin.server.app import create_app
 from mlx_voicechat_plugin.server.dialects import NVIDIA_ROOT_DIALECTS
@@ -166,6 +167,23 @@ def test_an_error_is_logged_under_the_code_the_client_reads(ws, caplog):
     logged = [r.getMessage() for r in caplog.records if " error " in r.getMessage()]
     assert logged and all(" error invalid_event: " in line for line in logged), logged
     close(ws)
+
+
+def test_a_refused_resume_carries_nvidias_code(server):
+    """An HTTP refusal at this path is in NVIDIA's shape, with NVIDIA's codes."""
+    server.wait_idle()
+    with connect(server.ws(PATH), additional_headers=AUTH) as ws:
+        token = recv(ws)["session"]["resume_token"]
+        with pytest.raises(InvalidStatus) as refused:
+            with connect(server.ws(f"{PATH}?resume_token={token}&last_seq=x"),
+                         additional_headers=AUTH):
+                pass
+        response = refused.value.response
+        assert response.status_code == 400, response.body
+        body = json.loads(response.body)["error"]
+        assert (body["type"], body["code"]) == ("invalid_request_error", "invalid_event"), body
+        assert "last_seq" in body["message"]
+        close(ws)
 
 
 def test_unknown_event_is_invalid(ws):

@@ -90,9 +90,11 @@ class Dialect:
         """The dialect's error event for ``code`` (an :class:`~..wire.ErrorCode`)."""
         raise NotImplementedError
 
-    def wire_code(self, code: str) -> str:
-        """The code a client reads in :meth:`error`'s event for ``code`` (the server's own
-        unless the protocol names it otherwise); what the server logs."""
+    @classmethod
+    def wire_code(cls, code: str) -> str:
+        """The code a client reads for ``code`` in :meth:`error`'s event and in a
+        :meth:`refusal` (the server's own unless the protocol names it otherwise); what
+        the server logs."""
         return code
 
     def log_error(self, code: str, message: str) -> None:

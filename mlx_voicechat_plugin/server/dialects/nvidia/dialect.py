@@ -82,12 +82,13 @@ class NvidiaDialect(Dialect):
         kind = "invalid_request_error" if code in CLIENT_ERRORS else "server_error"
         return JsonOut(error_event(kind, code, bounded(message)))
 
-    def wire_code(self, code: str) -> str:
+    @classmethod
+    def wire_code(cls, code: str) -> str:
         return CODES.get(code, code)
 
     @classmethod
     def refusal(cls, code: str, message: str) -> dict[str, Any]:
-        return error_event("invalid_request_error", code, bounded(message))
+        return error_event("invalid_request_error", cls.wire_code(code), bounded(message))
 
     def received_audio(self) -> tuple[int, int]:
         return self.session.samples_received, self.counters.input_rate
