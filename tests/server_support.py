@@ -79,10 +79,21 @@ class LiveServer:
         self.thread.join(TIMEOUT)
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free now: each stays bound until all are picked, so the
+    kernel cannot hand one out twice (two ``free_port`` calls can get the same)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class ServerProcess:

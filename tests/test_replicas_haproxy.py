@@ -34,7 +34,7 @@ from server_support import (
     as_received,
     configure,
     connect,
-    free_port,
+    free_ports,
     send,
     stop_process,
     until_closed,
@@ -72,9 +72,10 @@ def until(condition, what: str, seconds: float = WAIT, every: float = 0.05) -> A
 class Replica:
     """One ``mlx-voicechat serve`` process; restartable on the same ports."""
 
-    def __init__(self, name: str, ckpt: Path, logs: Path):
+    def __init__(self, name: str, ckpt: Path, logs: Path, ports: tuple[int, int]):
+        """``ports``: its serving port and its agent's, distinct from every other's."""
         self.name, self.ckpt, self.log = name, ckpt, logs / f"{name}.log"
-        self.port, self.agent_port = free_port(), free_port()
+        self.port, self.agent_port = ports
         self.process: ServerProcess | None = None
 
     def start(self) -> "Replica":
@@ -101,8 +102,8 @@ class Replica:
 class Balancer:
     """``haproxy -f deploy/haproxy.cfg`` with this test's ports and short timeouts."""
 
-    def __init__(self, replicas: list[Replica], logs: Path):
-        self.port = free_port()
+    def __init__(self, replicas: list[Replica], logs: Path, port: int):
+        self.port = port
         self.socket = logs / "haproxy.sock"
         env = {**os.environ, "HAPROXY_BIND": f"127.0.0.1:{self.port}",
                "HAPROXY_STATS_SOCKET": str(self.socket),
@@ -148,7 +149,9 @@ class Balancer:
 @pytest.fixture(scope="module")
 def cluster(tiny_ckpt, tmp_path_factory):
     logs = tmp_path_factory.mktemp("replicas")
-    replicas = [Replica(name, tiny_ckpt, logs) for name in NAMES]
+    ports = free_ports(2 * len(NAMES) + 1)  # the replicas' and agents', the balancer's
+    replicas = [Replica(name, tiny_ckpt, logs, (ports[2 * i], ports[2 * i + 1]))
+                for i, name in enumerate(NAMES)]
     starters = [threading.Thread(target=r.start) for r in replicas]  # load side by side
     for thread in starters:
         thread.start()
@@ -157,7 +160,7 @@ def cluster(tiny_ckpt, tmp_path_factory):
     balancer = None
     try:
         assert all(r.process is not None for r in replicas), "a replica did not start"
-        balancer = Balancer(replicas, logs)
+        balancer = Balancer(replicas, logs, ports[-1])
         # Up, ready, and maxconn taken from each replica's agent.
         until(lambda: all(s["status"] == "UP" and s["slim"] == str(N)
                           for s in balancer.stats().values()), "replicas up with maxconn N")

@@ -15,7 +15,7 @@ import time
 import pytest
 from raw_client import RawClient
 from resume_support import Conversation, abort, event, resume_path, stream
-from server_support import FRAME, ServerProcess, append_message, free_port
+from server_support import FRAME, ServerProcess, append_message, free_ports
 from test_replicas_haproxy import HAPROXY, Balancer, Replica, until
 
 from mlx_voicechat_plugin.testing.fixtures import question_signal
@@ -41,7 +41,10 @@ class ResumableReplica(Replica):
 @pytest.fixture(scope="module")
 def pair(tiny_ckpt, tmp_path_factory):
     logs = tmp_path_factory.mktemp("resume-replicas")
-    replicas = [ResumableReplica(name, tiny_ckpt, logs) for name in ("replica1", "replica2")]
+    # The two replicas' and agents', the balancer's, the shipped config's third server's two.
+    ports = free_ports(7)
+    replicas = [ResumableReplica(name, tiny_ckpt, logs, (ports[2 * i], ports[2 * i + 1]))
+                for i, name in enumerate(("replica1", "replica2"))]
     starters = [threading.Thread(target=r.start) for r in replicas]
     for thread in starters:
         thread.start()
@@ -49,12 +52,12 @@ def pair(tiny_ckpt, tmp_path_factory):
         thread.join(180)
     monkeypatch = pytest.MonkeyPatch()
     # The shipped config's third server: an address where nothing listens (down).
-    monkeypatch.setenv("REPLICA3_ADDR", f"127.0.0.1:{free_port()}")
-    monkeypatch.setenv("REPLICA3_AGENT_PORT", str(free_port()))
+    monkeypatch.setenv("REPLICA3_ADDR", f"127.0.0.1:{ports[5]}")
+    monkeypatch.setenv("REPLICA3_AGENT_PORT", str(ports[6]))
     balancer = None
     try:
         assert all(r.process is not None for r in replicas), "a replica did not start"
-        balancer = Balancer(replicas, logs)
+        balancer = Balancer(replicas, logs, ports[4])
         until(lambda: all(balancer.stats()[r.name]["status"] == "UP" for r in replicas),
               "both replicas up")
         yield balancer, {r.name: r for r in replicas}
