@@ -149,7 +149,7 @@ class Balancer:
 @pytest.fixture(scope="module")
 def cluster(tiny_ckpt, tmp_path_factory):
     logs = tmp_path_factory.mktemp("replicas")
-    ports = free_ports(2 * len(NAMES) + 1)  # the replicas' and agents', the balancer's
+    *ports, balancer_port = free_ports(2 * len(NAMES) + 1)  # two a replica, one the balancer
     replicas = [Replica(name, tiny_ckpt, logs, (ports[2 * i], ports[2 * i + 1]))
                 for i, name in enumerate(NAMES)]
     starters = [threading.Thread(target=r.start) for r in replicas]  # load side by side
@@ -160,7 +160,7 @@ def cluster(tiny_ckpt, tmp_path_factory):
     balancer = None
     try:
         assert all(r.process is not None for r in replicas), "a replica did not start"
-        balancer = Balancer(replicas, logs, ports[-1])
+        balancer = Balancer(replicas, logs, balancer_port)
         # Up, ready, and maxconn taken from each replica's agent.
         until(lambda: all(s["status"] == "UP" and s["slim"] == str(N)
                           for s in balancer.stats().values()), "replicas up with maxconn N")

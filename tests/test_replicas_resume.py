@@ -41,8 +41,7 @@ class ResumableReplica(Replica):
 @pytest.fixture(scope="module")
 def pair(tiny_ckpt, tmp_path_factory):
     logs = tmp_path_factory.mktemp("resume-replicas")
-    # The two replicas' and agents', the balancer's, the shipped config's third server's two.
-    ports = free_ports(7)
+    *ports, balancer_port, down_port, down_agent_port = free_ports(7)
     replicas = [ResumableReplica(name, tiny_ckpt, logs, (ports[2 * i], ports[2 * i + 1]))
                 for i, name in enumerate(("replica1", "replica2"))]
     starters = [threading.Thread(target=r.start) for r in replicas]
@@ -52,12 +51,12 @@ def pair(tiny_ckpt, tmp_path_factory):
         thread.join(180)
     monkeypatch = pytest.MonkeyPatch()
     # The shipped config's third server: an address where nothing listens (down).
-    monkeypatch.setenv("REPLICA3_ADDR", f"127.0.0.1:{ports[5]}")
-    monkeypatch.setenv("REPLICA3_AGENT_PORT", str(ports[6]))
+    monkeypatch.setenv("REPLICA3_ADDR", f"127.0.0.1:{down_port}")
+    monkeypatch.setenv("REPLICA3_AGENT_PORT", str(down_agent_port))
     balancer = None
     try:
         assert all(r.process is not None for r in replicas), "a replica did not start"
-        balancer = Balancer(replicas, logs, ports[4])
+        balancer = Balancer(replicas, logs, balancer_port)
         until(lambda: all(balancer.stats()[r.name]["status"] == "UP" for r in replicas),
               "both replicas up")
         yield balancer, {r.name: r for r in replicas}
